@@ -1,0 +1,390 @@
+//! Inode attributes: the public [`Attr`] snapshot, and the seqlock ([`AttrCell`]) that stores
+//! them inside an inode so that `getattr` and permission checks read them without writing any
+//! shared cache line (DESIGN §3, seed 000).
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*, fence};
+use std::time::Instant;
+
+use crate::stats::{LockClass, Stats};
+use crate::time::Timespec;
+
+/// Inode number as seen by users of the engine (and by FUSE as the node id).
+pub type Ino = u64;
+
+/// The root directory's inode number (FUSE's `FUSE_ROOT_ID`).
+pub const ROOT_INO: Ino = 1;
+
+/// Type of a file, from the `S_IFMT` bits of its mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileType {
+    /// `S_IFREG`
+    RegularFile,
+    /// `S_IFDIR`
+    Directory,
+    /// `S_IFLNK`
+    Symlink,
+    /// `S_IFCHR`
+    CharDevice,
+    /// `S_IFBLK`
+    BlockDevice,
+    /// `S_IFIFO`
+    NamedPipe,
+    /// `S_IFSOCK`
+    Socket,
+}
+
+impl FileType {
+    /// The type encoded in `mode`'s `S_IFMT` bits, if it is one.
+    pub fn from_mode(mode: u32) -> Option<FileType> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileType::RegularFile,
+            libc::S_IFDIR => FileType::Directory,
+            libc::S_IFLNK => FileType::Symlink,
+            libc::S_IFCHR => FileType::CharDevice,
+            libc::S_IFBLK => FileType::BlockDevice,
+            libc::S_IFIFO => FileType::NamedPipe,
+            libc::S_IFSOCK => FileType::Socket,
+            _ => return None,
+        })
+    }
+
+    /// The `S_IFMT` bits of this type.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileType::RegularFile => libc::S_IFREG,
+            FileType::Directory => libc::S_IFDIR,
+            FileType::Symlink => libc::S_IFLNK,
+            FileType::CharDevice => libc::S_IFCHR,
+            FileType::BlockDevice => libc::S_IFBLK,
+            FileType::NamedPipe => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
+        }
+    }
+
+    /// The `d_type` value `readdir` reports (`DT_REG`, ...).
+    pub fn dirent_type(self) -> u8 {
+        (self.mode_bits() >> 12) as u8
+    }
+}
+
+/// A snapshot of an inode's attributes, as `stat(2)` reports them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Generation: `(ino, generation)` is unique over the life of the filesystem even though
+    /// inode numbers are reused.
+    pub generation: u64,
+    /// Type and permission bits, as `st_mode`.
+    pub mode: u32,
+    /// Hard links (directories: 2 + subdirectories).
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number of a character or block device node.
+    pub rdev: u64,
+    /// Size in bytes (directories: 20 bytes per entry, counting `.` and `..`, as tmpfs).
+    pub size: u64,
+    /// 512-byte blocks allocated.
+    pub blocks: u64,
+    /// Preferred I/O size.
+    pub blksize: u32,
+    /// Last access.
+    pub atime: Timespec,
+    /// Last data modification.
+    pub mtime: Timespec,
+    /// Last status change.
+    pub ctime: Timespec,
+}
+
+impl Attr {
+    /// The file's type.
+    pub fn kind(&self) -> FileType {
+        FileType::from_mode(self.mode).expect("engine inodes always have a valid type")
+    }
+
+    /// Permission bits (`mode & 07777`).
+    pub fn perm(&self) -> u32 {
+        self.mode & 0o7777
+    }
+}
+
+/// A time to set with [`SetAttr`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeSet {
+    /// The current time (`UTIME_NOW`): allowed to the owner and to anyone with write permission.
+    Now,
+    /// An explicit time: allowed to the owner only (and root).
+    At(Timespec),
+}
+
+/// Attributes to change with `setattr`; `None` leaves a field as it is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetAttr {
+    /// New permission bits (the type bits are ignored).
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend with a hole).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeSet>,
+    /// New modification time.
+    pub mtime: Option<TimeSet>,
+    /// New change time (FUSE can send one; otherwise the engine sets it to now on any change).
+    pub ctime: Option<Timespec>,
+}
+
+/// The mutable attribute values of an inode, copied out of or into an [`AttrCell`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttrVals {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+}
+
+/// An inode's attributes behind a sequence lock.
+///
+/// Readers ([`AttrCell::load`]) never write: they read the sequence number, the fields and the
+/// sequence number again, and retry if a writer was active. Writers serialise among themselves
+/// by moving the sequence number from even to odd with a compare-and-swap, and make it even
+/// again when done; a writer never blocks inside (the closure it runs is plain computation), so
+/// the spin is short. The fields are atomics so that a reader racing a writer reads torn values
+/// (which it then discards) without undefined behaviour.
+pub(crate) struct AttrCell {
+    seq: AtomicU32,
+    mode: AtomicU32,
+    uid: AtomicU32,
+    gid: AtomicU32,
+    atime_ns: AtomicU32,
+    mtime_ns: AtomicU32,
+    ctime_ns: AtomicU32,
+    size: AtomicU64,
+    blocks: AtomicU64,
+    atime_s: AtomicI64,
+    mtime_s: AtomicI64,
+    ctime_s: AtomicI64,
+}
+
+impl AttrCell {
+    pub fn new(v: AttrVals) -> Self {
+        AttrCell {
+            seq: AtomicU32::new(0),
+            mode: AtomicU32::new(v.mode),
+            uid: AtomicU32::new(v.uid),
+            gid: AtomicU32::new(v.gid),
+            atime_ns: AtomicU32::new(v.atime.nsec),
+            mtime_ns: AtomicU32::new(v.mtime.nsec),
+            ctime_ns: AtomicU32::new(v.ctime.nsec),
+            size: AtomicU64::new(v.size),
+            blocks: AtomicU64::new(v.blocks),
+            atime_s: AtomicI64::new(v.atime.sec),
+            mtime_s: AtomicI64::new(v.mtime.sec),
+            ctime_s: AtomicI64::new(v.ctime.sec),
+        }
+    }
+
+    fn read_fields(&self) -> AttrVals {
+        AttrVals {
+            mode: self.mode.load(Relaxed),
+            uid: self.uid.load(Relaxed),
+            gid: self.gid.load(Relaxed),
+            size: self.size.load(Relaxed),
+            blocks: self.blocks.load(Relaxed),
+            atime: Timespec::new(self.atime_s.load(Relaxed), self.atime_ns.load(Relaxed)),
+            mtime: Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed)),
+            ctime: Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed)),
+        }
+    }
+
+    fn write_fields(&self, v: &AttrVals) {
+        self.mode.store(v.mode, Relaxed);
+        self.uid.store(v.uid, Relaxed);
+        self.gid.store(v.gid, Relaxed);
+        self.size.store(v.size, Relaxed);
+        self.blocks.store(v.blocks, Relaxed);
+        self.atime_s.store(v.atime.sec, Relaxed);
+        self.atime_ns.store(v.atime.nsec, Relaxed);
+        self.mtime_s.store(v.mtime.sec, Relaxed);
+        self.mtime_ns.store(v.mtime.nsec, Relaxed);
+        self.ctime_s.store(v.ctime.sec, Relaxed);
+        self.ctime_ns.store(v.ctime.nsec, Relaxed);
+    }
+
+    /// A consistent snapshot, taken without writing.
+    #[inline]
+    pub fn load(&self) -> AttrVals {
+        loop {
+            // Acquire: the field loads below cannot move above this load.
+            let s1 = self.seq.load(Acquire);
+            if s1 & 1 == 0 {
+                let v = self.read_fields();
+                // Acquire fence: the field loads above cannot move below the re-check.
+                fence(Acquire);
+                if self.seq.load(Relaxed) == s1 {
+                    return v;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The mode alone (type bits never change, so this needs no consistency with other fields).
+    #[inline]
+    pub fn mode(&self) -> u32 {
+        self.mode.load(Relaxed)
+    }
+
+    /// The size alone. Exact when the caller holds the file's data lock, which every size
+    /// change also holds.
+    #[inline]
+    pub fn size(&self) -> u64 {
+        self.size.load(Relaxed)
+    }
+
+    fn lock(&self, stats: &Stats) -> u32 {
+        let mut spins = 0u32;
+        let mut since: Option<Instant> = None;
+        loop {
+            let s = self.seq.load(Relaxed);
+            if s & 1 == 0
+                && self
+                    .seq
+                    .compare_exchange_weak(s, s | 1, Acquire, Relaxed)
+                    .is_ok()
+            {
+                // Release fence: the odd sequence number is visible before any field store.
+                fence(Release);
+                match since {
+                    None => stats.acquired_uncounted(LockClass::Attr),
+                    Some(t) => {
+                        stats.acquired_uncounted(LockClass::Attr);
+                        stats.waited_ns(LockClass::Attr, t.elapsed().as_nanos() as u64);
+                    }
+                }
+                return s;
+            }
+            since.get_or_insert_with(Instant::now);
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                // The writer was preempted: let it run.
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Runs `f` on a copy of the values with readers excluded, and stores the copy back if `f`
+    /// returns `Ok`. `f` must not block or take locks.
+    pub fn update<R, E>(
+        &self,
+        stats: &Stats,
+        f: impl FnOnce(&mut AttrVals) -> Result<R, E>,
+    ) -> Result<R, E> {
+        let s = self.lock(stats);
+        let mut v = self.read_fields();
+        let r = f(&mut v);
+        if r.is_ok() {
+            self.write_fields(&v);
+        }
+        // Release: every field store above is visible before the even sequence number.
+        self.seq.store(s.wrapping_add(2), Release);
+        r
+    }
+
+    /// Sets mtime and ctime to the coarse clock, writing only when the stored value differs
+    /// (DESIGN §3: a burst of creates in a directory stores once per clock tick).
+    #[inline]
+    pub fn touch_mc(&self, stats: &Stats) {
+        let now = Timespec::now();
+        let cur_m = Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed));
+        let cur_c = Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed));
+        if cur_m == now && cur_c == now {
+            return;
+        }
+        let _ = self.update::<(), ()>(stats, |v| {
+            // Read the clock again under the lock so that stores stay monotonic.
+            let now = Timespec::now();
+            v.mtime = now;
+            v.ctime = now;
+            Ok(())
+        });
+    }
+
+    /// Sets ctime to the coarse clock (a status change: link count, rename, xattr).
+    pub fn touch_c(&self, stats: &Stats) {
+        let _ = self.update::<(), ()>(stats, |v| {
+            v.ctime = Timespec::now();
+            Ok(())
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vals(x: u64) -> AttrVals {
+        AttrVals {
+            mode: x as u32,
+            uid: x as u32,
+            gid: x as u32,
+            size: x,
+            blocks: x,
+            atime: Timespec::new(x as i64, x as u32),
+            mtime: Timespec::new(x as i64, x as u32),
+            ctime: Timespec::new(x as i64, x as u32),
+        }
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_snapshot() {
+        // Writers store values whose fields all equal one number; a reader that saw a mix of two
+        // writes would find fields that differ.
+        let stats = Stats::default();
+        let cell = AttrCell::new(vals(0));
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for w in 0..2u64 {
+                let (cell, stats, stop) = (&cell, &stats, &stop);
+                s.spawn(move || {
+                    let mut i = w;
+                    while !stop.load(Relaxed) {
+                        i += 2;
+                        let _ = cell.update::<(), ()>(stats, |v| {
+                            *v = vals(i % 1_000_000);
+                            Ok(())
+                        });
+                    }
+                });
+            }
+            for _ in 0..200_000 {
+                let v = cell.load();
+                assert_eq!(v, vals(v.size), "torn read");
+            }
+            stop.store(true, Relaxed);
+        });
+    }
+
+    #[test]
+    fn failed_update_changes_nothing() {
+        let stats = Stats::default();
+        let cell = AttrCell::new(vals(7));
+        let r: Result<(), &str> = cell.update(&stats, |v| {
+            v.size = 99;
+            Err("no")
+        });
+        assert_eq!(r, Err("no"));
+        assert_eq!(cell.load(), vals(7));
+    }
+}

@@ -1,0 +1,329 @@
+//! Inodes: attributes, kind-specific body, and the lifecycle word.
+//!
+//! # The lifecycle word (`Inode::life`)
+//! One `AtomicU64` packs three things so that "is this inode still reachable, and may it be
+//! freed" is decided by single atomic transitions, never by reading two fields apart:
+//!
+//! ```text
+//!   bit 63      bits 62..32        bits 31..0
+//!   DEAD        nlink (31 bits)    refs (32 bits)
+//! ```
+//!
+//! - `nlink` counts directory entries naming the inode (directories: 2 + subdirectories, and 0
+//!   once removed). It changes only under the stripe lock of a name that is being added or
+//!   removed.
+//! - `refs` counts open handles and, for FUSE, kernel lookups not yet forgotten.
+//! - `DEAD` is set exactly once, by the transition that sees `nlink == 0 && refs == 0`; its
+//!   winner frees the inode (removes it from the inode table, which defers the memory to epoch
+//!   reclamation, and recycles the number). Once set, no transition succeeds: a lookup that
+//!   raced the last unlink and still holds a pointer to the inode fails to take a reference
+//!   ([`Inode::get_ref`]) instead of resurrecting it.
+//!
+//! All transitions are compare-and-swap loops on the one word, so they have a single
+//! modification order; each returns what the caller must do ([`Fate`]).
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::attr::{AttrCell, FileType, Ino};
+use crate::data::FileData;
+use crate::errno::{Errno, Result};
+use crate::xattr::Xattrs;
+
+/// Bits of an inode number inside an `ino_gen` word; the generation takes the 24 above.
+pub(crate) const INO_BITS: u32 = 40;
+pub(crate) const INO_MASK: u64 = (1 << INO_BITS) - 1;
+
+/// The inode number part of an `ino_gen` word.
+#[inline]
+pub(crate) fn ino_of(ino_gen: u64) -> Ino {
+    ino_gen & INO_MASK
+}
+
+/// The generation part of an `ino_gen` word.
+#[inline]
+pub(crate) fn gen_of(ino_gen: u64) -> u64 {
+    ino_gen >> INO_BITS
+}
+
+const REFS_MASK: u64 = (1 << 32) - 1;
+const NLINK_ONE: u64 = 1 << 32;
+const NLINK_MASK: u64 = ((1 << 31) - 1) << 32;
+const DEAD: u64 = 1 << 63;
+
+/// Largest link count (directories: subdirectories + 2).
+pub(crate) const NLINK_MAX: u32 = (1 << 31) - 1;
+
+/// What the caller of a lifecycle transition must do next.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// The inode is still linked or referenced.
+    Lives,
+    /// This call set `DEAD`: the caller must free the inode.
+    Free,
+}
+
+/// Directory life, for the rmdir-versus-create protocol described in `locking.rs`.
+pub(crate) const DIR_ALIVE: u8 = 0;
+pub(crate) const DIR_DYING: u8 = 1;
+pub(crate) const DIR_DEAD: u8 = 2;
+
+/// State a directory keeps beyond its attributes. Its entries live in the filesystem-wide
+/// tables (`dir.rs`), so an empty directory costs only this.
+pub(crate) struct DirBody {
+    /// `DIR_ALIVE`, `DIR_DYING` (an rmdir or a rename over it is checking emptiness), `DIR_DEAD`.
+    pub life: AtomicU8,
+    /// Thread slots that have ever inserted an entry here: readdir and the emptiness check visit
+    /// only these slots' index shards. Set once per slot, so read-mostly.
+    pub slot_mask: AtomicU64,
+    /// `ino_gen` of the parent directory (itself for the root).
+    pub parent: AtomicU64,
+    /// The per-directory lock of the `dirlock` locking mode; unused under `lanes`.
+    pub lock: Mutex<()>,
+}
+
+/// Kind-specific contents.
+pub(crate) enum Body {
+    File(RwLock<FileData>),
+    Dir(DirBody),
+    Symlink(Box<[u8]>),
+    Special { rdev: u64 },
+}
+
+/// An inode. Reached through the inode table under an epoch guard; never moved.
+pub(crate) struct Inode {
+    /// `(generation << INO_BITS) | ino`.
+    pub ino_gen: u64,
+    life: AtomicU64,
+    pub attr: AttrCell,
+    pub body: Body,
+    pub xattrs: Mutex<Option<Box<Xattrs>>>,
+}
+
+impl Inode {
+    pub fn new(ino_gen: u64, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
+        Inode {
+            ino_gen,
+            life: AtomicU64::new(((nlink as u64) << 32) | refs as u64),
+            attr,
+            body,
+            xattrs: Mutex::new(None),
+        }
+    }
+
+    #[inline]
+    pub fn ino(&self) -> Ino {
+        ino_of(self.ino_gen)
+    }
+
+    #[inline]
+    pub fn kind(&self) -> FileType {
+        FileType::from_mode(self.attr.mode()).expect("valid type bits")
+    }
+
+    #[inline]
+    pub fn dir(&self) -> Option<&DirBody> {
+        match &self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    pub fn is_dir(&self) -> bool {
+        matches!(self.body, Body::Dir(_))
+    }
+
+    #[inline]
+    pub fn nlink(&self) -> u32 {
+        ((self.life.load(Acquire) & NLINK_MASK) >> 32) as u32
+    }
+
+    #[cfg(test)]
+    pub fn refs(&self) -> u32 {
+        (self.life.load(Acquire) & REFS_MASK) as u32
+    }
+
+    #[inline]
+    pub fn is_dead(&self) -> bool {
+        self.life.load(Acquire) & DEAD != 0
+    }
+
+    /// Applies `f` to the word until it succeeds; `f` returns the new word or an error.
+    fn transition(&self, mut f: impl FnMut(u64) -> Result<u64>) -> Result<(u64, u64)> {
+        let mut cur = self.life.load(Acquire);
+        loop {
+            let new = f(cur)?;
+            match self.life.compare_exchange_weak(cur, new, AcqRel, Acquire) {
+                Ok(_) => return Ok((cur, new)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Sets `DEAD` if the word has neither links nor references.
+    fn reap(&self) -> Fate {
+        match self.life.compare_exchange(0, DEAD, AcqRel, Acquire) {
+            Ok(_) => Fate::Free,
+            Err(_) => Fate::Lives,
+        }
+    }
+
+    /// Takes a reference (open handle or kernel lookup). Fails on a dead inode.
+    pub fn get_ref(&self) -> Result<()> {
+        self.transition(|w| {
+            if w & DEAD != 0 {
+                return Err(Errno::ENOENT);
+            }
+            if w & REFS_MASK == REFS_MASK {
+                return Err(Errno::ENFILE);
+            }
+            Ok(w + 1)
+        })
+        .map(|_| ())
+    }
+
+    /// Drops `n` references.
+    pub fn put_refs(&self, n: u64) -> Fate {
+        let r = self.transition(|w| {
+            assert!(w & REFS_MASK >= n, "dropping {n} refs of {}", w & REFS_MASK);
+            Ok(w - n)
+        });
+        match r {
+            Ok((_, 0)) => self.reap(),
+            _ => Fate::Lives,
+        }
+    }
+
+    /// Adds a link for `link(2)`: fails with ENOENT once the last link is gone (an unlinked
+    /// open file cannot be linked back), EMLINK at the limit.
+    pub fn link_existing(&self) -> Result<()> {
+        self.transition(|w| {
+            let nlink = (w & NLINK_MASK) >> 32;
+            if w & DEAD != 0 || nlink == 0 {
+                return Err(Errno::ENOENT);
+            }
+            if nlink >= NLINK_MAX as u64 {
+                return Err(Errno::EMLINK);
+            }
+            Ok(w + NLINK_ONE)
+        })
+        .map(|_| ())
+    }
+
+    /// Adds a link to a live directory (a new subdirectory's `..`).
+    pub fn inc_nlink(&self) -> Result<()> {
+        self.transition(|w| {
+            debug_assert!(w & DEAD == 0);
+            if (w & NLINK_MASK) >> 32 >= NLINK_MAX as u64 {
+                return Err(Errno::EMLINK);
+            }
+            Ok(w + NLINK_ONE)
+        })
+        .map(|_| ())
+    }
+
+    /// Removes a link.
+    pub fn dec_nlink(&self) -> Fate {
+        let r = self.transition(|w| {
+            assert!(w & NLINK_MASK != 0, "nlink underflow on ino {}", self.ino());
+            Ok(w - NLINK_ONE)
+        });
+        match r {
+            Ok((_, 0)) => self.reap(),
+            _ => Fate::Lives,
+        }
+    }
+
+    /// Removes every link (a directory being removed).
+    pub fn clear_nlink(&self) -> Fate {
+        let r = self.transition(|w| Ok(w & !NLINK_MASK));
+        match r {
+            Ok((_, 0)) => self.reap(),
+            _ => Fate::Lives,
+        }
+    }
+}
+
+impl DirBody {
+    pub fn new(parent_ino_gen: u64) -> Self {
+        DirBody {
+            life: AtomicU8::new(DIR_ALIVE),
+            slot_mask: AtomicU64::new(0),
+            parent: AtomicU64::new(parent_ino_gen),
+            lock: Mutex::new(()),
+        }
+    }
+
+    #[inline]
+    pub fn is_alive(&self) -> bool {
+        self.life.load(Acquire) == DIR_ALIVE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attr::AttrVals;
+    use crate::time::Timespec;
+
+    fn file(nlink: u32, refs: u32) -> Inode {
+        let t = Timespec::default();
+        let attr = AttrCell::new(AttrVals {
+            mode: libc::S_IFREG | 0o644,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        });
+        Inode::new(5, nlink, refs, attr, Body::File(Default::default()))
+    }
+
+    #[test]
+    fn last_unlink_frees_only_without_refs() {
+        let i = file(1, 1);
+        assert_eq!(i.dec_nlink(), Fate::Lives, "an open handle keeps it");
+        assert_eq!(i.nlink(), 0);
+        assert_eq!(
+            i.link_existing(),
+            Err(Errno::ENOENT),
+            "cannot relink an unlinked file"
+        );
+        assert_eq!(i.put_refs(1), Fate::Free, "last close frees");
+        assert!(i.is_dead());
+        assert_eq!(i.get_ref(), Err(Errno::ENOENT), "no resurrection");
+    }
+
+    #[test]
+    fn exactly_one_thread_frees() {
+        // Many threads drop one reference each; exactly one of them must be told to free.
+        for _ in 0..200 {
+            let i = file(0, 8);
+            let frees = std::sync::atomic::AtomicU32::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        if i.put_refs(1) == Fate::Free {
+                            frees.fetch_add(1, Relaxed);
+                        }
+                    });
+                }
+            });
+            assert_eq!(frees.load(Relaxed), 1);
+        }
+    }
+
+    #[test]
+    fn link_limits() {
+        let i = file(NLINK_MAX, 0);
+        assert_eq!(i.link_existing(), Err(Errno::EMLINK));
+        assert_eq!(i.nlink(), NLINK_MAX);
+        assert_eq!(i.refs(), 0);
+        assert_eq!(i.clear_nlink(), Fate::Free);
+    }
+}

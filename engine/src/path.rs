@@ -1,0 +1,793 @@
+//! The path API: `std::fs`-style calls on a [`Filesystem`], for programs that embed lanefs.
+//!
+//! A [`Client`] is a filesystem plus the credentials and working directory of one caller, like
+//! a process. Paths are bytes (anything `AsRef<Path>`); they resolve as Linux resolves them:
+//! absolute or relative to the working directory, `.` and `..` physical, symlinks followed
+//! (at most 40 per call, then ELOOP), a trailing slash requiring a directory. Errors are
+//! `std::io::Error`s carrying the Linux errno (`raw_os_error()`).
+
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::attr::{Attr, FileType, Ino, ROOT_INO, SetAttr, TimeSet};
+use crate::errno::{Errno, Result};
+use crate::fs::Filesystem;
+use crate::handle::Fh;
+use crate::perm::Ctx;
+use crate::time::Timespec;
+
+/// Symlinks one resolution may follow (`MAXSYMLINKS`).
+const MAX_SYMLINKS: u32 = 40;
+
+/// Longest path (`PATH_MAX` less the NUL).
+const PATH_MAX: usize = 4095;
+
+fn bytes(p: &Path) -> &[u8] {
+    p.as_os_str().as_bytes()
+}
+
+/// One caller of a filesystem: credentials and a working directory.
+#[derive(Clone, Debug)]
+pub struct Client {
+    fs: Arc<Filesystem>,
+    ctx: Ctx,
+    cwd: Ino,
+}
+
+/// Attributes of a file, as [`std::fs::Metadata`] gives them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// Everything `stat` reports.
+    pub attr: Attr,
+}
+
+impl Metadata {
+    /// Type.
+    pub fn file_type(&self) -> FileType {
+        self.attr.kind()
+    }
+    /// Whether it is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == FileType::Directory
+    }
+    /// Whether it is a regular file.
+    pub fn is_file(&self) -> bool {
+        self.file_type() == FileType::RegularFile
+    }
+    /// Whether it is a symlink (only from `symlink_metadata`).
+    pub fn is_symlink(&self) -> bool {
+        self.file_type() == FileType::Symlink
+    }
+    /// Size in bytes.
+    pub fn len(&self) -> u64 {
+        self.attr.size
+    }
+    /// Whether the size is 0.
+    pub fn is_empty(&self) -> bool {
+        self.attr.size == 0
+    }
+    /// `st_mode`.
+    pub fn mode(&self) -> u32 {
+        self.attr.mode
+    }
+    /// Inode number.
+    pub fn ino(&self) -> Ino {
+        self.attr.ino
+    }
+}
+
+/// An entry of [`Client::read_dir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntryInfo {
+    /// Name.
+    pub name: Vec<u8>,
+    /// Inode number.
+    pub ino: Ino,
+    /// Type.
+    pub kind: FileType,
+}
+
+/// Options for [`Client::open`], as [`std::fs::OpenOptions`].
+#[derive(Clone, Copy, Debug)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    append: bool,
+    truncate: bool,
+    create: bool,
+    create_new: bool,
+    nofollow: bool,
+    mode: u32,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions::new()
+    }
+}
+
+impl OpenOptions {
+    /// Nothing set; mode 0666 (less the umask) for created files.
+    pub fn new() -> Self {
+        OpenOptions {
+            read: false,
+            write: false,
+            append: false,
+            truncate: false,
+            create: false,
+            create_new: false,
+            nofollow: false,
+            mode: 0o666,
+        }
+    }
+    /// Open for reading.
+    pub fn read(&mut self, v: bool) -> &mut Self {
+        self.read = v;
+        self
+    }
+    /// Open for writing.
+    pub fn write(&mut self, v: bool) -> &mut Self {
+        self.write = v;
+        self
+    }
+    /// Append (implies write).
+    pub fn append(&mut self, v: bool) -> &mut Self {
+        self.append = v;
+        self
+    }
+    /// Truncate to 0 on open.
+    pub fn truncate(&mut self, v: bool) -> &mut Self {
+        self.truncate = v;
+        self
+    }
+    /// Create if missing.
+    pub fn create(&mut self, v: bool) -> &mut Self {
+        self.create = v;
+        self
+    }
+    /// Create, failing if it exists (`O_CREAT|O_EXCL`).
+    pub fn create_new(&mut self, v: bool) -> &mut Self {
+        self.create_new = v;
+        self
+    }
+    /// Do not follow a symlink in the last component (`O_NOFOLLOW`).
+    pub fn nofollow(&mut self, v: bool) -> &mut Self {
+        self.nofollow = v;
+        self
+    }
+    /// Permission bits of a created file.
+    pub fn mode(&mut self, mode: u32) -> &mut Self {
+        self.mode = mode;
+        self
+    }
+
+    fn flags(&self) -> i32 {
+        let acc = match (self.read, self.write || self.append) {
+            (true, true) => libc::O_RDWR,
+            (false, true) => libc::O_WRONLY,
+            _ => libc::O_RDONLY,
+        };
+        let mut f = acc;
+        if self.append {
+            f |= libc::O_APPEND;
+        }
+        if self.truncate {
+            f |= libc::O_TRUNC;
+        }
+        if self.create_new {
+            f |= libc::O_EXCL;
+        }
+        f
+    }
+}
+
+/// An open file. Closed (and, if unlinked, freed) when dropped.
+#[derive(Debug)]
+pub struct File {
+    fs: Arc<Filesystem>,
+    ctx: Ctx,
+    fh: Fh,
+    ino: Ino,
+    pos: u64,
+    append: bool,
+}
+
+impl Client {
+    /// A caller with credentials `ctx`, working in the root directory.
+    pub fn new(fs: Arc<Filesystem>, ctx: Ctx) -> Self {
+        Client {
+            fs,
+            ctx,
+            cwd: ROOT_INO,
+        }
+    }
+
+    /// A root caller.
+    pub fn root(fs: Arc<Filesystem>) -> Self {
+        Client::new(fs, Ctx::root())
+    }
+
+    /// The filesystem.
+    pub fn fs(&self) -> &Arc<Filesystem> {
+        &self.fs
+    }
+
+    /// The credentials.
+    pub fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    /// Changes the working directory (search permission needed, as `chdir`).
+    pub fn set_current_dir(&mut self, path: impl AsRef<Path>) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        if a.kind() != FileType::Directory {
+            return Err(Errno::ENOTDIR.into());
+        }
+        self.fs.access(&self.ctx, a.ino, crate::perm::MAY_EXEC)?;
+        self.cwd = a.ino;
+        Ok(())
+    }
+
+    // ----- resolution -------------------------------------------------------------------------
+
+    /// Resolves `comps` from directory `start`; symlinks in the last component are followed
+    /// when `follow_last`.
+    fn walk(
+        &self,
+        start: Ino,
+        comps: &[&[u8]],
+        follow_last: bool,
+        links: &mut u32,
+    ) -> Result<Attr> {
+        let mut attr = self.fs.getattr(start)?;
+        for (idx, c) in comps.iter().enumerate() {
+            if attr.kind() != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+            let dir = attr.ino;
+            let a = self.fs.lookup(&self.ctx, dir, c)?;
+            let last = idx + 1 == comps.len();
+            attr = if a.kind() == FileType::Symlink && (!last || follow_last) {
+                *links += 1;
+                if *links > MAX_SYMLINKS {
+                    return Err(Errno::ELOOP);
+                }
+                let target = self.fs.readlink(a.ino)?;
+                self.walk_path(dir, &target, true, links)?
+            } else {
+                a
+            };
+        }
+        Ok(attr)
+    }
+
+    fn walk_path(
+        &self,
+        start: Ino,
+        path: &[u8],
+        follow_last: bool,
+        links: &mut u32,
+    ) -> Result<Attr> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() > PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let start = if path[0] == b'/' { ROOT_INO } else { start };
+        let comps = components(path);
+        let trailing = path.ends_with(b"/") && !comps.is_empty();
+        let a = self.walk(start, &comps, follow_last || trailing, links)?;
+        if trailing && a.kind() != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(a)
+    }
+
+    fn resolve(&self, path: &[u8], follow_last: bool) -> Result<Attr> {
+        self.walk_path(self.cwd, path, follow_last, &mut 0)
+    }
+
+    /// Resolves all but the last component: the directory and the last name. A trailing slash
+    /// is reported so that callers can require a directory.
+    fn resolve_parent(&self, path: &[u8], links: &mut u32) -> Result<(Ino, Vec<u8>, bool)> {
+        self.resolve_parent_from(self.cwd, path, links)
+    }
+
+    fn resolve_parent_from(
+        &self,
+        start: Ino,
+        path: &[u8],
+        links: &mut u32,
+    ) -> Result<(Ino, Vec<u8>, bool)> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() > PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let start = if path[0] == b'/' { ROOT_INO } else { start };
+        let comps = components(path);
+        let trailing = path.ends_with(b"/");
+        let Some((last, init)) = comps.split_last() else {
+            return Ok((start, b".".to_vec(), true)); // "/" names the root itself
+        };
+        let dir = self.walk(start, init, true, links)?;
+        if dir.kind() != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        if last.len() > crate::dir::NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok((dir.ino, last.to_vec(), trailing))
+    }
+
+    // ----- metadata ---------------------------------------------------------------------------
+
+    /// Attributes, following symlinks.
+    pub fn metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
+        Ok(Metadata {
+            attr: self.resolve(bytes(path.as_ref()), true)?,
+        })
+    }
+
+    /// Attributes of the path itself (a symlink is not followed).
+    pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
+        Ok(Metadata {
+            attr: self.resolve(bytes(path.as_ref()), false)?,
+        })
+    }
+
+    /// Whether the path resolves.
+    pub fn exists(&self, path: impl AsRef<Path>) -> bool {
+        self.metadata(path).is_ok()
+    }
+
+    /// `access(2)` with `R_OK`/`W_OK`/`X_OK` bits (or 0 for existence).
+    pub fn access(&self, path: impl AsRef<Path>, mask: u32) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        Ok(self.fs.access(&self.ctx, a.ino, mask)?)
+    }
+
+    /// Changes permission bits (`chmod`).
+    pub fn set_permissions(&self, path: impl AsRef<Path>, mode: u32) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs.setattr(
+            &self.ctx,
+            a.ino,
+            &SetAttr {
+                mode: Some(mode),
+                ..Default::default()
+            },
+            None,
+        )?;
+        Ok(())
+    }
+
+    /// Changes owner and/or group (`chown`, following symlinks).
+    pub fn chown(
+        &self,
+        path: impl AsRef<Path>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs.setattr(
+            &self.ctx,
+            a.ino,
+            &SetAttr {
+                uid,
+                gid,
+                ..Default::default()
+            },
+            None,
+        )?;
+        Ok(())
+    }
+
+    /// Sets access and modification times (`utimensat`; `None` leaves a time unchanged).
+    pub fn set_times(
+        &self,
+        path: impl AsRef<Path>,
+        atime: Option<TimeSet>,
+        mtime: Option<TimeSet>,
+    ) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs.setattr(
+            &self.ctx,
+            a.ino,
+            &SetAttr {
+                atime,
+                mtime,
+                ..Default::default()
+            },
+            None,
+        )?;
+        Ok(())
+    }
+
+    /// Sets the size (`truncate`).
+    pub fn truncate(&self, path: impl AsRef<Path>, size: u64) -> io::Result<()> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        self.fs.setattr(
+            &self.ctx,
+            a.ino,
+            &SetAttr {
+                size: Some(size),
+                ..Default::default()
+            },
+            None,
+        )?;
+        Ok(())
+    }
+
+    // ----- namespace --------------------------------------------------------------------------
+
+    /// Creates a directory with mode 0777 less the umask.
+    pub fn create_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        self.create_dir_mode(path, 0o777)
+    }
+
+    /// Creates a directory with the given mode (less the umask).
+    pub fn create_dir_mode(&self, path: impl AsRef<Path>, mode: u32) -> io::Result<()> {
+        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        self.fs.mkdir(&self.ctx, dir, &name, mode)?;
+        Ok(())
+    }
+
+    /// Creates a directory and any missing parents.
+    pub fn create_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let p = bytes(path.as_ref());
+        let mut prefix = Vec::with_capacity(p.len());
+        if p.starts_with(b"/") {
+            prefix.push(b'/');
+        }
+        for c in components(p) {
+            if !prefix.is_empty() && !prefix.ends_with(b"/") {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(c);
+            match self.create_dir(Path::new(std::ffi::OsStr::from_bytes(&prefix))) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    if !self
+                        .metadata(Path::new(std::ffi::OsStr::from_bytes(&prefix)))?
+                        .is_dir()
+                    {
+                        return Err(Errno::ENOTDIR.into());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a node (FIFO, socket, device, or regular file): `mknod(2)`.
+    pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: u64) -> io::Result<()> {
+        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        if slash {
+            return Err(Errno::ENOENT.into());
+        }
+        self.fs.mknod(&self.ctx, dir, &name, mode, rdev)?;
+        Ok(())
+    }
+
+    /// Removes a file (not a directory).
+    pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        if slash {
+            // "file/" names a directory that must exist: Linux answers EISDIR or ENOTDIR.
+            let a = self.fs.lookup(&self.ctx, dir, &name)?;
+            return Err(if a.kind() == FileType::Directory {
+                Errno::EISDIR
+            } else {
+                Errno::ENOTDIR
+            }
+            .into());
+        }
+        self.fs.unlink(&self.ctx, dir, &name)?;
+        Ok(())
+    }
+
+    /// Removes an empty directory.
+    pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        if dir == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_empty() {
+            return Err(Errno::EBUSY.into());
+        }
+        self.fs.rmdir(&self.ctx, dir, &name)?;
+        Ok(())
+    }
+
+    /// Removes a directory and everything under it.
+    pub fn remove_dir_all(&self, path: impl AsRef<Path>) -> io::Result<()> {
+        let p = path.as_ref();
+        for e in self.read_dir(p)? {
+            let child = p.join(std::ffi::OsStr::from_bytes(&e.name));
+            if e.kind == FileType::Directory {
+                self.remove_dir_all(&child)?;
+            } else {
+                self.remove_file(&child)?;
+            }
+        }
+        self.remove_dir(p)
+    }
+
+    /// Renames (`rename(2)`).
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> io::Result<()> {
+        self.rename_with_flags(from, to, 0)
+    }
+
+    /// Renames with `RENAME_NOREPLACE` or `RENAME_EXCHANGE` (`renameat2(2)`).
+    pub fn rename_with_flags(
+        &self,
+        from: impl AsRef<Path>,
+        to: impl AsRef<Path>,
+        flags: u32,
+    ) -> io::Result<()> {
+        let (d1, n1, slash1) = self.resolve_parent(bytes(from.as_ref()), &mut 0)?;
+        let (d2, n2, slash2) = self.resolve_parent(bytes(to.as_ref()), &mut 0)?;
+        if slash1 || slash2 {
+            // A trailing slash is allowed only on directories.
+            let a = self.fs.lookup(&self.ctx, d1, &n1)?;
+            if a.kind() != FileType::Directory {
+                return Err(Errno::ENOTDIR.into());
+            }
+        }
+        self.fs.rename(&self.ctx, d1, &n1, d2, &n2, flags)?;
+        Ok(())
+    }
+
+    /// Creates a hard link `dst` to `src` (a symlink `src` is not followed, as `link(2)`).
+    pub fn hard_link(&self, src: impl AsRef<Path>, dst: impl AsRef<Path>) -> io::Result<()> {
+        let a = self.resolve(bytes(src.as_ref()), false)?;
+        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &mut 0)?;
+        if slash {
+            return Err(if a.kind() == FileType::Directory {
+                Errno::EPERM
+            } else {
+                Errno::ENOENT
+            }
+            .into());
+        }
+        self.fs.link(&self.ctx, a.ino, dir, &name)?;
+        Ok(())
+    }
+
+    /// Creates a symlink at `link` pointing to `target`.
+    pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
+        let (dir, name, slash) = self.resolve_parent(bytes(link.as_ref()), &mut 0)?;
+        if slash {
+            return Err(Errno::ENOENT.into());
+        }
+        self.fs
+            .symlink(&self.ctx, dir, &name, bytes(target.as_ref()))?;
+        Ok(())
+    }
+
+    /// The target of a symlink.
+    pub fn read_link(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+        let a = self.resolve(bytes(path.as_ref()), false)?;
+        Ok(self.fs.readlink(a.ino)?)
+    }
+
+    /// The entries of a directory, `.` and `..` left out, in readdir order.
+    pub fn read_dir(&self, path: impl AsRef<Path>) -> io::Result<Vec<DirEntryInfo>> {
+        let a = self.resolve(bytes(path.as_ref()), true)?;
+        let fh = self.fs.opendir(&self.ctx, a.ino)?;
+        let mut out = Vec::new();
+        let r = self.fs.readdir(&self.ctx, fh, 0, false, |e, _| {
+            if e.name != b"." && e.name != b".." {
+                out.push(DirEntryInfo {
+                    name: e.name.to_vec(),
+                    ino: e.ino,
+                    kind: e.kind,
+                });
+            }
+            true
+        });
+        self.fs.releasedir(fh)?;
+        r?;
+        Ok(out)
+    }
+
+    // ----- contents ---------------------------------------------------------------------------
+
+    /// Opens a file.
+    pub fn open(&self, path: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File> {
+        let flags = opts.flags();
+        let mut links = 0u32;
+        let mut start = self.cwd;
+        let mut p = bytes(path.as_ref()).to_vec();
+        loop {
+            let (dir, name, slash) = self.resolve_parent_from(start, &p, &mut links)?;
+            match self.fs.lookup(&self.ctx, dir, &name) {
+                Ok(a) if a.kind() == FileType::Symlink && !opts.nofollow && !(opts.create_new) => {
+                    links += 1;
+                    if links > MAX_SYMLINKS {
+                        return Err(Errno::ELOOP.into());
+                    }
+                    p = self.fs.readlink(a.ino)?;
+                    start = dir;
+                }
+                Ok(a) => {
+                    if opts.create_new {
+                        return Err(Errno::EEXIST.into());
+                    }
+                    if a.kind() == FileType::Symlink {
+                        return Err(Errno::ELOOP.into());
+                    }
+                    if slash && a.kind() != FileType::Directory {
+                        return Err(Errno::ENOTDIR.into());
+                    }
+                    let fh = self.fs.open(&self.ctx, a.ino, flags)?;
+                    return Ok(self.file(fh, a.ino, opts));
+                }
+                Err(Errno::ENOENT) if opts.create || opts.create_new => {
+                    if slash {
+                        return Err(Errno::EISDIR.into());
+                    }
+                    let (a, fh) = self.fs.create(&self.ctx, dir, &name, opts.mode, flags)?;
+                    return Ok(self.file(fh, a.ino, opts));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn file(&self, fh: Fh, ino: Ino, opts: &OpenOptions) -> File {
+        File {
+            fs: self.fs.clone(),
+            ctx: self.ctx.clone(),
+            fh,
+            ino,
+            pos: 0,
+            append: opts.append,
+        }
+    }
+
+    /// Creates or truncates a file and writes `data` to it.
+    pub fn write(&self, path: impl AsRef<Path>, data: impl AsRef<[u8]>) -> io::Result<()> {
+        let mut f = self.open(
+            path,
+            OpenOptions::new().write(true).create(true).truncate(true),
+        )?;
+        f.write_all(data.as_ref())
+    }
+
+    /// Reads a whole file.
+    pub fn read(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+        let mut f = self.open(path, OpenOptions::new().read(true))?;
+        let mut v = Vec::new();
+        f.read_to_end(&mut v)?;
+        Ok(v)
+    }
+
+    /// Reads a whole file as UTF-8.
+    pub fn read_to_string(&self, path: impl AsRef<Path>) -> io::Result<String> {
+        String::from_utf8(self.read(path)?)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Path components, empty ones and `.` left out except a final `.` (which names the directory
+/// itself and matters to mkdir, rmdir and rename errors).
+fn components(path: &[u8]) -> Vec<&[u8]> {
+    let parts: Vec<&[u8]> = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty())
+        .collect();
+    let n = parts.len();
+    parts
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, c)| c != b"." || i + 1 == n)
+        .map(|(_, c)| c)
+        .collect()
+}
+
+impl File {
+    /// The file's inode number.
+    pub fn ino(&self) -> Ino {
+        self.ino
+    }
+
+    /// The engine handle (for the inode API).
+    pub fn handle(&self) -> Fh {
+        self.fh
+    }
+
+    /// Attributes.
+    pub fn metadata(&self) -> io::Result<Metadata> {
+        Ok(Metadata {
+            attr: self.fs.getattr(self.ino)?,
+        })
+    }
+
+    /// Sets the size (`ftruncate`).
+    pub fn set_len(&self, size: u64) -> io::Result<()> {
+        let mt = Some(TimeSet::Now);
+        let set = SetAttr {
+            size: Some(size),
+            mtime: mt,
+            ctime: Some(Timespec::now()),
+            ..Default::default()
+        };
+        self.fs.setattr(&self.ctx, self.ino, &set, Some(self.fh))?;
+        Ok(())
+    }
+
+    /// `fsync`.
+    pub fn sync_all(&self) -> io::Result<()> {
+        Ok(self.fs.fsync(self.fh, false)?)
+    }
+
+    /// Reads at an offset without moving the position (`pread`).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        Ok(self.fs.read(self.fh, offset, buf)?)
+    }
+
+    /// Writes at an offset without moving the position (`pwrite`).
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
+        Ok(self.fs.write(&self.ctx, self.fh, offset, buf)?)
+    }
+}
+
+impl Read for File {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.fs.read(self.fh, self.pos, buf)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Write for File {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.fs.write(&self.ctx, self.fh, self.pos, buf)?;
+        self.pos = if self.append {
+            self.fs.getattr(self.ino)?.size
+        } else {
+            self.pos + n as u64
+        };
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(self.fs.flush(self.fh)?)
+    }
+}
+
+impl Seek for File {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let base = match to {
+            SeekFrom::Start(o) => Some(o),
+            SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+            SeekFrom::End(d) => self.fs.getattr(self.ino)?.size.checked_add_signed(d),
+        };
+        self.pos = base.ok_or_else(|| io::Error::from(Errno::EINVAL))?;
+        Ok(self.pos)
+    }
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        let _ = self.fs.release(self.fh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn components_keep_only_a_final_dot() {
+        assert_eq!(components(b"/a//b/./c/"), vec![&b"a"[..], b"b", b"c"]);
+        assert_eq!(components(b"a/."), vec![&b"a"[..], b"."]);
+        assert_eq!(components(b"./a"), vec![&b"a"[..]]);
+        assert!(components(b"/").is_empty());
+        assert_eq!(components(b"a/../b"), vec![&b"a"[..], b"..", b"b"]);
+    }
+}

@@ -1,0 +1,256 @@
+//! Caller identity and POSIX permission checks.
+//!
+//! lanefs checks permissions itself (DESIGN §4), so the library is safe to embed in a
+//! multi-user program and the FUSE mount does not depend on the kernel's `default_permissions`.
+//! Root (uid 0) stands for a caller with every capability, as for a root process on tmpfs.
+
+use std::sync::OnceLock;
+
+use smallvec::SmallVec;
+
+use crate::attr::AttrVals;
+use crate::errno::{Errno, Result};
+
+/// Read permission (`R_OK`).
+pub const MAY_READ: u32 = 4;
+/// Write permission (`W_OK`).
+pub const MAY_WRITE: u32 = 2;
+/// Execute / search permission (`X_OK`).
+pub const MAY_EXEC: u32 = 1;
+
+/// Who is calling: the credentials a process would present to the kernel.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    /// Filesystem user id.
+    pub uid: u32,
+    /// Filesystem group id.
+    pub gid: u32,
+    /// Process id (0 if unknown); used to read supplementary groups lazily when they were not
+    /// given (FUSE sends uid, gid and pid only).
+    pub pid: u32,
+    /// File-mode creation mask applied to new inodes.
+    pub umask: u32,
+    /// When true, every inode returned by lookup, create, mkdir, mknod, symlink, link and
+    /// readdirplus gains one lookup reference that the caller must drop with `forget` (the FUSE
+    /// protocol's lookup count).
+    pub count_lookups: bool,
+    groups: Groups,
+}
+
+#[derive(Clone, Debug)]
+enum Groups {
+    Given(SmallVec<[u32; 8]>),
+    FromProc(OnceLock<SmallVec<[u32; 8]>>),
+}
+
+impl Ctx {
+    /// Root, umask 0.
+    pub fn root() -> Self {
+        Ctx::user(0, 0)
+    }
+
+    /// A user with no supplementary groups, umask 0.
+    pub fn user(uid: u32, gid: u32) -> Self {
+        Ctx {
+            uid,
+            gid,
+            pid: 0,
+            umask: 0,
+            count_lookups: false,
+            groups: Groups::Given(SmallVec::new()),
+        }
+    }
+
+    /// Sets the supplementary groups.
+    pub fn with_groups(mut self, groups: &[u32]) -> Self {
+        self.groups = Groups::Given(groups.into());
+        self
+    }
+
+    /// Sets the umask.
+    pub fn with_umask(mut self, umask: u32) -> Self {
+        self.umask = umask & 0o777;
+        self
+    }
+
+    /// A caller known by uid, gid and pid (a FUSE request): supplementary groups are read from
+    /// `/proc/PID/status` the first time a permission check needs them.
+    pub fn from_request(uid: u32, gid: u32, pid: u32) -> Self {
+        Ctx {
+            uid,
+            gid,
+            pid,
+            umask: 0,
+            count_lookups: false,
+            groups: Groups::FromProc(OnceLock::new()),
+        }
+    }
+
+    /// Whether the caller is root (has every capability).
+    #[inline]
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    fn groups(&self) -> &[u32] {
+        match &self.groups {
+            Groups::Given(g) => g,
+            Groups::FromProc(cell) => cell.get_or_init(|| proc_groups(self.pid)),
+        }
+    }
+
+    /// Reads the supplementary groups now if they are read lazily, so that a later check does
+    /// no I/O (the attribute seqlock's critical section must not block).
+    pub(crate) fn resolve_groups(&self) {
+        let _ = self.groups();
+    }
+
+    /// Whether `gid` is the caller's group or one of its supplementary groups.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups().contains(&gid)
+    }
+}
+
+/// Supplementary groups of process `pid`, from `/proc/PID/status` (empty if unreadable).
+fn proc_groups(pid: u32) -> SmallVec<[u32; 8]> {
+    if pid == 0 {
+        return SmallVec::new();
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return SmallVec::new();
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `generic_permission`: may `ctx` access an inode with attributes `a` for `mask`?
+pub(crate) fn check(ctx: &Ctx, a: &AttrVals, mask: u32) -> Result<()> {
+    if ctx.is_root() {
+        // CAP_DAC_OVERRIDE: anything, except executing a non-directory with no x bit at all.
+        let is_dir = a.mode & libc::S_IFMT == libc::S_IFDIR;
+        if mask & MAY_EXEC != 0 && !is_dir && a.mode & 0o111 == 0 {
+            return Err(Errno::EACCES);
+        }
+        return Ok(());
+    }
+    let bits = if ctx.uid == a.uid {
+        (a.mode >> 6) & 7
+    } else if ctx.in_group(a.gid) {
+        (a.mode >> 3) & 7
+    } else {
+        a.mode & 7
+    };
+    if mask & !bits != 0 {
+        Err(Errno::EACCES)
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether `ctx` is the owner or root (`inode_owner_or_capable`).
+pub(crate) fn owner_or_root(ctx: &Ctx, a: &AttrVals) -> bool {
+    ctx.is_root() || ctx.uid == a.uid
+}
+
+/// The sticky-directory rule: in a sticky directory, only the owner of an entry, the owner of
+/// the directory or root may remove or rename it.
+pub(crate) fn check_sticky(ctx: &Ctx, dir: &AttrVals, victim: &AttrVals) -> Result<()> {
+    if dir.mode & libc::S_ISVTX != 0
+        && !ctx.is_root()
+        && ctx.uid != victim.uid
+        && ctx.uid != dir.uid
+    {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::Timespec;
+
+    fn attr(mode: u32, uid: u32, gid: u32) -> AttrVals {
+        let t = Timespec::default();
+        AttrVals {
+            mode,
+            uid,
+            gid,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        }
+    }
+
+    #[test]
+    fn owner_group_other_classes() {
+        let a = attr(libc::S_IFREG | 0o640, 10, 20);
+        assert!(check(&Ctx::user(10, 99), &a, MAY_READ | MAY_WRITE).is_ok());
+        assert_eq!(check(&Ctx::user(10, 99), &a, MAY_EXEC), Err(Errno::EACCES));
+        assert!(check(&Ctx::user(11, 20), &a, MAY_READ).is_ok());
+        assert_eq!(check(&Ctx::user(11, 20), &a, MAY_WRITE), Err(Errno::EACCES));
+        assert!(check(&Ctx::user(11, 5).with_groups(&[20]), &a, MAY_READ).is_ok());
+        assert_eq!(check(&Ctx::user(11, 5), &a, MAY_READ), Err(Errno::EACCES));
+        // The owner class applies even when it grants less than the group class.
+        let b = attr(libc::S_IFREG | 0o070, 10, 20);
+        assert_eq!(check(&Ctx::user(10, 20), &b, MAY_READ), Err(Errno::EACCES));
+    }
+
+    #[test]
+    fn root_overrides_except_exec_without_any_x_bit() {
+        let f = attr(libc::S_IFREG, 10, 20);
+        assert!(check(&Ctx::root(), &f, MAY_READ | MAY_WRITE).is_ok());
+        assert_eq!(check(&Ctx::root(), &f, MAY_EXEC), Err(Errno::EACCES));
+        let fx = attr(libc::S_IFREG | 0o001, 10, 20);
+        assert!(check(&Ctx::root(), &fx, MAY_EXEC).is_ok());
+        let d = attr(libc::S_IFDIR, 10, 20);
+        assert!(check(&Ctx::root(), &d, MAY_EXEC).is_ok());
+    }
+
+    #[test]
+    fn sticky() {
+        let dir = attr(libc::S_IFDIR | 0o1777, 1, 1);
+        let mine = attr(libc::S_IFREG | 0o644, 5, 5);
+        assert!(check_sticky(&Ctx::user(5, 5), &dir, &mine).is_ok());
+        assert_eq!(
+            check_sticky(&Ctx::user(6, 5), &dir, &mine),
+            Err(Errno::EPERM)
+        );
+        assert!(
+            check_sticky(&Ctx::user(1, 1), &dir, &mine).is_ok(),
+            "dir owner"
+        );
+        assert!(check_sticky(&Ctx::root(), &dir, &mine).is_ok());
+    }
+
+    #[test]
+    fn groups_from_proc_of_this_process() {
+        let ctx = Ctx::from_request(1000, 1000, std::process::id());
+        // SAFETY: getgroups with size 0 only returns the count.
+        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+        let mut want = vec![0 as libc::gid_t; n.max(0) as usize];
+        // SAFETY: `want` has room for `n` entries.
+        let n = unsafe { libc::getgroups(n, want.as_mut_ptr()) };
+        want.truncate(n.max(0) as usize);
+        let mut got = ctx.groups().to_vec();
+        got.sort();
+        want.sort();
+        want.dedup();
+        got.dedup();
+        assert_eq!(
+            got, want,
+            "supplementary groups from /proc match getgroups()"
+        );
+        let none = Ctx::from_request(1000, 1000, 0);
+        assert!(none.groups().is_empty());
+    }
+}

@@ -1,0 +1,204 @@
+//! The inode table: inode number → inode, read without locks or reference counts.
+//!
+//! Inode numbers are dense (allocated in per-thread batches and recycled, `ids.rs`), so the
+//! table is a two-level array of atomic pointers rather than a hash map: `lookup` of a parent
+//! directory, `getattr` and every path-walk step are two dependent loads, and write nothing
+//! (DESIGN §3: no reference-count bump on a shared parent). Leaf chunks are allocated on first
+//! use and live as long as the table.
+//!
+//! # Reclamation
+//! Slots hold `crossbeam_epoch::Atomic<Inode>`. Readers load under an epoch guard; removal swaps
+//! the slot to null (so the number can be reused at once) and defers the inode's memory until
+//! every guard that could have loaded it is gone. A reader may therefore hold a pointer to an
+//! inode that is no longer in the table: callers compare `ino_gen` ([`InodeTable::get_gen`])
+//! or check the inode's lifecycle word, and never resurrect a dead inode (`inode.rs`).
+
+use std::sync::atomic::{AtomicPtr, Ordering::*};
+
+use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
+
+use crate::attr::Ino;
+use crate::inode::{Inode, ino_of};
+
+const LEAF_BITS: u32 = 14;
+const LEAF: usize = 1 << LEAF_BITS;
+const TOP: usize = 1 << 14;
+
+/// Largest inode number the table holds (2^28 - 1, about 268 million).
+pub(crate) const MAX_INO: Ino = (TOP * LEAF - 1) as Ino;
+
+type Leaf = [Atomic<Inode>; LEAF];
+
+pub(crate) struct InodeTable {
+    top: Box<[AtomicPtr<Leaf>]>,
+}
+
+impl InodeTable {
+    pub fn new() -> Self {
+        InodeTable {
+            top: (0..TOP)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+        }
+    }
+
+    #[inline]
+    fn leaf(&self, ino: Ino) -> Option<&Leaf> {
+        let p = self.top.get((ino >> LEAF_BITS) as usize)?.load(Acquire);
+        // SAFETY: a non-null top entry points to a leaf leaked from a Box in `leaf_or_alloc`;
+        // leaves are freed only in `Drop`, which has `&mut self`, so it outlives `&self`.
+        unsafe { p.as_ref() }
+    }
+
+    fn leaf_or_alloc(&self, ino: Ino) -> &Leaf {
+        if let Some(l) = self.leaf(ino) {
+            return l;
+        }
+        let fresh: Box<Leaf> = (0..LEAF)
+            .map(|_| Atomic::null())
+            .collect::<Vec<_>>()
+            .into_boxed_slice()
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("LEAF elements"));
+        let fresh = Box::into_raw(fresh);
+        let entry = &self.top[(ino >> LEAF_BITS) as usize];
+        if let Err(_winner) = entry.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+            // SAFETY: `fresh` came from Box::into_raw above and was never published.
+            drop(unsafe { Box::from_raw(fresh) });
+        }
+        self.leaf(ino).expect("leaf installed")
+    }
+
+    /// The inode in slot `ino`, if any.
+    #[inline]
+    pub fn get<'g>(&self, ino: Ino, g: &'g Guard) -> Option<&'g Inode> {
+        let slot = &self.leaf(ino)?[(ino as usize) & (LEAF - 1)];
+        // SAFETY: inodes leave the table only through `remove`, which defers their destruction
+        // until every guard pinned before the removal is dropped; `g` is such a guard or newer,
+        // so the pointer stays valid for `'g`.
+        unsafe { slot.load(Acquire, g).as_ref() }
+    }
+
+    /// The inode whose `ino_gen` is exactly `ino_gen` (not a later reuse of its number).
+    #[inline]
+    pub fn get_gen<'g>(&self, ino_gen: u64, g: &'g Guard) -> Option<&'g Inode> {
+        self.get(ino_of(ino_gen), g)
+            .filter(|i| i.ino_gen == ino_gen)
+    }
+
+    /// Publishes a new inode in its (empty) slot and returns it.
+    pub fn install<'g>(&self, inode: Inode, g: &'g Guard) -> &'g Inode {
+        let ino = inode.ino();
+        assert!(ino <= MAX_INO, "ino {ino} beyond table");
+        let slot = &self.leaf_or_alloc(ino)[(ino as usize) & (LEAF - 1)];
+        let new = Owned::new(inode).into_shared(g);
+        // Release: the inode's fields are visible to whoever loads the pointer with Acquire.
+        let prev = slot.swap(new, AcqRel, g);
+        assert!(prev.is_null(), "slot {ino} reused while occupied");
+        // SAFETY: `new` was just published and is destroyed only through `remove` (see `get`).
+        unsafe { new.deref() }
+    }
+
+    /// Empties the slot of `inode` and schedules the inode's destruction after every current
+    /// guard. The caller owns the inode's `DEAD` transition, so nothing can reach it any more
+    /// except readers already holding a pointer.
+    pub fn remove(&self, inode: &Inode, g: &Guard) {
+        let ino = inode.ino();
+        let slot =
+            &self.leaf(ino).expect("installed inode has a leaf")[(ino as usize) & (LEAF - 1)];
+        let prev = slot.swap(Shared::null(), AcqRel, g);
+        assert!(
+            std::ptr::eq(prev.as_raw(), inode),
+            "slot {ino} held another inode"
+        );
+        // SAFETY: `prev` is unreachable from the table now; readers that loaded it hold guards
+        // pinned no later than this one, and `defer_destroy` waits for all of them.
+        unsafe { g.defer_destroy(prev) };
+    }
+}
+
+impl InodeTable {
+    /// Calls `f` on every inode in the table (for the invariant checker).
+    pub fn for_each<'g>(&self, g: &'g Guard, mut f: impl FnMut(&'g Inode)) {
+        for entry in self.top.iter() {
+            // SAFETY: as in `leaf`: leaves live as long as the table.
+            let Some(leaf) = (unsafe { entry.load(Acquire).as_ref() }) else {
+                continue;
+            };
+            for slot in leaf.iter() {
+                // SAFETY: as in `get`: the guard keeps loaded inodes alive.
+                if let Some(i) = unsafe { slot.load(Acquire, g).as_ref() } {
+                    f(i);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for InodeTable {
+    fn drop(&mut self) {
+        for entry in self.top.iter() {
+            let p = entry.load(Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: `p` came from Box::into_raw in `leaf_or_alloc`; `&mut self` means no reader.
+            let leaf = unsafe { Box::from_raw(p) };
+            for slot in leaf.iter() {
+                // SAFETY: no other thread can access the table during drop.
+                let g = unsafe { crossbeam_epoch::unprotected() };
+                let s = slot.load(Acquire, g);
+                if !s.is_null() {
+                    // SAFETY: the slot owns the inode, and nothing else references it any more.
+                    drop(unsafe { s.into_owned() });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attr::{AttrCell, AttrVals};
+    use crate::inode::Body;
+    use crate::time::Timespec;
+
+    fn inode(ino_gen: u64) -> Inode {
+        let t = Timespec::default();
+        let attr = AttrCell::new(AttrVals {
+            mode: libc::S_IFREG,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+        });
+        Inode::new(ino_gen, 1, 0, attr, Body::Special { rdev: 0 })
+    }
+
+    #[test]
+    fn install_get_remove_reuse_with_generation() {
+        let t = InodeTable::new();
+        let g = crossbeam_epoch::pin();
+        assert!(t.get(77, &g).is_none());
+        let a = t.install(inode(77), &g);
+        assert_eq!(t.get(77, &g).unwrap().ino_gen, 77);
+        t.remove(a, &g);
+        assert!(t.get(77, &g).is_none());
+        // The number is reusable at once; the old generation no longer matches.
+        let gen1 = (1 << crate::inode::INO_BITS) | 77;
+        t.install(inode(gen1), &g);
+        assert!(t.get_gen(77, &g).is_none());
+        assert!(t.get_gen(gen1, &g).is_some());
+        assert!(
+            t.get(MAX_INO + 1, &g).is_none(),
+            "beyond the table is simply absent"
+        );
+        // Far leaves are allocated on demand.
+        t.install(inode(MAX_INO), &g);
+        assert!(t.get(MAX_INO, &g).is_some());
+    }
+}

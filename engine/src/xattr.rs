@@ -1,0 +1,128 @@
+//! Extended attributes of one inode.
+//!
+//! Names carry their namespace prefix (`user.`, `trusted.`, `security.`); `system.` (POSIX ACLs)
+//! is not supported and answers EOPNOTSUPP, as on a tmpfs mounted without ACL support. Limits
+//! follow Linux: names up to 255 bytes (ERANGE beyond), values up to 64 KiB (E2BIG beyond).
+
+use std::collections::BTreeMap;
+
+use crate::errno::{Errno, Result};
+
+/// Longest attribute name, prefix included (`XATTR_NAME_MAX`).
+pub const XATTR_NAME_MAX: usize = 255;
+/// Largest attribute value (`XATTR_SIZE_MAX`).
+pub const XATTR_SIZE_MAX: usize = 65536;
+
+/// `setxattr` flag: fail with EEXIST if the attribute exists.
+pub const XATTR_CREATE: i32 = libc::XATTR_CREATE;
+/// `setxattr` flag: fail with ENODATA if the attribute does not exist.
+pub const XATTR_REPLACE: i32 = libc::XATTR_REPLACE;
+
+/// Namespace of an attribute name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Namespace {
+    User,
+    Trusted,
+    Security,
+}
+
+/// Checks a name and returns its namespace.
+pub(crate) fn namespace(name: &[u8]) -> Result<Namespace> {
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return Err(Errno::ERANGE);
+    }
+    let (ns, rest) = if let Some(r) = name.strip_prefix(b"user.") {
+        (Namespace::User, r)
+    } else if let Some(r) = name.strip_prefix(b"trusted.") {
+        (Namespace::Trusted, r)
+    } else if let Some(r) = name.strip_prefix(b"security.") {
+        (Namespace::Security, r)
+    } else {
+        return Err(Errno::EOPNOTSUPP);
+    };
+    if rest.is_empty() {
+        return Err(Errno::EINVAL);
+    }
+    Ok(ns)
+}
+
+/// An inode's attributes (allocated on first `setxattr`).
+#[derive(Default)]
+pub(crate) struct Xattrs {
+    map: BTreeMap<Box<[u8]>, Box<[u8]>>,
+}
+
+impl Xattrs {
+    pub fn get(&self, name: &[u8]) -> Option<&[u8]> {
+        self.map.get(name).map(|v| &**v)
+    }
+
+    pub fn set(&mut self, name: &[u8], value: &[u8], flags: i32) -> Result<()> {
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let exists = self.map.contains_key(name);
+        if flags & XATTR_CREATE != 0 && exists {
+            return Err(Errno::EEXIST);
+        }
+        if flags & XATTR_REPLACE != 0 && !exists {
+            return Err(Errno::ENODATA);
+        }
+        self.map.insert(name.into(), value.into());
+        Ok(())
+    }
+
+    pub fn remove(&mut self, name: &[u8]) -> Result<()> {
+        self.map.remove(name).map(|_| ()).ok_or(Errno::ENODATA)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Names, each followed by NUL, as `listxattr` returns them.
+    pub fn list(&self, mut visible: impl FnMut(&[u8]) -> bool) -> Vec<u8> {
+        let mut out = Vec::new();
+        for k in self.map.keys().filter(|k| visible(k)) {
+            out.extend_from_slice(k);
+            out.push(0);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_and_limits() {
+        let mut x = Xattrs::default();
+        assert_eq!(x.set(b"user.a", b"1", XATTR_REPLACE), Err(Errno::ENODATA));
+        x.set(b"user.a", b"1", XATTR_CREATE).unwrap();
+        assert_eq!(x.set(b"user.a", b"2", XATTR_CREATE), Err(Errno::EEXIST));
+        x.set(b"user.a", b"2", XATTR_REPLACE).unwrap();
+        assert_eq!(x.get(b"user.a"), Some(&b"2"[..]));
+        assert_eq!(
+            x.set(b"user.big", &vec![0; XATTR_SIZE_MAX + 1], 0),
+            Err(Errno::E2BIG)
+        );
+        x.set(b"trusted.t", b"", 0).unwrap();
+        assert_eq!(x.list(|_| true), b"trusted.t\0user.a\0");
+        assert_eq!(x.list(|n| n.starts_with(b"user.")), b"user.a\0");
+        x.remove(b"user.a").unwrap();
+        assert_eq!(x.remove(b"user.a"), Err(Errno::ENODATA));
+    }
+
+    #[test]
+    fn namespaces() {
+        assert_eq!(namespace(b"user.x"), Ok(Namespace::User));
+        assert_eq!(
+            namespace(b"system.posix_acl_access"),
+            Err(Errno::EOPNOTSUPP)
+        );
+        assert_eq!(namespace(b"bogus"), Err(Errno::EOPNOTSUPP));
+        assert_eq!(namespace(b"user."), Err(Errno::EINVAL));
+        assert_eq!(namespace(&[b'u'; 256]), Err(Errno::ERANGE));
+    }
+}
