@@ -100,6 +100,7 @@ pub struct OpenOptions {
     create_new: bool,
     nofollow: bool,
     mode: u32,
+    custom: i32,
 }
 
 impl Default for OpenOptions {
@@ -120,6 +121,7 @@ impl OpenOptions {
             create_new: false,
             nofollow: false,
             mode: 0o666,
+            custom: 0,
         }
     }
     /// Open for reading.
@@ -157,6 +159,11 @@ impl OpenOptions {
         self.nofollow = v;
         self
     }
+    /// Extra `open(2)` flags (`O_DIRECTORY`, `O_NOATIME`, ...), as `OpenOptionsExt::custom_flags`.
+    pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
+        self.custom = flags & !(libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND);
+        self
+    }
     /// Permission bits of a created file.
     pub fn mode(&mut self, mode: u32) -> &mut Self {
         self.mode = mode;
@@ -169,7 +176,7 @@ impl OpenOptions {
             (false, true) => libc::O_WRONLY,
             _ => libc::O_RDONLY,
         };
-        let mut f = acc;
+        let mut f = acc | self.custom;
         if self.append {
             f |= libc::O_APPEND;
         }
@@ -318,6 +325,9 @@ impl Client {
         if dir.kind() != FileType::Directory {
             return Err(Errno::ENOTDIR);
         }
+        // The walk checks search permission on the last directory too (may_lookup), before
+        // the operation looks at the name.
+        self.fs.access(&self.ctx, dir.ino, crate::perm::MAY_EXEC)?;
         if last.len() > crate::dir::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -605,7 +615,7 @@ impl Client {
         loop {
             let (dir, name, slash) = self.resolve_parent_from(start, &p, &mut links)?;
             match self.fs.lookup(&self.ctx, dir, &name) {
-                Ok(a) if a.kind() == FileType::Symlink && !opts.nofollow && !(opts.create_new) => {
+                Ok(a) if a.kind() == FileType::Symlink && !opts.nofollow && !opts.create_new => {
                     links += 1;
                     if links > MAX_SYMLINKS {
                         return Err(Errno::ELOOP.into());

@@ -372,10 +372,9 @@ impl Filesystem {
                 let kept = d.pages_below(size);
                 i.attr.update(&self.stats, |v| {
                     check(v)?;
+                    // Linux stamps mtime and ctime on every truncate, even to the same size.
                     let now = Timespec::now();
-                    if v.size != size {
-                        v.mtime = now;
-                    }
+                    v.mtime = now;
                     apply(v, now);
                     v.size = size;
                     v.blocks = kept * (PAGE / 512);
