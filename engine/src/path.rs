@@ -161,7 +161,8 @@ impl OpenOptions {
     }
     /// Extra `open(2)` flags (`O_DIRECTORY`, `O_NOATIME`, ...), as `OpenOptionsExt::custom_flags`.
     pub fn custom_flags(&mut self, flags: i32) -> &mut Self {
-        self.custom = flags & !(libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND);
+        self.custom = flags
+            & !(libc::O_ACCMODE | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_APPEND);
         self
     }
     /// Permission bits of a created file.

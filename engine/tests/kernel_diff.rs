@@ -14,10 +14,18 @@ fn root() -> Who {
     Who::Root
 }
 fn u1() -> Who {
-    Who::User { uid: 1000, gid: 1000, groups: vec![1000, 3000] }
+    Who::User {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![1000, 3000],
+    }
 }
 fn u2() -> Who {
-    Who::User { uid: 2000, gid: 2000, groups: vec![2000] }
+    Who::User {
+        uid: 2000,
+        gid: 2000,
+        groups: vec![2000],
+    }
 }
 fn s(x: &str) -> String {
     x.to_string()
@@ -26,10 +34,19 @@ fn s(x: &str) -> String {
 fn run_case(name: &str, umask: u32, steps: &[(Who, Op)]) {
     for locking in Locking::ALL {
         let mut k = Kernel::new(name, umask);
-        let fs = Arc::new(Filesystem::new(Config { locking, ..Config::default() }));
+        let fs = Arc::new(Filesystem::new(Config {
+            locking,
+            ..Config::default()
+        }));
         let mut l = Lanes::new(fs.clone(), umask);
-        compare(&format!("{name} [{}]", locking.name()), &mut k, &mut l, steps);
-        fs.check_invariants().unwrap_or_else(|e| panic!("case {name}: invariants: {e}"));
+        compare(
+            &format!("{name} [{}]", locking.name()),
+            &mut k,
+            &mut l,
+            steps,
+        );
+        fs.check_invariants()
+            .unwrap_or_else(|e| panic!("case {name}: invariants: {e}"));
         assert_eq!(fs.open_handles(), 0, "case {name}: handles leaked");
     }
 }
@@ -189,7 +206,11 @@ fn rename_edge_cases() {
             Stat(s("m/b")),
             Stat(s("m")),
             Stat(s(".")),
-            Rename(s("z"), s("m/b"), libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE),
+            Rename(
+                s("z"),
+                s("m/b"),
+                libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE,
+            ),
             Rename(s("z"), s("y"), 0x100),
             // exchanging a directory with its own descendant
             Rename(s("m"), s("m/b"), libc::RENAME_EXCHANGE),
@@ -316,9 +337,14 @@ fn setgid_directories() {
     );
     // u2 is not in group 3000: a set-gid executable it creates loses set-gid.
     steps.extend(
-        vec![Create(s("sg/g"), 0o2755), Stat(s("sg/g")), Create(s("sg/h"), 0o2745), Stat(s("sg/h"))]
-            .into_iter()
-            .map(|o| (u2(), o)),
+        vec![
+            Create(s("sg/g"), 0o2755),
+            Stat(s("sg/g")),
+            Create(s("sg/h"), 0o2745),
+            Stat(s("sg/h")),
+        ]
+        .into_iter()
+        .map(|o| (u2(), o)),
     );
     run_case("setgid", 0, &steps);
 }
@@ -495,33 +521,60 @@ fn randomized_against_the_kernel() {
     for seed in seeds {
         eprintln!("randomized_against_the_kernel: seed {seed} (replay with LANEFS_SEED={seed})");
         let mut rng = StdRng::seed_from_u64(seed);
-        let names = ["a", "b", "c", "d", "a/x", "a/y", "a/w", "b/x", "b/a", "b/y", "a/x/z", "c/q", "c/.."];
+        let names = [
+            "a", "b", "c", "d", "a/x", "a/y", "a/w", "b/x", "b/a", "b/y", "a/x/z", "c/q", "c/..",
+        ];
         let who = [root(), u1(), u2()];
-        let mut steps = vec![(root(), Mkdir(s("a"), 0o777)), (root(), Mkdir(s("b"), 0o1777))];
+        let mut steps = vec![
+            (root(), Mkdir(s("a"), 0o777)),
+            (root(), Mkdir(s("b"), 0o1777)),
+        ];
         for _ in 0..1500 {
             let n = |rng: &mut StdRng| s(names[rng.random_range(0..names.len())]);
-            let mode = |rng: &mut StdRng| [0o777, 0o777, 0o666, 0o755, 0o700, 0o644, 0o1777, 0o2775][rng.random_range(0..8)];
+            let mode = |rng: &mut StdRng| {
+                [0o777, 0o777, 0o666, 0o755, 0o700, 0o644, 0o1777, 0o2775][rng.random_range(0..8)]
+            };
             let op = match rng.random_range(0..26) {
                 0 | 1 | 22 => Create(n(&mut rng), mode(&mut rng)),
                 2 | 3 | 23 => Mkdir(n(&mut rng), mode(&mut rng)),
                 24 | 25 => Stat(n(&mut rng)),
                 4 => Unlink(n(&mut rng)),
                 5 => Rmdir(n(&mut rng)),
-                6 | 7 => Rename(n(&mut rng), n(&mut rng), [0, 0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][rng.random_range(0..4)]),
+                6 | 7 => Rename(
+                    n(&mut rng),
+                    n(&mut rng),
+                    [0, 0, libc::RENAME_NOREPLACE, libc::RENAME_EXCHANGE][rng.random_range(0..4)],
+                ),
                 8 => Link(n(&mut rng), n(&mut rng)),
                 9 => Symlink(n(&mut rng), n(&mut rng)),
                 10 => Stat(n(&mut rng)),
                 11 => Lstat(n(&mut rng)),
                 12 => ReadDir(n(&mut rng)),
                 13 => Chmod(n(&mut rng), mode(&mut rng)),
-                14 => Write(n(&mut rng), rng.random_range(0..9000), vec![7; rng.random_range(0..300)]),
+                14 => Write(
+                    n(&mut rng),
+                    rng.random_range(0..9000),
+                    vec![7; rng.random_range(0..300)],
+                ),
                 15 => Read(n(&mut rng)),
                 16 => Truncate(n(&mut rng), rng.random_range(0..10_000)),
-                17 => Chown(n(&mut rng), Some([0, 1000, 2000][rng.random_range(0..3)]), None),
+                17 => Chown(
+                    n(&mut rng),
+                    Some([0, 1000, 2000][rng.random_range(0..3)]),
+                    None,
+                ),
                 18 => Access(n(&mut rng), rng.random_range(0..8)),
                 19 => SetXattr(n(&mut rng), s("user.r"), vec![1, 2], 0),
                 20 => Readlink(n(&mut rng)),
-                _ => Open(n(&mut rng), [libc::O_RDONLY, libc::O_WRONLY | libc::O_TRUNC, libc::O_RDWR | libc::O_CREAT][rng.random_range(0..3)], 0o644),
+                _ => Open(
+                    n(&mut rng),
+                    [
+                        libc::O_RDONLY,
+                        libc::O_WRONLY | libc::O_TRUNC,
+                        libc::O_RDWR | libc::O_CREAT,
+                    ][rng.random_range(0..3)],
+                    0o644,
+                ),
             };
             // Mostly root, so that most steps succeed; users meet the permission checks.
             steps.push((who[[0, 0, 0, 1, 1, 2][rng.random_range(0..6)]].clone(), op));
@@ -531,13 +584,21 @@ fn randomized_against_the_kernel() {
         let mut l = Lanes::new(fs.clone(), 0o022);
         let ok = compare(&format!("random seed {seed}"), &mut k, &mut l, &steps);
         eprintln!("  {ok} of {} steps succeeded", steps.len());
-        assert!(ok * 8 > steps.len(), "seed {seed}: only {ok} steps succeeded; the mix is too error-heavy");
-        fs.check_invariants().unwrap_or_else(|e| panic!("seed {seed}: invariants: {e}"));
+        assert!(
+            ok * 8 > steps.len(),
+            "seed {seed}: only {ok} steps succeeded; the mix is too error-heavy"
+        );
+        fs.check_invariants()
+            .unwrap_or_else(|e| panic!("seed {seed}: invariants: {e}"));
         // Both trees end the same: compare a final listing of every name.
         for name in names {
             let a = k.run(&root(), &Lstat(s(name)));
             let b = l.run(&root(), &Lstat(s(name)));
-            assert_eq!(common::fmt_outcome(&a), common::fmt_outcome(&b), "seed {seed}: final {name}");
+            assert_eq!(
+                common::fmt_outcome(&a),
+                common::fmt_outcome(&b),
+                "seed {seed}: final {name}"
+            );
         }
     }
 }

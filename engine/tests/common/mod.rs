@@ -21,12 +21,20 @@ use lanefs::{Client, Ctx, Filesystem, OpenOptions, TimeSet, Timespec};
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Who {
     Root,
-    User { uid: u32, gid: u32, groups: Vec<u32> },
+    User {
+        uid: u32,
+        gid: u32,
+        groups: Vec<u32>,
+    },
 }
 
 impl Who {
     pub fn user(uid: u32, gid: u32) -> Who {
-        Who::User { uid, gid, groups: vec![] }
+        Who::User {
+            uid,
+            gid,
+            groups: vec![],
+        }
     }
     pub fn ctx(&self) -> Ctx {
         match self {
@@ -141,15 +149,26 @@ pub fn kernel_tmpfs_dir(tag: &str) -> PathBuf {
         let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: `p` is a valid C string and `sfs` a valid out-pointer.
         if unsafe { libc::statfs(p.as_ptr(), &mut sfs) } == 0 && sfs.f_type as i64 == TMPFS_MAGIC {
-            let d = c.join(format!("lanefs-test-{tag}-{}-{}", std::process::id(), rand_suffix()));
+            let d = c.join(format!(
+                "lanefs-test-{tag}-{}-{}",
+                std::process::id(),
+                rand_suffix()
+            ));
             std::fs::create_dir(&d).expect("create test dir on tmpfs");
             set_mode(&d, 0o777);
             return d;
         }
     }
-    let mnt = std::env::temp_dir().join(format!("lanefs-tmpfs-{}-{}", std::process::id(), rand_suffix()));
+    let mnt = std::env::temp_dir().join(format!(
+        "lanefs-tmpfs-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
     std::fs::create_dir_all(&mnt).unwrap();
-    let st = std::process::Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&mnt).status();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&mnt)
+        .status();
     assert!(
         st.is_ok_and(|s| s.success()),
         "no tmpfs available: /dev/shm is not tmpfs and mounting one at {} failed (run as root)",
@@ -195,12 +214,23 @@ fn become_thread(who: &Who, umask: u32) {
         libc::umask(umask);
         if let Who::User { uid, gid, groups } = who {
             let gs: Vec<libc::gid_t> = groups.clone();
-            assert_eq!(libc::syscall(libc::SYS_setgroups, gs.len(), gs.as_ptr()), 0, "setgroups");
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, gs.len(), gs.as_ptr()),
+                0,
+                "setgroups"
+            );
             libc::syscall(libc::SYS_setfsgid, *gid);
             libc::syscall(libc::SYS_setfsuid, *uid);
-            let hdr = CapHeader { version: 0x2008_0522, pid: 0 };
+            let hdr = CapHeader {
+                version: 0x2008_0522,
+                pid: 0,
+            };
             let data = [CapData::default(); 2];
-            assert_eq!(libc::syscall(libc::SYS_capset, &hdr, data.as_ptr()), 0, "capset");
+            assert_eq!(
+                libc::syscall(libc::SYS_capset, &hdr, data.as_ptr()),
+                0,
+                "capset"
+            );
         }
     }
 }
@@ -217,7 +247,12 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn new(tag: &str, umask: u32) -> Kernel {
-        Kernel { base: kernel_tmpfs_dir(tag), umask, workers: HashMap::new(), stamps: HashMap::new() }
+        Kernel {
+            base: kernel_tmpfs_dir(tag),
+            umask,
+            workers: HashMap::new(),
+            stamps: HashMap::new(),
+        }
     }
 
     fn on_thread(&mut self, who: &Who, job: Job) -> Outcome {
@@ -243,7 +278,10 @@ impl Kernel {
     }
 
     fn times(&mut self, who: &Who, p: PathBuf) -> Result<(Timespec, Timespec, Timespec), i32> {
-        match self.on_thread(who, Box::new(move || kstat(&p, true).map(|s| Val::Bytes(times_bytes(&s)))))? {
+        match self.on_thread(
+            who,
+            Box::new(move || kstat(&p, true).map(|s| Val::Bytes(times_bytes(&s)))),
+        )? {
             Val::Bytes(b) => Ok(bytes_times(&b)),
             _ => unreachable!(),
         }
@@ -259,7 +297,11 @@ impl Drop for Kernel {
 
 fn times_bytes(s: &libc::stat) -> Vec<u8> {
     let mut v = Vec::new();
-    for (sec, nsec) in [(s.st_atime, s.st_atime_nsec), (s.st_mtime, s.st_mtime_nsec), (s.st_ctime, s.st_ctime_nsec)] {
+    for (sec, nsec) in [
+        (s.st_atime, s.st_atime_nsec),
+        (s.st_mtime, s.st_mtime_nsec),
+        (s.st_ctime, s.st_ctime_nsec),
+    ] {
         v.extend_from_slice(&sec.to_le_bytes());
         v.extend_from_slice(&(nsec as u32).to_le_bytes());
     }
@@ -281,7 +323,13 @@ fn kstat(p: &Path, follow: bool) -> Result<libc::stat, i32> {
     // SAFETY: zeroed stat is a valid out-buffer.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out-pointer.
-    let rc = unsafe { if follow { libc::stat(c.as_ptr(), &mut st) } else { libc::lstat(c.as_ptr(), &mut st) } };
+    let rc = unsafe {
+        if follow {
+            libc::stat(c.as_ptr(), &mut st)
+        } else {
+            libc::lstat(c.as_ptr(), &mut st)
+        }
+    };
     check(rc as i64).map(|_| st)
 }
 
@@ -294,16 +342,33 @@ fn view(st: &libc::stat) -> StatView {
         uid: st.st_uid,
         gid: st.st_gid,
         size: st.st_size as u64,
-        blocks: if fmt == libc::S_IFREG { st.st_blocks as u64 } else { 0 },
-        rdev: if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK { st.st_rdev } else { 0 },
+        blocks: if fmt == libc::S_IFREG {
+            st.st_blocks as u64
+        } else {
+            0
+        },
+        rdev: if fmt == libc::S_IFCHR || fmt == libc::S_IFBLK {
+            st.st_rdev
+        } else {
+            0
+        },
     }
 }
 
 fn ts(t: T) -> libc::timespec {
     match t {
-        T::Omit => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT },
-        T::Now => libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_NOW },
-        T::At(s, n) => libc::timespec { tv_sec: s, tv_nsec: n as i64 },
+        T::Omit => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        T::Now => libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_NOW,
+        },
+        T::At(s, n) => libc::timespec {
+            tv_sec: s,
+            tv_nsec: n as i64,
+        },
     }
 }
 
@@ -315,7 +380,11 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             Op::Mkdir(a, m) => check(libc::mkdir(p(&a).as_ptr(), m) as i64).map(|_| Val::Unit),
             Op::Rmdir(a) => check(libc::rmdir(p(&a).as_ptr()) as i64).map(|_| Val::Unit),
             Op::Create(a, m) => {
-                let fd = libc::open(p(&a).as_ptr(), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, m);
+                let fd = libc::open(
+                    p(&a).as_ptr(),
+                    libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
+                    m,
+                );
                 check(fd as i64)?;
                 libc::close(fd);
                 Ok(Val::Unit)
@@ -336,7 +405,9 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 flags,
             ))
             .map(|_| Val::Unit),
-            Op::Link(a, b) => check(libc::link(p(&a).as_ptr(), p(&b).as_ptr()) as i64).map(|_| Val::Unit),
+            Op::Link(a, b) => {
+                check(libc::link(p(&a).as_ptr(), p(&b).as_ptr()) as i64).map(|_| Val::Unit)
+            }
             Op::Symlink(t, a) => {
                 let t = CString::new(t).unwrap();
                 check(libc::symlink(t.as_ptr(), p(&a).as_ptr()) as i64).map(|_| Val::Unit)
@@ -348,7 +419,9 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 buf.truncate(n as usize);
                 Ok(Val::Bytes(buf))
             }
-            Op::Mknod(a, m, rdev) => check(libc::mknod(p(&a).as_ptr(), m, rdev) as i64).map(|_| Val::Unit),
+            Op::Mknod(a, m, rdev) => {
+                check(libc::mknod(p(&a).as_ptr(), m, rdev) as i64).map(|_| Val::Unit)
+            }
             Op::Stat(a) => kstat(&base.join(a), true).map(|s| Val::Stat(view(&s))),
             Op::Lstat(a) => kstat(&base.join(a), false).map(|s| Val::Stat(view(&s))),
             Op::Chmod(a, m) => check(libc::chmod(p(&a).as_ptr(), m) as i64).map(|_| Val::Unit),
@@ -358,14 +431,20 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 g.unwrap_or(u32::MAX),
             ) as i64)
             .map(|_| Val::Unit),
-            Op::Truncate(a, n) => check(libc::truncate(p(&a).as_ptr(), n as i64) as i64).map(|_| Val::Unit),
+            Op::Truncate(a, n) => {
+                check(libc::truncate(p(&a).as_ptr(), n as i64) as i64).map(|_| Val::Unit)
+            }
             Op::Write(a, off, data) => {
                 let fd = libc::open(p(&a).as_ptr(), libc::O_WRONLY);
                 check(fd as i64)?;
                 let n = libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64);
                 let e = errno();
                 libc::close(fd);
-                if n < 0 { Err(e) } else { Ok(Val::Bytes((n as u64).to_le_bytes().to_vec())) }
+                if n < 0 {
+                    Err(e)
+                } else {
+                    Ok(Val::Bytes((n as u64).to_le_bytes().to_vec()))
+                }
             }
             Op::Append(a, data) => {
                 let fd = libc::open(p(&a).as_ptr(), libc::O_WRONLY | libc::O_APPEND);
@@ -373,7 +452,11 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 let n = libc::write(fd, data.as_ptr().cast(), data.len());
                 let e = errno();
                 libc::close(fd);
-                if n < 0 { Err(e) } else { Ok(Val::Bytes((n as u64).to_le_bytes().to_vec())) }
+                if n < 0 {
+                    Err(e)
+                } else {
+                    Ok(Val::Bytes((n as u64).to_le_bytes().to_vec()))
+                }
             }
             Op::Read(a) => {
                 let fd = libc::open(p(&a).as_ptr(), libc::O_RDONLY);
@@ -397,7 +480,9 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             }
             Op::ReadDir(a) => match std::fs::read_dir(base.join(a)) {
                 Ok(rd) => {
-                    let mut names: Vec<Vec<u8>> = rd.map(|e| e.unwrap().file_name().as_bytes().to_vec()).collect();
+                    let mut names: Vec<Vec<u8>> = rd
+                        .map(|e| e.unwrap().file_name().as_bytes().to_vec())
+                        .collect();
                     names.sort();
                     Ok(Val::Names(names))
                 }
@@ -405,19 +490,33 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             },
             // AT_EACCESS: check with the filesystem ids, as lanefs's callers present them
             // (plain access() would use this thread's real uid, which stays 0).
-            Op::Access(a, mask) => {
-                check(libc::faccessat(libc::AT_FDCWD, p(&a).as_ptr(), mask as i32, libc::AT_EACCESS) as i64)
-                    .map(|_| Val::Unit)
-            }
+            Op::Access(a, mask) => check(libc::faccessat(
+                libc::AT_FDCWD,
+                p(&a).as_ptr(),
+                mask as i32,
+                libc::AT_EACCESS,
+            ) as i64)
+            .map(|_| Val::Unit),
             Op::SetXattr(a, n, v, flags) => {
                 let n = CString::new(n).unwrap();
-                check(libc::setxattr(p(&a).as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), flags) as i64)
-                    .map(|_| Val::Unit)
+                check(libc::setxattr(
+                    p(&a).as_ptr(),
+                    n.as_ptr(),
+                    v.as_ptr().cast(),
+                    v.len(),
+                    flags,
+                ) as i64)
+                .map(|_| Val::Unit)
             }
             Op::GetXattr(a, n) => {
                 let n = CString::new(n).unwrap();
                 let mut buf = vec![0u8; 70000];
-                let r = libc::getxattr(p(&a).as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len());
+                let r = libc::getxattr(
+                    p(&a).as_ptr(),
+                    n.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                );
                 check(r as i64)?;
                 buf.truncate(r as usize);
                 Ok(Val::Bytes(buf))
@@ -427,8 +526,11 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 let r = libc::listxattr(p(&a).as_ptr(), buf.as_mut_ptr().cast(), buf.len());
                 check(r as i64)?;
                 buf.truncate(r as usize);
-                let mut names: Vec<Vec<u8>> =
-                    buf.split(|&b| b == 0).filter(|s| !s.is_empty()).map(<[u8]>::to_vec).collect();
+                let mut names: Vec<Vec<u8>> = buf
+                    .split(|&b| b == 0)
+                    .filter(|s| !s.is_empty())
+                    .map(<[u8]>::to_vec)
+                    .collect();
                 names.retain(|n| !n.starts_with(b"security.") && !n.starts_with(b"system."));
                 names.sort();
                 Ok(Val::Names(names))
@@ -439,7 +541,8 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             }
             Op::Utimens(a, at, mt) => {
                 let t = [ts(at), ts(mt)];
-                check(libc::utimensat(libc::AT_FDCWD, p(&a).as_ptr(), t.as_ptr(), 0) as i64).map(|_| Val::Unit)
+                check(libc::utimensat(libc::AT_FDCWD, p(&a).as_ptr(), t.as_ptr(), 0) as i64)
+                    .map(|_| Val::Unit)
             }
             Op::SameIno(a, b) => {
                 let x = kstat(&base.join(a), false)?;
@@ -495,7 +598,11 @@ impl Lanes {
         let root = Client::root(fs.clone());
         root.create_dir("/t").unwrap();
         root.set_permissions("/t", 0o777).unwrap();
-        Lanes { fs, umask, stamps: HashMap::new() }
+        Lanes {
+            fs,
+            umask,
+            stamps: HashMap::new(),
+        }
     }
 
     fn client(&self, who: &Who) -> Client {
@@ -538,7 +645,13 @@ impl Executor for Lanes {
         match op.clone() {
             Op::Mkdir(a, m) => unit(c.create_dir_mode(p(&a), m)),
             Op::Rmdir(a) => unit(c.remove_dir(p(&a))),
-            Op::Create(a, m) => unit(c.open(p(&a), OpenOptions::new().write(true).create_new(true).mode(m)).map(drop)),
+            Op::Create(a, m) => unit(
+                c.open(
+                    p(&a),
+                    OpenOptions::new().write(true).create_new(true).mode(m),
+                )
+                .map(drop),
+            ),
             Op::Open(a, flags, m) => {
                 let acc = flags & libc::O_ACCMODE;
                 let mut o = OpenOptions::new();
@@ -559,8 +672,14 @@ impl Executor for Lanes {
             Op::Symlink(t, a) => unit(c.symlink(t, p(&a))),
             Op::Readlink(a) => c.read_link(p(&a)).map(Val::Bytes).map_err(io_errno),
             Op::Mknod(a, m, rdev) => unit(c.mknod(p(&a), m, rdev)),
-            Op::Stat(a) => c.metadata(p(&a)).map(|m| Val::Stat(lstat_view(m))).map_err(io_errno),
-            Op::Lstat(a) => c.symlink_metadata(p(&a)).map(|m| Val::Stat(lstat_view(m))).map_err(io_errno),
+            Op::Stat(a) => c
+                .metadata(p(&a))
+                .map(|m| Val::Stat(lstat_view(m)))
+                .map_err(io_errno),
+            Op::Lstat(a) => c
+                .symlink_metadata(p(&a))
+                .map(|m| Val::Stat(lstat_view(m)))
+                .map_err(io_errno),
             Op::Chmod(a, m) => unit(c.set_permissions(p(&a), m)),
             Op::Chown(a, u, g) => unit(c.chown(p(&a), u, g)),
             Op::Truncate(a, n) => unit(c.truncate(p(&a), n)),
@@ -594,20 +713,31 @@ impl Executor for Lanes {
             Op::SetXattr(a, n, v, flags) => c
                 .metadata(p(&a))
                 .map_err(io_errno)
-                .and_then(|m| self.fs.setxattr(c.ctx(), m.ino(), n.as_bytes(), &v, flags).map_err(|e| e.0))
+                .and_then(|m| {
+                    self.fs
+                        .setxattr(c.ctx(), m.ino(), n.as_bytes(), &v, flags)
+                        .map_err(|e| e.0)
+                })
                 .map(|_| Val::Unit),
             Op::GetXattr(a, n) => c
                 .metadata(p(&a))
                 .map_err(io_errno)
-                .and_then(|m| self.fs.getxattr(c.ctx(), m.ino(), n.as_bytes()).map_err(|e| e.0))
+                .and_then(|m| {
+                    self.fs
+                        .getxattr(c.ctx(), m.ino(), n.as_bytes())
+                        .map_err(|e| e.0)
+                })
                 .map(Val::Bytes),
             Op::ListXattr(a) => c
                 .metadata(p(&a))
                 .map_err(io_errno)
                 .and_then(|m| self.fs.listxattr(c.ctx(), m.ino()).map_err(|e| e.0))
                 .map(|buf| {
-                    let mut names: Vec<Vec<u8>> =
-                        buf.split(|&b| b == 0).filter(|s| !s.is_empty()).map(<[u8]>::to_vec).collect();
+                    let mut names: Vec<Vec<u8>> = buf
+                        .split(|&b| b == 0)
+                        .filter(|s| !s.is_empty())
+                        .map(<[u8]>::to_vec)
+                        .collect();
                     names.retain(|n| !n.starts_with(b"security."));
                     names.sort();
                     Val::Names(names)
@@ -615,18 +745,27 @@ impl Executor for Lanes {
             Op::RemoveXattr(a, n) => c
                 .metadata(p(&a))
                 .map_err(io_errno)
-                .and_then(|m| self.fs.removexattr(c.ctx(), m.ino(), n.as_bytes()).map_err(|e| e.0))
+                .and_then(|m| {
+                    self.fs
+                        .removexattr(c.ctx(), m.ino(), n.as_bytes())
+                        .map_err(|e| e.0)
+                })
                 .map(|_| Val::Unit),
             Op::Utimens(a, at, mt) => unit(c.set_times(p(&a), tset(at), tset(mt))),
             Op::Stamp(label, a) => {
                 let m = c.metadata(p(&a)).map_err(io_errno)?;
-                self.stamps.insert(label, (m.attr.atime, m.attr.mtime, m.attr.ctime));
+                self.stamps
+                    .insert(label, (m.attr.atime, m.attr.mtime, m.attr.ctime));
                 Ok(Val::Unit)
             }
             Op::Changed(label, a) => {
                 let m = c.metadata(p(&a)).map_err(io_errno)?;
                 let s = self.stamps[label];
-                Ok(Val::Times(m.attr.atime != s.0, m.attr.mtime != s.1, m.attr.ctime != s.2))
+                Ok(Val::Times(
+                    m.attr.atime != s.0,
+                    m.attr.mtime != s.1,
+                    m.attr.ctime != s.2,
+                ))
             }
             Op::SameIno(a, b) => {
                 let x = c.symlink_metadata(p(&a)).map_err(io_errno)?;
@@ -643,7 +782,12 @@ impl Executor for Lanes {
 
 /// Runs `steps` on both executors and panics at the first difference, naming the step.
 /// Returns how many steps succeeded (so callers can tell a test that only met errors).
-pub fn compare(case: &str, k: &mut dyn Executor, l: &mut dyn Executor, steps: &[(Who, Op)]) -> usize {
+pub fn compare(
+    case: &str,
+    k: &mut dyn Executor,
+    l: &mut dyn Executor,
+    steps: &[(Who, Op)],
+) -> usize {
     let mut ok = 0;
     for (i, (who, op)) in steps.iter().enumerate() {
         let a = k.run(who, op);
