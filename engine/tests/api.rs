@@ -1,0 +1,360 @@
+//! Behaviour of the inode API that the kernel comparison cannot reach: lookup counts and
+//! FORGET, open-but-unlinked files, limits, stale handles, bad names, fallocate, statistics.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::sync::Arc;
+
+use lanefs::*;
+
+fn new_fs(cfg: Config) -> (Arc<Filesystem>, Client) {
+    let fs = Arc::new(Filesystem::new(cfg));
+    let c = Client::root(fs.clone());
+    (fs, c)
+}
+
+#[test]
+fn unlinked_open_file_lives_until_last_close() {
+    let (fs, c) = new_fs(Config::default());
+    let mut f = c
+        .open("/f", OpenOptions::new().read(true).write(true).create(true))
+        .unwrap();
+    f.write_all(b"still here").unwrap();
+    let ino = f.ino();
+    c.remove_file("/f").unwrap();
+    assert!(!c.exists("/f"));
+    assert_eq!(fs.getattr(ino).unwrap().nlink, 0, "open, unlinked: nlink 0");
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "still here");
+    let before = fs.statfs().ffree;
+    drop(f);
+    assert_eq!(
+        fs.getattr(ino),
+        Err(Errno::ENOENT),
+        "freed with its last handle"
+    );
+    assert_eq!(fs.statfs().ffree, before + 1);
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn lookup_counts_keep_inodes_until_forget() {
+    let (fs, c) = new_fs(Config::default());
+    c.write("/f", b"x").unwrap();
+    let mut ctx = Ctx::root();
+    ctx.count_lookups = true;
+    let a = fs.lookup(&ctx, ROOT_INO, b"f").unwrap();
+    let b = fs.lookup(&ctx, ROOT_INO, b"f").unwrap();
+    assert_eq!(a.ino, b.ino);
+    c.remove_file("/f").unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0, "kernel still holds it");
+    fs.forget(a.ino, 1);
+    assert!(fs.getattr(a.ino).is_ok(), "one lookup left");
+    fs.forget(a.ino, 1);
+    assert_eq!(fs.getattr(a.ino), Err(Errno::ENOENT));
+    // A reused number comes back with a new generation.
+    let n = fs
+        .create(&ctx, ROOT_INO, b"g", 0o644, libc::O_RDWR)
+        .unwrap();
+    fs.release(n.1).unwrap();
+    if n.0.ino == a.ino {
+        assert_ne!(n.0.generation, a.generation);
+    }
+    fs.forget(n.0.ino, 1);
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn readdirplus_counts_lookups_except_dots_and_refused_entries() {
+    let (fs, c) = new_fs(Config::default());
+    c.create_dir("/d").unwrap();
+    for i in 0..5 {
+        c.write(format!("/d/f{i}"), b"").unwrap();
+    }
+    let d = c.metadata("/d").unwrap().ino();
+    let mut ctx = Ctx::root();
+    ctx.count_lookups = true;
+    let fh = fs.opendir(&ctx, d).unwrap();
+    let mut taken = Vec::new();
+    fs.readdir(&ctx, fh, 0, true, |e, a| {
+        assert_eq!(a.unwrap().ino, e.ino);
+        if taken.len() == 5 {
+            return false; // buffer full: this entry is not consumed
+        }
+        taken.push((e.name.to_vec(), e.ino));
+        true
+    })
+    .unwrap();
+    fs.releasedir(fh).unwrap();
+    assert_eq!(taken.len(), 5, ". .. and three files");
+    for (name, ino) in &taken[2..] {
+        c.remove_file(format!("/d/{}", String::from_utf8_lossy(name)))
+            .unwrap();
+        assert!(
+            fs.getattr(*ino).is_ok(),
+            "kept alive by the readdirplus lookup"
+        );
+        fs.forget(*ino, 1);
+        assert_eq!(fs.getattr(*ino), Err(Errno::ENOENT));
+    }
+    // The two refused/unread files were not pinned: unlinking frees them at once.
+    for e in c.read_dir("/d").unwrap() {
+        c.remove_file(format!("/d/{}", String::from_utf8_lossy(&e.name)))
+            .unwrap();
+        assert_eq!(fs.getattr(e.ino), Err(Errno::ENOENT));
+    }
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn size_and_inode_limits_give_enospc_and_stay_usable() {
+    let (fs, c) = new_fs(Config {
+        max_bytes: Some(64 * 1024),
+        max_inodes: Some(10),
+        ..Config::default()
+    });
+    let mut f = c
+        .open("/big", OpenOptions::new().write(true).create(true))
+        .unwrap();
+    let chunk = vec![7u8; 10_000];
+    let mut written = 0;
+    loop {
+        match f.write(&chunk) {
+            Ok(n) => written += n,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        written,
+        64 * 1024,
+        "filled exactly to the limit (short write at the end)"
+    );
+    drop(f);
+    assert_eq!(fs.statfs().bfree, 0);
+    let mut made = 0;
+    for i in 0..20 {
+        match c.write(format!("/f{i}"), b"") {
+            Ok(()) => made += 1,
+            Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOSPC)),
+        }
+    }
+    assert_eq!(made, 10 - 2, "root and /big count against the inode limit");
+    c.truncate("/big", 0).unwrap();
+    assert_eq!(fs.statfs().bfree, fs.statfs().blocks, "space comes back");
+    c.remove_file("/f0").unwrap();
+    c.write("/again", b"ok").unwrap();
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn stale_handles_and_inodes_and_bad_names() {
+    let (fs, c) = new_fs(Config::default());
+    let ctx = Ctx::root();
+    let (a, fh) = fs
+        .create(&ctx, ROOT_INO, b"f", 0o644, libc::O_RDWR)
+        .unwrap();
+    fs.release(fh).unwrap();
+    let mut buf = [0u8; 4];
+    assert_eq!(fs.read(fh, 0, &mut buf), Err(Errno::EBADF));
+    assert_eq!(fs.write(&ctx, fh, 0, b"x"), Err(Errno::EBADF));
+    assert_eq!(fs.release(fh), Err(Errno::EBADF));
+    assert_eq!(fs.fsync(12345, false), Err(Errno::EBADF));
+    assert_eq!(fs.getattr(999_999), Err(Errno::ENOENT));
+    assert_eq!(fs.getattr(u64::MAX), Err(Errno::ENOENT));
+    assert_eq!(fs.lookup(&ctx, a.ino, b"x"), Err(Errno::ENOTDIR));
+    assert_eq!(fs.mkdir(&ctx, ROOT_INO, b"a/b", 0o755), Err(Errno::EINVAL));
+    assert_eq!(fs.mkdir(&ctx, ROOT_INO, b"a\0b", 0o755), Err(Errno::EINVAL));
+    assert_eq!(fs.mkdir(&ctx, ROOT_INO, b"", 0o755), Err(Errno::ENOENT));
+    assert_eq!(
+        fs.mkdir(&ctx, ROOT_INO, &[b'n'; 256], 0o755),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert!(fs.mkdir(&ctx, ROOT_INO, &[b'n'; 255], 0o755).is_ok());
+    assert_eq!(
+        fs.rename(&ctx, ROOT_INO, b"f", ROOT_INO, b"g", 0xff),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.symlink(&ctx, ROOT_INO, b"s", &[b'x'; 4096]),
+        Err(Errno::ENAMETOOLONG)
+    );
+    // Names are bytes, not UTF-8.
+    fs.mkdir(&ctx, ROOT_INO, &[0xff, 0xfe, b'x'], 0o755)
+        .unwrap();
+    assert!(fs.lookup(&ctx, ROOT_INO, &[0xff, 0xfe, b'x']).is_ok());
+    let (_, rofh) = fs
+        .create(&ctx, ROOT_INO, b"ro", 0o644, libc::O_RDONLY)
+        .unwrap();
+    assert_eq!(fs.write(&ctx, rofh, 0, b"x"), Err(Errno::EBADF));
+    assert_eq!(fs.fallocate(&ctx, rofh, 0, 0, 10), Err(Errno::EBADF));
+    fs.release(rofh).unwrap();
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn fallocate_allocates_keeps_size_and_punches() {
+    let (fs, c) = new_fs(Config::default());
+    let ctx = Ctx::root();
+    let f = c
+        .open("/f", OpenOptions::new().read(true).write(true).create(true))
+        .unwrap();
+    let fh = f.handle();
+    fs.fallocate(&ctx, fh, 0, 0, 3 * 4096).unwrap();
+    let a = fs.getattr(f.ino()).unwrap();
+    assert_eq!((a.size, a.blocks), (3 * 4096, 24));
+    fs.fallocate(&ctx, fh, FALLOC_FL_KEEP_SIZE, 3 * 4096, 4096)
+        .unwrap();
+    let a = fs.getattr(f.ino()).unwrap();
+    assert_eq!((a.size, a.blocks), (3 * 4096, 32));
+    f.write_at(&[9u8; 3 * 4096], 0).unwrap();
+    fs.fallocate(
+        &ctx,
+        fh,
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        100,
+        4096 + 10,
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 3 * 4096];
+    f.read_at(&mut buf, 0).unwrap();
+    assert!(buf[..100].iter().all(|&b| b == 9));
+    assert!(buf[100..4096 + 110].iter().all(|&b| b == 0));
+    assert!(buf[4096 + 110..].iter().all(|&b| b == 9));
+    assert_eq!(
+        fs.getattr(f.ino()).unwrap().blocks,
+        32,
+        "no page lies wholly in the hole"
+    );
+    assert_eq!(
+        fs.fallocate(&ctx, fh, FALLOC_FL_PUNCH_HOLE, 0, 1),
+        Err(Errno::EOPNOTSUPP)
+    );
+    assert_eq!(fs.fallocate(&ctx, fh, 0, 0, 0), Err(Errno::EINVAL));
+    assert_eq!(
+        fs.fallocate(&ctx, fh, 0, i64::MAX as u64, 2),
+        Err(Errno::EFBIG)
+    );
+    drop(f);
+    fs.check_invariants().unwrap();
+}
+
+#[test]
+fn read_only_filesystem_refuses_changes() {
+    let (fs, c) = new_fs(Config {
+        read_only: true,
+        ..Config::default()
+    });
+    assert_eq!(
+        c.create_dir("/d").unwrap_err().raw_os_error(),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        fs.access(&Ctx::root(), ROOT_INO, MAY_WRITE),
+        Err(Errno::EROFS)
+    );
+    assert!(c.read_dir("/").unwrap().is_empty());
+}
+
+#[test]
+fn statistics_count_operations_and_locks() {
+    let (fs, c) = new_fs(Config {
+        locking: Locking::Coarse,
+        ..Config::default()
+    });
+    let before = fs.stats();
+    c.create_dir("/d").unwrap();
+    c.metadata("/d").unwrap();
+    let d = fs.stats().since(&before);
+    assert_eq!(d.op(Op::Mkdir), 1);
+    assert!(d.op(Op::Lookup) >= 1);
+    assert!(
+        d.lock(LockClass::Coarse).acquired >= 2,
+        "coarse mode takes the global lock per op"
+    );
+    assert_eq!("dirlock".parse::<Locking>(), Ok(Locking::DirLock));
+    assert!("nope".parse::<Locking>().is_err());
+    let (lanes, c2) = new_fs(Config::default());
+    c2.create_dir("/d").unwrap();
+    assert_eq!(
+        lanes.stats().lock(LockClass::Coarse).acquired,
+        0,
+        "lanes never takes it"
+    );
+    assert_eq!(lanes.stats().lock(LockClass::DirLock).acquired, 0);
+}
+
+#[test]
+fn readdir_of_removed_directory_is_enoent_and_offsets_resume() {
+    let (fs, c) = new_fs(Config::default());
+    let ctx = Ctx::root();
+    c.create_dir("/d").unwrap();
+    for i in 0..100 {
+        c.write(format!("/d/{i:03}"), b"").unwrap();
+    }
+    let d = c.metadata("/d").unwrap().ino();
+    let fh = fs.opendir(&ctx, d).unwrap();
+    let mut first = Vec::new();
+    fs.readdir(&ctx, fh, 0, false, |e, _| {
+        first.push((e.offset, e.name.to_vec()));
+        first.len() < 10
+    })
+    .unwrap();
+    // Resume from the 9th entry's offset: the 10th comes next.
+    let mut rest = Vec::new();
+    fs.readdir(&ctx, fh, first[8].0, false, |e, _| {
+        rest.push(e.name.to_vec());
+        true
+    })
+    .unwrap();
+    assert_eq!(rest[0], first[9].1);
+    assert_eq!(rest.len(), 102 - 9);
+    for i in 0..100 {
+        c.remove_file(format!("/d/{i:03}")).unwrap();
+    }
+    c.remove_dir("/d").unwrap();
+    assert_eq!(
+        fs.readdir(&ctx, fh, 0, false, |_, _| true),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(fs.getattr(d).unwrap().nlink, 0, "kept by the open handle");
+    fs.releasedir(fh).unwrap();
+    assert_eq!(fs.getattr(d), Err(Errno::ENOENT));
+}
+
+#[test]
+fn path_api_follows_symlinks_and_detects_loops() {
+    let (_fs, c) = new_fs(Config::default());
+    c.create_dir_all("/a/b/c").unwrap();
+    c.symlink("b/c", "/a/link").unwrap();
+    c.symlink("/a/link/../..", "/up").unwrap();
+    c.write("/a/link/f", b"via link").unwrap();
+    assert_eq!(c.read("/a/b/c/f").unwrap(), b"via link");
+    assert_eq!(
+        c.metadata("/up").unwrap().ino(),
+        c.metadata("/a").unwrap().ino(),
+        "physical .."
+    );
+    c.symlink("self", "/self").unwrap();
+    assert_eq!(
+        c.metadata("/self").unwrap_err().raw_os_error(),
+        Some(libc::ELOOP)
+    );
+    assert_eq!(
+        c.read("/a/b/c/f/").unwrap_err().raw_os_error(),
+        Some(libc::ENOTDIR)
+    );
+    let mut c2 = c.clone();
+    c2.set_current_dir("/a/b").unwrap();
+    assert_eq!(c2.read("c/f").unwrap(), b"via link");
+    c.remove_dir_all("/a").unwrap();
+    assert!(!c.exists("/a"));
+    let deep = "/x".repeat(2100);
+    assert_eq!(
+        c.create_dir_all(&deep).unwrap_err().raw_os_error(),
+        Some(libc::ENAMETOOLONG)
+    );
+}
