@@ -130,6 +130,11 @@ impl FileData {
         doomed.len() as u64
     }
 
+    /// Pages that remain after truncating to `size` bytes.
+    pub fn pages_below(&self, size: u64) -> u64 {
+        self.pages.range(..size.div_ceil(PAGE)).count() as u64
+    }
+
     /// Allocates zeroed pages for `off..off+len`; returns the pages added (reserved beforehand).
     pub fn allocate(&mut self, off: u64, len: u64) -> u64 {
         let mut added = 0;
@@ -196,12 +201,5 @@ mod tests {
         d.write(PAGE, b"a");
         assert_eq!(d.allocate(0, 3 * PAGE), 2);
         assert_eq!(read(&d, PAGE, 2), b"a\0");
-    }
-}
-
-impl FileData {
-    /// Pages that remain after truncating to `size` bytes.
-    pub fn pages_below(&self, size: u64) -> u64 {
-        self.pages.range(..size.div_ceil(PAGE)).count() as u64
     }
 }

@@ -69,29 +69,16 @@ impl Key {
     }
 }
 
-/// The bytes of a key, built on the stack for lookups.
-struct KeyBuf {
-    buf: [u8; 8 + NAME_MAX],
-    len: usize,
-}
+/// The bytes of a key, built on the stack (inline up to 40-byte names) for lookups.
+type KeyBuf = SmallVec<[u8; 48]>;
 
-impl KeyBuf {
-    #[inline]
-    fn new(parent: Ino, name: &[u8]) -> Self {
-        debug_assert!(name.len() <= NAME_MAX);
-        let mut buf = [0u8; 8 + NAME_MAX];
-        buf[..8].copy_from_slice(&parent.to_le_bytes());
-        buf[8..8 + name.len()].copy_from_slice(name);
-        KeyBuf {
-            buf,
-            len: 8 + name.len(),
-        }
-    }
-
-    #[inline]
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
+#[inline]
+fn key_buf(parent: Ino, name: &[u8]) -> KeyBuf {
+    debug_assert!(name.len() <= NAME_MAX);
+    let mut k = KeyBuf::new();
+    k.extend_from_slice(&parent.to_le_bytes());
+    k.extend_from_slice(name);
+    k
 }
 
 /// A directory entry's value.
@@ -165,8 +152,7 @@ impl Dirents {
     /// The entry `name` in `parent`.
     #[inline]
     pub fn get(&self, parent: Ino, name: &[u8]) -> Option<Dirent> {
-        self.map
-            .read_sync(KeyBuf::new(parent, name).bytes(), |_, v| *v)
+        self.map.read_sync(&key_buf(parent, name)[..], |_, v| *v)
     }
 
     fn next_cookie(&self, slot: usize) -> u64 {
@@ -214,7 +200,7 @@ impl Dirents {
             return Err(Errno::ENOENT);
         }
         let fresh = self.map.insert_sync(
-            Key(KeyBuf::new(parent, name).bytes().into()),
+            Key(SmallVec::from_slice(&key_buf(parent, name))),
             Dirent { ino_gen, cookie },
         );
         assert!(fresh.is_ok(), "name published twice under its stripe lock");
@@ -244,7 +230,7 @@ impl Dirents {
     /// Removes `name` from `parent`: from the map first (the removal's visible moment), then
     /// from the index.
     pub fn remove(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
-        let (_, de) = self.map.remove_sync(KeyBuf::new(parent, name).bytes())?;
+        let (_, de) = self.map.remove_sync(&key_buf(parent, name)[..])?;
         self.index_remove(parent, de.cookie, stats);
         Some(de)
     }
@@ -268,12 +254,11 @@ impl Dirents {
     /// Points existing entry `name` at `ino_gen` in place (the entry never disappears, so a
     /// concurrent lookup sees the old or the new inode); returns the old value.
     pub fn repoint(&self, parent: Ino, name: &[u8], ino_gen: u64) -> Option<Dirent> {
-        self.map
-            .update_sync(KeyBuf::new(parent, name).bytes(), |_, v| {
-                let old = *v;
-                v.ino_gen = ino_gen;
-                old
-            })
+        self.map.update_sync(&key_buf(parent, name)[..], |_, v| {
+            let old = *v;
+            v.ino_gen = ino_gen;
+            old
+        })
     }
 
     /// Entries in directory `ino` (published or being published).
@@ -349,7 +334,7 @@ mod tests {
 
     #[test]
     fn key_layout_and_borrowed_lookup() {
-        let k = Key(KeyBuf::new(0x0102, b"abc").bytes().into());
+        let k = Key(SmallVec::from_slice(&key_buf(0x0102, b"abc")));
         assert_eq!(k.parent(), 0x0102);
         assert_eq!(k.name(), b"abc");
         let d = Dirents::new();

@@ -11,7 +11,7 @@
 //! | `coarse` | 1 per filesystem | everything; taken around every operation, `Locking::Coarse` only |
 //! | `rename` | 1 per filesystem | the parent pointers (`DirBody::parent`) of all directories; taken only by a rename that moves a directory to another parent (and, in `dirlock` mode, by every cross-directory rename, as Linux's `s_vfs_rename_mutex`) |
 //! | `dirlock` | 1 per directory (`DirBody::lock`) | all entries of that directory; `Locking::DirLock` only |
-//! | `stripe` | 4096 per filesystem | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, and the link count changes that adding or removing it implies |
+//! | `stripe` | 16384 per filesystem (`NSTRIPES`) | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, and the link count changes that adding or removing it implies |
 //! | `index_shard` | 256 per filesystem | one shard of the ordered index and its per-`(dir, slot)` counts |
 //! | `file_data` | 1 per regular file (`RwLock`) | the file's pages, and its size (which also lives in the attributes, written under this lock) |
 //! | `attr` | 1 per inode (seqlock, writers only) | mode, uid, gid, size, blocks, times |

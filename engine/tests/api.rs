@@ -152,7 +152,7 @@ fn size_and_inode_limits_give_enospc_and_stay_usable() {
 
 #[test]
 fn stale_handles_and_inodes_and_bad_names() {
-    let (fs, c) = new_fs(Config::default());
+    let (fs, _c) = new_fs(Config::default());
     let ctx = Ctx::root();
     let (a, fh) = fs
         .create(&ctx, ROOT_INO, b"f", 0o644, libc::O_RDWR)

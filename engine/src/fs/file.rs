@@ -316,12 +316,12 @@ impl Filesystem {
         let check = |v: &AttrVals| -> Result<()> {
             let owner = perm::owner_or_root(ctx, v);
             if let Some(uid) = set.uid {
-                if !ctx.is_root() && !(ctx.uid == v.uid && uid == v.uid) {
+                if !(ctx.is_root() || ctx.uid == v.uid && uid == v.uid) {
                     return Err(Errno::EPERM);
                 }
             }
             if let Some(gid) = set.gid {
-                if !ctx.is_root() && !(ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid))) {
+                if !(ctx.is_root() || ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid))) {
                     return Err(Errno::EPERM);
                 }
             }

@@ -130,8 +130,10 @@ pub struct StatFs {
     pub frsize: u32,
 }
 
-/// Number of per-name stripe locks (DESIGN §3: many more than cores).
-pub(crate) const NSTRIPES: usize = 4096;
+/// Number of per-name stripe locks (DESIGN §3: many more than cores). Measured on 2 cores
+/// with 32 threads (`bench crunl`): 4096 stripes let a preempted holder make waiters sleep
+/// 3.6x as often as 16384 do; each stripe is cache-padded, so this costs 2 MiB per filesystem.
+pub(crate) const NSTRIPES: usize = 16384;
 const _: () = assert!(NSTRIPES.is_power_of_two() && NSTRIPES >= 1024);
 
 /// Largest file size (as tmpfs on 64-bit: `MAX_LFS_FILESIZE`).
@@ -480,3 +482,4 @@ impl std::fmt::Debug for Filesystem {
             .finish_non_exhaustive()
     }
 }
+

@@ -23,6 +23,9 @@ pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 /// `rename` flag: atomically exchange source and target (both must exist).
 pub const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
 
+/// A directory, the entry's inode, and the locks that keep the entry stable.
+type Victim<'a> = (&'a Inode, &'a Inode, [Option<MutexGuard<'a, ()>>; 2]);
+
 /// What kind of inode to create.
 pub(crate) enum NewNode<'a> {
     File,
@@ -34,6 +37,7 @@ pub(crate) enum NewNode<'a> {
 impl Filesystem {
     /// Creates an inode named `name` in `parent` and returns it with `extra_refs` references
     /// (plus one lookup reference if `ctx` counts lookups).
+    #[allow(clippy::too_many_arguments)] // the arguments of mknod(2), plus the guard
     pub(crate) fn make_node<'g>(
         &self,
         ctx: &Ctx,
@@ -247,7 +251,7 @@ impl Filesystem {
         parent: Ino,
         name: &[u8],
         g: &'a Guard,
-    ) -> Result<(&'a Inode, &'a Inode, [Option<MutexGuard<'a, ()>>; 2])> {
+    ) -> Result<Victim<'a>> {
         check_name(name)?;
         let (dir, _) = self.dir_inode(parent, g)?;
         perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;

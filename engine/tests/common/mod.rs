@@ -338,7 +338,7 @@ fn view(st: &libc::stat) -> StatView {
     StatView {
         fmt,
         perm: st.st_mode & 0o7777,
-        nlink: st.st_nlink as u64,
+        nlink: st.st_nlink,
         uid: st.st_uid,
         gid: st.st_gid,
         size: st.st_size as u64,
@@ -374,7 +374,7 @@ fn ts(t: T) -> libc::timespec {
 
 fn kernel_op(base: &Path, op: Op) -> Outcome {
     let p = |r: &str| cstr(&base.join(r));
-    // SAFETY (whole block): each call gets valid C strings and buffers owned by this frame.
+    // SAFETY: each call gets valid C strings and buffers owned by this frame.
     unsafe {
         match op {
             Op::Mkdir(a, m) => check(libc::mkdir(p(&a).as_ptr(), m) as i64).map(|_| Val::Unit),

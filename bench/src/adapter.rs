@@ -1,0 +1,335 @@
+//! The two adapters every workload runs on: the engine's inode API in-process, and system
+//! calls on a directory of any mounted filesystem (a lanefs mount, tmpfs, ext4). Both resolve
+//! names relative to an already-open directory (an inode number, or a directory fd with
+//! `*at()` calls), so neither pays for a path walk the other does not.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lanefs::{Config, Ctx, Errno, Filesystem, Ino, Locking};
+
+/// A directory the workload works in.
+#[derive(Clone, Copy, Debug)]
+pub enum Dir {
+    /// An engine inode.
+    Ino(Ino),
+    /// An open directory file descriptor.
+    Fd(i32),
+}
+
+/// Operations the workloads need, on one of the two adapters.
+pub trait Adapter: Send + Sync {
+    /// The base directory of this run.
+    fn base(&self) -> Dir;
+    /// Creates a subdirectory and returns it.
+    fn mkdir(&self, parent: Dir, name: &str) -> Result<Dir, Errno>;
+    /// create + close.
+    fn create(&self, dir: Dir, name: &str) -> Result<(), Errno>;
+    /// create, write `data`, close.
+    fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno>;
+    /// create + fsync + close.
+    fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno>;
+    /// unlink.
+    fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno>;
+    /// rename within one directory.
+    fn rename(&self, dir: Dir, from: &str, to: &str) -> Result<(), Errno>;
+    /// stat (lookup + getattr).
+    fn stat(&self, dir: Dir, name: &str) -> Result<(), Errno>;
+    /// open + read up to `buf.len()` bytes + close; returns the bytes read.
+    fn open_read(&self, dir: Dir, name: &str, buf: &mut [u8]) -> Result<usize, Errno>;
+    /// The engine's statistics, for in-process runs.
+    fn engine(&self) -> Option<&Filesystem> {
+        None
+    }
+}
+
+/// In-process adapter: a fresh lanefs filesystem with the given locking mode.
+pub struct Engine {
+    pub fs: Arc<Filesystem>,
+    ctx: Ctx,
+}
+
+impl Engine {
+    /// A new filesystem, with `prefill` empty files in a directory of their own so that the
+    /// global tables are not measured empty (notes/prototype-crunl.md, note (c)).
+    pub fn new(locking: Locking, prefill: usize) -> Engine {
+        let fs = Arc::new(Filesystem::new(Config {
+            locking,
+            ..Config::default()
+        }));
+        let ctx = Ctx::root();
+        let e = Engine { fs, ctx };
+        if prefill > 0 {
+            let d = e.mkdir(e.base(), "prefill").expect("prefill dir");
+            for i in 0..prefill {
+                e.create(d, &format!("p{i:08}")).expect("prefill");
+            }
+        }
+        e
+    }
+
+    fn ino(d: Dir) -> Ino {
+        match d {
+            Dir::Ino(i) => i,
+            Dir::Fd(_) => unreachable!("engine dirs are inodes"),
+        }
+    }
+}
+
+impl Adapter for Engine {
+    fn base(&self) -> Dir {
+        Dir::Ino(self.fs.root())
+    }
+    fn mkdir(&self, parent: Dir, name: &str) -> Result<Dir, Errno> {
+        Ok(Dir::Ino(
+            self.fs
+                .mkdir(&self.ctx, Self::ino(parent), name.as_bytes(), 0o755)?
+                .ino,
+        ))
+    }
+    fn create(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let (_, fh) = self.fs.create(
+            &self.ctx,
+            Self::ino(dir),
+            name.as_bytes(),
+            0o644,
+            libc::O_WRONLY,
+        )?;
+        self.fs.release(fh)
+    }
+    fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno> {
+        let (_, fh) = self.fs.create(
+            &self.ctx,
+            Self::ino(dir),
+            name.as_bytes(),
+            0o644,
+            libc::O_WRONLY,
+        )?;
+        self.fs.write(&self.ctx, fh, 0, data)?;
+        self.fs.release(fh)
+    }
+    fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let (_, fh) = self.fs.create(
+            &self.ctx,
+            Self::ino(dir),
+            name.as_bytes(),
+            0o644,
+            libc::O_WRONLY,
+        )?;
+        self.fs.fsync(fh, false)?;
+        self.fs.release(fh)
+    }
+    fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        self.fs.unlink(&self.ctx, Self::ino(dir), name.as_bytes())
+    }
+    fn rename(&self, dir: Dir, from: &str, to: &str) -> Result<(), Errno> {
+        let d = Self::ino(dir);
+        self.fs
+            .rename(&self.ctx, d, from.as_bytes(), d, to.as_bytes(), 0)
+    }
+    fn stat(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        self.fs
+            .lookup(&self.ctx, Self::ino(dir), name.as_bytes())
+            .map(drop)
+    }
+    fn open_read(&self, dir: Dir, name: &str, buf: &mut [u8]) -> Result<usize, Errno> {
+        let a = self.fs.lookup(&self.ctx, Self::ino(dir), name.as_bytes())?;
+        let fh = self.fs.open(&self.ctx, a.ino, libc::O_RDONLY)?;
+        let n = self.fs.read(fh, 0, buf);
+        self.fs.release(fh)?;
+        n
+    }
+    fn engine(&self) -> Option<&Filesystem> {
+        Some(&self.fs)
+    }
+}
+
+fn last_errno() -> Errno {
+    Errno(
+        std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
+}
+
+fn cname(s: &str) -> CString {
+    CString::new(s).expect("benchmark names have no NUL")
+}
+
+fn rc(r: i32) -> Result<i32, Errno> {
+    if r < 0 { Err(last_errno()) } else { Ok(r) }
+}
+
+fn fd(d: Dir) -> i32 {
+    match d {
+        Dir::Fd(f) => f,
+        Dir::Ino(_) => unreachable!("path dirs are fds"),
+    }
+}
+
+/// Syscall adapter: a fresh directory under a path of any filesystem.
+pub struct Syscalls {
+    root: PathBuf,
+    base: i32,
+    dirs: std::sync::Mutex<Vec<i32>>,
+}
+
+impl Syscalls {
+    /// Creates a fresh working directory under `path`.
+    pub fn new(path: &Path, tag: &str) -> std::io::Result<Syscalls> {
+        let root = path.join(format!(
+            "lanefs-bench-{tag}-{}-{:x}",
+            std::process::id(),
+            nanos()
+        ));
+        std::fs::create_dir(&root)?;
+        let c = CString::new(root.as_os_str().as_bytes()).expect("no NUL");
+        // SAFETY: valid C string; the fd is owned by this struct and closed in Drop.
+        let base = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+        if base < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Syscalls {
+            root,
+            base,
+            dirs: Default::default(),
+        })
+    }
+}
+
+fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+impl Drop for Syscalls {
+    fn drop(&mut self) {
+        for &d in self
+            .dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .chain([&self.base])
+        {
+            // SAFETY: fds opened by this adapter and not closed elsewhere.
+            unsafe { libc::close(d) };
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+// SAFETY for every block below: the C strings and buffers live for the duration of the call;
+// directory fds stay open until the adapter is dropped.
+impl Adapter for Syscalls {
+    fn base(&self) -> Dir {
+        Dir::Fd(self.base)
+    }
+    fn mkdir(&self, parent: Dir, name: &str) -> Result<Dir, Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        let d = unsafe {
+            rc(libc::mkdirat(fd(parent), n.as_ptr(), 0o755))?;
+            rc(libc::openat(
+                fd(parent),
+                n.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            ))?
+        };
+        self.dirs.lock().unwrap_or_else(|e| e.into_inner()).push(d);
+        Ok(Dir::Fd(d))
+    }
+    fn create(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        unsafe {
+            let f = rc(libc::openat(
+                fd(dir),
+                n.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o644,
+            ))?;
+            libc::close(f);
+        }
+        Ok(())
+    }
+    fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        unsafe {
+            let f = rc(libc::openat(
+                fd(dir),
+                n.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o644,
+            ))?;
+            let w = libc::write(f, data.as_ptr().cast(), data.len());
+            libc::close(f);
+            if w < 0 {
+                return Err(last_errno());
+            }
+        }
+        Ok(())
+    }
+    fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        unsafe {
+            let f = rc(libc::openat(
+                fd(dir),
+                n.as_ptr(),
+                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o644,
+            ))?;
+            let r = libc::fsync(f);
+            libc::close(f);
+            rc(r)?;
+        }
+        Ok(())
+    }
+    fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        unsafe { rc(libc::unlinkat(fd(dir), n.as_ptr(), 0)).map(drop) }
+    }
+    fn rename(&self, dir: Dir, from: &str, to: &str) -> Result<(), Errno> {
+        let (a, b) = (cname(from), cname(to));
+        // SAFETY: see the impl comment.
+        unsafe { rc(libc::renameat(fd(dir), a.as_ptr(), fd(dir), b.as_ptr())).map(drop) }
+    }
+    fn stat(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment; `st` is a valid out-buffer.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            rc(libc::fstatat(
+                fd(dir),
+                n.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            ))
+            .map(drop)
+        }
+    }
+    fn open_read(&self, dir: Dir, name: &str, buf: &mut [u8]) -> Result<usize, Errno> {
+        let n = cname(name);
+        // SAFETY: see the impl comment.
+        unsafe {
+            let f = rc(libc::openat(
+                fd(dir),
+                n.as_ptr(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            ))?;
+            let r = libc::read(f, buf.as_mut_ptr().cast(), buf.len());
+            libc::close(f);
+            if r < 0 {
+                Err(last_errno())
+            } else {
+                Ok(r as usize)
+            }
+        }
+    }
+}

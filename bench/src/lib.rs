@@ -1,0 +1,566 @@
+//! # lanefs-bench: the seed workloads (DESIGN §6)
+//!
+//! One harness, one definition per workload, two adapters ([`adapter::Engine`] in-process
+//! with a chosen locking mode, [`adapter::Syscalls`] on any mounted path), so the same loop is
+//! measured everywhere. Each cell (workload × target × thread count) runs its threads for a
+//! warm-up and then a fixed measuring window; it reports operations per second, operations
+//! per CPU-second of the worker threads (the stable figure on a shared machine), sampled
+//! latency percentiles, and, in-process, the engine's lock statistics.
+
+pub mod adapter;
+pub mod report;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering::*};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use adapter::{Adapter, Dir, Engine, Syscalls};
+use lanefs::{Errno, Locking};
+use serde::Serialize;
+
+/// The workloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Seed 003: create + close + unlink of the thread's own names in ONE shared directory.
+    Crunl,
+    /// Seed 003: create a random name, rename it to another random name, unlink, in ONE
+    /// shared directory.
+    Rndrename,
+    /// Seed 000: each thread builds its own tree, then stats every file in it.
+    Fstree,
+    /// Seed 001: each thread creates empty files in its own directory, fsync after each.
+    Fsmark,
+    /// Seed 004: open + read(40 bytes) + close over small files shared by all threads.
+    Orc,
+}
+
+impl Workload {
+    /// Every workload.
+    pub const ALL: [Workload; 5] = [
+        Workload::Crunl,
+        Workload::Rndrename,
+        Workload::Fstree,
+        Workload::Fsmark,
+        Workload::Orc,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Crunl => "crunl",
+            Workload::Rndrename => "rndrename",
+            Workload::Fstree => "fstree",
+            Workload::Fsmark => "fsmark",
+            Workload::Orc => "orc",
+        }
+    }
+
+    /// What one operation is.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Workload::Crunl => "create+close+unlink",
+            Workload::Rndrename => "create+rename+unlink",
+            Workload::Fstree => "stat",
+            Workload::Fsmark => "create+fsync+close",
+            Workload::Orc => "open+read+close",
+        }
+    }
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown workload '{s}' (expected one of crunl, rndrename, fstree, fsmark, orc)"
+                )
+            })
+    }
+}
+
+/// Where a workload runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// In-process, on a fresh engine with this locking mode.
+    Engine(Locking),
+    /// System calls under this directory (a lanefs mount, tmpfs, ext4...).
+    Path(PathBuf),
+    /// No filesystem: each thread inserts and removes its own names in a private hash map.
+    /// The machine's own scaling limit at that moment, measured in the same run.
+    ShareNothing,
+}
+
+impl Target {
+    /// Label in tables, JSON and plots.
+    pub fn label(&self) -> String {
+        match self {
+            Target::Engine(l) => l.name().to_string(),
+            Target::Path(p) => p.display().to_string(),
+            Target::ShareNothing => "share-nothing".to_string(),
+        }
+    }
+}
+
+/// Sizes and durations.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Measuring window per cell.
+    pub seconds: f64,
+    /// Warm-up before the window.
+    pub warmup: f64,
+    /// Empty files created in a separate directory of each in-process filesystem first.
+    pub prefill: usize,
+    /// fstree: directories per thread.
+    pub fstree_dirs: usize,
+    /// fstree: files per directory.
+    pub fstree_files: usize,
+    /// orc: number of shared files.
+    pub orc_files: usize,
+}
+
+impl Params {
+    /// Defaults that finish in about a minute on two cores.
+    pub fn quick() -> Params {
+        Params {
+            seconds: 1.0,
+            warmup: 0.2,
+            prefill: 100_000,
+            fstree_dirs: 20,
+            fstree_files: 100,
+            orc_files: 254,
+        }
+    }
+
+    /// The seeds' own sizes (fstree: 1000 x 1000 per thread).
+    pub fn seed() -> Params {
+        Params {
+            seconds: 5.0,
+            warmup: 0.5,
+            prefill: 1_000_000,
+            fstree_dirs: 1000,
+            fstree_files: 1000,
+            orc_files: 254,
+        }
+    }
+}
+
+/// One lock class's counters during a cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockRow {
+    /// Lock class.
+    pub class: &'static str,
+    /// Acquisitions.
+    pub acquired: u64,
+    /// Contended acquisitions.
+    pub contended: u64,
+    /// Nanoseconds waited.
+    pub wait_ns: u64,
+}
+
+/// The result of one cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct Cell {
+    /// Workload.
+    pub workload: Workload,
+    /// What one operation is.
+    pub unit: &'static str,
+    /// Threads.
+    pub threads: usize,
+    /// Locking mode, path, or "share-nothing".
+    pub target: String,
+    /// Operations completed in the window.
+    pub ops: u64,
+    /// Length of the window.
+    pub seconds: f64,
+    /// Operations per second.
+    pub ops_per_sec: f64,
+    /// Operations per CPU-second of the worker threads.
+    pub ops_per_cpu_sec: f64,
+    /// Median latency of one operation (sampled).
+    pub p50_ns: u64,
+    /// 99th percentile latency (sampled).
+    pub p99_ns: u64,
+    /// Lock classes by wait time, in-process only.
+    pub locks: Vec<LockRow>,
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A small fast random generator for names (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// Per-thread state of a running workload.
+enum Job {
+    Crunl {
+        dir: Dir,
+    },
+    Rndrename {
+        dir: Dir,
+    },
+    Fstree {
+        dirs: Vec<Dir>,
+        files: usize,
+    },
+    Fsmark {
+        dir: Dir,
+    },
+    Orc {
+        dir: Dir,
+        files: usize,
+        buf: [u8; 40],
+    },
+    ShareNothing {
+        map: std::collections::HashMap<u64, u64>,
+    },
+}
+
+/// Builds each thread's state (untimed).
+fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<Vec<Job>, Errno> {
+    let base = a.base();
+    Ok(match w {
+        Workload::Crunl | Workload::Rndrename => {
+            let dir = a.mkdir(base, "shared")?;
+            (0..threads)
+                .map(|_| {
+                    if w == Workload::Crunl {
+                        Job::Crunl { dir }
+                    } else {
+                        Job::Rndrename { dir }
+                    }
+                })
+                .collect()
+        }
+        Workload::Fstree => (0..threads)
+            .map(|t| {
+                let top = a.mkdir(base, &format!("tree{t}"))?;
+                let mut dirs = Vec::with_capacity(p.fstree_dirs);
+                for d in 0..p.fstree_dirs {
+                    let dir = a.mkdir(top, &format!("d{d}"))?;
+                    for f in 0..p.fstree_files {
+                        a.create(dir, &format!("f{f}"))?;
+                    }
+                    dirs.push(dir);
+                }
+                Ok(Job::Fstree {
+                    dirs,
+                    files: p.fstree_files,
+                })
+            })
+            .collect::<Result<_, Errno>>()?,
+        Workload::Fsmark => (0..threads)
+            .map(|t| {
+                Ok(Job::Fsmark {
+                    dir: a.mkdir(base, &format!("mark{t}"))?,
+                })
+            })
+            .collect::<Result<_, Errno>>()?,
+        Workload::Orc => {
+            let dir = a.mkdir(base, "gids")?;
+            for i in 0..p.orc_files {
+                a.create_with(
+                    dir,
+                    &format!("{i}"),
+                    format!("fe80:0000:0000:0000:0000:0000:{i:04x}:{i:04x}").as_bytes(),
+                )?;
+            }
+            (0..threads)
+                .map(|_| Job::Orc {
+                    dir,
+                    files: p.orc_files,
+                    buf: [0; 40],
+                })
+                .collect()
+        }
+    })
+}
+
+/// One operation of a job; `i` counts this thread's operations.
+fn step(
+    job: &mut Job,
+    a: Option<&dyn Adapter>,
+    tid: usize,
+    i: u64,
+    rng: &mut Rng,
+    name: &mut String,
+) -> Result<(), Errno> {
+    use std::fmt::Write;
+    name.clear();
+    match job {
+        Job::Crunl { dir } => {
+            let _ = write!(name, "c{tid}-{}", i % 64);
+            let a = a.expect("adapter");
+            a.create(*dir, name)?;
+            a.unlink(*dir, name)
+        }
+        Job::Rndrename { dir } => {
+            let a = a.expect("adapter");
+            let _ = write!(name, "r{tid}-{:x}", rng.next() % 100_000);
+            let to = format!("r{tid}-{:x}", rng.next() % 100_000);
+            a.create(*dir, name)?;
+            match a.rename(*dir, name, &to) {
+                Ok(()) => a.unlink(*dir, &to),
+                Err(e) => Err(e),
+            }
+        }
+        Job::Fstree { dirs, files } => {
+            let n = i as usize;
+            let _ = write!(name, "f{}", n % *files);
+            a.expect("adapter")
+                .stat(dirs[(n / *files) % dirs.len()], name)
+        }
+        Job::Fsmark { dir } => {
+            let _ = write!(name, "m{i:010}");
+            a.expect("adapter").create_fsync(*dir, name)
+        }
+        Job::Orc { dir, files, buf } => {
+            let _ = write!(name, "{}", (tid as u64 + i) % *files as u64);
+            a.expect("adapter").open_read(*dir, name, buf).map(drop)
+        }
+        Job::ShareNothing { map } => {
+            let k = ((tid as u64) << 32) | (i % 64);
+            map.insert(k, i);
+            map.remove(&k);
+            Ok(())
+        }
+    }
+}
+
+const WARM: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+/// Runs one cell.
+pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Result<Cell, String> {
+    let adapter: Option<Arc<dyn Adapter>> = match target {
+        Target::Engine(l) => Some(Arc::new(Engine::new(
+            *l,
+            if matches!(w, Workload::Crunl | Workload::Rndrename) {
+                p.prefill
+            } else {
+                0
+            },
+        ))),
+        Target::Path(path) => {
+            Some(Arc::new(Syscalls::new(path, w.name()).map_err(|e| {
+                format!("cannot work under {}: {e}", path.display())
+            })?))
+        }
+        Target::ShareNothing => None,
+    };
+    let jobs = match &adapter {
+        Some(a) => prepare(w, a.as_ref(), threads, p)
+            .map_err(|e| format!("{} set-up on {}: {e}", w.name(), target.label()))?,
+        None => (0..threads)
+            .map(|_| Job::ShareNothing {
+                map: Default::default(),
+            })
+            .collect(),
+    };
+    let phase = Arc::new(AtomicU8::new(WARM));
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let before = adapter.as_ref().and_then(|a| a.engine().map(|e| e.stats()));
+    let handles: Vec<_> = jobs
+        .into_iter()
+        .enumerate()
+        .map(|(tid, mut job)| {
+            let (phase, barrier, adapter) = (phase.clone(), barrier.clone(), adapter.clone());
+            std::thread::spawn(move || -> Result<(u64, u64, Vec<u32>), Errno> {
+                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((tid as u64 + 1) * 0x1234_5678_9ABC));
+                let mut name = String::with_capacity(32);
+                let a = adapter.as_deref();
+                let mut lat = Vec::with_capacity(1 << 16);
+                barrier.wait();
+                let mut i = 0u64;
+                while phase.load(Relaxed) == WARM {
+                    step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                    i += 1;
+                }
+                let (start_ops, start_cpu) = (i, thread_cpu_ns());
+                while phase.load(Relaxed) == MEASURE {
+                    if i % 8 == 0 {
+                        let t = Instant::now();
+                        step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                        lat.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                    } else {
+                        step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                    }
+                    i += 1;
+                }
+                Ok((i - start_ops, thread_cpu_ns() - start_cpu, lat))
+            })
+        })
+        .collect();
+    barrier.wait();
+    std::thread::sleep(Duration::from_secs_f64(p.warmup));
+    let snap = adapter
+        .as_ref()
+        .and_then(|a| a.engine().map(|e| e.stats()))
+        .or(before);
+    phase.store(MEASURE, Relaxed);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(p.seconds));
+    phase.store(STOP, Relaxed);
+    let secs = t0.elapsed().as_secs_f64();
+    let (mut ops, mut cpu, mut lat) = (0u64, 0u64, Vec::new());
+    for h in handles {
+        let (o, c, l) = h
+            .join()
+            .map_err(|_| "a benchmark thread panicked".to_string())?
+            .map_err(|e| format!("{} on {}: {e}", w.name(), target.label()))?;
+        ops += o;
+        cpu += c;
+        lat.extend(l);
+    }
+    lat.sort_unstable();
+    let pct = |q: f64| {
+        lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0) as u64
+    };
+    let locks = match (
+        adapter.as_ref().and_then(|a| a.engine().map(|e| e.stats())),
+        snap,
+    ) {
+        (Some(now), Some(then)) => now
+            .since(&then)
+            .hottest_locks()
+            .into_iter()
+            .take(4)
+            .map(|(c, l)| LockRow {
+                class: c.name(),
+                acquired: l.acquired,
+                contended: l.contended,
+                wait_ns: l.wait_ns,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(Cell {
+        workload: w,
+        unit: w.unit(),
+        threads,
+        target: target.label(),
+        ops,
+        seconds: secs,
+        ops_per_sec: ops as f64 / secs,
+        ops_per_cpu_sec: if cpu > 0 {
+            ops as f64 / (cpu as f64 / 1e9)
+        } else {
+            0.0
+        },
+        p50_ns: pct(0.5),
+        p99_ns: pct(0.99),
+        locks,
+    })
+}
+
+/// Resident memory of this process, in bytes.
+pub fn rss_bytes() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = s
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no preconditions.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// Memory per empty file (inode + entry, 16-byte names) at `files` files, 1000 per directory,
+/// measured as the growth of resident memory.
+pub fn memory_per_file(files: usize) -> f64 {
+    let e = Engine::new(Locking::Lanes, 0);
+    let before = rss_bytes();
+    let mut dir = e.base();
+    for i in 0..files {
+        if i % 1000 == 0 {
+            dir = e
+                .mkdir(e.base(), &format!("dir{:012}", i / 1000))
+                .expect("mkdir");
+        }
+        e.create(dir, &format!("file{i:012}")).expect("create");
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert_eq!(
+        e.fs.statfs().files - e.fs.statfs().ffree,
+        files as u64 + files.div_ceil(1000) as u64 + 1
+    );
+    grown as f64 / files as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_workload_runs_in_process_and_on_a_path() {
+        let p = Params {
+            seconds: 0.05,
+            warmup: 0.01,
+            prefill: 100,
+            fstree_dirs: 2,
+            fstree_files: 5,
+            orc_files: 4,
+        };
+        let tmp = std::env::temp_dir();
+        for w in Workload::ALL {
+            for target in [
+                Target::Engine(Locking::Lanes),
+                Target::Engine(Locking::Coarse),
+                Target::Path(tmp.clone()),
+            ] {
+                let c = run_cell(w, &target, 2, &p).unwrap();
+                assert!(c.ops > 0, "{} on {} did nothing", w.name(), target.label());
+                assert!(c.ops_per_cpu_sec > 0.0 && c.p99_ns >= c.p50_ns);
+                if let Target::Engine(_) = target {
+                    assert!(
+                        !c.locks.is_empty() || w == Workload::Fstree,
+                        "{}: lock stats",
+                        w.name()
+                    );
+                }
+            }
+        }
+        assert!(
+            run_cell(Workload::Crunl, &Target::ShareNothing, 1, &p)
+                .unwrap()
+                .ops
+                > 0
+        );
+    }
+
+    #[test]
+    fn bad_path_is_a_clear_error() {
+        let p = Params::quick();
+        let e = run_cell(
+            Workload::Crunl,
+            &Target::Path("/nonexistent/x".into()),
+            1,
+            &p,
+        )
+        .unwrap_err();
+        assert!(e.contains("/nonexistent/x"), "{e}");
+    }
+}
