@@ -104,22 +104,21 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     let mut cells = Vec::new();
     let total = workloads.len() * targets.len() * a.threads.len() * a.repeat;
     let mut done = 0;
+    let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
     for _ in 0..a.repeat {
         for &w in &workloads {
             for t in &targets {
                 for &n in &a.threads {
                     done += 1;
-                    eprint!(
-                        "\r[{done}/{total}] {} {} T={n}          ",
-                        w.name(),
-                        t.label()
-                    );
+                    if progress {
+                        eprint!("\r[{done}/{total}] {} {} T={n}          ", w.name(), t.label());
+                    }
                     cells.push(lanefs_bench::run_cell(w, t, n, &p)?);
                 }
             }
         }
     }
-    if total > 0 && !a.json {
+    if total > 0 && progress {
         eprintln!();
     }
     let med = report::medians(&cells);
