@@ -111,7 +111,11 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 for &n in &a.threads {
                     done += 1;
                     if progress {
-                        eprint!("\r[{done}/{total}] {} {} T={n}          ", w.name(), t.label());
+                        eprint!(
+                            "\r[{done}/{total}] {} {} T={n}          ",
+                            w.name(),
+                            t.label()
+                        );
                     }
                     cells.push(lanefs_bench::run_cell(w, t, n, &p)?);
                 }

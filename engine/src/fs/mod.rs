@@ -482,4 +482,3 @@ impl std::fmt::Debug for Filesystem {
             .finish_non_exhaustive()
     }
 }
-
