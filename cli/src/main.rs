@@ -1,6 +1,7 @@
 //! `lanefs`: one binary for every part of lanefs.
 
 mod bench;
+mod mount;
 
 use clap::{Parser, Subcommand};
 
@@ -14,14 +15,29 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Mount a lanefs filesystem (FUSE) and serve it until unmounted.
+    Mount(mount::MountArgs),
+    /// Show the operation counts and lock statistics of a running mount.
+    Stats(mount::StatsArgs),
     /// Run the seed workloads (crunl, rndrename, fstree, fsmark, orc) in-process and on paths.
     Bench(bench::BenchArgs),
 }
 
+const SUBCOMMANDS: [&str; 4] = ["mount", "stats", "bench", "help"];
+
 fn main() {
-    let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Bench(a) => bench::run(a),
+    let args: Vec<String> = std::env::args().collect();
+    // `lanefs SOURCE MOUNTPOINT -o opts`: the form mount.fuse3 uses for `-t fuse.lanefs`.
+    let helper_form =
+        args.len() >= 3 && !args[1].starts_with('-') && !SUBCOMMANDS.contains(&args[1].as_str());
+    let r = if helper_form {
+        mount::helper(&args[1..])
+    } else {
+        match Cli::parse().cmd {
+            Cmd::Mount(a) => mount::run(a),
+            Cmd::Stats(a) => mount::stats(a),
+            Cmd::Bench(a) => bench::run(a),
+        }
     };
     if let Err(e) = r {
         eprintln!("lanefs: {e}");

@@ -6,507 +6,78 @@
 
 mod common;
 
-use common::{Executor, Kernel, Lanes, Op, Op::*, T, Who, compare};
+use common::cases::{self, Case, root, u1, u2};
+use common::{Executor, Kernel, Lanes, Op::*, compare};
 use lanefs::{Config, Filesystem, Locking};
 use std::sync::Arc;
 
-fn root() -> Who {
-    Who::Root
-}
-fn u1() -> Who {
-    Who::User {
-        uid: 1000,
-        gid: 1000,
-        groups: vec![1000, 3000],
-    }
-}
-fn u2() -> Who {
-    Who::User {
-        uid: 2000,
-        gid: 2000,
-        groups: vec![2000],
-    }
-}
 fn s(x: &str) -> String {
     x.to_string()
 }
 
-fn run_case(name: &str, umask: u32, steps: &[(Who, Op)]) {
+fn run(c: Case) {
     for locking in Locking::ALL {
-        let mut k = Kernel::new(name, umask);
+        let mut k = Kernel::new(c.name, c.umask);
         let fs = Arc::new(Filesystem::new(Config {
             locking,
             ..Config::default()
         }));
-        let mut l = Lanes::new(fs.clone(), umask);
+        let mut l = Lanes::new(fs.clone(), c.umask);
         compare(
-            &format!("{name} [{}]", locking.name()),
+            &format!("{} [{}]", c.name, locking.name()),
             &mut k,
             &mut l,
-            steps,
+            &c.steps,
         );
         fs.check_invariants()
-            .unwrap_or_else(|e| panic!("case {name}: invariants: {e}"));
-        assert_eq!(fs.open_handles(), 0, "case {name}: handles leaked");
+            .unwrap_or_else(|e| panic!("case {}: invariants: {e}", c.name));
+        assert_eq!(fs.open_handles(), 0, "case {}: handles leaked", c.name);
     }
-}
-
-fn as_root(ops: Vec<Op>) -> Vec<(Who, Op)> {
-    ops.into_iter().map(|o| (root(), o)).collect()
 }
 
 #[test]
 fn basics_nlink_sizes_and_readdir() {
-    run_case(
-        "basics",
-        0o022,
-        &as_root(vec![
-            Mkdir(s("d"), 0o755),
-            Stat(s("d")),
-            Create(s("d/f"), 0o644),
-            Mkdir(s("d/sub"), 0o777),
-            Stat(s("d")),
-            Stat(s("d/f")),
-            Stat(s("d/sub")),
-            ReadDir(s("d")),
-            Link(s("d/f"), s("d/g")),
-            Stat(s("d/f")),
-            SameIno(s("d/f"), s("d/g")),
-            Symlink(s("f"), s("d/l")),
-            Lstat(s("d/l")),
-            Stat(s("d/l")),
-            Readlink(s("d/l")),
-            Readlink(s("d/f")),
-            Mknod(s("d/fifo"), libc::S_IFIFO | 0o600, 0),
-            Mknod(s("d/chr"), libc::S_IFCHR | 0o600, libc::makedev(1, 3)),
-            Mknod(s("d/plain"), 0o600, 0),
-            Mknod(s("d/dir"), libc::S_IFDIR | 0o600, 0),
-            Stat(s("d/chr")),
-            Stat(s("d/plain")),
-            Stat(s("d")),
-            ReadDir(s("d")),
-            Unlink(s("d/g")),
-            Stat(s("d/f")),
-            Rmdir(s("d/sub")),
-            Stat(s("d")),
-            Rmdir(s("d")),
-        ]),
-    );
+    run(cases::basics_nlink_sizes_and_readdir());
 }
 
 #[test]
 fn error_codes() {
-    let long = "x".repeat(256);
-    let max = "y".repeat(255);
-    run_case(
-        "errors",
-        0o022,
-        &as_root(vec![
-            Stat(s("nope")),
-            Stat(s("nope/x")),
-            Create(s("f"), 0o644),
-            Create(s("f"), 0o644),
-            Mkdir(s("f"), 0o755),
-            Stat(s("f/x")),
-            Create(s("f/x"), 0o644),
-            Mkdir(s("d"), 0o755),
-            Create(s("d/inner"), 0o644),
-            Rmdir(s("d")),
-            Rmdir(s("f")),
-            Unlink(s("d")),
-            Rmdir(s("d/.")),
-            Rmdir(s("d/..")),
-            Mkdir(s("d/."), 0o755),
-            Unlink(s("d/..")),
-            Create(s(&long), 0o644),
-            Create(s(&max), 0o644),
-            Stat(s(&max)),
-            Mkdir(s(&long), 0o755),
-            Stat(s(&long)),
-            Symlink(s("loop2"), s("loop1")),
-            Symlink(s("loop1"), s("loop2")),
-            Stat(s("loop1")),
-            Lstat(s("loop1")),
-            Open(s("loop1"), libc::O_RDONLY, 0),
-            Symlink(s(""), s("empty")),
-            Link(s("d"), s("dlink")),
-            Link(s("nope"), s("x")),
-            Link(s("f"), s("d/inner")),
-            Read(s("d")),
-            Open(s("d"), libc::O_WRONLY, 0),
-            Open(s("f"), libc::O_RDONLY | libc::O_DIRECTORY, 0),
-            Open(s("f/"), libc::O_RDONLY, 0),
-            Open(s("d/"), libc::O_RDONLY, 0),
-            Open(s("new/"), libc::O_CREAT | libc::O_WRONLY, 0o644),
-            Open(s("d"), libc::O_CREAT | libc::O_WRONLY, 0o644),
-            Open(s("f"), libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY, 0o644),
-            Truncate(s("d"), 0),
-            Unlink(s("f/")),
-            Rmdir(s("nope")),
-            ReadDir(s("f")),
-            Stat(s("")),
-        ]),
-    );
+    run(cases::error_codes());
 }
 
 #[test]
 fn rename_edge_cases() {
-    run_case(
-        "rename",
-        0o022,
-        &as_root(vec![
-            Mkdir(s("a"), 0o755),
-            Mkdir(s("a/b"), 0o755),
-            Mkdir(s("a/b/c"), 0o755),
-            Create(s("a/f"), 0o644),
-            Link(s("a/f"), s("a/f2")),
-            Create(s("g"), 0o644),
-            // onto itself, and onto another name of itself: nothing happens
-            Rename(s("a/f"), s("a/f"), 0),
-            Rename(s("a/f"), s("a/f2"), 0),
-            Stat(s("a/f")),
-            Stat(s("a/f2")),
-            // a directory into its own subtree
-            Rename(s("a"), s("a/b/c/a"), 0),
-            Rename(s("a/b"), s("a/b/c/x"), 0),
-            Rename(s("a/b"), s("a/b"), 0),
-            // onto an ancestor of the source
-            Rename(s("a/b/c"), s("a"), 0),
-            // type mismatches and non-empty targets
-            Rename(s("g"), s("a/b"), 0),
-            Rename(s("a/b"), s("g"), 0),
-            Mkdir(s("e"), 0o755),
-            Rename(s("e"), s("a"), 0),
-            Rename(s("e"), s("a/b/c"), 0),
-            Stat(s("a/b")),
-            Stat(s("a/b/c")),
-            Stat(s("e")),
-            // file over file, across directories
-            Rename(s("g"), s("a/f"), 0),
-            Stat(s("a/f")),
-            Stat(s("a/f2")),
-            Stat(s("g")),
-            // directory across parents updates both nlinks
-            Mkdir(s("m"), 0o755),
-            Rename(s("a/b"), s("m/b"), 0),
-            Stat(s("a")),
-            Stat(s("m")),
-            Stat(s("m/b/c")),
-            // NOREPLACE and EXCHANGE
-            Create(s("x"), 0o644),
-            Create(s("y"), 0o600),
-            Rename(s("x"), s("y"), libc::RENAME_NOREPLACE),
-            Rename(s("x"), s("z"), libc::RENAME_NOREPLACE),
-            Rename(s("z"), s("nothere"), libc::RENAME_EXCHANGE),
-            Rename(s("z"), s("y"), libc::RENAME_EXCHANGE),
-            Stat(s("z")),
-            Stat(s("y")),
-            Rename(s("z"), s("m/b"), libc::RENAME_EXCHANGE),
-            Stat(s("z")),
-            Stat(s("m/b")),
-            Stat(s("m")),
-            Stat(s(".")),
-            Rename(
-                s("z"),
-                s("m/b"),
-                libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE,
-            ),
-            Rename(s("z"), s("y"), 0x100),
-            // exchanging a directory with its own descendant
-            Rename(s("m"), s("m/b"), libc::RENAME_EXCHANGE),
-            // dots and trailing slashes
-            Rename(s("m/."), s("q"), 0),
-            Rename(s("y"), s("m/.."), 0),
-            Rename(s("y/"), s("q"), 0),
-            Rename(s("m/"), s("q/"), 0),
-            Stat(s("q")),
-            Rename(s("nope"), s("q2"), 0),
-            ReadDir(s(".")),
-        ]),
-    );
+    run(cases::rename_edge_cases());
 }
 
 #[test]
 fn permissions_as_plain_users() {
-    let mut steps = as_root(vec![
-        Mkdir(s("ro"), 0o555),
-        Mkdir(s("noexec"), 0o666),
-        Create(s("noexec/f"), 0o644),
-        Mkdir(s("noread"), 0o311),
-        Create(s("noread/f"), 0o644),
-        Mkdir(s("sticky"), 0o1777),
-        Mkdir(s("shared"), 0o777),
-        Create(s("secret"), 0o600),
-        Create(s("rootfile"), 0o644),
-        Mkdir(s("grp"), 0o770),
-        Chown(s("grp"), Some(0), Some(3000)),
-        Create(s("suid"), 0o4755),
-    ]);
-    let user = vec![
-        Create(s("ro/f"), 0o644),
-        Mkdir(s("ro/d"), 0o755),
-        Stat(s("noexec/f")),
-        ReadDir(s("noexec")),
-        ReadDir(s("noread")),
-        Stat(s("noread/f")),
-        Read(s("secret")),
-        Write(s("rootfile"), 0, b"x".to_vec()),
-        Read(s("rootfile")),
-        Access(s("rootfile"), 4),
-        Access(s("rootfile"), 2),
-        Access(s("rootfile"), 1),
-        Access(s("secret"), 0),
-        Chmod(s("rootfile"), 0o777),
-        Chown(s("rootfile"), Some(1000), None),
-        Utimens(s("rootfile"), T::Now, T::Now),
-        Utimens(s("rootfile"), T::At(1, 0), T::Omit),
-        // group access via a supplementary group
-        Create(s("grp/mine"), 0o640),
-        Stat(s("grp/mine")),
-        ReadDir(s("grp")),
-        // the user's own files
-        Create(s("shared/u1"), 0o644),
-        Chown(s("shared/u1"), Some(1000), Some(3000)),
-        Stat(s("shared/u1")),
-        Chown(s("shared/u1"), None, Some(2000)),
-        Chown(s("shared/u1"), Some(2000), None),
-        Chmod(s("shared/u1"), 0o2755),
-        Stat(s("shared/u1")),
-        Chown(s("shared/u1"), None, Some(1000)),
-        Chmod(s("shared/u1"), 0o6755),
-        Stat(s("shared/u1")),
-        Utimens(s("shared/u1"), T::At(1000, 5), T::At(2000, 7)),
-        Create(s("sticky/u1"), 0o644),
-        Create(s("sticky/keep"), 0o666),
-        Link(s("rootfile"), s("shared/hl")),
-        Link(s("secret"), s("shared/hl2")),
-        Mknod(s("shared/dev"), libc::S_IFCHR | 0o644, 0),
-        Mknod(s("shared/fifo"), libc::S_IFIFO | 0o644, 0),
-        Stat(s("shared/fifo")),
-        // writing a set-uid file as its (non-root) owner clears set-uid
-        Create(s("shared/w"), 0o644),
-        Chmod(s("shared/w"), 0o6775),
-        Write(s("shared/w"), 0, b"data".to_vec()),
-        Stat(s("shared/w")),
-        Chmod(s("shared/w"), 0o4755),
-        Truncate(s("shared/w"), 1),
-        Stat(s("shared/w")),
-    ];
-    steps.extend(user.into_iter().map(|o| (u1(), o)));
-    let other = vec![
-        Unlink(s("sticky/u1")),
-        Rename(s("sticky/u1"), s("sticky/moved"), 0),
-        Rename(s("sticky/keep"), s("shared/moved"), 0),
-        Write(s("sticky/keep"), 0, b"ok".to_vec()),
-        Unlink(s("shared/u1")),
-        Stat(s("grp/mine")),
-        Chmod(s("shared/w"), 0o777),
-        Create(s("sticky/u2"), 0o644),
-    ];
-    steps.extend(other.into_iter().map(|o| (u2(), o)));
-    steps.push((u1(), Unlink(s("sticky/u2"))));
-    steps.push((u1(), Unlink(s("sticky/u1"))));
-    steps.push((root(), Unlink(s("sticky/u2"))));
-    steps.push((root(), Stat(s("suid"))));
-    steps.push((root(), Write(s("suid"), 0, b"r".to_vec())));
-    steps.push((root(), Stat(s("suid"))));
-    steps.push((root(), Chown(s("suid"), Some(1000), None)));
-    steps.push((root(), Stat(s("suid"))));
-    run_case("perms", 0o022, &steps);
+    run(cases::permissions_as_plain_users());
 }
 
 #[test]
 fn setgid_directories() {
-    let mut steps = as_root(vec![
-        Mkdir(s("sg"), 0o777),
-        Chown(s("sg"), Some(0), Some(3000)),
-        Chmod(s("sg"), 0o2777),
-        Stat(s("sg")),
-    ]);
-    steps.extend(
-        vec![
-            Mkdir(s("sg/sub"), 0o755),
-            Stat(s("sg/sub")),
-            Create(s("sg/f"), 0o2755),
-            Stat(s("sg/f")),
-            Mkdir(s("sg/sub/deeper"), 0o700),
-            Stat(s("sg/sub/deeper")),
-        ]
-        .into_iter()
-        .map(|o| (u1(), o)),
-    );
-    // u2 is not in group 3000: a set-gid executable it creates loses set-gid.
-    steps.extend(
-        vec![
-            Create(s("sg/g"), 0o2755),
-            Stat(s("sg/g")),
-            Create(s("sg/h"), 0o2745),
-            Stat(s("sg/h")),
-        ]
-        .into_iter()
-        .map(|o| (u2(), o)),
-    );
-    run_case("setgid", 0, &steps);
+    run(cases::setgid_directories());
 }
 
 #[test]
 fn umask_applies_to_new_inodes() {
-    run_case(
-        "umask",
-        0o027,
-        &[
-            (root(), Mkdir(s("d"), 0o777)),
-            (root(), Create(s("f"), 0o666)),
-            (root(), Mkdir(s("e"), 0o7777)),
-            (root(), Symlink(s("f"), s("l"))),
-            (root(), Stat(s("d"))),
-            (root(), Stat(s("f"))),
-            (root(), Stat(s("e"))),
-            (root(), Lstat(s("l"))),
-        ],
-    );
+    run(cases::umask_applies_to_new_inodes());
 }
 
 #[test]
 fn data_and_sizes() {
-    let big: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
-    run_case(
-        "data",
-        0,
-        &as_root(vec![
-            Create(s("f"), 0o644),
-            Write(s("f"), 0, b"hello world".to_vec()),
-            Read(s("f")),
-            Write(s("f"), 5, b"!".to_vec()),
-            Read(s("f")),
-            Write(s("f"), 10_000, b"far".to_vec()),
-            Stat(s("f")),
-            Read(s("f")),
-            Append(s("f"), b"tail".to_vec()),
-            Stat(s("f")),
-            Truncate(s("f"), 3),
-            Read(s("f")),
-            Stat(s("f")),
-            Truncate(s("f"), 1 << 40),
-            Stat(s("f")),
-            Truncate(s("f"), 0),
-            Write(s("f"), 0, big.clone()),
-            Read(s("f")),
-            Stat(s("f")),
-            Open(s("f"), libc::O_WRONLY | libc::O_TRUNC, 0),
-            Stat(s("f")),
-            Open(s("f"), libc::O_RDONLY | libc::O_TRUNC, 0),
-            Write(s("f"), 4096 * 3, b"z".to_vec()),
-            Stat(s("f")),
-        ]),
-    );
+    run(cases::data_and_sizes());
 }
 
 #[test]
 fn timestamps_follow_posix() {
-    let ms = 30;
-    run_case(
-        "times",
-        0,
-        &as_root(vec![
-            Mkdir(s("d"), 0o755),
-            Create(s("d/f"), 0o644),
-            Stamp("d", s("d")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Create(s("d/g"), 0o644),
-            Changed("d", s("d")),
-            Changed("f", s("d/f")),
-            Stamp("d", s("d")),
-            SleepMs(ms),
-            Write(s("d/f"), 0, b"x".to_vec()),
-            Changed("f", s("d/f")),
-            Changed("d", s("d")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Read(s("d/f")),
-            Changed("f", s("d/f")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Read(s("d/f")),
-            Changed("f", s("d/f")),
-            Chmod(s("d/f"), 0o600),
-            Changed("f", s("d/f")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Link(s("d/f"), s("d/h")),
-            Changed("f", s("d/f")),
-            Changed("d", s("d")),
-            Stamp("f", s("d/f")),
-            Stamp("d", s("d")),
-            SleepMs(ms),
-            Rename(s("d/h"), s("d/i"), 0),
-            Changed("f", s("d/f")),
-            Changed("d", s("d")),
-            Stamp("f", s("d/f")),
-            Stamp("d", s("d")),
-            SleepMs(ms),
-            Unlink(s("d/i")),
-            Changed("f", s("d/f")),
-            Changed("d", s("d")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Truncate(s("d/f"), 1),
-            Changed("f", s("d/f")),
-            Truncate(s("d/f"), 0),
-            Changed("f", s("d/f")),
-            Stamp("f", s("d/f")),
-            SleepMs(ms),
-            Utimens(s("d/f"), T::At(100, 1), T::At(200, 2)),
-            Changed("f", s("d/f")),
-            Stat(s("d/f")),
-            Stamp("d", s("d")),
-            SleepMs(ms),
-            ReadDir(s("d")),
-            Changed("d", s("d")),
-        ]),
-    );
+    run(cases::timestamps_follow_posix());
 }
 
 #[test]
 fn extended_attributes() {
-    let mut steps = as_root(vec![
-        Create(s("f"), 0o644),
-        Mkdir(s("d"), 0o755),
-        Symlink(s("f"), s("l")),
-        Mknod(s("p"), libc::S_IFIFO | 0o666, 0),
-        SetXattr(s("f"), s("user.a"), b"1".to_vec(), 0),
-        GetXattr(s("f"), s("user.a")),
-        SetXattr(s("f"), s("user.a"), b"2".to_vec(), libc::XATTR_CREATE),
-        SetXattr(s("f"), s("user.b"), b"".to_vec(), libc::XATTR_REPLACE),
-        SetXattr(s("f"), s("user.a"), b"22".to_vec(), libc::XATTR_REPLACE),
-        GetXattr(s("f"), s("user.a")),
-        GetXattr(s("f"), s("user.none")),
-        SetXattr(s("f"), s("trusted.t"), b"tt".to_vec(), 0),
-        SetXattr(s("d"), s("user.d"), b"dir".to_vec(), 0),
-        SetXattr(s("p"), s("user.x"), b"x".to_vec(), 0),
-        GetXattr(s("p"), s("user.x")),
-        SetXattr(s("f"), s("bogus.x"), b"x".to_vec(), 0),
-        SetXattr(s("f"), s("user.flags"), b"x".to_vec(), 4),
-        ListXattr(s("f")),
-        RemoveXattr(s("f"), s("user.a")),
-        RemoveXattr(s("f"), s("user.a")),
-        ListXattr(s("f")),
-        ListXattr(s("d")),
-    ]);
-    steps.extend(
-        vec![
-            GetXattr(s("f"), s("user.b")),
-            GetXattr(s("f"), s("trusted.t")),
-            ListXattr(s("f")),
-            SetXattr(s("f"), s("user.c"), b"c".to_vec(), 0),
-            SetXattr(s("f"), s("trusted.c"), b"c".to_vec(), 0),
-            RemoveXattr(s("f"), s("user.b")),
-        ]
-        .into_iter()
-        .map(|o| (u1(), o)),
-    );
-    run_case("xattr", 0, &steps);
+    run(cases::extended_attributes());
 }
 
 /// Random operations over a handful of names, as root and as two users, on both sides.

@@ -9,6 +9,8 @@
 
 #![allow(dead_code)]
 
+pub mod cases;
+
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -247,8 +249,13 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn new(tag: &str, umask: u32) -> Kernel {
+        Kernel::at(kernel_tmpfs_dir(tag), umask)
+    }
+
+    /// Runs on an existing directory of any filesystem (removed when dropped).
+    pub fn at(base: PathBuf, umask: u32) -> Kernel {
         Kernel {
-            base: kernel_tmpfs_dir(tag),
+            base,
             umask,
             workers: HashMap::new(),
             stamps: HashMap::new(),

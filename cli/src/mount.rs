@@ -1,0 +1,359 @@
+//! `lanefs mount`, the mount-helper form (`mount -t fuse.lanefs SOURCE DIR -o opts`), and
+//! `lanefs stats`.
+
+use std::io::{Read, Write};
+use std::os::unix::io::FromRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use lanefs::{Config, Filesystem, Locking};
+use lanefs_fuse::{MountConfig, MountOption};
+
+/// Mounts a lanefs filesystem and serves it until SIGINT, SIGTERM or `fusermount3 -u`.
+#[derive(Args)]
+pub struct MountArgs {
+    /// Directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Store: `memory` (like tmpfs: gone at unmount).
+    #[arg(long, default_value = "memory")]
+    pub store: String,
+    /// Mount options, comma-separated, as `mount -o`: ro, allow_other, nosuid, nodev, noexec,
+    /// size=BYTES (k/m/g suffixes), nr_inodes=N, locking=lanes|dirlock|coarse, threads=N,
+    /// ttl=SECONDS.
+    #[arg(short = 'o', value_delimiter = ',')]
+    pub options: Vec<String>,
+    /// Return once mounted, leaving the server running in the background.
+    #[arg(long)]
+    pub background: bool,
+}
+
+/// `lanefs stats MOUNTPOINT`.
+#[derive(Args)]
+pub struct StatsArgs {
+    /// A lanefs mountpoint.
+    pub mountpoint: PathBuf,
+    /// Print the raw JSON document.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn size(v: &str) -> Result<u64, String> {
+    let (num, mul) = match v.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&v[..i], 1u64 << 10),
+        Some((i, 'm' | 'M')) => (&v[..i], 1 << 20),
+        Some((i, 'g' | 'G')) => (&v[..i], 1 << 30),
+        _ => (v, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|_| format!("bad size '{v}'"))
+}
+
+struct Plan {
+    fs: Config,
+    mount: MountConfig,
+}
+
+fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
+    if a.store != "memory" {
+        return Err(format!(
+            "store '{}': only the memory store exists so far (the disk store is not built yet)",
+            a.store
+        ));
+    }
+    let mut fs = Config::default();
+    let mut m = MountConfig {
+        source: format!("lanefs:{}", a.store),
+        ..MountConfig::default()
+    };
+    for o in a.options.iter().filter(|o| !o.is_empty()) {
+        let (k, v) = o
+            .split_once('=')
+            .map_or((o.as_str(), None), |(k, v)| (k, Some(v)));
+        let need = |v: Option<&'a str>| -> Result<&'a str, String> {
+            v.ok_or_else(|| format!("option '{k}' needs a value"))
+        };
+        match k {
+            "ro" => {
+                m.read_only = true;
+                fs.read_only = true;
+            }
+            "rw"
+            | "defaults"
+            | "auto"
+            | "noauto"
+            | "user"
+            | "users"
+            | "nofail"
+            | "_netdev"
+            | "relatime"
+            | "default_permissions" => {}
+            "allow_other" | "allow_root" => m.allow_other = true,
+            "nosuid" => m.flags.push(MountOption::NoSuid),
+            "suid" => m.flags.push(MountOption::Suid),
+            "nodev" => m.flags.push(MountOption::NoDev),
+            "dev" => m.flags.push(MountOption::Dev),
+            "noexec" => m.flags.push(MountOption::NoExec),
+            "exec" => m.flags.push(MountOption::Exec),
+            "noatime" => m.flags.push(MountOption::NoAtime),
+            "atime" => m.flags.push(MountOption::Atime),
+            "sync" => m.flags.push(MountOption::Sync),
+            "async" => m.flags.push(MountOption::Async),
+            "dirsync" => m.flags.push(MountOption::DirSync),
+            "size" => fs.max_bytes = Some(size(need(v)?)?),
+            "nr_inodes" => {
+                fs.max_inodes = Some(
+                    need(v)?
+                        .parse()
+                        .map_err(|_| format!("bad nr_inodes '{o}'"))?,
+                )
+            }
+            "locking" => fs.locking = need(v)?.parse::<Locking>()?,
+            "threads" => m.threads = need(v)?.parse().map_err(|_| format!("bad threads '{o}'"))?,
+            "ttl" => {
+                m.ttl =
+                    Duration::from_secs_f64(need(v)?.parse().map_err(|_| format!("bad ttl '{o}'"))?)
+            }
+            "mode" => {
+                fs.root_mode =
+                    u32::from_str_radix(need(v)?, 8).map_err(|_| format!("bad mode '{o}'"))?
+            }
+            "uid" => fs.root_uid = need(v)?.parse().map_err(|_| format!("bad uid '{o}'"))?,
+            "gid" => fs.root_gid = need(v)?.parse().map_err(|_| format!("bad gid '{o}'"))?,
+            _ => return Err(format!("unknown mount option '{o}'")),
+        }
+    }
+    Ok(Plan { fs, mount: m })
+}
+
+fn is_mountpoint(p: &Path) -> bool {
+    let Ok(canon) = std::fs::canonicalize(p) else {
+        return false;
+    };
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    // Field 5 is the mount point, with spaces and such escaped as octal.
+    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|mp| {
+        let unescaped = mp
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\");
+        Path::new(&unescaped) == canon
+    })
+}
+
+fn preflight(mp: &Path) -> Result<(), String> {
+    let md = std::fs::metadata(mp).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("{}: mountpoint does not exist", mp.display()),
+        std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", mp.display()),
+        _ => format!("{}: {e}", mp.display()),
+    })?;
+    if !md.is_dir() {
+        return Err(format!("{}: mountpoint is not a directory", mp.display()));
+    }
+    if is_mountpoint(mp) {
+        return Err(format!(
+            "{}: already mounted (unmount it first: fusermount3 -u {})",
+            mp.display(),
+            mp.display()
+        ));
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: load the fuse module (modprobe fuse) or give the container the device".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let has_fusermount = std::env::var_os("PATH")
+        .map(|p| {
+            std::env::split_paths(&p)
+                .any(|d| d.join("fusermount3").exists() || d.join("fusermount").exists())
+        })
+        .unwrap_or(false);
+    if !root && !has_fusermount {
+        return Err("fusermount3 is missing: install fuse3 (apt-get install fuse3)".into());
+    }
+    Ok(())
+}
+
+fn explain(e: std::io::Error, mp: &Path) -> String {
+    match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => format!(
+            "{}: permission denied mounting (run as root, or install fuse3 so that fusermount3 can mount for you; \
+             allow_other needs user_allow_other in /etc/fuse.conf)",
+            mp.display()
+        ),
+        _ if e.kind() == std::io::ErrorKind::NotFound => {
+            format!(
+                "{}: fusermount3 not found: install fuse3 (apt-get install fuse3)",
+                mp.display()
+            )
+        }
+        _ => format!("{}: mount failed: {e}", mp.display()),
+    }
+}
+
+/// Mounts and serves; `ready` is told once the mount is in place.
+fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
+    let fs = Arc::new(Filesystem::new(plan.fs));
+    let mut control = None;
+    let fs2 = fs.clone();
+    let r = lanefs_fuse::mount(fs, mp, &plan.mount, |mut unmount| {
+        control = lanefs_fuse::serve_control(fs2, mp).ok();
+        // SIGINT/SIGTERM unmount; the session then ends and mount() returns.
+        if let Ok(mut signals) = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ]) {
+            std::thread::spawn(move || {
+                if signals.forever().next().is_some() {
+                    let _ = unmount();
+                }
+            });
+        }
+        ready();
+    });
+    drop(control);
+    r.map_err(|e| explain(e, mp))
+}
+
+pub fn run(a: MountArgs) -> Result<(), String> {
+    let plan = plan(&a)?;
+    preflight(&a.mountpoint)?;
+    if !a.background {
+        return serve(plan, &a.mountpoint, || {});
+    }
+    // Background: fork before any thread exists; the child mounts and reports through a pipe.
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for two descriptors.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the process is single-threaded here (no thread has been spawned yet).
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => {
+            // SAFETY: the child owns both ends; it keeps only the write end.
+            let w = unsafe {
+                libc::close(fds[0]);
+                libc::setsid();
+                std::fs::File::from_raw_fd(fds[1])
+            };
+            // The write end is dropped as soon as the outcome is reported, so the parent sees
+            // end of file and returns.
+            let w = std::cell::RefCell::new(Some(w));
+            let mp = a.mountpoint.clone();
+            let r = serve(plan, &mp, || {
+                if let Some(mut w) = w.borrow_mut().take() {
+                    let _ = w.write_all(b"ok");
+                }
+                // Detach stdio from the caller's terminal now that the mount is up.
+                if let Ok(null) = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open("/dev/null")
+                {
+                    use std::os::unix::io::AsRawFd;
+                    // SAFETY: dup2 onto the standard descriptors of this process.
+                    unsafe {
+                        libc::dup2(null.as_raw_fd(), 0);
+                        libc::dup2(null.as_raw_fd(), 1);
+                        libc::dup2(null.as_raw_fd(), 2);
+                    }
+                }
+            });
+            if let (Err(e), Some(mut w)) = (&r, w.borrow_mut().take()) {
+                let _ = w.write_all(e.as_bytes());
+            }
+            std::process::exit(if r.is_ok() { 0 } else { 1 });
+        }
+        _child => {
+            // SAFETY: the parent keeps only the read end.
+            let mut rd = unsafe {
+                libc::close(fds[1]);
+                std::fs::File::from_raw_fd(fds[0])
+            };
+            let mut msg = String::new();
+            let _ = rd.read_to_string(&mut msg);
+            if msg.starts_with("ok") {
+                Ok(())
+            } else if msg.is_empty() {
+                Err("the background server exited before mounting".into())
+            } else {
+                Err(msg)
+            }
+        }
+    }
+}
+
+/// The mount-helper form: `lanefs SOURCE MOUNTPOINT [-o opts]`, as `mount.fuse3` runs it for
+/// `mount -t fuse.lanefs SOURCE MOUNTPOINT -o opts` and /etc/fstab entries. Always returns once
+/// mounted.
+pub fn helper(args: &[String]) -> Result<(), String> {
+    let mut pos = Vec::new();
+    let mut options = Vec::new();
+    let mut it = args.iter();
+    while let Some(x) = it.next() {
+        if x == "-o" {
+            options.extend(
+                it.next()
+                    .ok_or("-o needs options")?
+                    .split(',')
+                    .map(String::from),
+            );
+        } else if let Some(o) = x.strip_prefix("-o") {
+            options.extend(o.split(',').map(String::from));
+        } else if x.starts_with('-') {
+            return Err(format!("unknown flag '{x}' in mount-helper form"));
+        } else {
+            pos.push(x.clone());
+        }
+    }
+    let [source, mountpoint] = pos.as_slice() else {
+        return Err("usage: lanefs SOURCE MOUNTPOINT [-o OPTIONS] (SOURCE is 'memory')".into());
+    };
+    run(MountArgs {
+        mountpoint: mountpoint.into(),
+        store: source.clone(),
+        options,
+        background: true,
+    })
+}
+
+pub fn stats(a: StatsArgs) -> Result<(), String> {
+    let v = lanefs_fuse::read_stats(&a.mountpoint)?;
+    if a.json {
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "lanefs at {} (locking: {})",
+        a.mountpoint.display(),
+        v["locking"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  inodes used {}, blocks used {}, open handles {}",
+        v["inodes_used"], v["blocks_used"], v["open_handles"]
+    );
+    println!("  operations:");
+    if let Some(ops) = v["ops"].as_object() {
+        for (k, n) in ops.iter().filter(|(_, n)| n.as_u64().unwrap_or(0) > 0) {
+            println!("    {k:<12} {n}");
+        }
+    }
+    println!("  locks (acquired / contended / waited):");
+    if let Some(locks) = v["locks"].as_object() {
+        for (k, l) in locks
+            .iter()
+            .filter(|(_, l)| l["acquired"].as_u64().unwrap_or(0) > 0)
+        {
+            let ms = l["wait_ns"].as_u64().unwrap_or(0) as f64 / 1e6;
+            println!(
+                "    {k:<12} {} / {} / {ms:.1} ms",
+                l["acquired"], l["contended"]
+            );
+        }
+    }
+    Ok(())
+}

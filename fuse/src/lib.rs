@@ -1,0 +1,40 @@
+//! # lanefs-fuse: the FUSE server
+//!
+//! A thin translation layer (DESIGN §2): each FUSE request is decoded by `fuser`, turned into
+//! exactly one call on the engine's inode API with the caller's credentials, and the result or
+//! errno is encoded back. The server keeps no state of its own: lookup counts, handles,
+//! generations and readdir cookies are the engine's (`Ctx::count_lookups` makes every entry
+//! the engine returns carry one lookup reference, which FORGET drops).
+//!
+//! ## What is negotiated with the kernel, and why
+//! - `FUSE_PARALLEL_DIROPS`: lookups and readdir in one directory run in parallel in the
+//!   kernel (without it the kernel serialises them per directory, and lanefs's lock-free
+//!   lookups would be wasted). Creates, unlinks and renames are still serialised per
+//!   directory by the kernel's own `i_rwsem` before the request reaches lanefs: through a
+//!   mount, one directory's mutations cannot run in parallel whatever the server does.
+//! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
+//!   round trip.
+//! - `FUSE_ATOMIC_O_TRUNC`: `open(O_TRUNC)` is one request, not open + setattr.
+//! - `FUSE_CACHE_SYMLINKS`: symlink targets are cached in the page cache.
+//! - several request threads, each with its own cloned `/dev/fuse` descriptor.
+//! - `default_permissions`: the kernel checks permissions too, with the caller's full group
+//!   list, on every step of a path walk, including cached dentries that never reach lanefs.
+//!   lanefs checks again on every request that does reach it (so the library is safe on its
+//!   own); the two use the same POSIX rules.
+//!
+//! ## Timeouts
+//! Entries and attributes are cached by the kernel for [`MountConfig::ttl`] (default 60 s).
+//! That is safe because every change to the tree goes through this mount and the kernel
+//! updates or invalidates its own caches on the changes it makes. A program that also changes
+//! the same filesystem through the library while it is mounted would need the server to send
+//! invalidation notices; that is not implemented yet, so such programs should mount with
+//! `ttl = 0`.
+
+mod control;
+mod server;
+
+pub use control::{
+    SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
+};
+pub use fuser::MountOption;
+pub use server::{MountConfig, Server, mount, mount_background_session};

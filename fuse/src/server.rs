@@ -1,0 +1,596 @@
+//! Request translation.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
+    FileType as FType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, SetAttr, TimeSet, Timespec};
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// Entry and attribute cache timeout given to the kernel.
+    pub ttl: Duration,
+    /// Request threads.
+    pub threads: usize,
+    /// Let other users use the mount (`allow_other`).
+    pub allow_other: bool,
+    /// Mount read-only.
+    pub read_only: bool,
+    /// Shown as the mount's source (`fsname`).
+    pub source: String,
+    /// Kernel mount flags (nosuid, nodev, noexec, sync, ...).
+    pub flags: Vec<MountOption>,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            ttl: Duration::from_secs(60),
+            threads: 4,
+            allow_other: false,
+            read_only: false,
+            source: "lanefs".into(),
+            flags: Vec::new(),
+        }
+    }
+}
+
+/// The FUSE server of one lanefs filesystem.
+pub struct Server {
+    fs: Arc<Filesystem>,
+    ttl: Duration,
+}
+
+fn err(e: Errno) -> FErrno {
+    FErrno::from_i32(e.code())
+}
+
+fn time(t: Timespec) -> SystemTime {
+    t.into()
+}
+
+fn ftype(k: FileType) -> FType {
+    match k {
+        FileType::RegularFile => FType::RegularFile,
+        FileType::Directory => FType::Directory,
+        FileType::Symlink => FType::Symlink,
+        FileType::CharDevice => FType::CharDevice,
+        FileType::BlockDevice => FType::BlockDevice,
+        FileType::NamedPipe => FType::NamedPipe,
+        FileType::Socket => FType::Socket,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.ctime),
+        kind: ftype(a.kind()),
+        perm: a.perm() as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn tset(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(st) => TimeSet::At(st.into()),
+    }
+}
+
+/// The caller's credentials. The kernel has applied the umask already (no `FUSE_DONT_MASK`).
+fn ctx(req: &Request) -> Ctx {
+    let mut c = Ctx::from_request(req.uid(), req.gid(), req.pid());
+    c.count_lookups = true;
+    c
+}
+
+impl Server {
+    /// A server for `fs`.
+    pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> Server {
+        Server { fs, ttl }
+    }
+
+    fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
+        match r {
+            Ok(a) => reply.entry(&self.ttl, &fattr(&a), Generation(a.generation)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn attr(&self, r: lanefs::Result<Attr>, reply: ReplyAttr) {
+        match r {
+            Ok(a) => reply.attr(&self.ttl, &fattr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn empty(r: lanefs::Result<()>, reply: ReplyEmpty) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn xattr(r: lanefs::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
+        match r {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}
+
+impl fuser::Filesystem for Server {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let want = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO
+            | InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_CACHE_SYMLINKS;
+        let have = config.capabilities() & want;
+        let _ = config.add_capabilities(have);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(self.fs.lookup(&ctx(req), parent.0, name.as_bytes()), reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.attr(self.fs.getattr(ino.0), reply);
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(tset),
+            mtime: mtime.map(tset),
+            ctime: ctime.map(Into::into),
+        };
+        self.attr(
+            self.fs.setattr(&ctx(req), ino.0, &set, fh.map(|f| f.0)),
+            reply,
+        );
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs
+                .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev as u64),
+            reply,
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs.mkdir(&ctx(req), parent.0, name.as_bytes(), mode),
+            reply,
+        );
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.unlink(&ctx(req), parent.0, name.as_bytes()), reply);
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.rmdir(&ctx(req), parent.0, name.as_bytes()), reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.symlink(
+            &ctx(req),
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        );
+        self.entry(r, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.fs.rename(
+            &ctx(req),
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        );
+        Self::empty(r, reply);
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs
+                .link(&ctx(req), ino.0, newparent.0, newname.as_bytes()),
+            reply,
+        );
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(&ctx(req), ino.0, flags.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut buf = vec![0u8; size as usize];
+        match self.fs.read(fh.0, offset, &mut buf) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.fs.write(&ctx(req), fh.0, offset, data) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.fs.flush(fh.0), reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.fs.release(fh.0), reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.fs.fsync(fh.0, datasync), reply);
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(&ctx(req), ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.fs.readdir(&ctx(req), fh.0, offset, false, |e, _| {
+            !reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                ftype(e.kind),
+                OsStr::from_bytes(e.name),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let ttl = self.ttl;
+        let r = self.fs.readdir(&ctx(req), fh.0, offset, true, |e, a| {
+            let a = a.expect("readdirplus gives attributes");
+            !reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                OsStr::from_bytes(e.name),
+                &ttl,
+                &fattr(a),
+                Generation(a.generation),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.fs.releasedir(fh.0), reply);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(self.fs.fsync(fh.0, datasync), reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if position != 0 {
+            return reply.error(FErrno::EINVAL);
+        }
+        Self::empty(
+            self.fs
+                .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags),
+            reply,
+        );
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        Self::xattr(
+            self.fs.getxattr(&ctx(req), ino.0, name.as_bytes()),
+            size,
+            reply,
+        );
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        Self::xattr(self.fs.listxattr(&ctx(req), ino.0), size, reply);
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(
+            self.fs.removexattr(&ctx(req), ino.0, name.as_bytes()),
+            reply,
+        );
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        Self::empty(self.fs.access(&ctx(req), ino.0, mask.bits() as u32), reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        match self
+            .fs
+            .create(&ctx(req), parent.0, name.as_bytes(), mode, flags)
+        {
+            Ok((a, fh)) => reply.created(
+                &self.ttl,
+                &fattr(&a),
+                Generation(a.generation),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(
+            self.fs.fallocate(&ctx(req), fh.0, mode, offset, length),
+            reply,
+        );
+    }
+}
+
+fn options(cfg: &MountConfig) -> FuserConfig {
+    let mut o = FuserConfig::default();
+    o.mount_options = vec![
+        MountOption::FSName(cfg.source.clone()),
+        MountOption::Subtype("lanefs".into()),
+        MountOption::DefaultPermissions,
+    ];
+    if cfg.read_only {
+        o.mount_options.push(MountOption::RO);
+    }
+    o.mount_options.extend(cfg.flags.iter().cloned());
+    if cfg.allow_other {
+        o.acl = SessionACL::All;
+    }
+    o.n_threads = Some(cfg.threads.max(1));
+    o.clone_fd = true;
+    o
+}
+
+/// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
+/// mount is in place (with a function that unmounts it, for signal handlers).
+pub fn mount(
+    fs: Arc<Filesystem>,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+    on_mounted: impl FnOnce(Box<dyn FnMut() -> io::Result<()> + Send>),
+) -> io::Result<()> {
+    let mut session = fuser::Session::new(Server::new(fs, cfg.ttl), mountpoint, &options(cfg))?;
+    let mut unmounter = session.unmount_callable();
+    on_mounted(Box::new(move || unmounter.unmount()));
+    session.run()
+}
+
+/// Mounts `fs` and serves it from background threads; dropping the session unmounts (for
+/// tests and embedding programs).
+pub fn mount_background_session(
+    fs: Arc<Filesystem>,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+) -> io::Result<fuser::BackgroundSession> {
+    fuser::Session::new(Server::new(fs, cfg.ttl), mountpoint, &options(cfg))?.spawn()
+}
+
+/// The canonical form of a mountpoint, as the control socket is named after it.
+pub(crate) fn canonical(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}

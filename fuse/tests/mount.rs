@@ -1,0 +1,342 @@
+//! Integration tests that really mount lanefs through FUSE (root, /dev/fuse and fuse3 needed;
+//! `.ci/run` installs fuse3). Each test mounts a fresh in-memory filesystem on a temporary
+//! directory, works on it with plain system calls and programs (`cp`, `tar`, `sh`), and holds
+//! the engine too, so it can check the engine's invariants afterwards.
+
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Kernel, Op, Who, compare};
+use lanefs::{Config, Filesystem};
+use lanefs_fuse::MountConfig;
+
+struct Mounted {
+    fs: Arc<Filesystem>,
+    dir: tempfile::TempDir,
+    session: Option<fuser::BackgroundSession>,
+}
+
+impl Mounted {
+    fn new(cfg: Config, ttl: Duration) -> Mounted {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse is missing: these tests need FUSE"
+        );
+        let fs = Arc::new(Filesystem::new(cfg));
+        let dir = tempfile::tempdir().unwrap();
+        let mc = MountConfig {
+            ttl,
+            allow_other: true,
+            ..MountConfig::default()
+        };
+        let session = lanefs_fuse::mount_background_session(fs.clone(), dir.path(), &mc)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "mount on {}: {e} (run as root with fuse3 installed)",
+                    dir.path().display()
+                )
+            });
+        // Wait until the kernel answers for the mount.
+        for _ in 0..200 {
+            if is_fuse(dir.path()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(is_fuse(dir.path()), "mount did not appear");
+        Mounted {
+            fs,
+            dir,
+            session: Some(session),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Unmounts (waiting for the session to end, so no request is in flight) and checks the
+    /// engine's invariants.
+    fn unmount_and_check(mut self) {
+        drop(self.session.take());
+        self.fs
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            drop(s); // unmounts and joins
+        }
+    }
+}
+
+fn is_fuse(p: &Path) -> bool {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: zeroed statfs is a valid out-buffer; `c` is a valid C string.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == 0x6573_5546 }
+}
+
+fn sh(cmd: &str) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("sh runs")
+}
+
+/// The engine's differential cases (same steps, same users), replayed through the mount with
+/// plain system calls and compared with a kernel tmpfs.
+#[test]
+fn differential_cases_through_the_mount() {
+    for case in common::cases::all() {
+        let m = Mounted::new(Config::default(), Duration::from_secs(60));
+        let base = m.path().join("t");
+        std::fs::create_dir(&base).unwrap();
+        std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let mut tmpfs = Kernel::new(case.name, case.umask);
+        let mut mount = Kernel::at(base, case.umask);
+        compare(
+            &format!("{} through FUSE", case.name),
+            &mut tmpfs,
+            &mut mount,
+            &case.steps,
+        );
+        drop(mount);
+        m.unmount_and_check();
+    }
+}
+
+/// A tree copied in with `cp -a` and with `tar` comes back identical, bytes and metadata.
+#[test]
+fn copy_a_tree_in_and_compare() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let src = tempfile::tempdir().unwrap();
+    let s = src.path().display();
+    let out = sh(&format!(
+        "set -e; cd {s}; mkdir -p a/b/c 'sp ace' x; echo one > a/f; head -c 200000 /dev/urandom > a/b/big; \
+         ln a/f a/hard; ln -s ../f a/b/rel; ln -s /nonexistent dangling; chmod 640 a/f; chmod 1777 x; \
+         mkfifo a/fifo; touch -d '2001-02-03 04:05:06' a/b/c; printf 'v' > 'sp ace/é'; \
+         chown 1000:3000 a/b/big"
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dst = m.path().display();
+    let out = sh(&format!(
+        "cp -a {s}/. {dst}/cp && cd {s} && tar --format=posix -cf - . | (mkdir {dst}/tar && cd {dst}/tar && tar xpf -)"
+    ));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for sub in ["cp", "tar"] {
+        // diff cannot compare FIFOs; the metadata listing below covers the one here.
+        let out = sh(&format!(
+            "diff -r --no-dereference --exclude=fifo {s} {dst}/{sub}"
+        ));
+        assert!(
+            out.status.success(),
+            "{sub}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        // Metadata: type, mode, owner, size, mtime, link count and link targets.
+        let listing = |root: &str| {
+            // Sizes of regular files and symlinks only: a directory's size is its
+            // filesystem's own convention (tmpfs and lanefs: 20 bytes per entry).
+            let o = sh(&format!(
+                "cd {root} && find . \\( -type d -printf '%p %y %m %u %g - %T@ %n %l\\n' \\) -o -printf '%p %y %m %u %g %s %T@ %n %l\\n' | sort"
+            ));
+            assert!(o.status.success());
+            String::from_utf8(o.stdout).unwrap()
+        };
+        let mut want = listing(&s.to_string());
+        let mut got = listing(&format!("{dst}/{sub}"));
+        // The top directory itself differs (its times and owner came from mkdir).
+        want = want
+            .lines()
+            .filter(|l| !l.starts_with(". "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        got = got
+            .lines()
+            .filter(|l| !l.starts_with(". "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(want, got, "{sub}: metadata differs");
+    }
+    m.unmount_and_check();
+}
+
+/// Many processes create, write, rename and remove in one mount at once.
+#[test]
+fn many_processes_work_in_one_mount() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().display();
+    let kids: Vec<_> = (0..8)
+        .map(|i| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "set -e; mkdir -p {d}/shared; for n in $(seq 1 150); do echo $n > {d}/shared/p{i}-$n; \
+                     mv {d}/shared/p{i}-$n {d}/shared/q{i}-$n; cat {d}/shared/q{i}-$n >/dev/null; done; \
+                     for n in $(seq 1 150); do [ $((n % 3)) -eq 0 ] || rm {d}/shared/q{i}-$n; done"
+                ))
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut k in kids {
+        assert!(k.wait().unwrap().success());
+    }
+    let names = std::fs::read_dir(m.path().join("shared")).unwrap().count();
+    assert_eq!(names, 8 * 50);
+    m.unmount_and_check();
+}
+
+/// Names at the limits, deep paths, symlink loops, and a full filesystem.
+#[test]
+fn bad_input_through_the_kernel() {
+    let m = Mounted::new(
+        Config {
+            max_bytes: Some(1 << 20),
+            ..Config::default()
+        },
+        Duration::from_secs(60),
+    );
+    let p = m.path();
+    std::fs::write(p.join("n".repeat(255)), b"ok").unwrap();
+    let e = std::fs::write(p.join("n".repeat(256)), b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENAMETOOLONG));
+    // A path of about PATH_MAX: 16 levels of 250-byte names.
+    let mut deep = p.to_path_buf();
+    for i in 0..15 {
+        deep.push(format!("{i:02}{}", "d".repeat(248)));
+        std::fs::create_dir(&deep).unwrap();
+    }
+    assert!(std::fs::metadata(&deep).unwrap().is_dir());
+    let too_deep = deep.join("x".repeat(250)).join("y".repeat(250));
+    assert_eq!(
+        std::fs::create_dir_all(&too_deep)
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENAMETOOLONG)
+    );
+    std::os::unix::fs::symlink("loop2", p.join("loop1")).unwrap();
+    std::os::unix::fs::symlink("loop1", p.join("loop2")).unwrap();
+    assert_eq!(
+        std::fs::read(p.join("loop1")).unwrap_err().raw_os_error(),
+        Some(libc::ELOOP)
+    );
+    let big = vec![1u8; 2 << 20];
+    let e = std::fs::write(p.join("big"), &big).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    std::fs::remove_file(p.join("big")).unwrap();
+    std::fs::write(p.join("after"), b"still usable").unwrap();
+    assert_eq!(std::fs::read(p.join("after")).unwrap(), b"still usable");
+    m.unmount_and_check();
+}
+
+/// mmap of a file works (the page cache is used, no direct_io).
+#[test]
+fn mmap_reads_and_writes() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let path = m.path().join("mapped");
+    std::fs::write(&path, vec![b'a'; 8192]).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: mapping 8192 bytes of an open file of that size; unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8192,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: the mapping is 8192 bytes long and writable.
+    unsafe {
+        let s = std::slice::from_raw_parts_mut(ptr as *mut u8, 8192);
+        assert_eq!(s[100], b'a');
+        s[4096..4101].copy_from_slice(b"hello");
+        assert_eq!(libc::msync(ptr, 8192, libc::MS_SYNC), 0);
+        libc::munmap(ptr, 8192);
+    }
+    drop(f);
+    let back = std::fs::read(&path).unwrap();
+    assert_eq!(&back[4096..4101], b"hello");
+    // The engine holds the bytes, not only the page cache.
+    let c = lanefs::Client::root(m.fs.clone());
+    assert_eq!(&c.read("/mapped").unwrap()[4096..4101], b"hello");
+}
+
+/// Unmounting while files are open neither hangs nor leaves the session running.
+#[test]
+fn unmount_with_open_files() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    std::fs::write(m.path().join("f"), b"x").unwrap();
+    let open = std::fs::File::open(m.path().join("f")).unwrap();
+    let mp: PathBuf = m.path().to_path_buf();
+    let out = Command::new("fusermount3")
+        .arg("-uz")
+        .arg(&mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(open);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(m);
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the session ended after unmount");
+    assert!(!is_fuse(&mp));
+}
+
+/// Operations that should not reach the kernel's per-directory limits show the lock counters
+/// through the engine the server wraps (what `lanefs stats` prints).
+#[test]
+fn requests_are_counted_in_engine_statistics() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let before = m.fs.stats();
+    for i in 0..20 {
+        std::fs::write(m.path().join(format!("f{i}")), b"x").unwrap();
+    }
+    let d = m.fs.stats().since(&before);
+    assert!(
+        d.op(lanefs::Op::Create) >= 20,
+        "{:?}",
+        d.op(lanefs::Op::Create)
+    );
+    assert!(d.op(lanefs::Op::Write) >= 20);
+    let json = lanefs_fuse::stats_json(&m.fs);
+    assert!(json["ops"]["create"].as_u64().unwrap() >= 20);
+    let _ = (Who::Root, Op::SleepMs(0));
+}
