@@ -56,12 +56,12 @@ fn human(x: f64) -> String {
     }
 }
 
-/// The speedup of each target at `threads` over its own T=1.
-pub fn speedup(cells: &[Cell], target: &str, threads: usize) -> Option<f64> {
+/// The speedup of `target` at `threads` over its own T=1, for workload `w`.
+pub fn speedup(cells: &[Cell], w: crate::Workload, target: &str, threads: usize) -> Option<f64> {
     let at = |t: usize| {
         cells
             .iter()
-            .find(|c| c.target == target && c.threads == t)
+            .find(|c| c.workload == w && c.target == target && c.threads == t)
             .map(|c| c.ops_per_sec)
     };
     Some(at(threads)? / at(1)?)
@@ -127,13 +127,13 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
             }
         }
         if targets.iter().any(|t| t == "share-nothing") && threads.contains(&2) {
-            if let Some(sn) = speedup(cells, "share-nothing", 2) {
+            if let Some(sn) = speedup(cells, w, "share-nothing", 2) {
                 let _ = writeln!(
                     out,
                     "  T=2 speedup as a fraction of share-nothing's ({sn:.2}x) in the same run:"
                 );
                 for tg in targets.iter().filter(|t| *t != "share-nothing") {
-                    if let Some(s) = speedup(cells, tg, 2) {
+                    if let Some(s) = speedup(cells, w, tg, 2) {
                         let _ = writeln!(out, "    {tg:tw$} {:.2}", s / sn);
                     }
                 }
@@ -268,7 +268,8 @@ mod tests {
         assert_eq!(m.len(), 4);
         assert_eq!(m[0].ops_per_sec, 110.0);
         assert_eq!(m[1].ops_per_sec, 190.0);
-        assert!((speedup(&m, "lanes", 2).unwrap() - 190.0 / 110.0).abs() < 1e-9);
+        assert!((speedup(&m, Workload::Crunl, "lanes", 2).unwrap() - 190.0 / 110.0).abs() < 1e-9);
+        assert_eq!(speedup(&m, Workload::Orc, "lanes", 2), None, "per workload");
         let t = table(&m, 3);
         assert!(t.contains("share-nothing's (2.00x)"), "{t}");
         assert!(t.contains("(1.73x)"), "{t}");

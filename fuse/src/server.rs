@@ -21,7 +21,7 @@ use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, SetAttr, TimeSet, Timespec}
 pub struct MountConfig {
     /// Entry and attribute cache timeout given to the kernel.
     pub ttl: Duration,
-    /// Request threads.
+    /// Request threads (default: one per CPU; more only adds wake-ups on an idle machine).
     pub threads: usize,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
@@ -37,7 +37,7 @@ impl Default for MountConfig {
     fn default() -> Self {
         MountConfig {
             ttl: Duration::from_secs(60),
-            threads: 4,
+            threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
             allow_other: false,
             read_only: false,
             source: "lanefs".into(),
@@ -99,6 +99,35 @@ fn tset(t: TimeOrNow) -> TimeSet {
     }
 }
 
+/// Attributes sent with a negative entry (the kernel ignores them).
+const NEGATIVE: Attr = Attr {
+    ino: 0,
+    generation: 0,
+    mode: libc::S_IFREG,
+    nlink: 0,
+    uid: 0,
+    gid: 0,
+    rdev: 0,
+    size: 0,
+    blocks: 0,
+    blksize: 4096,
+    atime: Timespec::new(0, 0),
+    mtime: Timespec::new(0, 0),
+    ctime: Timespec::new(0, 0),
+};
+
+/// Flags for opened files. `FOPEN_NOFLUSH`: a close has nothing to write back in memory, so
+/// the kernel need not send FLUSH. `FOPEN_KEEP_CACHE`: keep the page cache across opens
+/// (lanefs is the only writer, and every write goes through the kernel), unless caching is off
+/// (`ttl = 0`).
+fn open_flags(ttl: Duration) -> FopenFlags {
+    if ttl.is_zero() {
+        FopenFlags::FOPEN_NOFLUSH
+    } else {
+        FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_KEEP_CACHE
+    }
+}
+
 /// The caller's credentials. The kernel has applied the umask already (no `FUSE_DONT_MASK`).
 fn ctx(req: &Request) -> Ctx {
     let mut c = Ctx::from_request(req.uid(), req.gid(), req.pid());
@@ -156,7 +185,17 @@ impl fuser::Filesystem for Server {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(self.fs.lookup(&ctx(req), parent.0, name.as_bytes()), reply);
+        match self.fs.lookup(&ctx(req), parent.0, name.as_bytes()) {
+            // A negative entry (node id 0) with the entry timeout: the kernel caches the
+            // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
+            // creation goes through this mount, which replaces the negative dentry.
+            Err(Errno::ENOENT) if !self.ttl.is_zero() => {
+                let mut a = fattr(&NEGATIVE);
+                a.ino = INodeNo(0);
+                reply.entry(&self.ttl, &a, Generation(0));
+            }
+            r => self.entry(r, reply),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -302,7 +341,7 @@ impl fuser::Filesystem for Server {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(&ctx(req), ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), open_flags(self.ttl)),
             Err(e) => reply.error(err(e)),
         }
     }

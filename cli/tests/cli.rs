@@ -1,0 +1,202 @@
+//! The `lanefs` binary as a user runs it: background mounts, the mount-helper form that
+//! `mount -t fuse.lanefs` and /etc/fstab use, `lanefs stats`, and the one-line errors.
+//! Needs root, /dev/fuse and fuse3 (`.ci/run` installs it).
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
+
+fn lanefs(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run lanefs")
+}
+
+fn mounted(p: &Path) -> bool {
+    let canon = std::fs::canonicalize(p).unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+}
+
+fn unmount(p: &Path) {
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fusermount3 -u: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for _ in 0..100 {
+        if !mounted(p) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{} still mounted", p.display());
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn background_mount_stats_and_unmount() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "size=8m,nr_inodes=1000",
+        mp.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(mounted(mp));
+    std::fs::write(mp.join("hello"), b"world").unwrap();
+    assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
+    // statfs reflects the options.
+    let df = Command::new("df").arg("-k").arg(mp).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&df.stdout).contains("8192"),
+        "{}",
+        String::from_utf8_lossy(&df.stdout)
+    );
+    let st = lanefs(&["stats", "--json", mp.to_str().unwrap()]);
+    assert!(st.status.success(), "{}", stderr(&st));
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert!(v["ops"]["create"].as_u64().unwrap() >= 1, "{v}");
+    assert!(v["locks"]["stripe"]["acquired"].as_u64().unwrap() >= 1);
+    let human = lanefs(&["stats", mp.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains("create"));
+    // Mounting again on the same directory is refused with a clear message.
+    let again = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("already mounted"),
+        "{}",
+        stderr(&again)
+    );
+    unmount(mp);
+    // The server exits (and removes its control socket) right after the unmount.
+    let mut gone = lanefs(&["stats", mp.to_str().unwrap()]);
+    for _ in 0..100 {
+        if !gone.status.success() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        gone = lanefs(&["stats", mp.to_str().unwrap()]);
+    }
+    assert!(!gone.status.success());
+    assert!(
+        stderr(&gone).contains("no running lanefs mount"),
+        "{}",
+        stderr(&gone)
+    );
+}
+
+#[test]
+fn clear_errors_for_bad_mountpoints_and_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope");
+    let o = lanefs(&["mount", missing.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    let o = lanefs(&["mount", file.to_str().unwrap()]);
+    assert!(stderr(&o).contains("not a directory"), "{}", stderr(&o));
+    let o = lanefs(&["mount", "-o", "bogus", dir.path().to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("unknown mount option 'bogus'"),
+        "{}",
+        stderr(&o)
+    );
+    let o = lanefs(&[
+        "mount",
+        "--store",
+        "/var/lib/x",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        stderr(&o).contains("only the memory store"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stderr(&o).lines().count(), 1, "one line: {}", stderr(&o));
+}
+
+/// `mount -t fuse.lanefs memory DIR -o ...` makes mount.fuse3 run `lanefs memory DIR -o ...`
+/// (with `lanefs` found in the system's PATH). The test uses mount.fuse3's explicit form,
+/// `mount -t fuse /path/to/lanefs#memory DIR`, which runs the same command line without
+/// installing the binary.
+#[test]
+fn mount_through_mount_fuse3() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = Command::new("mount")
+        .args(["-t", "fuse", "-o", "size=4m,allow_other,locking=dirlock"])
+        .arg(format!("{BIN}#memory"))
+        .arg(mp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mount -t fuse.lanefs: {}",
+        stderr(&out)
+    );
+    assert!(mounted(mp));
+    std::fs::create_dir(mp.join("d")).unwrap();
+    let st = lanefs(&["stats", "--json", mp.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
+    assert_eq!(v["locking"], "dirlock");
+    unmount(mp);
+    // The helper form directly, as fstab's mount.fuse3 line runs it.
+    let out = lanefs(&["memory", mp.to_str().unwrap(), "-o", "ro"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = std::fs::create_dir(mp.join("x")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    unmount(mp);
+}
+
+#[test]
+fn foreground_mount_ends_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().to_path_buf();
+    let mut child = Command::new(BIN)
+        .args(["mount", mp.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if mounted(&mp) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(mounted(&mp));
+    std::fs::write(mp.join("f"), b"x").unwrap();
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    assert!(!mounted(&mp), "unmounted on SIGTERM");
+}
+
+#[test]
+fn help_names_every_command() {
+    let o = lanefs(&["--help"]);
+    let s = String::from_utf8_lossy(&o.stdout);
+    for c in ["mount", "stats", "bench"] {
+        assert!(s.contains(c), "{s}");
+    }
+    let o = lanefs(&["bench", "nonsense"]);
+    assert!(
+        stderr(&o).contains("unknown workload 'nonsense'"),
+        "{}",
+        stderr(&o)
+    );
+}
