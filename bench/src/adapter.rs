@@ -55,8 +55,10 @@ impl Engine {
     /// A new filesystem, with `prefill` empty files in a directory of their own so that the
     /// global tables are not measured empty (notes/prototype-crunl.md, note (c)).
     pub fn new(locking: Locking, prefill: usize) -> Engine {
+        // As many inodes as the table holds: fsmark creates about a million files a second.
         let fs = Arc::new(Filesystem::new(Config {
             locking,
+            max_inodes: Some(1 << 27),
             ..Config::default()
         }));
         let ctx = Ctx::root();

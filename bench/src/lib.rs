@@ -121,6 +121,13 @@ pub struct Params {
     pub fstree_files: usize,
     /// orc: number of shared files.
     pub orc_files: usize,
+    /// Fixed work instead of a time window: each thread does exactly this many operations,
+    /// and the cell measures the time until the last thread finishes.
+    pub iterations: Option<u64>,
+    /// fstree: drop caches after building the trees and time one pass over every file (the
+    /// seed-000 backup-scan workload). Kernel caches are dropped with
+    /// `/proc/sys/vm/drop_caches` (root only); the in-process memory store has no cache.
+    pub cold: bool,
 }
 
 impl Params {
@@ -130,9 +137,11 @@ impl Params {
             seconds: 1.0,
             warmup: 0.2,
             prefill: 100_000,
-            fstree_dirs: 20,
-            fstree_files: 100,
+            fstree_dirs: 50,
+            fstree_files: 200,
             orc_files: 254,
+            iterations: None,
+            cold: false,
         }
     }
 
@@ -145,6 +154,8 @@ impl Params {
             fstree_dirs: 1000,
             fstree_files: 1000,
             orc_files: 254,
+            iterations: None,
+            cold: false,
         }
     }
 }
@@ -187,6 +198,10 @@ pub struct Cell {
     pub p99_ns: u64,
     /// Lock classes by wait time, in-process only.
     pub locks: Vec<LockRow>,
+    /// A cold fstree pass (one stat of every file after building the trees).
+    pub cold: bool,
+    /// Whether the kernel's caches were dropped before the pass.
+    pub caches_dropped: bool,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -378,7 +393,16 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
             })
             .collect(),
     };
-    let phase = Arc::new(AtomicU8::new(WARM));
+    // Fixed work: an explicit count, or one pass over every file for a cold fstree.
+    let fixed = match (w, p.cold) {
+        (Workload::Fstree, true) => Some((p.fstree_dirs * p.fstree_files) as u64),
+        _ => p.iterations,
+    };
+    let mut dropped = false;
+    if fixed.is_some() && p.cold && matches!(target, Target::Path(_)) {
+        dropped = drop_caches();
+    }
+    let phase = Arc::new(AtomicU8::new(if fixed.is_some() { MEASURE } else { WARM }));
     let barrier = Arc::new(Barrier::new(threads + 1));
     let before = adapter.as_ref().and_then(|a| a.engine().map(|e| e.stats()));
     let handles: Vec<_> = jobs
@@ -386,53 +410,76 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         .enumerate()
         .map(|(tid, mut job)| {
             let (phase, barrier, adapter) = (phase.clone(), barrier.clone(), adapter.clone());
-            std::thread::spawn(move || -> Result<(u64, u64, Vec<u32>), Errno> {
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((tid as u64 + 1) * 0x1234_5678_9ABC));
-                let mut name = String::with_capacity(32);
-                let a = adapter.as_deref();
-                let mut lat = Vec::with_capacity(1 << 16);
-                barrier.wait();
-                let mut i = 0u64;
-                while phase.load(Relaxed) == WARM {
-                    step(&mut job, a, tid, i, &mut rng, &mut name)?;
-                    i += 1;
-                }
-                let (start_ops, start_cpu) = (i, thread_cpu_ns());
-                while phase.load(Relaxed) == MEASURE {
-                    if i % 8 == 0 {
-                        let t = Instant::now();
+            std::thread::spawn(
+                move || -> Result<(u64, u64, Vec<u32>, Instant, Instant), Errno> {
+                    let mut rng =
+                        Rng(0x9E37_79B9_7F4A_7C15 ^ ((tid as u64 + 1) * 0x1234_5678_9ABC));
+                    let mut name = String::with_capacity(32);
+                    let a = adapter.as_deref();
+                    let mut lat = Vec::with_capacity(1 << 16);
+                    barrier.wait();
+                    let mut i = 0u64;
+                    while phase.load(Relaxed) == WARM {
                         step(&mut job, a, tid, i, &mut rng, &mut name)?;
-                        lat.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
-                    } else {
-                        step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                        i += 1;
                     }
-                    i += 1;
-                }
-                Ok((i - start_ops, thread_cpu_ns() - start_cpu, lat))
-            })
+                    let (start_ops, start_cpu, started) = (i, thread_cpu_ns(), Instant::now());
+                    let end = fixed.unwrap_or(u64::MAX);
+                    while i < end && phase.load(Relaxed) == MEASURE {
+                        if i % 8 == 0 {
+                            let t = Instant::now();
+                            step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                            lat.push(t.elapsed().as_nanos().min(u32::MAX as u128) as u32);
+                        } else {
+                            step(&mut job, a, tid, i, &mut rng, &mut name)?;
+                        }
+                        i += 1;
+                    }
+                    Ok((
+                        i - start_ops,
+                        thread_cpu_ns() - start_cpu,
+                        lat,
+                        started,
+                        Instant::now(),
+                    ))
+                },
+            )
         })
         .collect();
     barrier.wait();
-    std::thread::sleep(Duration::from_secs_f64(p.warmup));
-    let snap = adapter
-        .as_ref()
-        .and_then(|a| a.engine().map(|e| e.stats()))
-        .or(before);
-    phase.store(MEASURE, Relaxed);
-    let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(p.seconds));
-    phase.store(STOP, Relaxed);
-    let secs = t0.elapsed().as_secs_f64();
+    let (snap, t0) = if fixed.is_some() {
+        (before, Instant::now())
+    } else {
+        std::thread::sleep(Duration::from_secs_f64(p.warmup));
+        let snap = adapter
+            .as_ref()
+            .and_then(|a| a.engine().map(|e| e.stats()))
+            .or(before);
+        phase.store(MEASURE, Relaxed);
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(p.seconds));
+        phase.store(STOP, Relaxed);
+        (snap, t0)
+    };
     let (mut ops, mut cpu, mut lat) = (0u64, 0u64, Vec::new());
+    let (mut first_start, mut last_end) = (None::<Instant>, None::<Instant>);
     for h in handles {
-        let (o, c, l) = h
+        let (o, c, l, started, ended) = h
             .join()
             .map_err(|_| "a benchmark thread panicked".to_string())?
             .map_err(|e| format!("{} on {}: {e}", w.name(), target.label()))?;
         ops += o;
         cpu += c;
         lat.extend(l);
+        first_start = Some(first_start.map_or(started, |f| f.min(started)));
+        last_end = Some(last_end.map_or(ended, |e| e.max(ended)));
     }
+    // Fixed work is timed from the first worker's start to the last one's end (the main
+    // thread may be scheduled late on a small machine); a window from its own clock.
+    let secs = match (fixed, first_start, last_end) {
+        (Some(_), Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => t0.elapsed().as_secs_f64(),
+    };
     lat.sort_unstable();
     let pct = |q: f64| {
         lat.get(((lat.len() as f64 * q) as usize).min(lat.len().saturating_sub(1)))
@@ -458,6 +505,8 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         _ => Vec::new(),
     };
     Ok(Cell {
+        cold: p.cold && w == Workload::Fstree,
+        caches_dropped: dropped,
         workload: w,
         unit: w.unit(),
         threads,
@@ -474,6 +523,13 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         p99_ns: pct(0.99),
         locks,
     })
+}
+
+/// Writes back and drops the kernel's page, dentry and inode caches (needs root).
+fn drop_caches() -> bool {
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", b"3").is_ok()
 }
 
 /// Resident memory of this process, in bytes.
@@ -523,6 +579,8 @@ mod tests {
             fstree_dirs: 2,
             fstree_files: 5,
             orc_files: 4,
+            iterations: None,
+            cold: false,
         };
         let tmp = std::env::temp_dir();
         for w in Workload::ALL {
@@ -549,6 +607,26 @@ mod tests {
                 .ops
                 > 0
         );
+    }
+
+    #[test]
+    fn fixed_work_and_cold_passes_do_exactly_the_work() {
+        let p = Params {
+            iterations: Some(300),
+            prefill: 10,
+            ..Params::quick()
+        };
+        let c = run_cell(Workload::Crunl, &Target::Engine(Locking::Lanes), 3, &p).unwrap();
+        assert_eq!(c.ops, 900);
+        let cold = Params {
+            cold: true,
+            fstree_dirs: 3,
+            fstree_files: 7,
+            ..Params::quick()
+        };
+        let c = run_cell(Workload::Fstree, &Target::Engine(Locking::Lanes), 2, &cold).unwrap();
+        assert_eq!(c.ops, 2 * 21, "one pass over each thread's tree");
+        assert!(c.cold && !c.caches_dropped, "nothing to drop in-process");
     }
 
     #[test]

@@ -249,6 +249,8 @@ mod tests {
             p50_ns: 10,
             p99_ns: 20,
             locks: vec![],
+            cold: false,
+            caches_dropped: false,
         }
     }
 

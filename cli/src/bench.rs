@@ -1,22 +1,25 @@
 //! `lanefs bench`.
 
 use std::path::PathBuf;
+use std::process::Command;
 
 use clap::{Args, ValueEnum};
 use lanefs::Locking;
-use lanefs_bench::{Params, Target, Workload, report};
+use lanefs_bench::{Cell, Params, Target, Workload, report};
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Scale {
-    /// About a minute on two cores.
+    /// About a minute on two cores: 1 s windows, fstree 50 x 200 files per thread.
     Quick,
-    /// The seeds' own sizes (fstree 1000 x 1000 files per thread, 5 s windows).
+    /// The seeds' own sizes: crunl and rndrename 1,000,000 iterations per thread, fstree one
+    /// pass over 1000 x 1000 files per thread, orc 100 rounds over 254 files, fsmark 10,240
+    /// files per thread.
     Seed,
 }
 
 /// Runs workloads and prints ops/s per thread count, ops per CPU-second, latency and the
-/// engine's hottest locks. Every in-process cell also runs a share-nothing CPU loop in the
-/// same run, the machine's own scaling limit at that moment.
+/// engine's hottest locks. A share-nothing CPU loop runs in the same run as a baseline: the
+/// machine's own scaling limit at that moment.
 #[derive(Args)]
 pub struct BenchArgs {
     /// Workloads, comma-separated: crunl, rndrename, fstree, fsmark, orc; or `memory` (bytes
@@ -33,6 +36,22 @@ pub struct BenchArgs {
     /// Also run with system calls under these directories (a lanefs mount, a tmpfs, ext4).
     #[arg(long)]
     path: Vec<PathBuf>,
+    /// Run each seed's "before" and "after" side by side (crunl, rndrename: dirlock vs lanes;
+    /// fstree: coarse vs lanes, cold; orc: coarse vs lanes; fsmark: lanes only, the memory
+    /// store has no commit to compare) and print a table shaped like the seed's.
+    #[arg(long)]
+    compare: bool,
+    /// fstree: drop the kernel's caches after building the trees and time one pass.
+    #[arg(long)]
+    cold: bool,
+    /// Each thread does exactly this many operations (instead of a time window).
+    #[arg(long)]
+    iterations: Option<u64>,
+    /// Also create ext4 filesystems on loop files (plain, and with fast_commit), run on them,
+    /// and remove them afterwards (root and mkfs.ext4 needed; skipped with a message
+    /// otherwise).
+    #[arg(long)]
+    ext4: bool,
     /// Runs of every cell, round-robin; the report gives medians.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
@@ -51,19 +70,83 @@ pub struct BenchArgs {
     /// Draw ops/s against threads into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// fstree: directories x files per thread (e.g. `200x500`; default from --scale).
+    #[arg(long)]
+    tree: Option<String>,
     /// Files for `memory`.
     #[arg(long, default_value_t = 1_000_000)]
     files: usize,
 }
 
+/// An ext4 on a loop file, unmounted and deleted when dropped.
+struct LoopExt4 {
+    dir: PathBuf,
+    image: PathBuf,
+}
+
+impl LoopExt4 {
+    fn create(tag: &str, features: &[&str], inodes: u64) -> Result<LoopExt4, String> {
+        let base = std::env::temp_dir().join(format!("lanefs-bench-{tag}-{}", std::process::id()));
+        let image = base.with_extension("img");
+        let run = |cmd: &mut Command| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{cmd:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
+        let f = std::fs::File::create(&image).map_err(|e| e.to_string())?;
+        f.set_len(16 << 30).map_err(|e| e.to_string())?;
+        let mut mkfs = Command::new("mkfs.ext4");
+        mkfs.args(["-q", "-F", "-N", &inodes.to_string()]);
+        for f in features {
+            mkfs.args(["-O", f]);
+        }
+        run(mkfs.arg(&image))?;
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&image)
+            .arg(&base))?;
+        Ok(LoopExt4 { dir: base, image })
+    }
+}
+
+impl Drop for LoopExt4 {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).output();
+        let _ = std::fs::remove_dir(&self.dir);
+        let _ = std::fs::remove_file(&self.image);
+    }
+}
+
+fn seed_iterations(w: Workload) -> Option<u64> {
+    match w {
+        Workload::Crunl | Workload::Rndrename => Some(1_000_000),
+        Workload::Orc => Some(100 * 254),
+        Workload::Fsmark => Some(10_240),
+        Workload::Fstree => None, // one pass: see Params::cold
+    }
+}
+
+/// The seed's "before" locking mode.
+fn before(w: Workload) -> Option<Locking> {
+    match w {
+        Workload::Crunl | Workload::Rndrename => Some(Locking::DirLock),
+        Workload::Fstree | Workload::Orc => Some(Locking::Coarse),
+        Workload::Fsmark => None,
+    }
+}
+
 pub fn run(a: BenchArgs) -> Result<(), String> {
-    let mut p = match a.scale {
+    let base = match a.scale {
         Scale::Quick => Params::quick(),
         Scale::Seed => Params::seed(),
     };
-    if let Some(s) = a.seconds {
-        p.seconds = s;
-    }
     if a.threads.is_empty() || a.threads.contains(&0) {
         return Err("--threads needs positive counts".into());
     }
@@ -86,28 +169,83 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         }
         workloads.push(w.parse::<Workload>()?);
     }
-    let mut targets: Vec<Target> = Vec::new();
+    let mut engines: Vec<Locking> = Vec::new();
     for l in &a.locking {
         if l != "none" {
-            targets.push(Target::Engine(l.parse::<Locking>()?));
+            engines.push(l.parse::<Locking>()?);
         }
     }
+    let mut paths: Vec<PathBuf> = Vec::new();
     for path in &a.path {
         if !path.is_dir() {
             return Err(format!("--path {}: not a directory", path.display()));
         }
-        targets.push(Target::Path(path.clone()));
+        paths.push(path.clone());
     }
-    if !a.no_baseline {
-        targets.push(Target::ShareNothing);
+    let mut loops = Vec::new();
+    if a.ext4 {
+        let inodes = if a.scale == Scale::Seed {
+            24_000_000
+        } else {
+            2_000_000
+        };
+        for (tag, feats) in [("ext4", &[][..]), ("ext4-fc", &["fast_commit"][..])] {
+            match LoopExt4::create(tag, feats, inodes) {
+                Ok(l) => {
+                    paths.push(l.dir.clone());
+                    loops.push(l);
+                }
+                Err(e) => eprintln!("{tag}: skipped ({e})"),
+            }
+        }
     }
-    let mut cells = Vec::new();
-    let total = workloads.len() * targets.len() * a.threads.len() * a.repeat;
-    let mut done = 0;
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut cells = Vec::new();
+    let mut plan: Vec<(Workload, Vec<Target>)> = Vec::new();
+    for &w in &workloads {
+        let mut targets: Vec<Target> = Vec::new();
+        let mut modes = engines.clone();
+        if a.compare {
+            for m in before(w).into_iter().chain([Locking::Lanes]) {
+                if !modes.contains(&m) {
+                    modes.push(m);
+                }
+            }
+        }
+        targets.extend(modes.into_iter().map(Target::Engine));
+        targets.extend(paths.iter().cloned().map(Target::Path));
+        if !a.no_baseline {
+            targets.push(Target::ShareNothing);
+        }
+        plan.push((w, targets));
+    }
+    let total: usize =
+        plan.iter().map(|(_, t)| t.len()).sum::<usize>() * a.threads.len() * a.repeat;
+    let mut done = 0;
     for _ in 0..a.repeat {
-        for &w in &workloads {
-            for t in &targets {
+        for (w, targets) in &plan {
+            let mut p = base.clone();
+            if let Some(s) = a.seconds {
+                p.seconds = s;
+            }
+            if let Some(t) = &a.tree {
+                let (d, f) = t
+                    .split_once('x')
+                    .ok_or_else(|| format!("--tree {t}: expected DIRSxFILES"))?;
+                p.fstree_dirs = d
+                    .parse()
+                    .map_err(|_| format!("--tree {t}: bad directory count"))?;
+                p.fstree_files = f
+                    .parse()
+                    .map_err(|_| format!("--tree {t}: bad file count"))?;
+            }
+            p.cold = *w == Workload::Fstree && (a.cold || a.compare || a.scale == Scale::Seed);
+            p.iterations = a.iterations.or(if a.scale == Scale::Seed {
+                seed_iterations(*w)
+            } else {
+                None
+            });
+            for t in targets {
                 for &n in &a.threads {
                     done += 1;
                     if progress {
@@ -117,7 +255,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                             t.label()
                         );
                     }
-                    cells.push(lanefs_bench::run_cell(w, t, n, &p)?);
+                    cells.push(lanefs_bench::run_cell(*w, t, n, &p)?);
                 }
             }
         }
@@ -126,19 +264,68 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
         eprintln!();
     }
     let med = report::medians(&cells);
+    let mut text = report::table(&med, a.repeat);
+    if a.compare {
+        text.push_str(&compare_table(&med));
+    }
     if a.json {
         for c in &med {
             println!("{}", serde_json::to_string(c).map_err(|e| e.to_string())?);
         }
-        if !med.is_empty() {
-            eprint!("{}", report::table(&med, a.repeat));
-        }
-    } else if !med.is_empty() {
-        print!("{}", report::table(&med, a.repeat));
+        eprint!("{text}");
+    } else {
+        print!("{text}");
     }
     if let Some(path) = &a.plot {
         report::plot_svg(&med, path)?;
         eprintln!("plot written to {}", path.display());
     }
+    drop(loops);
     Ok(())
+}
+
+/// Before and after per thread count, as the seeds report them.
+fn compare_table(cells: &[Cell]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let mut ws: Vec<Workload> = cells.iter().map(|c| c.workload).collect();
+    ws.dedup();
+    for w in ws {
+        let Some(b) = before(w) else { continue };
+        let _ = writeln!(
+            out,
+            "\n{} — before ({}) and after (lanes), {}/s",
+            w.name(),
+            b.name(),
+            w.unit()
+        );
+        let _ = writeln!(
+            out,
+            "  {:>4} {:>14} {:>14} {:>10}",
+            "T", "before", "after", "change"
+        );
+        let mut ts: Vec<usize> = cells
+            .iter()
+            .filter(|c| c.workload == w)
+            .map(|c| c.threads)
+            .collect();
+        ts.sort_unstable();
+        ts.dedup();
+        for t in ts {
+            let get = |l: Locking| {
+                cells
+                    .iter()
+                    .find(|c| c.workload == w && c.threads == t && c.target == l.name())
+                    .map(|c| c.ops_per_sec)
+            };
+            if let (Some(x), Some(y)) = (get(b), get(Locking::Lanes)) {
+                let _ = writeln!(
+                    out,
+                    "  {t:>4} {x:>14.0} {y:>14.0} {:>+9.0}%",
+                    (y / x - 1.0) * 100.0
+                );
+            }
+        }
+    }
+    out
 }

@@ -82,8 +82,8 @@ pub struct Config {
     /// Size limit in bytes of file data (ENOSPC beyond); `None`: half of physical memory, the
     /// tmpfs default.
     pub max_bytes: Option<u64>,
-    /// Inode limit (ENOSPC beyond); `None`: one per 8 KiB of the size limit, capped by the
-    /// inode table's capacity.
+    /// Inode limit (ENOSPC beyond); `None`: one per 4 KiB page of the size limit (the tmpfs
+    /// default), capped by the inode table's capacity.
     pub max_inodes: Option<u64>,
     /// Refuse every change with EROFS.
     pub read_only: bool,
@@ -197,9 +197,10 @@ impl Filesystem {
     pub fn new(cfg: Config) -> Self {
         let max_bytes = cfg.max_bytes.unwrap_or(physical_memory() / 2);
         let pages = max_bytes.div_ceil(crate::data::PAGE);
+        // tmpfs's default: one inode per page of the size limit (half of RAM).
         let max_inodes = cfg
             .max_inodes
-            .unwrap_or((max_bytes / 8192).max(1024))
+            .unwrap_or((max_bytes / 4096).max(1024))
             .min(crate::table::MAX_INO - 1);
         let fs = Filesystem {
             table: InodeTable::new(),
