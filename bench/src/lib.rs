@@ -253,6 +253,10 @@ enum Job {
 
 /// Builds each thread's state (untimed).
 fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<Vec<Job>, Errno> {
+    // Long set-ups (fstree at the seeds' sizes) report progress on a terminal.
+    let progress = w == Workload::Fstree
+        && p.fstree_dirs * p.fstree_files * threads >= 1_000_000
+        && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let base = a.base();
     Ok(match w {
         Workload::Crunl | Workload::Rndrename => {
@@ -269,6 +273,9 @@ fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<V
         }
         Workload::Fstree => (0..threads)
             .map(|t| {
+                if progress {
+                    eprint!("\r  building trees: {t}/{threads} threads' trees done          ");
+                }
                 let top = a.mkdir(base, &format!("tree{t}"))?;
                 let mut dirs = Vec::with_capacity(p.fstree_dirs);
                 for d in 0..p.fstree_dirs {

@@ -19,6 +19,12 @@
 //! | `ino_alloc` | 1 per thread slot | that slot's free inode numbers and fresh range |
 //! | `handles` | 1 per thread slot | that slot's shard of the open-file table |
 //!
+//! Global locks off every hot path (uncounted; each is a leaf):
+//! - the **inode-number spill list** (`ids.rs`, 1 per filesystem): taken when a slot's free
+//!   list passes 8192 numbers (once per 4096 frees) or a slot with no numbers left drains it;
+//! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
+//!   calls the engine and once when it exits.
+//!
 //! Not locks, but shared state with rules of their own:
 //! - the **dirent map** (`scc::HashMap`): per-bucket locks inside the map, held only for the
 //!   duration of one map call, never across another lock's acquisition;
