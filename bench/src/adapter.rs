@@ -78,6 +78,25 @@ impl Engine {
             Dir::Fd(_) => unreachable!("engine dirs are inodes"),
         }
     }
+
+    /// Creates `name`, runs `f` on its handle, and closes it.
+    fn with_new_file(
+        &self,
+        dir: Dir,
+        name: &str,
+        f: impl FnOnce(lanefs::Fh) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
+        let (_, fh) = self.fs.create(
+            &self.ctx,
+            Self::ino(dir),
+            name.as_bytes(),
+            0o644,
+            libc::O_WRONLY,
+        )?;
+        let r = f(fh);
+        self.fs.release(fh)?;
+        r
+    }
 }
 
 impl Adapter for Engine {
@@ -92,36 +111,15 @@ impl Adapter for Engine {
         ))
     }
     fn create(&self, dir: Dir, name: &str) -> Result<(), Errno> {
-        let (_, fh) = self.fs.create(
-            &self.ctx,
-            Self::ino(dir),
-            name.as_bytes(),
-            0o644,
-            libc::O_WRONLY,
-        )?;
-        self.fs.release(fh)
+        self.with_new_file(dir, name, |_| Ok(()))
     }
     fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno> {
-        let (_, fh) = self.fs.create(
-            &self.ctx,
-            Self::ino(dir),
-            name.as_bytes(),
-            0o644,
-            libc::O_WRONLY,
-        )?;
-        self.fs.write(&self.ctx, fh, 0, data)?;
-        self.fs.release(fh)
+        self.with_new_file(dir, name, |fh| {
+            self.fs.write(&self.ctx, fh, 0, data).map(drop)
+        })
     }
     fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno> {
-        let (_, fh) = self.fs.create(
-            &self.ctx,
-            Self::ino(dir),
-            name.as_bytes(),
-            0o644,
-            libc::O_WRONLY,
-        )?;
-        self.fs.fsync(fh, false)?;
-        self.fs.release(fh)
+        self.with_new_file(dir, name, |fh| self.fs.fsync(fh, false))
     }
     fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno> {
         self.fs.unlink(&self.ctx, Self::ino(dir), name.as_bytes())
@@ -169,6 +167,22 @@ fn fd(d: Dir) -> i32 {
         Dir::Fd(f) => f,
         Dir::Ino(_) => unreachable!("path dirs are fds"),
     }
+}
+
+/// Creates `name` in `dir` (`openat(O_CREAT|O_WRONLY)`), runs `f` on the descriptor, closes it.
+fn with_new_fd(
+    dir: Dir,
+    name: &str,
+    f: impl FnOnce(i32) -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let n = cname(name);
+    let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
+    // SAFETY: `n` is a valid C string and the directory fd stays open for the adapter's life.
+    let fd = rc(unsafe { libc::openat(fd(dir), n.as_ptr(), flags, 0o644) })?;
+    let r = f(fd);
+    // SAFETY: `fd` was opened above and is closed once.
+    unsafe { libc::close(fd) };
+    r
 }
 
 /// Syscall adapter: a fresh directory under a path of any filesystem.
@@ -245,52 +259,18 @@ impl Adapter for Syscalls {
         Ok(Dir::Fd(d))
     }
     fn create(&self, dir: Dir, name: &str) -> Result<(), Errno> {
-        let n = cname(name);
-        // SAFETY: see the impl comment.
-        unsafe {
-            let f = rc(libc::openat(
-                fd(dir),
-                n.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o644,
-            ))?;
-            libc::close(f);
-        }
-        Ok(())
+        with_new_fd(dir, name, |_| Ok(()))
     }
     fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno> {
-        let n = cname(name);
-        // SAFETY: see the impl comment.
-        unsafe {
-            let f = rc(libc::openat(
-                fd(dir),
-                n.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o644,
-            ))?;
-            let w = libc::write(f, data.as_ptr().cast(), data.len());
-            libc::close(f);
-            if w < 0 {
-                return Err(last_errno());
-            }
-        }
-        Ok(())
+        with_new_fd(dir, name, |f| {
+            // SAFETY: `data` is valid for reads of its length; `f` is open.
+            let n = unsafe { libc::write(f, data.as_ptr().cast(), data.len()) };
+            if n < 0 { Err(last_errno()) } else { Ok(()) }
+        })
     }
     fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno> {
-        let n = cname(name);
-        // SAFETY: see the impl comment.
-        unsafe {
-            let f = rc(libc::openat(
-                fd(dir),
-                n.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o644,
-            ))?;
-            let r = libc::fsync(f);
-            libc::close(f);
-            rc(r)?;
-        }
-        Ok(())
+        // SAFETY: `f` is open.
+        with_new_fd(dir, name, |f| rc(unsafe { libc::fsync(f) }).map(drop))
     }
     fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno> {
         let n = cname(name);
