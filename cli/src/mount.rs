@@ -129,19 +129,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
 }
 
 fn is_mountpoint(p: &Path) -> bool {
-    let Ok(canon) = std::fs::canonicalize(p) else {
-        return false;
-    };
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    // Field 5 is the mount point, with spaces and such escaped as octal.
-    info.lines().filter_map(|l| l.split(' ').nth(4)).any(|mp| {
-        let unescaped = mp
-            .replace("\\040", " ")
-            .replace("\\011", "\t")
-            .replace("\\012", "\n")
-            .replace("\\134", "\\");
-        Path::new(&unescaped) == canon
-    })
+    lanefs_fuse::mount_id_at(p).is_some()
 }
 
 fn preflight(mp: &Path) -> Result<(), String> {

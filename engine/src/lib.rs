@@ -47,6 +47,7 @@ mod handle;
 mod ids;
 mod inode;
 pub mod locking;
+pub mod notify;
 mod path;
 mod perm;
 mod quota;

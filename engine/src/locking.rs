@@ -24,6 +24,10 @@
 //!   list passes 8192 numbers (once per 4096 frees) or a slot with no numbers left drains it;
 //! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
 //!   calls the engine and once when it exits.
+//! - the **invalidation sink** (`notify.rs`, 1 per filesystem, a read-write lock): read only
+//!   by a mutation made through the library (not by the kernel) while a FUSE mount has a sink
+//!   installed, after the operation has released every other lock; written when a mount
+//!   installs or removes its sink.
 //!
 //! Not locks, but shared state with rules of their own:
 //! - the **dirent map** (`scc::HashMap`): per-bucket locks inside the map, held only for the

@@ -358,3 +358,80 @@ fn path_api_follows_symlinks_and_detects_loops() {
         Some(libc::ENAMETOOLONG)
     );
 }
+
+/// Records what the filesystem reports to an installed invalidation sink.
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<String>>);
+
+impl lanefs::notify::Invalidate for Recorder {
+    fn entry(&self, parent: Ino, name: &[u8]) {
+        let name = String::from_utf8_lossy(name);
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("entry {parent} {name}"));
+    }
+    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) {
+        self.0.lock().unwrap().push(format!("inode {ino} {data:?}"));
+    }
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+#[test]
+fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
+    let (fs, c) = new_fs(Config::default());
+    let rec = Arc::new(Recorder::default());
+    fs.set_invalidator(Some(rec.clone()));
+    let root = fs.root();
+    c.create_dir("/d").unwrap();
+    let d = c.metadata("/d").unwrap().ino();
+    assert_eq!(rec.take(), [format!("entry {root} d")]);
+    c.write("/d/f", b"hello").unwrap();
+    let f = c.metadata("/d/f").unwrap().ino();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {d} f"),
+            format!("inode {f} Some((0, 0))"), // O_TRUNC
+            format!("inode {f} Some((0, 5))"),
+        ]
+    );
+    c.hard_link("/d/f", "/g").unwrap();
+    assert_eq!(
+        rec.take(),
+        [format!("entry {root} g"), format!("inode {f} None")]
+    );
+    c.rename("/g", "/d/h").unwrap();
+    assert_eq!(
+        rec.take(),
+        [format!("entry {root} g"), format!("entry {d} h")]
+    );
+    c.set_permissions("/d/h", 0o600).unwrap();
+    assert_eq!(rec.take(), [format!("inode {f} None")]);
+    c.remove_file("/d/h").unwrap();
+    assert_eq!(
+        rec.take(),
+        [format!("entry {d} h"), format!("inode {f} None")]
+    );
+    // Failed operations report nothing.
+    assert!(c.remove_file("/d/nothing").is_err());
+    assert!(c.create_dir("/d").is_err());
+    assert_eq!(rec.take(), Vec::<String>::new());
+
+    // The kernel (a context that counts lookups) keeps its own caches: nothing is reported.
+    let mut kernel = Ctx::root();
+    kernel.count_lookups = true;
+    let a = fs.mkdir(&kernel, root, b"k", 0o755).unwrap();
+    fs.rmdir(&kernel, root, b"k").unwrap();
+    fs.forget(a.ino, 1);
+    assert_eq!(rec.take(), Vec::<String>::new());
+
+    fs.set_invalidator(None);
+    c.remove_file("/d/f").unwrap();
+    assert_eq!(rec.take(), Vec::<String>::new(), "removed sink");
+}

@@ -37,17 +37,24 @@
 //!
 //! ## Timeouts
 //! Entries and attributes are cached by the kernel for [`MountConfig::ttl`] (default 60 s).
-//! That is safe because every change to the tree goes through this mount and the kernel
-//! updates or invalidates its own caches on the changes it makes. A program that also changes
-//! the same filesystem through the library while it is mounted would need the server to send
-//! invalidation notices; that is not implemented yet, so such programs should mount with
-//! `ttl = 0`.
+//! That is safe because lanefs is the only writer: changes through the mount are made by the
+//! kernel, which updates or invalidates its own caches, and changes a program makes through
+//! the library while the filesystem is mounted ([`mount_background`]) are reported by the
+//! engine ([`lanefs::notify`]) and sent to the kernel as `FUSE_NOTIFY_INVAL_ENTRY` (a name
+//! created, removed or replaced) and `FUSE_NOTIFY_INVAL_INODE` (attributes, and the page-cache
+//! range a write or truncate changed) before the library call returns.
+//!
+//! ## Mounting
+//! As root lanefs mounts with `mount(2)` itself, with type `fuse.lanefs`; otherwise through
+//! `fusermount3` (see `mnt.rs`).
 
 mod control;
+mod mnt;
 mod server;
 
 pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
 pub use fuser::MountOption;
-pub use server::{MountConfig, Server, mount, mount_background_session};
+pub use mnt::{FS_TYPE, mount_id_at};
+pub use server::{Mount, MountConfig, Server, mount, mount_background};

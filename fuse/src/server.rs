@@ -16,6 +16,8 @@ use fuser::{
 };
 use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, SetAttr, TimeSet, Timespec};
 
+use crate::mnt;
+
 /// How to mount.
 #[derive(Clone, Debug)]
 pub struct MountConfig {
@@ -613,20 +615,90 @@ pub fn mount(
     cfg: &MountConfig,
     on_mounted: impl FnOnce(Box<dyn FnMut() -> io::Result<()> + Send>),
 ) -> io::Result<()> {
-    let mut session = fuser::Session::new(Server::new(fs, cfg.ttl), mountpoint, &options(cfg))?;
-    let mut unmounter = session.unmount_callable();
-    on_mounted(Box::new(move || unmounter.unmount()));
-    session.run()
+    let server = Server::new(fs.clone(), cfg.ttl);
+    let opts = options(cfg);
+    let (session, unmount): (_, Box<dyn FnMut() -> io::Result<()> + Send>) =
+        match mnt::mount_direct(mountpoint, cfg)? {
+            Some((fd, direct)) => {
+                let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
+                    .inspect_err(|_| drop(direct.unmount(true)))?;
+                (s, Box::new(move || direct.unmount(false)))
+            }
+            None => {
+                let mut s = fuser::Session::new(server, mountpoint, &opts)?;
+                let mut u = s.unmount_callable();
+                (s, Box::new(move || u.unmount()))
+            }
+        };
+    mnt::install_invalidator(&fs, session.notifier());
+    on_mounted(unmount);
+    let r = session.run();
+    fs.set_invalidator(None);
+    r
 }
 
-/// Mounts `fs` and serves it from background threads; dropping the session unmounts (for
-/// tests and embedding programs).
-pub fn mount_background_session(
+/// A lanefs filesystem mounted and served from background threads, for tests and for
+/// programs that embed lanefs and keep using the library while it is mounted (their changes
+/// are sent to the kernel as cache invalidations, see [`lanefs::notify`]).
+///
+/// [`Mount::unmount`] unmounts and waits for the server threads; dropping a `Mount` detaches
+/// it lazily (as `umount -l`) without waiting.
+pub struct Mount {
+    fs: Arc<Filesystem>,
+    session: Option<fuser::BackgroundSession>,
+    direct: Option<mnt::DirectMount>,
+}
+
+impl Mount {
+    /// Unmounts (EBUSY while files on it are open, as `umount`) and waits until the server
+    /// threads have answered their last request. On error the mount is detached lazily.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.fs.set_invalidator(None);
+        if let Some(d) = &self.direct {
+            d.unmount(false)?;
+        }
+        let s = self.session.take().expect("session until unmount");
+        match self.direct {
+            Some(_) => s.join(),
+            None => s.umount_and_join(),
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.fs.set_invalidator(None);
+        if let Some(d) = &self.direct {
+            let _ = d.unmount(true);
+        }
+        // A session mounted through fusermount3 unmounts itself when dropped.
+    }
+}
+
+/// Mounts `fs` and serves it from background threads until the returned [`Mount`] is
+/// unmounted or dropped.
+pub fn mount_background(
     fs: Arc<Filesystem>,
     mountpoint: &Path,
     cfg: &MountConfig,
-) -> io::Result<fuser::BackgroundSession> {
-    fuser::Session::new(Server::new(fs, cfg.ttl), mountpoint, &options(cfg))?.spawn()
+) -> io::Result<Mount> {
+    let server = Server::new(fs.clone(), cfg.ttl);
+    let opts = options(cfg);
+    let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
+        Some((fd, direct)) => {
+            let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
+                .inspect_err(|_| drop(direct.unmount(true)))?;
+            (s, Some(direct))
+        }
+        None => (fuser::Session::new(server, mountpoint, &opts)?, None),
+    };
+    let session = session.spawn()?;
+    mnt::install_invalidator(&fs, session.notifier());
+    Ok(Mount {
+        fs,
+        session: Some(session),
+        direct,
+    })
 }
 
 /// The canonical form of a mountpoint, as the control socket is named after it.

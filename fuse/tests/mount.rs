@@ -20,7 +20,7 @@ use lanefs_fuse::MountConfig;
 struct Mounted {
     fs: Arc<Filesystem>,
     dir: tempfile::TempDir,
-    session: Option<fuser::BackgroundSession>,
+    mount: Option<lanefs_fuse::Mount>,
 }
 
 impl Mounted {
@@ -36,8 +36,8 @@ impl Mounted {
             allow_other: true,
             ..MountConfig::default()
         };
-        let session = lanefs_fuse::mount_background_session(fs.clone(), dir.path(), &mc)
-            .unwrap_or_else(|e| {
+        let mount =
+            lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc).unwrap_or_else(|e| {
                 panic!(
                     "mount on {}: {e} (run as root with fuse3 installed)",
                     dir.path().display()
@@ -54,7 +54,7 @@ impl Mounted {
         Mounted {
             fs,
             dir,
-            session: Some(session),
+            mount: Some(mount),
         }
     }
 
@@ -65,7 +65,9 @@ impl Mounted {
     /// Unmounts (waiting for the session to end, so no request is in flight) and checks the
     /// engine's invariants.
     fn unmount_and_check(mut self) {
-        drop(self.session.take());
+        if let Some(m) = self.mount.take() {
+            m.unmount().expect("unmount");
+        }
         self.fs
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
@@ -74,8 +76,8 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            drop(s); // unmounts and joins
+        if let Some(m) = self.mount.take() {
+            let _ = m.unmount(); // waits for the server threads
         }
     }
 }
@@ -339,4 +341,69 @@ fn requests_are_counted_in_engine_statistics() {
     let json = lanefs_fuse::stats_json(&m.fs);
     assert!(json["ops"]["create"].as_u64().unwrap() >= 20);
     let _ = (Who::Root, Op::SleepMs(0));
+}
+
+/// The mount shows up as `fuse.lanefs`, as harnesses that find a mount by its type expect.
+#[test]
+fn mount_type_is_fuse_lanefs() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let canon = std::fs::canonicalize(m.path()).unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == canon.to_str())
+        .expect("mount in mountinfo");
+    // After the optional fields comes "-", then the filesystem type.
+    let fstype = line.split(" - ").nth(1).and_then(|r| r.split(' ').next());
+    assert_eq!(fstype, Some("fuse.lanefs"), "{line}");
+    assert!(line.contains("default_permissions"), "{line}");
+    m.unmount_and_check();
+}
+
+/// Changes a program makes through the library while the filesystem is mounted reach the
+/// kernel's caches at once, although the mount caches names, attributes and pages for 60 s.
+#[test]
+fn library_changes_invalidate_the_kernel_caches() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let lib = lanefs::Client::root(m.fs.clone());
+    let p = |n: &str| m.path().join(n);
+    let stat = |n: &str| std::fs::symlink_metadata(p(n)).map_err(|e| e.raw_os_error());
+    use std::os::unix::fs::MetadataExt;
+
+    // A missing name is cached as a negative entry; the library creates it.
+    assert_eq!(stat("x").unwrap_err(), Some(libc::ENOENT));
+    lib.write("/x", b"one").unwrap();
+    assert_eq!(std::fs::read(p("x")).unwrap(), b"one");
+
+    // The pages are cached (files are opened with FOPEN_KEEP_CACHE); the library rewrites them.
+    lib.write("/x", b"two!").unwrap();
+    assert_eq!(std::fs::read(p("x")).unwrap(), b"two!");
+    let f = lib
+        .open("/x", lanefs::OpenOptions::new().write(true))
+        .unwrap();
+    f.write_at(b"TW", 0).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(p("x")).unwrap(), b"TWo!");
+
+    // Attributes: mode, and nlink through a hard link.
+    lib.set_permissions("/x", 0o600).unwrap();
+    assert_eq!(stat("x").unwrap().mode() & 0o7777, 0o600);
+    lib.hard_link("/x", "/x2").unwrap();
+    assert_eq!(stat("x").unwrap().nlink(), 2);
+
+    // Renames and removals: the old names go, the new ones appear.
+    lib.rename("/x", "/y").unwrap();
+    assert_eq!(stat("x").unwrap_err(), Some(libc::ENOENT));
+    assert_eq!(std::fs::read(p("y")).unwrap(), b"TWo!");
+    lib.remove_file("/x2").unwrap();
+    assert_eq!(stat("x2").unwrap_err(), Some(libc::ENOENT));
+    assert_eq!(stat("y").unwrap().nlink(), 1);
+    lib.create_dir("/d").unwrap();
+    assert!(stat("d").unwrap().is_dir());
+    lib.rename("/y", "/d/y").unwrap();
+    assert_eq!(std::fs::read(p("d/y")).unwrap(), b"TWo!");
+    lib.remove_file("/d/y").unwrap();
+    lib.remove_dir("/d").unwrap();
+    assert_eq!(stat("d").unwrap_err(), Some(libc::ENOENT));
+    m.unmount_and_check();
 }

@@ -105,14 +105,38 @@ impl Filesystem {
     /// Opens inode `ino`; `flags` are `open(2)` flags (`O_RDONLY`, `O_WRONLY`, `O_RDWR`,
     /// `O_APPEND`, `O_TRUNC`, `O_DIRECTORY`...).
     pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Fh> {
-        let _c = self.begin(Op::Open);
-        let g = epoch::pin();
-        self.open_inode(ctx, self.inode(ino, &g)?, flags)
+        let fh = {
+            let _c = self.begin(Op::Open);
+            let g = epoch::pin();
+            self.open_inode(ctx, self.inode(ino, &g)?, flags)?
+        };
+        if flags & libc::O_TRUNC != 0 {
+            self.report(ctx, |s| s.inode(ino, Some((0, 0))));
+        }
+        Ok(fh)
     }
 
     /// Creates and opens a regular file (`open` with `O_CREAT`): with `O_EXCL` an existing name
     /// fails with EEXIST, without it the existing file is opened.
     pub fn create(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, Fh)> {
+        let (a, fh) = self.create_inner(ctx, parent, name, mode, flags)?;
+        self.report(ctx, |s| {
+            s.entry(parent, name);
+            if flags & libc::O_TRUNC != 0 {
+                s.inode(a.ino, Some((0, 0)));
+            }
+        });
+        Ok((a, fh))
+    }
+
+    fn create_inner(
         &self,
         ctx: &Ctx,
         parent: Ino,
@@ -211,6 +235,21 @@ impl Filesystem {
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns the count, which is
     /// short only when the filesystem fills up (ENOSPC if nothing fits).
     pub fn write(&self, ctx: &Ctx, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
+        let (ino, at, n) = self.write_inner(ctx, fh, offset, data)?;
+        if n > 0 {
+            self.report(ctx, |s| s.inode(ino, Some((at, n as u64))));
+        }
+        Ok(n)
+    }
+
+    /// `write`, returning the inode and the offset written at too.
+    fn write_inner(
+        &self,
+        ctx: &Ctx,
+        fh: Fh,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(Ino, u64, usize)> {
         let _c = self.begin(Op::Write);
         let g = epoch::pin();
         let (h, i) = self.handle_inode(fh, &g)?;
@@ -222,7 +261,7 @@ impl Filesystem {
         };
         self.writable()?;
         if data.is_empty() {
-            return Ok(0);
+            return Ok((i.ino(), offset, 0));
         }
         let mut d = self.stats.write(LockClass::FileData, fdata);
         let size = i.attr.size();
@@ -271,12 +310,18 @@ impl Filesystem {
             kill_privs(ctx, v);
             Ok(())
         });
-        Ok(written)
+        Ok((i.ino(), off, written))
     }
 
     /// Changes attributes, with the checks of `chmod`, `chown`, `truncate` and `utimensat`.
     /// `fh` is the handle of an `ftruncate` (which needs no write permission on the file).
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr, fh: Option<Fh>) -> Result<Attr> {
+        let a = self.setattr_inner(ctx, ino, set, fh)?;
+        self.report(ctx, |s| s.inode(ino, set.size.map(|size| (size, 0))));
+        Ok(a)
+    }
+
+    fn setattr_inner(&self, ctx: &Ctx, ino: Ino, set: &SetAttr, fh: Option<Fh>) -> Result<Attr> {
         let _c = self.begin(Op::Setattr);
         let g = epoch::pin();
         let i = self.inode(ino, &g)?;
@@ -395,6 +440,12 @@ impl Filesystem {
     /// Allocates (mode 0 or `FALLOC_FL_KEEP_SIZE`) or punches out
     /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`) a byte range.
     pub fn fallocate(&self, ctx: &Ctx, fh: Fh, mode: i32, offset: u64, len: u64) -> Result<()> {
+        let ino = self.fallocate_inner(ctx, fh, mode, offset, len)?;
+        self.report(ctx, |s| s.inode(ino, Some((offset, len))));
+        Ok(())
+    }
+
+    fn fallocate_inner(&self, ctx: &Ctx, fh: Fh, mode: i32, offset: u64, len: u64) -> Result<Ino> {
         let _c = self.begin(Op::Fallocate);
         if len == 0 || offset > i64::MAX as u64 || len > i64::MAX as u64 {
             return Err(Errno::EINVAL);
@@ -438,7 +489,7 @@ impl Filesystem {
             kill_privs(ctx, v);
             Ok(())
         });
-        Ok(())
+        Ok(i.ino())
     }
 
     /// `close` of one file descriptor of the handle (nothing to write back in memory).

@@ -12,6 +12,7 @@ mod readdir;
 mod xattr_ops;
 
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use crossbeam_epoch::{self as epoch, Guard};
 use crossbeam_utils::CachePadded;
@@ -28,6 +29,7 @@ use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
 use crate::ids::InoAlloc;
 use crate::inode::{Body, DirBody, Inode, gen_of};
+use crate::notify::{Invalidate, Watch};
 use crate::perm::{self, Ctx, MAY_EXEC};
 use crate::quota::Quota;
 use crate::stats::{LockClass, Op, Stats, StatsSnapshot};
@@ -157,6 +159,7 @@ pub struct Filesystem {
     space: Quota,
     inode_quota: Quota,
     stats: Stats,
+    watch: Watch,
 }
 
 fn physical_memory() -> u64 {
@@ -216,6 +219,7 @@ impl Filesystem {
             space: Quota::new(pages, 256),
             inode_quota: Quota::new(max_inodes, 64),
             stats: Stats::default(),
+            watch: Watch::default(),
             cfg,
         };
         fs.inode_quota.take(1).expect("room for the root");
@@ -253,6 +257,31 @@ impl Filesystem {
     /// Operation counts and lock statistics so far.
     pub fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
+    }
+
+    /// Installs (or, with `None`, removes) the sink told about every change made by a caller
+    /// whose context does not count lookups: the FUSE server installs one so that the kernel's
+    /// caches follow changes made through the library while the filesystem is mounted. See
+    /// [`crate::notify`].
+    pub fn set_invalidator(&self, sink: Option<Arc<dyn Invalidate>>) {
+        self.watch.set(sink);
+    }
+
+    /// Reports a change to the installed sink, if `ctx` is not the kernel's. Called only after
+    /// the operation has released its locks.
+    #[inline]
+    fn report(&self, ctx: &Ctx, f: impl FnOnce(&dyn Invalidate)) {
+        if let Some(s) = self.watch.sink(ctx) {
+            f(&*s);
+        }
+    }
+
+    /// Reports the removal of `name` from `parent`, which named `ino`.
+    fn report_removal(&self, ctx: &Ctx, parent: Ino, name: &[u8], ino: Ino) {
+        self.report(ctx, |s| {
+            s.entry(parent, name);
+            s.inode(ino, None);
+        });
     }
 
     /// Open file and directory handles.

@@ -160,25 +160,38 @@ impl Filesystem {
             libc::S_IFSOCK => NewNode::Special(FileType::Socket, 0),
             _ => return Err(Errno::EINVAL),
         };
-        let g = epoch::pin();
-        let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
-        Ok(self.attr_of(i))
+        let a = {
+            let g = epoch::pin();
+            let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
+            self.attr_of(i)
+        };
+        drop(_c);
+        self.report(ctx, |s| s.entry(parent, name));
+        Ok(a)
     }
 
     /// Creates a directory.
     pub fn mkdir(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32) -> Result<Attr> {
-        let _c = self.begin(Op::Mkdir);
-        let g = epoch::pin();
-        let i = self.make_node(ctx, parent, name, mode, NewNode::Dir, 0, &g)?;
-        Ok(self.attr_of(i))
+        let a = {
+            let _c = self.begin(Op::Mkdir);
+            let g = epoch::pin();
+            let i = self.make_node(ctx, parent, name, mode, NewNode::Dir, 0, &g)?;
+            self.attr_of(i)
+        };
+        self.report(ctx, |s| s.entry(parent, name));
+        Ok(a)
     }
 
     /// Creates a symbolic link to `target`.
     pub fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr> {
-        let _c = self.begin(Op::Symlink);
-        let g = epoch::pin();
-        let i = self.make_node(ctx, parent, name, 0o777, NewNode::Symlink(target), 0, &g)?;
-        Ok(self.attr_of(i))
+        let a = {
+            let _c = self.begin(Op::Symlink);
+            let g = epoch::pin();
+            let i = self.make_node(ctx, parent, name, 0o777, NewNode::Symlink(target), 0, &g)?;
+            self.attr_of(i)
+        };
+        self.report(ctx, |s| s.entry(parent, name));
+        Ok(a)
     }
 
     /// The target of symlink `ino`.
@@ -193,6 +206,15 @@ impl Filesystem {
 
     /// Adds the name `newname` in `newparent` for inode `ino` (not a directory).
     pub fn link(&self, ctx: &Ctx, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+        let a = self.link_locked(ctx, ino, newparent, newname)?;
+        self.report(ctx, |s| {
+            s.entry(newparent, newname);
+            s.inode(ino, None);
+        });
+        Ok(a)
+    }
+
+    fn link_locked(&self, ctx: &Ctx, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
         let _c = self.begin(Op::Link);
         check_name(newname)?;
         let g = epoch::pin();
@@ -271,6 +293,12 @@ impl Filesystem {
 
     /// Removes a non-directory entry.
     pub fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        let ino = self.unlink_locked(ctx, parent, name)?;
+        self.report_removal(ctx, parent, name, ino);
+        Ok(())
+    }
+
+    fn unlink_locked(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Ino> {
         let _c = self.begin(Op::Unlink);
         if is_dot_or_dotdot(name) {
             return Err(Errno::EISDIR);
@@ -285,14 +313,21 @@ impl Filesystem {
             .expect("entry present under its stripe");
         victim.attr.touch_c(&self.stats);
         dir.attr.touch_mc(&self.stats);
+        let ino = victim.ino();
         if victim.dec_nlink() == Fate::Free {
             self.free_inode(victim, &g);
         }
-        Ok(())
+        Ok(ino)
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+        let ino = self.rmdir_locked(ctx, parent, name)?;
+        self.report_removal(ctx, parent, name, ino);
+        Ok(())
+    }
+
+    fn rmdir_locked(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Ino> {
         let _c = self.begin(Op::Rmdir);
         match name {
             b"." => return Err(Errno::EINVAL),
@@ -311,10 +346,11 @@ impl Filesystem {
         assert_eq!(dir.dec_nlink(), Fate::Lives, "a parent keeps its own links");
         dir.attr.touch_mc(&self.stats);
         victim.attr.touch_c(&self.stats);
+        let ino = victim.ino();
         if victim.clear_nlink() == Fate::Free {
             self.free_inode(victim, &g);
         }
-        Ok(())
+        Ok(ino)
     }
 
     /// Whether directory `a` is `d` or one of `d`'s ancestors. Parent pointers change only
@@ -341,6 +377,23 @@ impl Filesystem {
     /// Renames `name` in `parent` to `newname` in `newparent`; `flags` may hold
     /// [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
     pub fn rename(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
+        self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
+        self.report(ctx, |s| {
+            s.entry(parent, name);
+            s.entry(newparent, newname);
+        });
+        Ok(())
+    }
+
+    fn rename_inner(
         &self,
         ctx: &Ctx,
         parent: Ino,

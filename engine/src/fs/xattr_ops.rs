@@ -81,6 +81,8 @@ impl Filesystem {
                 .set(name, value, flags)?;
         }
         i.attr.touch_c(&self.stats);
+        drop(_c);
+        self.report(ctx, |s| s.inode(ino, None));
         Ok(())
     }
 
@@ -111,6 +113,8 @@ impl Filesystem {
             }
         }
         i.attr.touch_c(&self.stats);
+        drop(_c);
+        self.report(ctx, |s| s.inode(ino, None));
         Ok(())
     }
 }
