@@ -194,9 +194,17 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
             signal_hook::consts::SIGINT,
             signal_hook::consts::SIGTERM,
         ]) {
+            let mp = mp.to_path_buf();
             std::thread::spawn(move || {
-                if signals.forever().next().is_some() {
-                    let _ = unmount();
+                let mut signals = signals.forever();
+                if signals.next().is_some() {
+                    if let Err(e) = unmount() {
+                        eprintln!("lanefs: unmount {}: {e}", mp.display());
+                    }
+                }
+                // A second signal while files on a detached mount are still open: stop now.
+                if signals.next().is_some() {
+                    std::process::exit(0);
                 }
             });
         }

@@ -59,20 +59,18 @@ pub fn mount_id_at(path: &Path) -> Option<u64> {
 /// stats it, which waits for the server).
 fn mount_id_at_canonical(canon: &Path) -> Option<u64> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines()
-        .rev()
-        .find_map(|l| {
-            let mut f = l.split(' ');
-            let id = f.next()?.parse().ok()?;
-            // Field 5 is the mount point, with spaces and such escaped as octal.
-            let mp = f.nth(3)?;
-            let mp = mp
-                .replace("\\040", " ")
-                .replace("\\011", "\t")
-                .replace("\\012", "\n")
-                .replace("\\134", "\\");
-            (Path::new(&mp) == canon).then_some(id)
-        })
+    info.lines().rev().find_map(|l| {
+        let mut f = l.split(' ');
+        let id = f.next()?.parse().ok()?;
+        // Field 5 is the mount point, with spaces and such escaped as octal.
+        let mp = f.nth(3)?;
+        let mp = mp
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\");
+        (Path::new(&mp) == canon).then_some(id)
+    })
 }
 
 /// A mount that lanefs made with `mount(2)`: its mountpoint and mount id, so that an unmount

@@ -608,7 +608,8 @@ fn options(cfg: &MountConfig) -> FuserConfig {
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
-/// mount is in place (with a function that unmounts it, for signal handlers).
+/// mount is in place, with a function that unmounts it for signal handlers (a busy mount is
+/// detached lazily, and served until its last open file is closed).
 pub fn mount(
     fs: Arc<Filesystem>,
     mountpoint: &Path,
@@ -622,7 +623,13 @@ pub fn mount(
             Some((fd, direct)) => {
                 let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
                     .inspect_err(|_| drop(direct.unmount(true)))?;
-                (s, Box::new(move || direct.unmount(false)))
+                // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily;
+                // the session ends when its last open file is closed.
+                let unmount = move || match direct.unmount(false) {
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => direct.unmount(true),
+                    r => r,
+                };
+                (s, Box::new(unmount))
             }
             None => {
                 let mut s = fuser::Session::new(server, mountpoint, &opts)?;
@@ -650,17 +657,18 @@ pub struct Mount {
 }
 
 impl Mount {
-    /// Unmounts (EBUSY while files on it are open, as `umount`) and waits until the server
-    /// threads have answered their last request. On error the mount is detached lazily.
-    pub fn unmount(mut self) -> io::Result<()> {
-        self.fs.set_invalidator(None);
+    /// Unmounts (EBUSY while files on it are open, as `umount`; the mount then stays and the
+    /// call may be repeated) and waits until the server threads have answered their last
+    /// request.
+    pub fn unmount(&mut self) -> io::Result<()> {
         if let Some(d) = &self.direct {
             d.unmount(false)?;
         }
-        let s = self.session.take().expect("session until unmount");
-        match self.direct {
-            Some(_) => s.join(),
-            None => s.umount_and_join(),
+        self.fs.set_invalidator(None);
+        match (self.session.take(), &self.direct) {
+            (Some(s), Some(_)) => s.join(),
+            (Some(s), None) => s.umount_and_join(),
+            (None, _) => Ok(()),
         }
     }
 }
@@ -668,7 +676,7 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         self.fs.set_invalidator(None);
-        if let Some(d) = &self.direct {
+        if let (Some(d), Some(_)) = (&self.direct, &self.session) {
             let _ = d.unmount(true);
         }
         // A session mounted through fusermount3 unmounts itself when dropped.

@@ -65,9 +65,7 @@ impl Mounted {
     /// Unmounts (waiting for the session to end, so no request is in flight) and checks the
     /// engine's invariants.
     fn unmount_and_check(mut self) {
-        if let Some(m) = self.mount.take() {
-            m.unmount().expect("unmount");
-        }
+        unmount(&mut self.mount).expect("unmount");
         self.fs
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
@@ -76,10 +74,24 @@ impl Mounted {
 
 impl Drop for Mounted {
     fn drop(&mut self) {
-        if let Some(m) = self.mount.take() {
-            let _ = m.unmount(); // waits for the server threads
+        let _ = unmount(&mut self.mount);
+    }
+}
+
+/// Unmounts and waits for the server threads. Tests run in parallel in one process, and a
+/// child another test forks holds copies of this test's descriptors until it execs, so an
+/// unmount can meet a brief EBUSY: retry for a while.
+fn unmount(m: &mut Option<lanefs_fuse::Mount>) -> std::io::Result<()> {
+    let Some(mount) = m else { return Ok(()) };
+    for _ in 0..100 {
+        match mount.unmount() {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            r => return r,
         }
     }
+    mount.unmount()
 }
 
 fn is_fuse(p: &Path) -> bool {
