@@ -309,12 +309,93 @@ pub fn helper(args: &[String]) -> Result<(), String> {
     let [source, mountpoint] = pos.as_slice() else {
         return Err("usage: lanefs SOURCE MOUNTPOINT [-o OPTIONS] (SOURCE is 'memory')".into());
     };
+    if options.iter().any(|o| o == "remount") {
+        return remount(Path::new(mountpoint), &options);
+    }
+    // A mounted lanefs names itself `lanefs:STORE`; mount(8) hands that back on a remount or
+    // when the mount table is replayed.
+    let store = source.strip_prefix("lanefs:").unwrap_or(source);
     run(MountArgs {
         mountpoint: mountpoint.into(),
-        store: source.clone(),
+        store: store.to_string(),
         options,
         background: true,
     })
+}
+
+/// `mount -o remount,...` of a mounted lanefs: changes the kernel's mount flags (`ro`/`rw`,
+/// `nosuid`, `nodev`, `noexec`, `noatime`, `sync`...), keeping those not named. The VFS then
+/// refuses writes to a read-only mount with EROFS before they reach lanefs. Options of the
+/// filesystem itself (`size=`, `nr_inodes=`, `locking=`...) are fixed at mount time; mount(8)
+/// passes them again from fstab, so they are accepted and left as they are.
+fn remount(mp: &Path, options: &[String]) -> Result<(), String> {
+    if !is_mountpoint(mp) {
+        return Err(format!("{}: not mounted", mp.display()));
+    }
+    let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
+        .map_err(|_| format!("{}: path contains NUL", mp.display()))?;
+    // SAFETY: zeroed statvfs is a valid out-buffer; `c` is a valid C string.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(format!(
+            "{}: {}",
+            mp.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let current = [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+    ];
+    let mut flags: libc::c_ulong = current
+        .iter()
+        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+        .fold(0, |f, (_, ms)| f | ms);
+    for o in options {
+        let (set, clear) = match o.as_str() {
+            "ro" => (libc::MS_RDONLY, 0),
+            "rw" => (0, libc::MS_RDONLY),
+            "nosuid" => (libc::MS_NOSUID, 0),
+            "suid" => (0, libc::MS_NOSUID),
+            "nodev" => (libc::MS_NODEV, 0),
+            "dev" => (0, libc::MS_NODEV),
+            "noexec" => (libc::MS_NOEXEC, 0),
+            "exec" => (0, libc::MS_NOEXEC),
+            "noatime" => (libc::MS_NOATIME, libc::MS_RELATIME),
+            "relatime" => (libc::MS_RELATIME, libc::MS_NOATIME),
+            "atime" => (0, libc::MS_NOATIME),
+            "sync" => (libc::MS_SYNCHRONOUS, 0),
+            "async" => (0, libc::MS_SYNCHRONOUS),
+            "dirsync" => (libc::MS_DIRSYNC, 0),
+            _ => (0, 0),
+        };
+        flags = (flags | set) & !clear;
+    }
+    // SAFETY: `c` is a valid C string; source, type and data may be null for a remount.
+    let r = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            c.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | flags,
+            std::ptr::null(),
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "{}: remount: {}",
+            mp.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
 }
 
 pub fn stats(a: StatsArgs) -> Result<(), String> {

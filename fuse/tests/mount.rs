@@ -419,3 +419,77 @@ fn library_changes_invalidate_the_kernel_caches() {
     assert_eq!(stat("d").unwrap_err(), Some(libc::ENOENT));
     m.unmount_and_check();
 }
+
+/// pjdfstest (the Rust port of the POSIX filesystem test suite, `cargo install pjdfstest`)
+/// against a lanefs mount, as root, switching to two unprivileged users, with a second
+/// filesystem for the EXDEV cases. `.ci/run` installs it and sets `LANEFS_REQUIRE_PJDFSTEST`;
+/// elsewhere the test says it did not run when the binary is missing. The read-only-remount
+/// cases are left out (they remount through `mount(8)`, which needs lanefs on the system PATH).
+#[test]
+fn pjdfstest_passes() {
+    let bin = std::env::var_os("LANEFS_PJDFSTEST")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("pjdfstest"))
+                    .find(|b| b.exists())
+            })
+        })
+        .or_else(|| {
+            let home = std::env::var_os("HOME")?;
+            Some(Path::new(&home).join(".cargo/bin/pjdfstest")).filter(|b| b.exists())
+        });
+    let Some(bin) = bin else {
+        assert!(
+            std::env::var_os("LANEFS_REQUIRE_PJDFSTEST").is_none(),
+            "pjdfstest is required here but not installed"
+        );
+        eprintln!("pjdfstest not installed (cargo install pjdfstest): NOT RUN");
+        return;
+    };
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let work = tempfile::tempdir().unwrap();
+    let conf = work.path().join("pjdfstest.toml");
+    std::fs::write(
+        &conf,
+        r#"[features]
+posix_fallocate = {}
+rename_ctime = {}
+utimensat = {}
+utime_now = {}
+
+[settings]
+naptime = 0.02
+allow_remount = false
+expected_failures = []
+
+[dummy_auth]
+entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
+"#,
+    )
+    .unwrap();
+    let secondary = work.path().join("secondary");
+    std::fs::create_dir(&secondary).unwrap();
+    let out = Command::new(&bin)
+        .arg("-c")
+        .arg(&conf)
+        .arg("-p")
+        .arg(m.path())
+        .arg("-s")
+        .arg(&secondary)
+        .current_dir(m.path())
+        .output()
+        .expect("pjdfstest runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.contains("FAILED")).collect();
+    let summary = stdout.lines().find(|l| l.starts_with("Summary"));
+    assert!(
+        out.status.success() && failed.is_empty(),
+        "pjdfstest failed:\n{}\n{summary:?}\n{}",
+        failed.join("\n"),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", summary.unwrap_or("no summary"));
+    m.unmount_and_check();
+}
