@@ -565,7 +565,7 @@ impl fuser::Filesystem for Server {
                 &fattr(&a),
                 Generation(a.generation),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                open_flags(self.ttl),
             ),
             Err(e) => reply.error(err(e)),
         }
