@@ -607,6 +607,25 @@ fn options(cfg: &MountConfig) -> FuserConfig {
     o
 }
 
+/// Mounts `fs` and opens its FUSE session: with `mount(2)` as root (the returned
+/// `DirectMount` then is the mount), through `fusermount3` otherwise (the session owns it).
+fn new_session(
+    fs: &Arc<Filesystem>,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
+    let server = Server::new(fs.clone(), cfg.ttl);
+    let opts = options(cfg);
+    Ok(match mnt::mount_direct(mountpoint, cfg)? {
+        Some((fd, direct)) => {
+            let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
+                .inspect_err(|_| drop(direct.unmount(true)))?;
+            (s, Some(direct))
+        }
+        None => (fuser::Session::new(server, mountpoint, &opts)?, None),
+    })
+}
+
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
 /// mount is in place, with a function that unmounts it for signal handlers (a busy mount is
 /// detached lazily, and served until its last open file is closed).
@@ -616,27 +635,19 @@ pub fn mount(
     cfg: &MountConfig,
     on_mounted: impl FnOnce(Box<dyn FnMut() -> io::Result<()> + Send>),
 ) -> io::Result<()> {
-    let server = Server::new(fs.clone(), cfg.ttl);
-    let opts = options(cfg);
-    let (session, unmount): (_, Box<dyn FnMut() -> io::Result<()> + Send>) =
-        match mnt::mount_direct(mountpoint, cfg)? {
-            Some((fd, direct)) => {
-                let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
-                    .inspect_err(|_| drop(direct.unmount(true)))?;
-                // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily;
-                // the session ends when its last open file is closed.
-                let unmount = move || match direct.unmount(false) {
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => direct.unmount(true),
-                    r => r,
-                };
-                (s, Box::new(unmount))
-            }
-            None => {
-                let mut s = fuser::Session::new(server, mountpoint, &opts)?;
-                let mut u = s.unmount_callable();
-                (s, Box::new(move || u.unmount()))
-            }
-        };
+    let (mut session, direct) = new_session(&fs, mountpoint, cfg)?;
+    let unmount: Box<dyn FnMut() -> io::Result<()> + Send> = match direct {
+        // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily; the
+        // session ends when its last open file is closed.
+        Some(direct) => Box::new(move || match direct.unmount(false) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => direct.unmount(true),
+            r => r,
+        }),
+        None => {
+            let mut u = session.unmount_callable();
+            Box::new(move || u.unmount())
+        }
+    };
     mnt::install_invalidator(&fs, session.notifier());
     on_mounted(unmount);
     let r = session.run();
@@ -690,16 +701,7 @@ pub fn mount_background(
     mountpoint: &Path,
     cfg: &MountConfig,
 ) -> io::Result<Mount> {
-    let server = Server::new(fs.clone(), cfg.ttl);
-    let opts = options(cfg);
-    let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
-        Some((fd, direct)) => {
-            let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
-                .inspect_err(|_| drop(direct.unmount(true)))?;
-            (s, Some(direct))
-        }
-        None => (fuser::Session::new(server, mountpoint, &opts)?, None),
-    };
+    let (session, direct) = new_session(&fs, mountpoint, cfg)?;
     let session = session.spawn()?;
     mnt::install_invalidator(&fs, session.notifier());
     Ok(Mount {
