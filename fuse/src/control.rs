@@ -115,5 +115,13 @@ pub fn stats(mountpoint: &Path) -> Result<serde_json::Value, String> {
     })?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).map_err(|e| e.to_string())?;
+    if buf.is_empty() {
+        // Connected in the instant a server was exiting: it closed without answering.
+        return Err(format!(
+            "{}: no running lanefs mount answers there ({} closed without an answer)",
+            mountpoint.display(),
+            path.display()
+        ));
+    }
     serde_json::from_str(&buf).map_err(|e| format!("bad answer from {}: {e}", path.display()))
 }

@@ -150,48 +150,60 @@ impl Filesystem {
 
     /// Creates a device node, FIFO, socket or (type bits 0 or `S_IFREG`) regular file.
     pub fn mknod(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
-        let _c = self.begin(Op::Mknod);
         let kind = match mode & libc::S_IFMT {
-            0 | libc::S_IFREG => NewNode::File,
-            libc::S_IFDIR => return Err(Errno::EPERM),
-            libc::S_IFCHR => NewNode::Special(FileType::CharDevice, rdev),
-            libc::S_IFBLK => NewNode::Special(FileType::BlockDevice, rdev),
-            libc::S_IFIFO => NewNode::Special(FileType::NamedPipe, 0),
-            libc::S_IFSOCK => NewNode::Special(FileType::Socket, 0),
-            _ => return Err(Errno::EINVAL),
+            0 | libc::S_IFREG => Ok(NewNode::File),
+            libc::S_IFDIR => Err(Errno::EPERM),
+            libc::S_IFCHR => Ok(NewNode::Special(FileType::CharDevice, rdev)),
+            libc::S_IFBLK => Ok(NewNode::Special(FileType::BlockDevice, rdev)),
+            libc::S_IFIFO => Ok(NewNode::Special(FileType::NamedPipe, 0)),
+            libc::S_IFSOCK => Ok(NewNode::Special(FileType::Socket, 0)),
+            _ => Err(Errno::EINVAL),
         };
+        match kind {
+            Ok(kind) => self.make_reported(ctx, Op::Mknod, parent, name, mode, kind),
+            Err(e) => {
+                self.begin(Op::Mknod); // counted like any other refused call
+                Err(e)
+            }
+        }
+    }
+
+    /// One node-creating operation (`mknod`, `mkdir`, `symlink`): creates the node and, once
+    /// every lock is released, reports the new name.
+    fn make_reported(
+        &self,
+        ctx: &Ctx,
+        op: Op,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        kind: NewNode,
+    ) -> Result<Attr> {
         let a = {
+            let _c = self.begin(op);
             let g = epoch::pin();
             let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
             self.attr_of(i)
         };
-        drop(_c);
         self.report(ctx, |s| s.entry(parent, name));
         Ok(a)
     }
 
     /// Creates a directory.
     pub fn mkdir(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32) -> Result<Attr> {
-        let a = {
-            let _c = self.begin(Op::Mkdir);
-            let g = epoch::pin();
-            let i = self.make_node(ctx, parent, name, mode, NewNode::Dir, 0, &g)?;
-            self.attr_of(i)
-        };
-        self.report(ctx, |s| s.entry(parent, name));
-        Ok(a)
+        self.make_reported(ctx, Op::Mkdir, parent, name, mode, NewNode::Dir)
     }
 
     /// Creates a symbolic link to `target`.
     pub fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr> {
-        let a = {
-            let _c = self.begin(Op::Symlink);
-            let g = epoch::pin();
-            let i = self.make_node(ctx, parent, name, 0o777, NewNode::Symlink(target), 0, &g)?;
-            self.attr_of(i)
-        };
-        self.report(ctx, |s| s.entry(parent, name));
-        Ok(a)
+        self.make_reported(
+            ctx,
+            Op::Symlink,
+            parent,
+            name,
+            0o777,
+            NewNode::Symlink(target),
+        )
     }
 
     /// The target of symlink `ino`.
