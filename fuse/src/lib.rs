@@ -14,7 +14,9 @@
 //!   mount, one directory's mutations cannot run in parallel whatever the server does.
 //! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
 //!   round trip.
-//! - `FUSE_ATOMIC_O_TRUNC`: `open(O_TRUNC)` is one request, not open + setattr.
+//! - `FUSE_ATOMIC_O_TRUNC`: `open(O_TRUNC)` is one request, not open + setattr. The kernel
+//!   sends `open(O_RDONLY|O_TRUNC)` before its own check that the file is not a running
+//!   program, so the server makes that check (`ETXTBSY`) from the exec opens it has seen.
 //! - `FUSE_CACHE_SYMLINKS`: symlink targets are cached in the page cache.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!

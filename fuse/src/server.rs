@@ -1,10 +1,11 @@
 //! Request translation.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -52,7 +53,20 @@ impl Default for MountConfig {
 pub struct Server {
     fs: Arc<Filesystem>,
     ttl: Duration,
+    /// Files being executed: inode -> open handles that `execve` made (see [`FMODE_EXEC`]).
+    /// A leaf lock, taken only by exec opens, their releases, and `O_RDONLY|O_TRUNC` opens,
+    /// never together with an engine call, so no request on the hot path touches it.
+    executing: Mutex<HashMap<u64, u32>>,
 }
+
+/// The kernel's `__FMODE_EXEC` open flag: `execve` opens the program with it, and the kernel
+/// passes the file's flags through in OPEN and RELEASE. The kernel denies write access to a
+/// file being executed (`ETXTBSY`), but with `FUSE_ATOMIC_O_TRUNC` it sends
+/// `open(O_RDONLY|O_TRUNC)` to the server *before* that check (only a writable open is
+/// checked before the file is opened): the server would truncate a running program, and the
+/// kernel would then fail the open with `ETXTBSY` anyway. So the server keeps the check itself
+/// for that one case, as tmpfs does: `O_TRUNC` on a file with an exec handle is `ETXTBSY`.
+const FMODE_EXEC: i32 = 0x20;
 
 fn err(e: Errno) -> FErrno {
     FErrno::from_i32(e.code())
@@ -140,7 +154,29 @@ fn ctx(req: &Request) -> Ctx {
 impl Server {
     /// A server for `fs`.
     pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> Server {
-        Server { fs, ttl }
+        Server {
+            fs,
+            ttl,
+            executing: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records (`add`) or forgets an exec handle of `ino`.
+    fn count_exec(&self, ino: u64, add: bool) {
+        let mut m = self.executing.lock().unwrap_or_else(|e| e.into_inner());
+        if add {
+            *m.entry(ino).or_insert(0) += 1;
+        } else if let Some(n) = m.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&ino);
+            }
+        }
+    }
+
+    fn is_executing(&self, ino: u64) -> bool {
+        let m = self.executing.lock().unwrap_or_else(|e| e.into_inner());
+        m.contains_key(&ino)
     }
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
@@ -342,8 +378,21 @@ impl fuser::Filesystem for Server {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.open(&ctx(req), ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), open_flags(self.ttl)),
+        let f = flags.0;
+        // A writable open of a running program never gets here (the kernel refuses it first).
+        if f & libc::O_TRUNC != 0
+            && f & libc::O_ACCMODE == libc::O_RDONLY
+            && self.is_executing(ino.0)
+        {
+            return reply.error(FErrno::from_i32(libc::ETXTBSY));
+        }
+        match self.fs.open(&ctx(req), ino.0, f & !FMODE_EXEC) {
+            Ok(fh) => {
+                if f & FMODE_EXEC != 0 {
+                    self.count_exec(ino.0, true);
+                }
+                reply.opened(FileHandle(fh), open_flags(self.ttl))
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -398,14 +447,18 @@ impl fuser::Filesystem for Server {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.release(fh.0), reply);
+        let r = self.fs.release(fh.0);
+        if r.is_ok() && flags.0 & FMODE_EXEC != 0 {
+            self.count_exec(ino.0, false);
+        }
+        Self::empty(r, reply);
     }
 
     fn fsync(
