@@ -152,6 +152,13 @@ pub(crate) struct AttrVals {
     pub ctime: Timespec,
 }
 
+const BLOCKS_PER_PAGE: u64 = crate::data::PAGE / 512;
+
+fn pages_of(blocks: u64) -> u32 {
+    debug_assert_eq!(blocks % BLOCKS_PER_PAGE, 0, "blocks count whole pages");
+    u32::try_from(blocks / BLOCKS_PER_PAGE).unwrap_or(u32::MAX)
+}
+
 /// An inode's attributes behind a sequence lock.
 ///
 /// Readers ([`AttrCell::load`]) never write: they read the sequence number, the fields and the
@@ -168,8 +175,10 @@ pub(crate) struct AttrCell {
     atime_ns: AtomicU32,
     mtime_ns: AtomicU32,
     ctime_ns: AtomicU32,
+    /// `blocks / 8`: blocks count whole 4 KiB pages, and a page count fits 32 bits (16 TiB
+    /// in memory), which keeps the cell at 64 bytes.
+    pages: AtomicU32,
     size: AtomicU64,
-    blocks: AtomicU64,
     atime_s: AtomicI64,
     mtime_s: AtomicI64,
     ctime_s: AtomicI64,
@@ -185,8 +194,8 @@ impl AttrCell {
             atime_ns: AtomicU32::new(v.atime.nsec),
             mtime_ns: AtomicU32::new(v.mtime.nsec),
             ctime_ns: AtomicU32::new(v.ctime.nsec),
+            pages: AtomicU32::new(pages_of(v.blocks)),
             size: AtomicU64::new(v.size),
-            blocks: AtomicU64::new(v.blocks),
             atime_s: AtomicI64::new(v.atime.sec),
             mtime_s: AtomicI64::new(v.mtime.sec),
             ctime_s: AtomicI64::new(v.ctime.sec),
@@ -199,7 +208,7 @@ impl AttrCell {
             uid: self.uid.load(Relaxed),
             gid: self.gid.load(Relaxed),
             size: self.size.load(Relaxed),
-            blocks: self.blocks.load(Relaxed),
+            blocks: self.pages.load(Relaxed) as u64 * BLOCKS_PER_PAGE,
             atime: Timespec::new(self.atime_s.load(Relaxed), self.atime_ns.load(Relaxed)),
             mtime: Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed)),
             ctime: Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed)),
@@ -211,7 +220,7 @@ impl AttrCell {
         self.uid.store(v.uid, Relaxed);
         self.gid.store(v.gid, Relaxed);
         self.size.store(v.size, Relaxed);
-        self.blocks.store(v.blocks, Relaxed);
+        self.pages.store(pages_of(v.blocks), Relaxed);
         self.atime_s.store(v.atime.sec, Relaxed);
         self.atime_ns.store(v.atime.nsec, Relaxed);
         self.mtime_s.store(v.mtime.sec, Relaxed);
@@ -340,7 +349,7 @@ mod tests {
             uid: x as u32,
             gid: x as u32,
             size: x,
-            blocks: x,
+            blocks: x * 8,
             atime: Timespec::new(x as i64, x as u32),
             mtime: Timespec::new(x as i64, x as u32),
             ctime: Timespec::new(x as i64, x as u32),

@@ -19,11 +19,16 @@ fn new_page() -> Page {
         .expect("PAGE-sized vec")
 }
 
-/// The pages of one regular file.
+/// The pages of one regular file. The map is allocated at the first page, so an empty file
+/// costs one pointer here, not a map's three words (the inode's size matters at millions of
+/// files: see the size assertion in `inode.rs`).
 #[derive(Default)]
 pub(crate) struct FileData {
-    pages: BTreeMap<u64, Page>,
+    #[allow(clippy::box_collection)]
+    pages: Option<Box<BTreeMap<u64, Page>>>,
 }
+
+static NO_PAGES: BTreeMap<u64, Page> = BTreeMap::new();
 
 /// Page indexes covering bytes `off..off+len` (empty if `len == 0`).
 fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
@@ -34,15 +39,34 @@ fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
 }
 
 impl FileData {
+    fn map(&self) -> &BTreeMap<u64, Page> {
+        self.pages.as_deref().unwrap_or(&NO_PAGES)
+    }
+
+    fn map_mut(&mut self) -> &mut BTreeMap<u64, Page> {
+        self.pages.get_or_insert_with(Default::default)
+    }
+
+    fn page_mut(&mut self, idx: u64) -> Option<&mut Page> {
+        self.pages.as_mut().and_then(|m| m.get_mut(&idx))
+    }
+
+    /// Frees the map once it holds no page.
+    fn tidy(&mut self) {
+        if self.pages.as_ref().is_some_and(|m| m.is_empty()) {
+            self.pages = None;
+        }
+    }
+
     /// Pages currently allocated.
     pub fn pages(&self) -> u64 {
-        self.pages.len() as u64
+        self.map().len() as u64
     }
 
     /// Pages that writing `off..off+len` would add.
     pub fn missing_pages(&self, off: u64, len: u64) -> u64 {
         let span = page_span(off, len);
-        let present = self.pages.range(span.clone()).count() as u64;
+        let present = self.map().range(span.clone()).count() as u64;
         (span.end - span.start) - present
     }
 
@@ -51,7 +75,7 @@ impl FileData {
     pub fn read(&self, off: u64, buf: &mut [u8]) {
         buf.fill(0);
         let len = buf.len() as u64;
-        for (&idx, page) in self.pages.range(page_span(off, len)) {
+        for (&idx, page) in self.map().range(page_span(off, len)) {
             let page_start = idx * PAGE;
             let from = off.max(page_start);
             let to = (off + len).min(page_start + PAGE);
@@ -69,7 +93,7 @@ impl FileData {
             let page_start = idx * PAGE;
             let from = off.max(page_start);
             let to = (off + len).min(page_start + PAGE);
-            let page = self.pages.entry(idx).or_insert_with(|| {
+            let page = self.map_mut().entry(idx).or_insert_with(|| {
                 added += 1;
                 new_page()
             });
@@ -91,18 +115,18 @@ impl FileData {
         let mut freed = 0;
         if first_full < end_full {
             let doomed: Vec<u64> = self
-                .pages
+                .map()
                 .range(first_full..end_full)
                 .map(|(&k, _)| k)
                 .collect();
             freed = doomed.len() as u64;
             for k in doomed {
-                self.pages.remove(&k);
+                self.map_mut().remove(&k);
             }
         }
         // Partial pages at either end keep their other bytes.
         for idx in [off / PAGE, end.saturating_sub(1) / PAGE] {
-            if let Some(page) = self.pages.get_mut(&idx) {
+            if let Some(page) = self.page_mut(idx) {
                 let page_start = idx * PAGE;
                 let from = off.max(page_start);
                 let to = end.min(page_start + PAGE);
@@ -111,6 +135,7 @@ impl FileData {
                 }
             }
         }
+        self.tidy();
         freed
     }
 
@@ -118,28 +143,29 @@ impl FileData {
     /// returns the pages freed.
     pub fn truncate(&mut self, size: u64) -> u64 {
         let keep = size.div_ceil(PAGE);
-        let doomed: Vec<u64> = self.pages.range(keep..).map(|(&k, _)| k).collect();
+        let doomed: Vec<u64> = self.map().range(keep..).map(|(&k, _)| k).collect();
         for k in &doomed {
-            self.pages.remove(k);
+            self.map_mut().remove(k);
         }
         if size % PAGE != 0 {
-            if let Some(page) = self.pages.get_mut(&(size / PAGE)) {
+            if let Some(page) = self.page_mut(size / PAGE) {
                 page[(size % PAGE) as usize..].fill(0);
             }
         }
+        self.tidy();
         doomed.len() as u64
     }
 
     /// Pages that remain after truncating to `size` bytes.
     pub fn pages_below(&self, size: u64) -> u64 {
-        self.pages.range(..size.div_ceil(PAGE)).count() as u64
+        self.map().range(..size.div_ceil(PAGE)).count() as u64
     }
 
     /// Allocates zeroed pages for `off..off+len`; returns the pages added (reserved beforehand).
     pub fn allocate(&mut self, off: u64, len: u64) -> u64 {
         let mut added = 0;
         for idx in page_span(off, len) {
-            self.pages.entry(idx).or_insert_with(|| {
+            self.map_mut().entry(idx).or_insert_with(|| {
                 added += 1;
                 new_page()
             });

@@ -1,13 +1,31 @@
-//! Directory entries: two filesystem-wide tables, no per-directory container.
+//! Directory entries: two filesystem-wide tables over one allocation per entry, no
+//! per-directory container.
 //!
-//! 1. The **dirent map** (`scc::HashMap`), keyed by `(parent ino, name)`, gives `(ino_gen,
-//!    cookie)`. Lookups read it under a per-bucket read lock, the only lock a lookup takes
-//!    (DESIGN §3). `scc::HashMap` frees a removed entry in place (unlike `scc::HashIndex`,
-//!    whose epoch-deferred removal piles dead copies of a re-used name into one bucket:
-//!    `notes/prototype-crunl.md`).
-//! 2. The **ordered index**: 256 mutex-protected shards of `BTreeMap<(parent, cookie), name>`
-//!    plus a per-`(parent, slot)` entry count. It gives readdir its stable order and resumable
-//!    offsets, rmdir its emptiness test and `stat` a directory's size.
+//! Each entry is one heap **node** (`Node`: inode, cookie, and the key `parent ino ++ name`),
+//! allocated once and shared by both tables, so a name is stored once:
+//!
+//! 1. The **dirent map** (`scc::HashMap`), keyed by the node's key bytes, owns the node (8
+//!    bytes per slot). Lookups read it under a per-bucket read lock, the only lock a lookup
+//!    takes (DESIGN §3). `scc::HashMap` frees a removed entry in place (unlike
+//!    `scc::HashIndex`, whose epoch-deferred removal piles dead copies of a re-used name into
+//!    one bucket: `notes/prototype-crunl.md`).
+//! 2. The **ordered index**: 256 mutex-protected shards, each mapping `(parent, slot)` to a
+//!    **run**: the nodes that thread slot inserted in that directory, as one word each in a
+//!    vector sorted by cookie (appends at the end, since a slot's cookies only grow; a removal
+//!    leaves a tombstone word, and a run with more tombstones than entries is compacted). It
+//!    gives readdir its stable order and resumable offsets, rmdir its emptiness test and
+//!    `stat` a directory's size.
+//!
+//! Why by hand: no crate offers a concurrent map and an ordered index sharing entries, and
+//! keeping each name twice (a `BTreeMap` of names beside the hash map) cost about 250 bytes a
+//! file where this costs about 80 (docs/BENCHMARKS.md, "Memory per file").
+//!
+//! # A node's life
+//! A node is created by `publish`, enters the index (under the shard lock), then the map; it
+//! leaves the map first (`remove`, the removal's visible moment), then the index, and is freed
+//! only then. So a node is alive while it is in either table: readers of the map touch nodes
+//! only under a bucket lock, readers of the index only under the shard lock, and the remover
+//! frees the node after taking both out. Nothing else holds a pointer to a node.
 //!
 //! # Cookies
 //! An entry's cookie is its readdir offset: `((slot + 1) << 48) | seq`, where `seq` comes from
@@ -18,12 +36,15 @@
 //! # Sharding
 //! Index shard = `(hash(parent) + slot) mod 256`: the entries one thread inserts in one
 //! directory share a shard, and 64 threads inserting in one directory use 64 different shards.
-//! Readdir walks the slots in order, each slot's range in cookie order, which is cookie order.
+//! Readdir walks the slots in order, each slot's run in cookie order, which is cookie order.
 //! A directory records in `slot_mask` which slots ever inserted in it, so readdir and the
 //! emptiness test visit only those shards.
 
+use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::*, fence};
 
 use crossbeam_utils::CachePadded;
@@ -45,29 +66,8 @@ const SEQ_MASK: u64 = FIRST_COOKIE - 1;
 const NSHARDS: usize = 256;
 const _: () = assert!(NSHARDS >= NSLOTS && NSHARDS.is_power_of_two());
 
-/// A name as kept in the ordered index (inline up to 16 bytes).
+/// A name as handed out by readdir (inline up to 16 bytes).
 pub(crate) type Name = SmallVec<[u8; 16]>;
-
-/// Key of the dirent map: the parent's inode number (8 bytes, little-endian), then the name.
-/// Inline up to 16-byte names.
-#[derive(PartialEq, Eq, Hash)]
-pub(crate) struct Key(SmallVec<[u8; 24]>);
-
-impl Borrow<[u8]> for Key {
-    fn borrow(&self) -> &[u8] {
-        &self.0
-    }
-}
-
-impl Key {
-    pub fn parent(&self) -> Ino {
-        u64::from_le_bytes(self.0[..8].try_into().expect("8-byte prefix"))
-    }
-
-    pub fn name(&self) -> &[u8] {
-        &self.0[8..]
-    }
-}
 
 /// The bytes of a key, built on the stack (inline up to 40-byte names) for lookups.
 type KeyBuf = SmallVec<[u8; 48]>;
@@ -81,6 +81,150 @@ fn key_buf(parent: Ino, name: &[u8]) -> KeyBuf {
     k
 }
 
+/// The header of a directory entry's node; the key bytes (`parent` little-endian, then the
+/// name) follow it in the same allocation, at `KEY_OFFSET`. 16 bytes: a 16-byte name makes a
+/// 40-byte node.
+#[repr(C)]
+struct Node {
+    /// The inode the entry names; changed in place by a rename over it (`repoint`).
+    ino_gen: AtomicU64,
+    /// The cookie (readdir offset, below `COOKIE_BITS`) and, above it, the key length; fixed
+    /// for the node's life.
+    cookie_len: u64,
+}
+
+const COOKIE_BITS: u32 = 55;
+const _: () = assert!((NSLOTS as u64 + 1) << 48 <= 1 << COOKIE_BITS);
+const _: () = assert!(8 + NAME_MAX < 1 << (64 - COOKIE_BITS));
+const KEY_OFFSET: usize = std::mem::size_of::<Node>();
+
+impl Node {
+    #[inline]
+    fn cookie(&self) -> u64 {
+        self.cookie_len & ((1 << COOKIE_BITS) - 1)
+    }
+
+    #[inline]
+    fn key_len(&self) -> usize {
+        (self.cookie_len >> COOKIE_BITS) as usize
+    }
+}
+
+fn node_layout(key_len: usize) -> Layout {
+    Layout::from_size_align(KEY_OFFSET + key_len, std::mem::align_of::<Node>())
+        .expect("small layout")
+}
+
+/// The owner of one node: it lives in the dirent map, or with the thread publishing or
+/// removing the entry. Dropping it frees the node (see "A node's life").
+pub(crate) struct Entry(NonNull<Node>);
+
+// SAFETY: a node is immutable after creation except `ino_gen`, an atomic; an `Entry` is its
+// only owner, so moving it to another thread moves the node's ownership with it.
+unsafe impl Send for Entry {}
+// SAFETY: shared access reads immutable fields and an atomic.
+unsafe impl Sync for Entry {}
+
+impl Entry {
+    fn new(parent: Ino, name: &[u8], ino_gen: u64, cookie: u64) -> Entry {
+        let len = 8 + name.len();
+        debug_assert!(cookie < 1 << COOKIE_BITS);
+        let layout = node_layout(len);
+        // SAFETY: the layout has a non-zero size (the header).
+        let raw = unsafe { alloc(layout) } as *mut Node;
+        let Some(ptr) = NonNull::new(raw) else {
+            handle_alloc_error(layout)
+        };
+        // SAFETY: `raw` is a fresh allocation of `layout`: the header fits at its start
+        // (aligned for `Node`), and `len` bytes fit at `KEY_OFFSET`.
+        unsafe {
+            raw.write(Node {
+                ino_gen: AtomicU64::new(ino_gen),
+                cookie_len: (len as u64) << COOKIE_BITS | cookie,
+            });
+            let key = (raw as *mut u8).add(KEY_OFFSET);
+            std::ptr::copy_nonoverlapping(parent.to_le_bytes().as_ptr(), key, 8);
+            std::ptr::copy_nonoverlapping(name.as_ptr(), key.add(8), name.len());
+        }
+        Entry(ptr)
+    }
+
+    #[inline]
+    fn node(&self) -> &Node {
+        // SAFETY: the node lives as long as its owner.
+        unsafe { self.0.as_ref() }
+    }
+
+    #[inline]
+    fn key(&self) -> &[u8] {
+        // SAFETY: as `node`, plus: `len` initialised bytes follow the header (`Entry::new`).
+        unsafe { node_key(self.0) }
+    }
+
+    pub fn parent(&self) -> Ino {
+        u64::from_le_bytes(self.key()[..8].try_into().expect("8-byte prefix"))
+    }
+
+    pub fn name(&self) -> &[u8] {
+        &self.key()[8..]
+    }
+
+    fn dirent(&self) -> Dirent {
+        Dirent {
+            ino_gen: self.node().ino_gen.load(Acquire),
+            cookie: self.node().cookie(),
+        }
+    }
+
+    /// The index's word for this node.
+    fn word(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+}
+
+/// The key bytes of a live node.
+///
+/// # Safety
+/// `p` points at a live node.
+#[inline]
+unsafe fn node_key<'a>(p: NonNull<Node>) -> &'a [u8] {
+    // SAFETY: per the contract, `p` is live; its key follows the header (`Entry::new`).
+    unsafe {
+        let len = p.as_ref().key_len();
+        std::slice::from_raw_parts((p.as_ptr() as *const u8).add(KEY_OFFSET), len)
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        let layout = node_layout(self.node().key_len());
+        // SAFETY: allocated in `Entry::new` with this layout; the entry is the node's only
+        // owner and no table refers to it any more ("A node's life").
+        unsafe { dealloc(self.0.as_ptr() as *mut u8, layout) }
+    }
+}
+
+impl Borrow<[u8]> for Entry {
+    fn borrow(&self) -> &[u8] {
+        self.key()
+    }
+}
+
+// Hash and equality of the key bytes, as `[u8]` has them: `Borrow` requires it.
+impl Hash for Entry {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state)
+    }
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Entry) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Entry {}
+
 /// A directory entry's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dirent {
@@ -88,14 +232,96 @@ pub(crate) struct Dirent {
     pub cookie: u64,
 }
 
+/// One slot's entries in one directory, in cookie order. A word is a node's address (even) or
+/// a tombstone, `cookie << 1 | 1`.
+#[derive(Default)]
+struct Run {
+    words: Vec<u64>,
+    live: u32,
+}
+
+#[inline]
+fn is_tomb(w: u64) -> bool {
+    w & 1 == 1
+}
+
+/// The node of a live word.
+///
+/// # Safety
+/// The caller holds the lock of the shard whose run holds `w`, and `w` is not a tombstone.
+#[inline]
+unsafe fn word_node(w: u64) -> NonNull<Node> {
+    debug_assert!(!is_tomb(w));
+    // SAFETY: a live word is the address of a node (`Entry::word`), never null.
+    unsafe { NonNull::new_unchecked(w as *mut Node) }
+}
+
+/// The cookie of a word, live or tombstone.
+///
+/// # Safety
+/// As [`word_node`], without the tombstone condition.
+#[inline]
+unsafe fn word_cookie(w: u64) -> u64 {
+    if is_tomb(w) {
+        w >> 1
+    } else {
+        // SAFETY: a live word's node stays alive while it is in the run, and the run is read
+        // under its shard lock, which the node's remover takes before freeing it.
+        unsafe { word_node(w).as_ref().cookie() }
+    }
+}
+
+impl Run {
+    /// Position of `cookie` (Ok) or where it would go (Err).
+    fn find(&self, cookie: u64) -> std::result::Result<usize, usize> {
+        // SAFETY: runs are only reached under their shard lock (callers hold it).
+        self.words
+            .binary_search_by_key(&cookie, |&w| unsafe { word_cookie(w) })
+    }
+
+    fn insert(&mut self, e: &Entry) {
+        let cookie = e.node().cookie();
+        // Cookies of one slot only grow, but two threads may share a slot and reach the shard
+        // lock out of cookie order.
+        // SAFETY: the run is under its shard lock (the caller holds it).
+        let at_end = self
+            .words
+            .last()
+            .is_none_or(|&w| unsafe { word_cookie(w) } < cookie);
+        if at_end {
+            self.words.push(e.word());
+        } else {
+            let i = self.find(cookie).expect_err("cookie inserted twice");
+            self.words.insert(i, e.word());
+        }
+        self.live += 1;
+    }
+
+    /// Tombstones `cookie`; compacts when tombstones outnumber entries.
+    fn remove(&mut self, cookie: u64) {
+        let i = match self.find(cookie) {
+            Ok(i) if !is_tomb(self.words[i]) => i,
+            _ => panic!("index entry with cookie {cookie:#x} missing"),
+        };
+        self.words[i] = cookie << 1 | 1;
+        self.live -= 1;
+        let dead = self.words.len() - self.live as usize;
+        if dead > self.live as usize && dead >= 16 {
+            self.words.retain(|&w| !is_tomb(w));
+            if self.words.capacity() > 2 * self.words.len() + 16 {
+                self.words.shrink_to_fit();
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Shard {
-    index: BTreeMap<(Ino, u64), Name>,
-    counts: HashMap<(Ino, u8), u32, foldhash::fast::RandomState>,
+    runs: HashMap<(Ino, u8), Run, foldhash::fast::RandomState>,
 }
 
 pub(crate) struct Dirents {
-    map: scc::HashMap<Key, Dirent, foldhash::fast::RandomState>,
+    map: scc::HashMap<Entry, (), foldhash::fast::RandomState>,
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     cookie_seq: PerSlot<AtomicU64>,
 }
@@ -152,7 +378,8 @@ impl Dirents {
     /// The entry `name` in `parent`.
     #[inline]
     pub fn get(&self, parent: Ino, name: &[u8]) -> Option<Dirent> {
-        self.map.read_sync(&key_buf(parent, name)[..], |_, v| *v)
+        self.map
+            .read_sync(&key_buf(parent, name)[..], |e, _| e.dirent())
     }
 
     fn next_cookie(&self, slot: usize) -> u64 {
@@ -185,10 +412,13 @@ impl Dirents {
             dir.slot_mask.fetch_or(bit, SeqCst);
         }
         let cookie = self.next_cookie(slot);
+        let entry = Entry::new(parent, name, ino_gen, cookie);
         {
             let mut sh = stats.lock(LockClass::IndexShard, &self.shards[shard_of(parent, slot)]);
-            sh.index.insert((parent, cookie), Name::from_slice(name));
-            *sh.counts.entry((parent, slot as u8)).or_insert(0) += 1;
+            sh.runs
+                .entry((parent, slot as u8))
+                .or_default()
+                .insert(&entry);
         }
         fence(SeqCst);
         let mut life = dir.life.load(SeqCst);
@@ -197,12 +427,10 @@ impl Dirents {
         }
         if life != DIR_ALIVE {
             self.index_remove(parent, cookie, stats);
+            drop(entry);
             return Err(Errno::ENOENT);
         }
-        let fresh = self.map.insert_sync(
-            Key(SmallVec::from_slice(&key_buf(parent, name))),
-            Dirent { ino_gen, cookie },
-        );
+        let fresh = self.map.insert_sync(entry, ());
         assert!(fresh.is_ok(), "name published twice under its stripe lock");
         Ok(cookie)
     }
@@ -228,37 +456,39 @@ impl Dirents {
     }
 
     /// Removes `name` from `parent`: from the map first (the removal's visible moment), then
-    /// from the index.
+    /// from the index; then frees the node.
     pub fn remove(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
-        let (_, de) = self.map.remove_sync(&key_buf(parent, name)[..])?;
+        let (entry, ()) = self.map.remove_sync(&key_buf(parent, name)[..])?;
+        let de = entry.dirent();
         self.index_remove(parent, de.cookie, stats);
+        drop(entry);
         Some(de)
     }
 
     fn index_remove(&self, parent: Ino, cookie: u64, stats: &Stats) {
         let slot = slot_of(cookie);
         let mut sh = stats.lock(LockClass::IndexShard, &self.shards[shard_of(parent, slot)]);
-        let gone = sh.index.remove(&(parent, cookie));
-        assert!(
-            gone.is_some(),
-            "index entry ({parent}, {cookie:#x}) missing"
-        );
         let key = (parent, slot as u8);
-        let c = sh.counts.get_mut(&key).expect("count of a present entry");
-        *c -= 1;
-        if *c == 0 {
-            sh.counts.remove(&key);
+        let run = sh
+            .runs
+            .get_mut(&key)
+            .unwrap_or_else(|| panic!("index run ({parent}, {slot}) missing"));
+        run.remove(cookie);
+        if run.live == 0 {
+            sh.runs.remove(&key);
         }
     }
 
     /// Points existing entry `name` at `ino_gen` in place (the entry never disappears, so a
     /// concurrent lookup sees the old or the new inode); returns the old value.
     pub fn repoint(&self, parent: Ino, name: &[u8], ino_gen: u64) -> Option<Dirent> {
-        self.map.update_sync(&key_buf(parent, name)[..], |_, v| {
-            let old = *v;
-            v.ino_gen = ino_gen;
-            old
-        })
+        // The caller holds the name's stripe: no other writer of this entry. Readers see the
+        // old or the new inode.
+        self.map
+            .read_sync(&key_buf(parent, name)[..], |e, _| Dirent {
+                ino_gen: e.node().ino_gen.swap(ino_gen, AcqRel),
+                cookie: e.node().cookie(),
+            })
     }
 
     /// Entries in directory `ino` (published or being published).
@@ -267,7 +497,7 @@ impl Dirents {
         let mut n = 0u64;
         for slot in (0..NSLOTS).filter(|s| mask & (1 << s) != 0) {
             let sh = stats.lock(LockClass::IndexShard, &self.shards[shard_of(ino, slot)]);
-            n += *sh.counts.get(&(ino, slot as u8)).unwrap_or(&0) as u64;
+            n += sh.runs.get(&(ino, slot as u8)).map_or(0, |r| r.live) as u64;
         }
         n
     }
@@ -293,8 +523,22 @@ impl Dirents {
             let lo = (after + 1).max(slot_base(slot));
             let hi = slot_base(slot + 1) - 1;
             let sh = stats.lock(LockClass::IndexShard, &self.shards[shard_of(ino, slot)]);
-            for (&(_, cookie), name) in sh.index.range((ino, lo)..=(ino, hi)) {
-                out.push((cookie, name.clone()));
+            let Some(run) = sh.runs.get(&(ino, slot as u8)) else {
+                continue;
+            };
+            let from = match run.find(lo) {
+                Ok(i) | Err(i) => i,
+            };
+            for &w in run.words[from..].iter().filter(|&&w| !is_tomb(w)) {
+                // SAFETY: a live word of a run read under its shard lock.
+                let (cookie, key) = unsafe {
+                    let n = word_node(w);
+                    (n.as_ref().cookie(), node_key(n))
+                };
+                if cookie > hi {
+                    break;
+                }
+                out.push((cookie, Name::from_slice(&key[8..])));
                 if out.len() >= max {
                     return;
                 }
@@ -304,8 +548,8 @@ impl Dirents {
 
     /// Visits every entry of the map (for the invariant checker).
     pub fn for_each(&self, mut f: impl FnMut(Ino, &[u8], Dirent)) {
-        self.map.iter_sync(|k, v| {
-            f(k.parent(), k.name(), *v);
+        self.map.iter_sync(|e, ()| {
+            f(e.parent(), e.name(), e.dirent());
             true
         });
     }
@@ -314,8 +558,15 @@ impl Dirents {
     pub fn for_each_indexed(&self, mut f: impl FnMut(Ino, u64, &[u8])) {
         for sh in self.shards.iter() {
             let sh = sh.lock();
-            for (&(p, c), name) in &sh.index {
-                f(p, c, name);
+            for (&(p, _), run) in &sh.runs {
+                for &w in run.words.iter().filter(|&&w| !is_tomb(w)) {
+                    // SAFETY: a live word of a run read under its shard lock.
+                    let (cookie, key) = unsafe {
+                        let n = word_node(w);
+                        (n.as_ref().cookie(), node_key(n))
+                    };
+                    f(p, cookie, &key[8..]);
+                }
             }
         }
     }
@@ -334,9 +585,17 @@ mod tests {
 
     #[test]
     fn key_layout_and_borrowed_lookup() {
-        let k = Key(SmallVec::from_slice(&key_buf(0x0102, b"abc")));
+        let k = Entry::new(0x0102, b"abc", 5, FIRST_COOKIE);
         assert_eq!(k.parent(), 0x0102);
         assert_eq!(k.name(), b"abc");
+        assert_eq!(k.key(), &key_buf(0x0102, b"abc")[..]);
+        assert_eq!(
+            k.dirent(),
+            Dirent {
+                ino_gen: 5,
+                cookie: FIRST_COOKIE
+            }
+        );
         let d = Dirents::new();
         let dir = DirBody::new(1);
         let stats = Stats::default();

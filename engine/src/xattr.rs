@@ -76,10 +76,6 @@ impl Xattrs {
         self.map.remove(name).map(|_| ()).ok_or(Errno::ENODATA)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
     /// Names, each followed by NUL, as `listxattr` returns them.
     pub fn list(&self, mut visible: impl FnMut(&[u8]) -> bool) -> Vec<u8> {
         let mut out = Vec::new();

@@ -8,7 +8,7 @@ use crate::errno::{Errno, Result};
 use crate::inode::Inode;
 use crate::perm::{self, Ctx, MAY_READ, MAY_WRITE};
 use crate::stats::{LockClass, Op};
-use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, Xattrs, namespace};
+use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, namespace};
 
 impl Filesystem {
     fn xattr_permission(&self, ctx: &Ctx, i: &Inode, name: &[u8], write: bool) -> Result<()> {
@@ -51,11 +51,9 @@ impl Filesystem {
         let g = epoch::pin();
         let i = self.inode(ino, &g)?;
         self.xattr_permission(ctx, i, name, false)?;
-        let x = self.stats.lock(LockClass::Xattr, &i.xattrs);
-        x.as_ref()
-            .and_then(|x| x.get(name))
-            .map(<[u8]>::to_vec)
-            .ok_or(Errno::ENODATA)
+        let m = i.xattrs.get().ok_or(Errno::ENODATA)?;
+        let x = self.stats.lock(LockClass::Xattr, m);
+        x.get(name).map(<[u8]>::to_vec).ok_or(Errno::ENODATA)
     }
 
     /// Sets attribute `name`; `flags` may hold `XATTR_CREATE` or `XATTR_REPLACE`.
@@ -76,8 +74,9 @@ impl Filesystem {
         self.writable()?;
         self.xattr_permission(ctx, i, name, true)?;
         {
-            let mut x = self.stats.lock(LockClass::Xattr, &i.xattrs);
-            x.get_or_insert_with(|| Box::new(Xattrs::default()))
+            let m = i.xattrs.get_or_init(Default::default);
+            self.stats
+                .lock(LockClass::Xattr, m)
                 .set(name, value, flags)?;
         }
         i.attr.touch_c(&self.stats);
@@ -91,10 +90,11 @@ impl Filesystem {
         let _c = self.begin(Op::Listxattr);
         let g = epoch::pin();
         let i = self.inode(ino, &g)?;
-        let x = self.stats.lock(LockClass::Xattr, &i.xattrs);
-        Ok(x.as_ref()
-            .map(|x| x.list(|n| ctx.is_root() || !n.starts_with(b"trusted.")))
-            .unwrap_or_default())
+        let Some(m) = i.xattrs.get() else {
+            return Ok(Vec::new());
+        };
+        let x = self.stats.lock(LockClass::Xattr, m);
+        Ok(x.list(|n| ctx.is_root() || !n.starts_with(b"trusted.")))
     }
 
     /// Removes attribute `name`.
@@ -105,12 +105,8 @@ impl Filesystem {
         self.writable()?;
         self.xattr_permission(ctx, i, name, true)?;
         {
-            let mut x = self.stats.lock(LockClass::Xattr, &i.xattrs);
-            let map = x.as_mut().ok_or(Errno::ENODATA)?;
-            map.remove(name)?;
-            if map.is_empty() {
-                *x = None;
-            }
+            let m = i.xattrs.get().ok_or(Errno::ENODATA)?;
+            self.stats.lock(LockClass::Xattr, m).remove(name)?;
         }
         i.attr.touch_c(&self.stats);
         drop(_c);
