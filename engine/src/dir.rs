@@ -18,7 +18,7 @@
 //!
 //! Why by hand: no crate offers a concurrent map and an ordered index sharing entries, and
 //! keeping each name twice (a `BTreeMap` of names beside the hash map) cost about 250 bytes a
-//! file where this costs about 80 (docs/BENCHMARKS.md, "Memory per file").
+//! file where this costs about 70 (docs/BENCHMARKS.md, "Memory per file").
 //!
 //! # A node's life
 //! A node is created by `publish`, enters the index (under the shard lock), then the map; it

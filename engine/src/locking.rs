@@ -12,7 +12,7 @@
 //! | `rename` | 1 per filesystem | the parent pointers (`DirBody::parent`) of all directories; taken only by a rename that moves a directory to another parent (and, in `dirlock` mode, by every cross-directory rename, as Linux's `s_vfs_rename_mutex`) |
 //! | `dirlock` | 1 per directory (`DirBody::lock`) | all entries of that directory; `Locking::DirLock` only |
 //! | `stripe` | 16384 per filesystem (`NSTRIPES`) | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, and the link count changes that adding or removing it implies |
-//! | `index_shard` | 256 per filesystem | one shard of the ordered index and its per-`(dir, slot)` counts |
+//! | `index_shard` | 256 per filesystem | one shard of the ordered index: the runs of its `(dir, slot)` pairs and their live counts; a directory entry node is freed only after its remover has taken it out of its run under this lock (`dir.rs`) |
 //! | `file_data` | 1 per regular file (`RwLock`) | the file's pages, and its size (which also lives in the attributes, written under this lock) |
 //! | `attr` | 1 per inode (seqlock, writers only) | mode, uid, gid, size, blocks, times |
 //! | `xattr` | 1 per inode | the inode's extended attributes |
