@@ -318,6 +318,155 @@ fn mmap_reads_and_writes() {
     assert_eq!(&c.read("/mapped").unwrap()[4096..4101], b"hello");
 }
 
+/// File data through the mount, in the manner of fsx: random writes, reads, truncates, mmap
+/// reads and writes, fallocate and hole punching on one file, each checked against a model
+/// buffer, and the engine's own copy compared with the model at the end (the page cache and
+/// the engine must agree). Prints its seed; `LANEFS_SEED=<n>` replays it.
+#[test]
+fn data_survives_random_io_like_fsx() {
+    use rand::{Rng, SeedableRng, rngs::StdRng};
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+
+    const MAX: usize = 256 * 1024;
+    const PAGE: usize = 4096;
+    let seed: u64 = std::env::var("LANEFS_SEED")
+        .map(|s| s.parse().expect("LANEFS_SEED is a number"))
+        .unwrap_or_else(|_| rand::random());
+    eprintln!("fsx seed {seed} (replay with LANEFS_SEED={seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let path = m.path().join("fsx");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    let fd = f.as_raw_fd();
+    let mut model: Vec<u8> = Vec::new();
+    let span = |rng: &mut StdRng, limit: usize| {
+        let off = rng.random_range(0..limit);
+        let len = rng.random_range(1..=(limit - off).min(64 * 1024));
+        (off, len)
+    };
+    for step in 0..3000 {
+        let what = rng.random_range(0..8);
+        let ctx = |op: &str| format!("step {step} ({op}), seed {seed}");
+        match what {
+            0 | 1 => {
+                let (off, len) = span(&mut rng, MAX);
+                let data: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+                f.write_all_at(&data, off as u64).unwrap();
+                if model.len() < off + len {
+                    model.resize(off + len, 0);
+                }
+                model[off..off + len].copy_from_slice(&data);
+            }
+            2 | 3 if !model.is_empty() => {
+                let (off, len) = span(&mut rng, model.len());
+                let mut buf = vec![0u8; len];
+                f.read_exact_at(&mut buf, off as u64).unwrap();
+                assert!(
+                    buf == model[off..off + len],
+                    "{}: read {off}+{len}",
+                    ctx("read")
+                );
+            }
+            4 => {
+                let size = rng.random_range(0..MAX);
+                f.set_len(size as u64).unwrap();
+                model.resize(size, 0);
+            }
+            5 if !model.is_empty() => {
+                // Map a page-aligned window inside the file; read it, and sometimes write it.
+                let first = rng.random_range(0..model.len().div_ceil(PAGE));
+                let pages = rng.random_range(1..=(model.len().div_ceil(PAGE) - first).min(16));
+                let off = first * PAGE;
+                let len = (pages * PAGE).min(model.len() - off);
+                let write = rng.random_bool(0.5);
+                let prot = libc::PROT_READ | if write { libc::PROT_WRITE } else { 0 };
+                // SAFETY: a shared mapping of `len` bytes at a page-aligned offset inside the
+                // file, unmapped below before the file can shrink.
+                let p = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        len,
+                        prot,
+                        libc::MAP_SHARED,
+                        fd,
+                        off as i64,
+                    )
+                };
+                assert_ne!(p, libc::MAP_FAILED, "{}", ctx("mmap"));
+                // SAFETY: the mapping is `len` bytes long, readable and (if `write`) writable.
+                let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, len) };
+                assert!(
+                    s == &model[off..off + len],
+                    "{}: mapped {off}+{len}",
+                    ctx("mmap read")
+                );
+                if write {
+                    for b in s.iter_mut() {
+                        *b = rng.random();
+                    }
+                    model[off..off + len].copy_from_slice(s);
+                    // SAFETY: flushing and unmapping the mapping made above.
+                    assert_eq!(unsafe { libc::msync(p, len, libc::MS_SYNC) }, 0);
+                }
+                // SAFETY: as above.
+                unsafe { libc::munmap(p, len) };
+            }
+            6 => {
+                // fallocate: allocates (zeros where there was nothing) and may extend.
+                let (off, len) = span(&mut rng, MAX);
+                // SAFETY: plain syscall on an open descriptor.
+                let r = unsafe { libc::fallocate(fd, 0, off as i64, len as i64) };
+                assert_eq!(
+                    r,
+                    0,
+                    "{}: {}",
+                    ctx("fallocate"),
+                    std::io::Error::last_os_error()
+                );
+                if model.len() < off + len {
+                    model.resize(off + len, 0);
+                }
+            }
+            7 if !model.is_empty() => {
+                let (off, len) = span(&mut rng, model.len());
+                let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+                // SAFETY: plain syscall on an open descriptor.
+                let r = unsafe { libc::fallocate(fd, mode, off as i64, len as i64) };
+                assert_eq!(
+                    r,
+                    0,
+                    "{}: {}",
+                    ctx("punch"),
+                    std::io::Error::last_os_error()
+                );
+                model[off..off + len].fill(0);
+            }
+            _ => {}
+        }
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(size, model.len() as u64, "{}: size", ctx("stat"));
+    }
+    drop(f);
+    let whole = std::fs::read(&path).unwrap();
+    assert!(
+        whole == model,
+        "whole file differs from the model (seed {seed})"
+    );
+    let lib = lanefs::Client::root(m.fs.clone());
+    assert!(
+        lib.read("/fsx").unwrap() == model,
+        "the engine's copy differs (seed {seed})"
+    );
+    m.unmount_and_check();
+}
+
 /// A program running from the mount cannot be truncated: `open(O_RDONLY|O_TRUNC)` is refused
 /// with ETXTBSY and the file keeps its bytes. (With FUSE_ATOMIC_O_TRUNC the kernel hands that
 /// open to the server before its own ETXTBSY check: a server that truncates first leaves the
