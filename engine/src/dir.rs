@@ -4,11 +4,12 @@
 //! Each entry is one heap **node** (`Node`: inode, cookie, and the key `parent ino ++ name`),
 //! allocated once and shared by both tables, so a name is stored once:
 //!
-//! 1. The **dirent map** (`scc::HashMap`), keyed by the node's key bytes, owns the node (8
-//!    bytes per slot). Lookups read it under a per-bucket read lock, the only lock a lookup
-//!    takes (DESIGN §3). `scc::HashMap` frees a removed entry in place (unlike
-//!    `scc::HashIndex`, whose epoch-deferred removal piles dead copies of a re-used name into
-//!    one bucket: `notes/prototype-crunl.md`).
+//! 1. The **dirent map**, keyed by the node's key bytes, owns the node. It is `NMAP` shards,
+//!    each a `hashbrown::HashTable` (8 bytes a slot) under a read-write lock, picked by bits
+//!    32..44 of the key's hash (the table itself uses the low bits and the top seven). A
+//!    lookup read-locks one shard, the only lock it takes (DESIGN §3); with 4096 shards,
+//!    threads working on different names rarely share one. A removed entry is freed at once
+//!    (no epoch-deferred slots: `notes/prototype-crunl.md` on `scc::HashIndex`).
 //! 2. The **ordered index**: 256 mutex-protected shards, each mapping `(parent, slot)` to a
 //!    **run**: the nodes that thread slot inserted in that directory, as one word each in a
 //!    vector sorted by cookie (appends at the end, since a slot's cookies only grow; a removal
@@ -18,7 +19,12 @@
 //!
 //! Why by hand: no crate offers a concurrent map and an ordered index sharing entries, and
 //! keeping each name twice (a `BTreeMap` of names beside the hash map) cost about 250 bytes a
-//! file where this costs about 70 (docs/BENCHMARKS.md, "Memory per file").
+//! file where this costs about 60 (docs/BENCHMARKS.md, "Memory per file"). The map was an
+//! `scc::HashMap` first; its bucket locks spin for 32 µs on a holder that was preempted, and
+//! with 32 threads on 2 cores crunl lost a tenth of its CPU to that spinning. In a side-by-side
+//! run of the same insert/lookup/remove loop (`docs/BENCHMARKS.md`), the sharded tables kept
+//! their T=2 throughput at T=32 where `scc::HashMap` lost 16–30%, at the same T=1 speed, and
+//! they take about half the memory per entry.
 //!
 //! # A node's life
 //! A node is created by `publish`, enters the index (under the shard lock), then the map; it
@@ -47,8 +53,11 @@ use std::hash::{Hash, Hasher};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::*, fence};
 
+use std::hash::BuildHasher;
+
 use crossbeam_utils::CachePadded;
-use parking_lot::Mutex;
+use hashbrown::HashTable;
+use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
 use crate::attr::Ino;
@@ -64,6 +73,8 @@ pub const NAME_MAX: usize = 255;
 pub const FIRST_COOKIE: u64 = 1 << 48;
 const SEQ_MASK: u64 = FIRST_COOKIE - 1;
 const NSHARDS: usize = 256;
+/// Shards of the dirent map.
+const NMAP: usize = 4096;
 const _: () = assert!(NSHARDS >= NSLOTS && NSHARDS.is_power_of_two());
 
 /// A name as handed out by readdir (inline up to 16 bytes).
@@ -124,6 +135,8 @@ pub(crate) struct Entry(NonNull<Node>);
 unsafe impl Send for Entry {}
 // SAFETY: shared access reads immutable fields and an atomic.
 unsafe impl Sync for Entry {}
+
+type MapShard = CachePadded<RwLock<HashTable<Entry>>>;
 
 impl Entry {
     fn new(parent: Ino, name: &[u8], ino_gen: u64, cookie: u64) -> Entry {
@@ -321,7 +334,8 @@ struct Shard {
 }
 
 pub(crate) struct Dirents {
-    map: scc::HashMap<Entry, (), foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
+    map: Box<[MapShard]>,
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     cookie_seq: PerSlot<AtomicU64>,
 }
@@ -365,9 +379,10 @@ fn wait_outcome(dir: &DirBody) -> u8 {
 impl Dirents {
     pub fn new() -> Self {
         Dirents {
-            // A floor on capacity: scc shrinks a table that empties, and a tiny table under
-            // many threads makes them queue on its few buckets (notes/prototype-crunl.md).
-            map: scc::HashMap::with_capacity_and_hasher(1 << 12, Default::default()),
+            hasher: Default::default(),
+            map: (0..NMAP)
+                .map(|_| CachePadded::new(RwLock::new(HashTable::new())))
+                .collect(),
             shards: (0..NSHARDS)
                 .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
@@ -375,11 +390,23 @@ impl Dirents {
         }
     }
 
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    #[inline]
+    fn map_shard(&self, hash: u64) -> &RwLock<HashTable<Entry>> {
+        &self.map[(hash >> 32) as usize & (NMAP - 1)]
+    }
+
     /// The entry `name` in `parent`.
     #[inline]
-    pub fn get(&self, parent: Ino, name: &[u8]) -> Option<Dirent> {
-        self.map
-            .read_sync(&key_buf(parent, name)[..], |e, _| e.dirent())
+    pub fn get(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
+        let key = key_buf(parent, name);
+        let h = self.hash(&key);
+        let shard = stats.read(LockClass::DirentShard, self.map_shard(h));
+        shard.find(h, |e| e.key() == &key[..]).map(Entry::dirent)
     }
 
     fn next_cookie(&self, slot: usize) -> u64 {
@@ -430,8 +457,16 @@ impl Dirents {
             drop(entry);
             return Err(Errno::ENOENT);
         }
-        let fresh = self.map.insert_sync(entry, ());
-        assert!(fresh.is_ok(), "name published twice under its stripe lock");
+        let h = self.hash(entry.key());
+        let mut shard = stats.write(LockClass::DirentShard, self.map_shard(h));
+        match shard.entry(h, |e| e.key() == entry.key(), |e| self.hash(e.key())) {
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(entry);
+            }
+            hashbrown::hash_table::Entry::Occupied(_) => {
+                panic!("name published twice under its stripe lock")
+            }
+        }
         Ok(cookie)
     }
 
@@ -458,7 +493,13 @@ impl Dirents {
     /// Removes `name` from `parent`: from the map first (the removal's visible moment), then
     /// from the index; then frees the node.
     pub fn remove(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
-        let (entry, ()) = self.map.remove_sync(&key_buf(parent, name)[..])?;
+        let key = key_buf(parent, name);
+        let h = self.hash(&key);
+        let entry = {
+            let mut shard = stats.write(LockClass::DirentShard, self.map_shard(h));
+            let found = shard.find_entry(h, |e| e.key() == &key[..]).ok()?;
+            found.remove().0
+        };
         let de = entry.dirent();
         self.index_remove(parent, de.cookie, stats);
         drop(entry);
@@ -481,14 +522,16 @@ impl Dirents {
 
     /// Points existing entry `name` at `ino_gen` in place (the entry never disappears, so a
     /// concurrent lookup sees the old or the new inode); returns the old value.
-    pub fn repoint(&self, parent: Ino, name: &[u8], ino_gen: u64) -> Option<Dirent> {
+    pub fn repoint(&self, parent: Ino, name: &[u8], ino_gen: u64, stats: &Stats) -> Option<Dirent> {
         // The caller holds the name's stripe: no other writer of this entry. Readers see the
         // old or the new inode.
-        self.map
-            .read_sync(&key_buf(parent, name)[..], |e, _| Dirent {
-                ino_gen: e.node().ino_gen.swap(ino_gen, AcqRel),
-                cookie: e.node().cookie(),
-            })
+        let key = key_buf(parent, name);
+        let h = self.hash(&key);
+        let shard = stats.read(LockClass::DirentShard, self.map_shard(h));
+        shard.find(h, |e| e.key() == &key[..]).map(|e| Dirent {
+            ino_gen: e.node().ino_gen.swap(ino_gen, AcqRel),
+            cookie: e.node().cookie(),
+        })
     }
 
     /// Entries in directory `ino` (published or being published).
@@ -548,10 +591,11 @@ impl Dirents {
 
     /// Visits every entry of the map (for the invariant checker).
     pub fn for_each(&self, mut f: impl FnMut(Ino, &[u8], Dirent)) {
-        self.map.iter_sync(|e, ()| {
-            f(e.parent(), e.name(), e.dirent());
-            true
-        });
+        for shard in self.map.iter() {
+            for e in shard.read().iter() {
+                f(e.parent(), e.name(), e.dirent());
+            }
+        }
     }
 
     /// Visits every entry of the index (for the invariant checker).
@@ -574,7 +618,7 @@ impl Dirents {
     /// Entries in the dirent map.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.map.iter().map(|s| s.read().len()).sum()
     }
 }
 
@@ -602,14 +646,14 @@ mod tests {
         let c = d.publish(7, &dir, b"x", 42, &stats).unwrap();
         assert!(c >= FIRST_COOKIE);
         assert_eq!(
-            d.get(7, b"x"),
+            d.get(7, b"x", &stats),
             Some(Dirent {
                 ino_gen: 42,
                 cookie: c
             })
         );
-        assert_eq!(d.get(8, b"x"), None, "parent is part of the key");
-        assert_eq!(d.get(7, b"xx"), None);
+        assert_eq!(d.get(8, b"x", &stats), None, "parent is part of the key");
+        assert_eq!(d.get(7, b"xx", &stats), None);
     }
 
     #[test]
@@ -672,7 +716,7 @@ mod tests {
             0,
             "the backed-out entry left no trace"
         );
-        assert_eq!(d.get(5, b"b"), None);
+        assert_eq!(d.get(5, b"b", &stats), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | `rename` | 1 per filesystem | the parent pointers (`DirBody::parent`) of all directories; taken only by a rename that moves a directory to another parent (and, in `dirlock` mode, by every cross-directory rename, as Linux's `s_vfs_rename_mutex`) |
 //! | `dirlock` | 1 per directory (`DirBody::lock`) | all entries of that directory; `Locking::DirLock` only |
 //! | `stripe` | 16384 per filesystem (`NSTRIPES`) | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, and the link count changes that adding or removing it implies |
+//! | `dirent_shard` | 4096 per filesystem (`NMAP`, read-write) | one shard of the dirent map: which `(parent, name)` keys exist in it and the entry nodes they own; read by lookups, written by a publish or removal (each under the name's stripe) |
 //! | `index_shard` | 256 per filesystem | one shard of the ordered index: the runs of its `(dir, slot)` pairs and their live counts; a directory entry node is freed only after its remover has taken it out of its run under this lock (`dir.rs`) |
 //! | `file_data` | 1 per regular file (`RwLock`) | the file's pages, and its size (which also lives in the attributes, written under this lock) |
 //! | `attr` | 1 per inode (seqlock, writers only) | mode, uid, gid, size, blocks, times |
@@ -33,8 +34,6 @@
 //!   before or after the engine call, never with an engine lock held.
 //!
 //! Not locks, but shared state with rules of their own:
-//! - the **dirent map** (`scc::HashMap`): per-bucket locks inside the map, held only for the
-//!   duration of one map call, never across another lock's acquisition;
 //! - the **inode table**: lock-free; slots are written only by `install` (a number fresh from
 //!   the allocator) and `remove` (by the winner of the inode's `DEAD` transition);
 //! - the **lifecycle word** of an inode (`inode.rs`): atomic transitions only;
@@ -52,6 +51,7 @@
 //!   rename
 //!     dirlock            (two of them: lower inode number first)
 //!       stripe           (two of them: lower stripe index first; equal indexes: once)
+//!         dirent_shard   (leaf: held for one table probe, never with another one)
 //!         index_shard    (leaf)
 //!         ino_alloc      (leaf)
 //!         handles        (leaf)
@@ -78,16 +78,16 @@
 //!
 //! | operation | stripes | other locks |
 //! |---|---|---|
-//! | lookup, getattr, access, readlink | none | dirent-map bucket (read); for a directory's size, its `index_shard`s |
+//! | lookup, getattr, access, readlink | none | `dirent_shard` (read); for a directory's size, its `index_shard`s |
 //! | path walk (`Client`) | none | as lookup, per component |
-//! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, `index_shard`, map bucket, `attr` of the parent once per clock tick |
-//! | unlink | `(parent, name)` | map bucket, `index_shard`, `attr` |
+//! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, `index_shard`, `dirent_shard`, `attr` of the parent once per clock tick |
+//! | unlink | `(parent, name)` | `dirent_shard`, `index_shard`, `attr` |
 //! | rmdir | `(parent, name)` | `index_shard`s of the victim (emptiness test) |
 //! | rename | `(p1, n1)` and `(p2, n2)` | `rename` first if a directory changes parent |
 //! | open, release | none | `handles` of a slot |
 //! | read | none | `handles`, `file_data` (shared) |
 //! | write, truncate, fallocate | none | `handles`, `file_data` (exclusive), `attr` |
-//! | readdir | none | `handles`, `index_shard`s of the directory's slots, map buckets |
+//! | readdir | none | `handles`, `index_shard`s of the directory's slots, `dirent_shard`s (read) |
 //! | setattr, xattrs | none | `attr` / `xattr` of the inode |
 //!
 //! A create or unlink therefore writes nothing that every other name in the same directory
@@ -100,7 +100,8 @@
 //!
 //! `lookup(parent, name)` loads the parent from the inode table (two loads, no reference
 //! count), reads its attributes through the seqlock (no write), and reads the dirent map under
-//! a bucket read lock. The entry gives `ino_gen`; the inode table gives the inode whose
+//! its shard's read lock (one of 4096, picked by the name's hash: the only shared write a
+//! lookup makes, and one that threads working on different names rarely share). The entry gives `ino_gen`; the inode table gives the inode whose
 //! `ino_gen` must match. A mismatch means the entry changed and its old inode was freed and
 //! the number reused between the two reads: the lookup re-reads the entry; after a few such
 //! races it re-reads under the name's stripe, where an entry and its inode are stable (an
@@ -161,5 +162,6 @@
 //! Inodes are reached through `crossbeam-epoch` guards. The winner of an inode's `DEAD`
 //! transition removes it from the table and defers its destruction past every current guard;
 //! a reader still holding a pointer can read it but cannot take a reference (the transition
-//! fails on `DEAD`). Directory entries and index entries are owned by their maps and freed in
-//! place (`scc::HashMap` does not defer removed entries, see `notes/prototype-crunl.md`).
+//! fails on `DEAD`). A directory entry's node is owned by the dirent map and freed by its
+//! remover once it has left both tables (`dir.rs`, "A node's life"): no epoch, since every
+//! reader of a node holds the lock of a table that still contains it.

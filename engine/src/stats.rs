@@ -43,6 +43,8 @@ named_enum! {
         Rename => "rename",
         /// Per-name stripe lock (hash of parent and name).
         Stripe => "stripe",
+        /// Dirent-map shard (read shared by lookups, write exclusive by inserts and removals).
+        DirentShard => "dirent_shard",
         /// Ordered-index shard (readdir order, directory entry counts).
         IndexShard => "index_shard",
         /// Seqlock writer side of an inode's attributes.

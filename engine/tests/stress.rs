@@ -460,5 +460,10 @@ fn rename_cost_does_not_grow_with_unrelated_files() {
     let small = cost(10);
     let large = cost(100_000);
     assert_eq!(small, large);
-    assert!(small.iter().map(|(_, n)| n).sum::<u64>() <= 8, "{small:?}");
+    // Two renames: a handful of dirent-map lookups and updates each, and a few other locks.
+    let (map, rest): (Vec<_>, Vec<_>) = small
+        .iter()
+        .partition(|(c, _)| *c == LockClass::DirentShard);
+    assert!(map.iter().map(|(_, n)| n).sum::<u64>() <= 20, "{small:?}");
+    assert!(rest.iter().map(|(_, n)| n).sum::<u64>() <= 8, "{small:?}");
 }

@@ -367,13 +367,19 @@ impl Filesystem {
                 .ok_or(Errno::ENOENT);
         }
         for _ in 0..8 {
-            let de = self.dirents.get(dir.ino(), name).ok_or(Errno::ENOENT)?;
+            let de = self
+                .dirents
+                .get(dir.ino(), name, &self.stats)
+                .ok_or(Errno::ENOENT)?;
             if let Some(i) = self.table.get_gen(de.ino_gen, g) {
                 return Ok(i);
             }
         }
         let _s = self.lock_stripe(self.stripe_of(dir.ino(), name));
-        let de = self.dirents.get(dir.ino(), name).ok_or(Errno::ENOENT)?;
+        let de = self
+            .dirents
+            .get(dir.ino(), name, &self.stats)
+            .ok_or(Errno::ENOENT)?;
         Ok(self
             .table
             .get_gen(de.ino_gen, g)

@@ -56,7 +56,7 @@ impl Filesystem {
         }
         let _dl = self.dirlock(dir);
         let _s = self.lock_stripe(self.stripe_of(parent, name));
-        if self.dirents.get(parent, name).is_some() {
+        if self.dirents.get(parent, name, &self.stats).is_some() {
             return Err(Errno::EEXIST);
         }
         self.writable()?;
@@ -238,7 +238,7 @@ impl Filesystem {
         }
         let _dl = self.dirlock(dir);
         let _s = self.lock_stripe(self.stripe_of(newparent, newname));
-        if self.dirents.get(newparent, newname).is_some() {
+        if self.dirents.get(newparent, newname, &self.stats).is_some() {
             return Err(Errno::EEXIST);
         }
         self.writable()?;
@@ -292,7 +292,10 @@ impl Filesystem {
         self.writable()?;
         let dl = self.dirlock(dir);
         let s = self.lock_stripe(self.stripe_of(parent, name));
-        let de = self.dirents.get(parent, name).ok_or(Errno::ENOENT)?;
+        let de = self
+            .dirents
+            .get(parent, name, &self.stats)
+            .ok_or(Errno::ENOENT)?;
         let victim = self
             .table
             .get_gen(de.ino_gen, g)
@@ -454,8 +457,14 @@ impl Filesystem {
                 cross && (is_dir(s) || flags & RENAME_EXCHANGE != 0 && is_dir(t))
             };
             if !want_rename_lock {
-                let peek_s = self.dirents.get(parent, name).map(|d| d.ino_gen);
-                let peek_t = self.dirents.get(newparent, newname).map(|d| d.ino_gen);
+                let peek_s = self
+                    .dirents
+                    .get(parent, name, &self.stats)
+                    .map(|d| d.ino_gen);
+                let peek_t = self
+                    .dirents
+                    .get(newparent, newname, &self.stats)
+                    .map(|d| d.ino_gen);
                 want_rename_lock = dir_moves(peek_s, peek_t);
             }
             let take_rename =
@@ -471,8 +480,8 @@ impl Filesystem {
             let _s1 = self.lock_stripe(i1.min(i2));
             let _s2 = (i1 != i2).then(|| self.lock_stripe(i1.max(i2)));
             // Now both names are stable.
-            let src = self.dirents.get(parent, name);
-            let dst = self.dirents.get(newparent, newname);
+            let src = self.dirents.get(parent, name, &self.stats);
+            let dst = self.dirents.get(newparent, newname, &self.stats);
             if !take_rename && dir_moves(src.map(|d| d.ino_gen), dst.map(|d| d.ino_gen)) {
                 // A file turned into a directory under the name since the peek: the rename lock
                 // is needed after all, and it ranks above the stripes. Start over.
@@ -500,8 +509,11 @@ impl Filesystem {
     ) -> Result<()> {
         let exchange = flags & RENAME_EXCHANGE != 0;
         let cross = parent != newparent;
-        let src_de = self.dirents.get(parent, name).ok_or(Errno::ENOENT)?;
-        let dst_de = self.dirents.get(newparent, newname);
+        let src_de = self
+            .dirents
+            .get(parent, name, &self.stats)
+            .ok_or(Errno::ENOENT)?;
+        let dst_de = self.dirents.get(newparent, newname, &self.stats);
         let src = self
             .table
             .get_gen(src_de.ino_gen, g)
@@ -570,8 +582,9 @@ impl Filesystem {
 
         if exchange {
             let t = dst.expect("checked");
-            self.dirents.repoint(parent, name, t.ino_gen);
-            self.dirents.repoint(newparent, newname, src.ino_gen);
+            self.dirents.repoint(parent, name, t.ino_gen, &self.stats);
+            self.dirents
+                .repoint(newparent, newname, src.ino_gen, &self.stats);
             if cross {
                 self.reparent(src, d1, d2);
                 self.reparent(t, d2, d1);
@@ -582,7 +595,8 @@ impl Filesystem {
                 self.dirents.kill_if_empty(t.ino(), td, &self.stats)?;
             }
             // The target name never disappears: it is pointed at the source in place.
-            self.dirents.repoint(newparent, newname, src.ino_gen);
+            self.dirents
+                .repoint(newparent, newname, src.ino_gen, &self.stats);
             self.dirents
                 .remove(parent, name, &self.stats)
                 .expect("source present under stripe");

@@ -129,7 +129,7 @@ impl Filesystem {
                 off = *cookie;
                 // The index gives order and names; the map says whether the entry is (still)
                 // published and what it names now.
-                let Some(de) = self.dirents.get(ino, name) else {
+                let Some(de) = self.dirents.get(ino, name, &self.stats) else {
                     continue;
                 };
                 if de.cookie != *cookie {
