@@ -19,7 +19,7 @@
 //!
 //! Why by hand: no crate offers a concurrent map and an ordered index sharing entries, and
 //! keeping each name twice (a `BTreeMap` of names beside the hash map) cost about 250 bytes a
-//! file where this costs about 60 (docs/BENCHMARKS.md, "Memory per file"). The map was an
+//! file where this costs about 66 (docs/BENCHMARKS.md, "Memory per file"). The map was an
 //! `scc::HashMap` first; its bucket locks spin for 32 µs on a holder that was preempted, and
 //! with 32 threads on 2 cores crunl lost a tenth of its CPU to that spinning. In a side-by-side
 //! run of the same insert/lookup/remove loop (`docs/BENCHMARKS.md`), the sharded tables kept
