@@ -9,8 +9,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
-use lanefs_bench::adapter::{Adapter, Engine};
-use lanefs_bench::rss_bytes;
+use lanefs_bench::adapter::Engine;
+use lanefs_bench::{create_empty_files, rss_bytes};
 
 /// Size bands: 8-byte steps up to 256 bytes, then powers of two.
 const BANDS: usize = 33 + 64;
@@ -69,15 +69,7 @@ fn main() {
         .map(|b| (COUNT[b].load(Relaxed), BYTES[b].load(Relaxed)))
         .collect();
     let before = rss_bytes();
-    let mut dir = e.base();
-    for i in 0..files {
-        if i % 1000 == 0 {
-            dir = e
-                .mkdir(e.base(), &format!("dir{:012}", i / 1000))
-                .expect("mkdir");
-        }
-        e.create(dir, &format!("file{i:012}")).expect("create");
-    }
+    create_empty_files(&e, files);
     let grown = rss_bytes().saturating_sub(before);
     let per = |x: i64| x as f64 / files as f64;
     let mut total = 0;

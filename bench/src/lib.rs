@@ -551,11 +551,8 @@ pub fn rss_bytes() -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
-/// Memory per empty file (inode + entry, 16-byte names) at `files` files, 1000 per directory,
-/// measured as the growth of resident memory.
-pub fn memory_per_file(files: usize) -> f64 {
-    let e = Engine::new(Locking::Lanes, 0);
-    let before = rss_bytes();
+/// Creates `files` empty files with 16-byte names, 1000 per directory (the memory workload).
+pub fn create_empty_files(e: &Engine, files: usize) {
     let mut dir = e.base();
     for i in 0..files {
         if i % 1000 == 0 {
@@ -565,6 +562,14 @@ pub fn memory_per_file(files: usize) -> f64 {
         }
         e.create(dir, &format!("file{i:012}")).expect("create");
     }
+}
+
+/// Memory per empty file (inode + entry, 16-byte names) at `files` files, 1000 per directory,
+/// measured as the growth of resident memory.
+pub fn memory_per_file(files: usize) -> f64 {
+    let e = Engine::new(Locking::Lanes, 0);
+    let before = rss_bytes();
+    create_empty_files(&e, files);
     let grown = rss_bytes().saturating_sub(before);
     assert_eq!(
         e.fs.statfs().files - e.fs.statfs().ffree,
