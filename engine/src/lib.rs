@@ -61,8 +61,8 @@ pub use attr::{Attr, FileType, Ino, ROOT_INO, SetAttr, TimeSet};
 pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
-    CheckReport, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    SYMLINK_MAX,
+    CheckReport, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_TRACKED_BY_CALLER,
+    RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX,
 };
 pub use fs::{Config, DirEntry, Filesystem, Locking, MAX_FILE_SIZE, StatFs};
 pub use handle::Fh;

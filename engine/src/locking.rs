@@ -29,9 +29,6 @@
 //!   by a mutation made through the library (not by the kernel) while a FUSE mount has a sink
 //!   installed, after the operation has released every other lock; written when a mount
 //!   installs or removes its sink.
-//! - the FUSE server's **executing-programs table** (`lanefs-fuse`, `server.rs`, 1 per mount,
-//!   a mutex): taken only by an `execve` open, its release and an `open(O_RDONLY|O_TRUNC)`,
-//!   before or after the engine call, never with an engine lock held.
 //!
 //! Not locks, but shared state with rules of their own:
 //! - the **inode table**: lock-free; slots are written only by `install` (a number fresh from

@@ -435,3 +435,60 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
     c.remove_file("/d/f").unwrap();
     assert_eq!(rec.take(), Vec::<String>::new(), "removed sink");
 }
+
+/// The data operations by inode, for a caller that keeps open files itself (the FUSE server
+/// in no-open mode): same data and attributes as through a handle, no handle involved, and
+/// `ftruncate` through `FILE_TRACKED_BY_CALLER` needs no write permission on the file.
+#[test]
+fn data_operations_by_inode_match_those_by_handle() {
+    let (fs, c) = new_fs(Config::default());
+    let user = Ctx::user(1000, 1000);
+    c.create_dir("/d").unwrap();
+    c.set_permissions("/d", 0o777).unwrap();
+    let alice = Client::new(fs.clone(), user.clone());
+    alice.write("/d/f", b"").unwrap();
+    let ino = alice.metadata("/d/f").unwrap().ino();
+    let handles = fs.open_handles();
+    assert_eq!(fs.write_inode(&user, ino, 5, b"hello").unwrap(), 5);
+    let mut buf = [0xffu8; 16];
+    assert_eq!(fs.read_inode(ino, 0, &mut buf).unwrap(), 10);
+    assert_eq!(&buf[..10], b"\0\0\0\0\0hello");
+    assert_eq!(fs.read_inode(ino, 10, &mut buf).unwrap(), 0, "end of file");
+    fs.fallocate_inode(&user, ino, 0, 0, 8192).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, 8192);
+    assert_eq!(fs.getattr(ino).unwrap().blocks, 16);
+    fs.fallocate_inode(
+        &user,
+        ino,
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        0,
+        8192,
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().blocks, 0);
+    fs.fsync_inode(ino, false).unwrap();
+    assert_eq!(fs.open_handles(), handles, "no handle was taken");
+    // Read-only for everyone now: truncate by path is refused, an ftruncate of a file the
+    // caller holds open for writing is not.
+    alice.set_permissions("/d/f", 0o444).unwrap();
+    let shrink = SetAttr {
+        size: Some(3),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        fs.setattr(&user, ino, &shrink, None).unwrap_err(),
+        Errno::EACCES
+    );
+    let a = fs
+        .setattr(&user, ino, &shrink, Some(FILE_TRACKED_BY_CALLER))
+        .unwrap();
+    assert_eq!(a.size, 3);
+    // By inode, a file must exist; a directory is no file.
+    let d = c.metadata("/d").unwrap().ino();
+    assert_eq!(fs.read_inode(d, 0, &mut buf).unwrap_err(), Errno::EISDIR);
+    assert_eq!(
+        fs.read_inode(999_999, 0, &mut buf).unwrap_err(),
+        Errno::ENOENT
+    );
+    assert_eq!(fs.fsync_inode(999_999, true).unwrap_err(), Errno::ENOENT);
+}

@@ -14,19 +14,28 @@
 //!   mount, one directory's mutations cannot run in parallel whatever the server does.
 //! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
 //!   round trip.
-//! - `FUSE_ATOMIC_O_TRUNC`: `open(O_TRUNC)` is one request, not open + setattr. The kernel
-//!   sends `open(O_RDONLY|O_TRUNC)` before its own check that the file is not a running
-//!   program, so the server makes that check (`ETXTBSY`) from the exec opens it has seen.
+//! - **no-open mode** for regular files: OPEN is answered ENOSYS, which tells the kernel (once)
+//!   to open files by itself from then on, keeping their page cache (`FOPEN_KEEP_CACHE` is
+//!   its default there), with no OPEN, FLUSH or RELEASE requests; reads, writes, `fsync`,
+//!   `fallocate` and `ftruncate` of such files arrive with handle 0 and go to the engine by
+//!   inode ([`lanefs::Filesystem::read_inode`] and its siblings). lanefs keeps no per-open
+//!   state a file needs: the kernel checks access at open (`default_permissions`), applies
+//!   `O_APPEND` to the offset, and its lookup reference keeps an unlinked open file alive in
+//!   the engine. Files made by CREATE still get an engine handle (CREATE always returns one).
+//!   `FUSE_ATOMIC_O_TRUNC` is not asked for: with it the kernel would expect OPEN to truncate;
+//!   without it `open(O_TRUNC)` of an existing file sends a SETATTR after the kernel's own
+//!   checks (a running program is `ETXTBSY`). One difference from tmpfs follows: `O_TRUNC`
+//!   on a file that is already empty leaves its mtime and ctime alone, because that SETATTR
+//!   cannot be told from a `truncate` to the same size.
 //! - `FUSE_CACHE_SYMLINKS`: symlink targets are cached in the page cache.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)
 //! - a missing name is answered with a negative entry cached for the entry timeout, so
 //!   creating a new name costs no LOOKUP;
-//! - files are opened with `FOPEN_KEEP_CACHE`: reading a file again after reopening it is
-//!   served from the page cache;
-//! - files are opened with `FOPEN_NOFLUSH`: a close sends no FLUSH (there is nothing to write
-//!   back at close).
+//! - opening, reading (from the page cache) and closing an existing file sends nothing (no-open
+//!   mode, above); files made by CREATE are opened with `FOPEN_KEEP_CACHE` and
+//!   `FOPEN_NOFLUSH` (a close sends no FLUSH: there is nothing to write back at close).
 //!
 //! What remains per create + close + unlink of one name is LOOKUP (the kernel drops the
 //! negative dentry an unlink leaves), CREATE, RELEASE, UNLINK, a FORGET, and two GETATTRs of

@@ -1,11 +1,10 @@
 //! Request translation.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -53,20 +52,11 @@ impl Default for MountConfig {
 pub struct Server {
     fs: Arc<Filesystem>,
     ttl: Duration,
-    /// Files being executed: inode -> open handles that `execve` made (see [`FMODE_EXEC`]).
-    /// A leaf lock, taken only by exec opens, their releases, and `O_RDONLY|O_TRUNC` opens,
-    /// never together with an engine call, so no request on the hot path touches it.
-    executing: Mutex<HashMap<u64, u32>>,
 }
 
-/// The kernel's `__FMODE_EXEC` open flag: `execve` opens the program with it, and the kernel
-/// passes the file's flags through in OPEN and RELEASE. The kernel denies write access to a
-/// file being executed (`ETXTBSY`), but with `FUSE_ATOMIC_O_TRUNC` it sends
-/// `open(O_RDONLY|O_TRUNC)` to the server *before* that check (only a writable open is
-/// checked before the file is opened): the server would truncate a running program, and the
-/// kernel would then fail the open with `ETXTBSY` anyway. So the server keeps the check itself
-/// for that one case, as tmpfs does: `O_TRUNC` on a file with an exec handle is `ETXTBSY`.
-const FMODE_EXEC: i32 = 0x20;
+/// The handle the kernel sends for a file it opened without asking the server (no-open
+/// mode, see the crate documentation): the engine's "open file tracked by the caller".
+const NO_HANDLE: u64 = lanefs::FILE_TRACKED_BY_CALLER;
 
 fn err(e: Errno) -> FErrno {
     FErrno::from_i32(e.code())
@@ -154,29 +144,7 @@ fn ctx(req: &Request) -> Ctx {
 impl Server {
     /// A server for `fs`.
     pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> Server {
-        Server {
-            fs,
-            ttl,
-            executing: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Records (`add`) or forgets an exec handle of `ino`.
-    fn count_exec(&self, ino: u64, add: bool) {
-        let mut m = self.executing.lock().unwrap_or_else(|e| e.into_inner());
-        if add {
-            *m.entry(ino).or_insert(0) += 1;
-        } else if let Some(n) = m.get_mut(&ino) {
-            *n -= 1;
-            if *n == 0 {
-                m.remove(&ino);
-            }
-        }
-    }
-
-    fn is_executing(&self, ino: u64) -> bool {
-        let m = self.executing.lock().unwrap_or_else(|e| e.into_inner());
-        m.contains_key(&ino)
+        Server { fs, ttl }
     }
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
@@ -215,7 +183,6 @@ impl fuser::Filesystem for Server {
         let want = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_CACHE_SYMLINKS;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
@@ -262,7 +229,7 @@ impl fuser::Filesystem for Server {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let set = SetAttr {
+        let mut set = SetAttr {
             mode,
             uid,
             gid,
@@ -271,6 +238,18 @@ impl fuser::Filesystem for Server {
             mtime: mtime.map(tset),
             ctime: ctime.map(Into::into),
         };
+        // Without FUSE_ATOMIC_O_TRUNC, `open(O_TRUNC)` of an existing file arrives as this:
+        // size 0, no handle, nothing else, exactly as a `truncate(path, 0)`. An O_TRUNC stamps
+        // mtime and ctime even on an empty file (tmpfs); a truncate to an unchanged size does
+        // not. Taken as the O_TRUNC it far more often is (so `truncate(path, 0)` of an empty
+        // file stamps the times here, unlike on tmpfs).
+        let truncate_to_zero = SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        };
+        if fh.is_none() && set == truncate_to_zero {
+            set.mtime = Some(lanefs::TimeSet::Now);
+        }
         self.attr(
             self.fs.setattr(&ctx(req), ino.0, &set, fh.map(|f| f.0)),
             reply,
@@ -377,30 +356,16 @@ impl fuser::Filesystem for Server {
         );
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let f = flags.0;
-        // A writable open of a running program never gets here (the kernel refuses it first).
-        if f & libc::O_TRUNC != 0
-            && f & libc::O_ACCMODE == libc::O_RDONLY
-            && self.is_executing(ino.0)
-        {
-            return reply.error(FErrno::from_i32(libc::ETXTBSY));
-        }
-        match self.fs.open(&ctx(req), ino.0, f & !FMODE_EXEC) {
-            Ok(fh) => {
-                if f & FMODE_EXEC != 0 {
-                    self.count_exec(ino.0, true);
-                }
-                reply.opened(FileHandle(fh), open_flags(self.ttl))
-            }
-            Err(e) => reply.error(err(e)),
-        }
+    /// Regular files are opened by the kernel alone (no-open mode): ENOSYS here tells it so,
+    /// once, and it sends no OPEN, FLUSH or RELEASE for such files afterwards.
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(FErrno::ENOSYS);
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -409,7 +374,11 @@ impl fuser::Filesystem for Server {
         reply: ReplyData,
     ) {
         let mut buf = vec![0u8; size as usize];
-        match self.fs.read(fh.0, offset, &mut buf) {
+        let r = match fh.0 {
+            NO_HANDLE => self.fs.read_inode(ino.0, offset, &mut buf),
+            fh => self.fs.read(fh, offset, &mut buf),
+        };
+        match r {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(err(e)),
         }
@@ -418,7 +387,7 @@ impl fuser::Filesystem for Server {
     fn write(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -427,49 +396,56 @@ impl fuser::Filesystem for Server {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(&ctx(req), fh.0, offset, data) {
+        let r = match fh.0 {
+            NO_HANDLE => self.fs.write_inode(&ctx(req), ino.0, offset, data),
+            fh => self.fs.write(&ctx(req), fh, offset, data),
+        };
+        match r {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
     }
 
+    /// A close has nothing to write back: ENOSYS tells the kernel to stop sending FLUSH (files
+    /// it opened itself come without `FOPEN_NOFLUSH`).
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.flush(fh.0), reply);
+        reply.error(FErrno::ENOSYS);
     }
 
     fn release(
         &self,
         _req: &Request,
-        ino: INodeNo,
+        _ino: INodeNo,
         fh: FileHandle,
-        flags: OpenFlags,
+        _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.fs.release(fh.0);
-        if r.is_ok() && flags.0 & FMODE_EXEC != 0 {
-            self.count_exec(ino.0, false);
-        }
-        Self::empty(r, reply);
+        // Only files made by CREATE have a handle to release.
+        Self::empty(self.fs.release(fh.0), reply);
     }
 
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.fsync(fh.0, datasync), reply);
+        let r = match fh.0 {
+            NO_HANDLE => self.fs.fsync_inode(ino.0, datasync),
+            fh => self.fs.fsync(fh, datasync),
+        };
+        Self::empty(r, reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -627,17 +603,20 @@ impl fuser::Filesystem for Server {
     fn fallocate(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        Self::empty(
-            self.fs.fallocate(&ctx(req), fh.0, mode, offset, length),
-            reply,
-        );
+        let r = match fh.0 {
+            NO_HANDLE => self
+                .fs
+                .fallocate_inode(&ctx(req), ino.0, mode, offset, length),
+            fh => self.fs.fallocate(&ctx(req), fh, mode, offset, length),
+        };
+        Self::empty(r, reply);
     }
 }
 

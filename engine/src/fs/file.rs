@@ -31,6 +31,20 @@ fn kill_privs(ctx: &Ctx, v: &mut AttrVals) {
     }
 }
 
+/// How a data operation names its file.
+#[derive(Clone, Copy)]
+enum FileRef {
+    /// An open handle from `open` or `create`: its access mode and `O_APPEND` apply.
+    Handle(Fh),
+    /// The inode, for a caller that keeps open files itself and has checked the access.
+    Inode(Ino),
+}
+
+/// The `ftruncate` handle of an open file that the caller tracks itself and has checked is
+/// open for writing (the FUSE server in no-open mode, whose kernel sends `ftruncate` with
+/// handle 0). No handle the engine gives out is 0.
+pub const FILE_TRACKED_BY_CALLER: Fh = 0;
+
 impl Filesystem {
     /// Opens inode `i` (after a lookup) with `open(2)` flags, taking a handle reference.
     fn open_inode(&self, ctx: &Ctx, i: &Inode, flags: i32) -> Result<Fh> {
@@ -182,6 +196,14 @@ impl Filesystem {
     }
 
     /// The inode behind a handle (the handle's reference keeps it alive).
+    /// The inode of `f`, with its handle when it names one.
+    fn file_inode<'g>(&self, f: FileRef, g: &'g Guard) -> Result<(Option<Handle>, &'g Inode)> {
+        match f {
+            FileRef::Handle(fh) => self.handle_inode(fh, g).map(|(h, i)| (Some(h), i)),
+            FileRef::Inode(ino) => self.inode(ino, g).map(|i| (None, i)),
+        }
+    }
+
     fn handle_inode<'g>(&self, fh: Fh, g: &'g Guard) -> Result<(Handle, &'g Inode)> {
         let h = self.handles.get(fh, &self.stats)?;
         let i = self
@@ -206,10 +228,21 @@ impl Filesystem {
 
     /// Reads up to `buf.len()` bytes at `offset`; returns the count (0 at end of file).
     pub fn read(&self, fh: Fh, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_from(FileRef::Handle(fh), offset, buf)
+    }
+
+    /// `read` of an open file that the caller tracks itself and has checked is open for
+    /// reading: the FUSE server in FUSE's no-open mode, where the kernel keeps open files and
+    /// sends reads by inode.
+    pub fn read_inode(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_from(FileRef::Inode(ino), offset, buf)
+    }
+
+    fn read_from(&self, f: FileRef, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _c = self.begin(Op::Read);
         let g = epoch::pin();
-        let (h, i) = self.handle_inode(fh, &g)?;
-        if !h.readable() {
+        let (h, i) = self.file_inode(f, &g)?;
+        if h.is_some_and(|h| !h.readable()) {
             return Err(Errno::EBADF);
         }
         let data = match &i.body {
@@ -235,7 +268,18 @@ impl Filesystem {
     /// Writes `data` at `offset` (at the end with `O_APPEND`); returns the count, which is
     /// short only when the filesystem fills up (ENOSPC if nothing fits).
     pub fn write(&self, ctx: &Ctx, fh: Fh, offset: u64, data: &[u8]) -> Result<usize> {
-        let (ino, at, n) = self.write_inner(ctx, fh, offset, data)?;
+        self.write_to(ctx, FileRef::Handle(fh), offset, data)
+    }
+
+    /// `write` of an open file that the caller tracks itself and has checked is open for
+    /// writing (see [`Filesystem::read_inode`]); `offset` is final (the caller applies
+    /// `O_APPEND`).
+    pub fn write_inode(&self, ctx: &Ctx, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_to(ctx, FileRef::Inode(ino), offset, data)
+    }
+
+    fn write_to(&self, ctx: &Ctx, f: FileRef, offset: u64, data: &[u8]) -> Result<usize> {
+        let (ino, at, n) = self.write_inner(ctx, f, offset, data)?;
         if n > 0 {
             self.report(ctx, |s| s.inode(ino, Some((at, n as u64))));
         }
@@ -246,14 +290,14 @@ impl Filesystem {
     fn write_inner(
         &self,
         ctx: &Ctx,
-        fh: Fh,
+        f: FileRef,
         offset: u64,
         data: &[u8],
     ) -> Result<(Ino, u64, usize)> {
         let _c = self.begin(Op::Write);
         let g = epoch::pin();
-        let (h, i) = self.handle_inode(fh, &g)?;
-        if !h.writable() {
+        let (h, i) = self.file_inode(f, &g)?;
+        if h.is_some_and(|h| !h.writable()) {
             return Err(Errno::EBADF);
         }
         let Body::File(fdata) = &i.body else {
@@ -265,7 +309,7 @@ impl Filesystem {
         }
         let mut d = self.stats.write(LockClass::FileData, fdata);
         let size = i.attr.size();
-        let off = if h.flags & libc::O_APPEND != 0 {
+        let off = if h.is_some_and(|h| h.flags & libc::O_APPEND != 0) {
             size
         } else {
             offset
@@ -314,7 +358,8 @@ impl Filesystem {
     }
 
     /// Changes attributes, with the checks of `chmod`, `chown`, `truncate` and `utimensat`.
-    /// `fh` is the handle of an `ftruncate` (which needs no write permission on the file).
+    /// `fh` is the handle of an `ftruncate` (which needs no write permission on the file), or
+    /// [`FILE_TRACKED_BY_CALLER`].
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr, fh: Option<Fh>) -> Result<Attr> {
         let a = self.setattr_inner(ctx, ino, set, fh)?;
         self.report(ctx, |s| s.inode(ino, set.size.map(|size| (size, 0))));
@@ -334,6 +379,9 @@ impl Filesystem {
                 _ => return Err(Errno::EINVAL),
             }
             match fh {
+                // An open file its caller tracks and has checked is writable (see
+                // `FILE_TRACKED_BY_CALLER`).
+                Some(FILE_TRACKED_BY_CALLER) => {}
                 Some(fh) => {
                     if !self.handles.get(fh, &self.stats)?.writable() {
                         return Err(Errno::EINVAL);
@@ -411,16 +459,29 @@ impl Filesystem {
             }
             v.ctime = set.ctime.unwrap_or(now);
         };
+        let size_only = set.mode.is_none()
+            && set.uid.is_none()
+            && set.gid.is_none()
+            && set.atime.is_none()
+            && set.mtime.is_none()
+            && set.ctime.is_none();
         match (set.size, &i.body) {
             (Some(size), Body::File(data)) => {
                 let mut d = self.stats.write(LockClass::FileData, data);
                 let kept = d.pages_below(size);
+                let had_pages = d.pages() > 0;
                 i.attr.update(&self.stats, |v| {
                     check(v)?;
-                    // Linux stamps mtime and ctime on every truncate, even to the same size.
+                    // As tmpfs: an ftruncate stamps mtime and ctime always, a truncate by
+                    // path when the size changes or the file has pages to trim (tmpfs's
+                    // truncate of allocated pages stamps them too).
                     let now = Timespec::now();
-                    v.mtime = now;
-                    apply(v, now);
+                    if v.size != size || fh.is_some() || had_pages {
+                        v.mtime = now;
+                        apply(v, now);
+                    } else if !size_only {
+                        apply(v, now);
+                    }
                     v.size = size;
                     v.blocks = kept * (PAGE / 512);
                     kill_privs(ctx, v);
@@ -440,12 +501,36 @@ impl Filesystem {
     /// Allocates (mode 0 or `FALLOC_FL_KEEP_SIZE`) or punches out
     /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`) a byte range.
     pub fn fallocate(&self, ctx: &Ctx, fh: Fh, mode: i32, offset: u64, len: u64) -> Result<()> {
-        let ino = self.fallocate_inner(ctx, fh, mode, offset, len)?;
+        self.fallocate_at(ctx, FileRef::Handle(fh), mode, offset, len)
+    }
+
+    /// `fallocate` of an open file that the caller tracks itself and has checked is open for
+    /// writing (see [`Filesystem::read_inode`]).
+    pub fn fallocate_inode(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.fallocate_at(ctx, FileRef::Inode(ino), mode, offset, len)
+    }
+
+    fn fallocate_at(&self, ctx: &Ctx, f: FileRef, mode: i32, offset: u64, len: u64) -> Result<()> {
+        let ino = self.fallocate_inner(ctx, f, mode, offset, len)?;
         self.report(ctx, |s| s.inode(ino, Some((offset, len))));
         Ok(())
     }
 
-    fn fallocate_inner(&self, ctx: &Ctx, fh: Fh, mode: i32, offset: u64, len: u64) -> Result<Ino> {
+    fn fallocate_inner(
+        &self,
+        ctx: &Ctx,
+        f: FileRef,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    ) -> Result<Ino> {
         let _c = self.begin(Op::Fallocate);
         if len == 0 || offset > i64::MAX as u64 || len > i64::MAX as u64 {
             return Err(Errno::EINVAL);
@@ -456,8 +541,8 @@ impl Filesystem {
             _ => return Err(Errno::EOPNOTSUPP),
         };
         let g = epoch::pin();
-        let (h, i) = self.handle_inode(fh, &g)?;
-        if !h.writable() {
+        let (h, i) = self.file_inode(f, &g)?;
+        if h.is_some_and(|h| !h.writable()) {
             return Err(Errno::EBADF);
         }
         let data = match &i.body {
@@ -504,6 +589,14 @@ impl Filesystem {
         let _c = self.begin(Op::Fsync);
         let _ = datasync;
         self.handles.get(fh, &self.stats).map(|_| ())
+    }
+
+    /// `fsync` of an open file that the caller tracks itself (see
+    /// [`Filesystem::read_inode`]).
+    pub fn fsync_inode(&self, ino: Ino, datasync: bool) -> Result<()> {
+        let _c = self.begin(Op::Fsync);
+        let _ = datasync;
+        self.inode(ino, &epoch::pin()).map(|_| ())
     }
 
     fn release_inner(&self, fh: Fh, g: &Guard) -> Result<()> {

@@ -19,7 +19,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
-pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE};
+pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_TRACKED_BY_CALLER};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX};
 pub use readdir::DirEntry;
 
