@@ -14,31 +14,35 @@
 //!   mount, one directory's mutations cannot run in parallel whatever the server does.
 //! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
 //!   round trip.
-//! - **no-open mode** for regular files: OPEN is answered ENOSYS, which tells the kernel (once)
-//!   to open files by itself from then on, keeping their page cache (`FOPEN_KEEP_CACHE` is
-//!   its default there), with no OPEN, FLUSH or RELEASE requests; reads, writes, `fsync`,
-//!   `fallocate` and `ftruncate` of such files arrive with handle 0 and go to the engine by
-//!   inode ([`lanefs::Filesystem::read_inode`] and its siblings). lanefs keeps no per-open
-//!   state a file needs: the kernel checks access at open (`default_permissions`), applies
-//!   `O_APPEND` to the offset, and its lookup reference keeps an unlinked open file alive in
-//!   the engine. Files made by CREATE still get an engine handle (CREATE always returns one).
+//! - **no-open mode** for regular files: OPEN and CREATE are answered ENOSYS, which tells the
+//!   kernel (once each) to create files with MKNOD and to open files by itself from then on,
+//!   keeping their page cache (`FOPEN_KEEP_CACHE` is its default there), with no OPEN, FLUSH
+//!   (also answered ENOSYS) or RELEASE requests. Reads, writes, `fsync`, `fallocate` and
+//!   `ftruncate` arrive with handle 0 and go to the engine by inode
+//!   ([`lanefs::Filesystem::read_inode`] and its siblings). lanefs keeps no per-open state a
+//!   file needs: the kernel checks access at open (`default_permissions`; a file created by
+//!   the open itself is exempt, as POSIX wants), applies `O_APPEND` to the offset, and its
+//!   lookup reference keeps an unlinked open file alive in the engine. `open(O_CREAT)` is
+//!   still one system call; what is lost is only that MKNOD and the open are two steps in the
+//!   kernel, so a file renamed away by another process between them makes the open fail with
+//!   ENOENT, as on NFS.
 //!   `FUSE_ATOMIC_O_TRUNC` is not asked for: with it the kernel would expect OPEN to truncate;
 //!   without it `open(O_TRUNC)` of an existing file sends a SETATTR after the kernel's own
-//!   checks (a running program is `ETXTBSY`). One difference from tmpfs follows: `O_TRUNC`
-//!   on a file that is already empty leaves its mtime and ctime alone, because that SETATTR
-//!   cannot be told from a `truncate` to the same size.
+//!   checks (a running program is `ETXTBSY`). That SETATTR cannot be told from a
+//!   `truncate(path, 0)`; the server takes it for the O_TRUNC it usually is and stamps mtime
+//!   and ctime even on an empty file, so `truncate(path, 0)` of an empty file stamps them
+//!   too, where tmpfs leaves them alone.
 //! - `FUSE_CACHE_SYMLINKS`: symlink targets are cached in the page cache.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)
 //! - a missing name is answered with a negative entry cached for the entry timeout, so
 //!   creating a new name costs no LOOKUP;
-//! - opening, reading (from the page cache) and closing an existing file sends nothing (no-open
-//!   mode, above); files made by CREATE are opened with `FOPEN_KEEP_CACHE` and
-//!   `FOPEN_NOFLUSH` (a close sends no FLUSH: there is nothing to write back at close).
+//! - opening, reading (from the page cache) and closing a file sends nothing (no-open mode,
+//!   above), and neither does closing a file an `open(O_CREAT)` made.
 //!
-//! What remains per create + close + unlink of one name is LOOKUP (the kernel drops the
-//! negative dentry an unlink leaves), CREATE, RELEASE, UNLINK, a FORGET, and two GETATTRs of
+//! What remains per create + close + unlink of one name is six requests: LOOKUP (the kernel
+//! drops the negative dentry an unlink leaves), MKNOD, UNLINK, a FORGET, and two GETATTRs of
 //! the directory: a create or unlink invalidates the directory's cached attributes, and
 //! `default_permissions` fetches them again for the next permission check.
 //! - `default_permissions`: the kernel checks permissions too, with the caller's full group

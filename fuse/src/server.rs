@@ -122,18 +122,6 @@ const NEGATIVE: Attr = Attr {
     ctime: Timespec::new(0, 0),
 };
 
-/// Flags for opened files. `FOPEN_NOFLUSH`: a close has nothing to write back in memory, so
-/// the kernel need not send FLUSH. `FOPEN_KEEP_CACHE`: keep the page cache across opens
-/// (lanefs is the only writer, and every write goes through the kernel), unless caching is off
-/// (`ttl = 0`).
-fn open_flags(ttl: Duration) -> FopenFlags {
-    if ttl.is_zero() {
-        FopenFlags::FOPEN_NOFLUSH
-    } else {
-        FopenFlags::FOPEN_NOFLUSH | FopenFlags::FOPEN_KEEP_CACHE
-    }
-}
-
 /// The caller's credentials. The kernel has applied the umask already (no `FUSE_DONT_MASK`).
 fn ctx(req: &Request) -> Ctx {
     let mut c = Ctx::from_request(req.uid(), req.gid(), req.pid());
@@ -429,7 +417,8 @@ impl fuser::Filesystem for Server {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        // Only files made by CREATE have a handle to release.
+        // Regular files have no engine handle through the mount (no-open mode); directories
+        // release theirs in `releasedir`. Kept for a kernel that would send one anyway.
         Self::empty(self.fs.release(fh.0), reply);
     }
 
@@ -575,29 +564,21 @@ impl fuser::Filesystem for Server {
         Self::empty(self.fs.access(&ctx(req), ino.0, mask.bits() as u32), reply);
     }
 
+    /// ENOSYS: the kernel then creates with MKNOD and opens the new file itself (no-open
+    /// mode), so a created file, like an opened one, sends no RELEASE. `open(O_CREAT)` stays
+    /// one system call with the creator's access: the kernel skips the permission check on a
+    /// file its open created.
     fn create(
         &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
         _umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
-        match self
-            .fs
-            .create(&ctx(req), parent.0, name.as_bytes(), mode, flags)
-        {
-            Ok((a, fh)) => reply.created(
-                &self.ttl,
-                &fattr(&a),
-                Generation(a.generation),
-                FileHandle(fh),
-                open_flags(self.ttl),
-            ),
-            Err(e) => reply.error(err(e)),
-        }
+        reply.error(FErrno::ENOSYS);
     }
 
     fn fallocate(
