@@ -603,7 +603,7 @@ fn library_changes_invalidate_the_kernel_caches() {
     lib.write("/x", b"one").unwrap();
     assert_eq!(std::fs::read(p("x")).unwrap(), b"one");
 
-    // The pages are cached (files are opened with FOPEN_KEEP_CACHE); the library rewrites them.
+    // The pages are cached (the kernel keeps them across opens in no-open mode); the library rewrites them.
     lib.write("/x", b"two!").unwrap();
     assert_eq!(std::fs::read(p("x")).unwrap(), b"two!");
     let f = lib
