@@ -161,6 +161,28 @@ impl FileData {
         self.map().range(..size.div_ceil(PAGE)).count() as u64
     }
 
+    /// The first byte at or after `off` that lies in an allocated page (`SEEK_DATA`, before
+    /// the caller clamps it to the size).
+    pub fn next_data(&self, off: u64) -> Option<u64> {
+        self.map()
+            .range(off / PAGE..)
+            .next()
+            .map(|(&idx, _)| (idx * PAGE).max(off))
+    }
+
+    /// The first byte at or after `off` that lies in a hole (`SEEK_HOLE`, before the caller
+    /// clamps it to the size): pages are contiguous up to the first missing index.
+    pub fn next_hole(&self, off: u64) -> u64 {
+        let mut want = off / PAGE;
+        for (&idx, _) in self.map().range(want..) {
+            if idx != want {
+                break;
+            }
+            want += 1;
+        }
+        (want * PAGE).max(off)
+    }
+
     /// Allocates zeroed pages for `off..off+len`; returns the pages added (reserved beforehand).
     pub fn allocate(&mut self, off: u64, len: u64) -> u64 {
         let mut added = 0;
@@ -219,6 +241,27 @@ mod tests {
         assert_eq!(read(&d, 2 * PAGE + 98, 4), vec![0, 0, 7, 7]);
         assert_eq!(d.pages(), 3);
         assert_eq!(d.punch(0, u64::MAX), 3);
+    }
+
+    #[test]
+    fn data_and_holes_are_found_at_page_granularity() {
+        let mut d = FileData::default();
+        assert_eq!(d.next_data(0), None);
+        assert_eq!(d.next_hole(5), 5);
+        d.write(PAGE + 10, b"x");
+        d.write(2 * PAGE, b"y");
+        d.write(5 * PAGE, b"z");
+        assert_eq!(d.next_data(0), Some(PAGE));
+        assert_eq!(d.next_data(PAGE + 100), Some(PAGE + 100));
+        assert_eq!(d.next_data(3 * PAGE), Some(5 * PAGE));
+        assert_eq!(d.next_data(6 * PAGE), None);
+        assert_eq!(d.next_hole(0), 0);
+        assert_eq!(
+            d.next_hole(PAGE),
+            3 * PAGE,
+            "pages 1 and 2 are contiguous data"
+        );
+        assert_eq!(d.next_hole(5 * PAGE + 7), 6 * PAGE);
     }
 
     #[test]

@@ -44,6 +44,7 @@ errnos!(
     EEXIST,
     EXDEV,
     ENODEV,
+    ENXIO,
     ENOTDIR,
     EISDIR,
     EINVAL,

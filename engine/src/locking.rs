@@ -82,7 +82,7 @@
 //! | rmdir | `(parent, name)` | `index_shard`s of the victim (emptiness test) |
 //! | rename | `(p1, n1)` and `(p2, n2)` | `rename` first if a directory changes parent |
 //! | open, release | none | `handles` of a slot |
-//! | read | none | `handles`, `file_data` (shared) |
+//! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared) |
 //! | write, truncate, fallocate | none | `handles`, `file_data` (exclusive), `attr` |
 //! | readdir | none | `handles`, `index_shard`s of the directory's slots, `dirent_shard`s (read) |
 //! | setattr, xattrs | none | `attr` / `xattr` of the inode |

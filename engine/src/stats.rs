@@ -85,6 +85,7 @@ named_enum! {
         Fsync => "fsync",
         Release => "release",
         Fallocate => "fallocate",
+        Lseek => "lseek",
         Opendir => "opendir",
         Readdir => "readdir",
         Releasedir => "releasedir",

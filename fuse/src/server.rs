@@ -11,8 +11,8 @@ use fuser::{
     AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
     FileType as FType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
     MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, SetAttr, TimeSet, Timespec};
 
@@ -579,6 +579,25 @@ impl fuser::Filesystem for Server {
         reply: ReplyCreate,
     ) {
         reply.error(FErrno::ENOSYS);
+    }
+
+    /// The kernel sends only `SEEK_DATA` and `SEEK_HOLE` here (it moves offsets itself).
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let Ok(offset) = u64::try_from(offset) else {
+            return reply.error(FErrno::EINVAL);
+        };
+        match self.fs.seek_data_hole(ino.0, offset, whence) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(err(e)),
+        }
     }
 
     fn fallocate(

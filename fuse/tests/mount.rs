@@ -467,6 +467,60 @@ fn data_survives_random_io_like_fsx() {
     m.unmount_and_check();
 }
 
+/// `lseek(SEEK_DATA / SEEK_HOLE)` answers as on the kernel's tmpfs, for sparse files with
+/// data at the start, in the middle, across pages and at the end.
+#[test]
+fn seek_data_and_hole_match_tmpfs() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    const P: u64 = 4096;
+    let layouts: [&[(u64, usize)]; 4] = [
+        &[(1 << 20, 1)],
+        &[(0, 10), (3 * P + 5, 2 * P as usize), (10 * P, 1)],
+        &[(P - 1, 2), (8 * P, 1)],
+        &[(0, 3 * P as usize)],
+    ];
+    for (n, layout) in layouts.iter().enumerate() {
+        let answers = |dir: &Path| {
+            let f = std::fs::File::create(dir.join(format!("sparse{n}"))).unwrap();
+            for &(off, len) in layout.iter() {
+                f.write_all_at(&vec![7u8; len], off).unwrap();
+            }
+            let size = f.metadata().unwrap().len();
+            let mut out = Vec::new();
+            for off in [
+                0,
+                1,
+                P - 1,
+                P,
+                2 * P + 3,
+                5 * P,
+                1 << 20,
+                size - 1,
+                size,
+                size + 1,
+            ] {
+                for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+                    // SAFETY: plain syscall on an open descriptor.
+                    let r = unsafe { libc::lseek(f.as_raw_fd(), off as i64, whence) };
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    out.push((off, whence, if r < 0 { Err(e) } else { Ok(r) }));
+                }
+            }
+            out
+        };
+        assert_eq!(
+            answers(m.path()),
+            answers(shm.path()),
+            "layout {n}: {layout:?}"
+        );
+    }
+    m.unmount_and_check();
+}
+
 /// A program running from the mount cannot be truncated: `open(O_RDONLY|O_TRUNC)` is refused
 /// with ETXTBSY and the file keeps its bytes. (With FUSE_ATOMIC_O_TRUNC the kernel hands that
 /// open to the server before its own ETXTBSY check: a server that truncates first leaves the

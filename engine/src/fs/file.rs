@@ -583,6 +583,33 @@ impl Filesystem {
         self.handles.get(fh, &self.stats).map(|_| ())
     }
 
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` on regular file `ino`: the next offset at or
+    /// after `offset` in data (allocated pages) or in a hole (the end of the file counts as
+    /// one), as tmpfs answers it; ENXIO at or past the end, or when no data follows.
+    pub fn seek_data_hole(&self, ino: Ino, offset: u64, whence: i32) -> Result<u64> {
+        let _c = self.begin(Op::Lseek);
+        let g = epoch::pin();
+        let i = self.inode(ino, &g)?;
+        let data = match &i.body {
+            Body::File(d) => d,
+            Body::Dir(_) => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        };
+        let d = self.stats.read(LockClass::FileData, data);
+        let size = i.attr.size();
+        if offset >= size {
+            return Err(Errno::ENXIO);
+        }
+        match whence {
+            libc::SEEK_DATA => d
+                .next_data(offset)
+                .filter(|&o| o < size)
+                .ok_or(Errno::ENXIO),
+            libc::SEEK_HOLE => Ok(d.next_hole(offset).min(size)),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
     /// Makes the file's data (and, unless `datasync`, its metadata) durable. The memory store
     /// has nothing to write; the call validates the handle.
     pub fn fsync(&self, fh: Fh, datasync: bool) -> Result<()> {
