@@ -1,7 +1,9 @@
 //! # lanefs: the engine
 //!
 //! An in-memory POSIX namespace where operations on different names never wait for each
-//! other: lookups take no lock, directory mutations lock a stripe chosen by a hash of the name,
+//! other: a lookup takes no directory lock and no reference count (only a read lock on one of
+//! 4096 shards of the name table, chosen by the name's hash), directory mutations lock a
+//! stripe chosen by a hash of the name,
 //! and no counter, allocator or table is shared by every operation. It is the core of the
 //! lanefs filesystem; the FUSE server (`lanefs-fuse`) and the benchmarks (`lanefs-bench`) are
 //! thin layers on top, and the engine knows nothing of either.

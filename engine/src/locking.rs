@@ -93,7 +93,7 @@
 //! slot's own range, and the directory's mtime/ctime is stored only when the coarse clock
 //! ticks (`time.rs`). There is no entry counter and no per-directory lock.
 //!
-//! ## Lookups take no lock (DESIGN §3, seed 000)
+//! ## Lookups take no directory lock and no reference (DESIGN §3, seed 000)
 //!
 //! `lookup(parent, name)` loads the parent from the inode table (two loads, no reference
 //! count), reads its attributes through the seqlock (no write), and reads the dirent map under
