@@ -54,10 +54,6 @@ pub struct Server {
     ttl: Duration,
 }
 
-/// The handle the kernel sends for a file it opened without asking the server (no-open
-/// mode, see the crate documentation): the engine's "open file tracked by the caller".
-const NO_HANDLE: u64 = lanefs::FILE_TRACKED_BY_CALLER;
-
 fn err(e: Errno) -> FErrno {
     FErrno::from_i32(e.code())
 }
@@ -239,7 +235,13 @@ impl fuser::Filesystem for Server {
             set.mtime = Some(lanefs::TimeSet::Now);
         }
         self.attr(
-            self.fs.setattr(&ctx(req), ino.0, &set, fh.map(|f| f.0)),
+            // A handle means an `ftruncate` of a file the kernel holds open for writing.
+            self.fs.setattr(
+                &ctx(req),
+                ino.0,
+                &set,
+                fh.map(|_| lanefs::FILE_TRACKED_BY_CALLER),
+            ),
             reply,
         );
     }
@@ -350,11 +352,13 @@ impl fuser::Filesystem for Server {
         reply.error(FErrno::ENOSYS);
     }
 
+    /// Regular files reach the server by inode: the kernel opened them (no-open mode), so
+    /// the handle of a read, write, fsync, fallocate or ftruncate is always 0.
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
@@ -362,11 +366,7 @@ impl fuser::Filesystem for Server {
         reply: ReplyData,
     ) {
         let mut buf = vec![0u8; size as usize];
-        let r = match fh.0 {
-            NO_HANDLE => self.fs.read_inode(ino.0, offset, &mut buf),
-            fh => self.fs.read(fh, offset, &mut buf),
-        };
-        match r {
+        match self.fs.read_inode(ino.0, offset, &mut buf) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(err(e)),
         }
@@ -376,7 +376,7 @@ impl fuser::Filesystem for Server {
         &self,
         req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
@@ -384,11 +384,7 @@ impl fuser::Filesystem for Server {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let r = match fh.0 {
-            NO_HANDLE => self.fs.write_inode(&ctx(req), ino.0, offset, data),
-            fh => self.fs.write(&ctx(req), fh, offset, data),
-        };
-        match r {
+        match self.fs.write_inode(&ctx(req), ino.0, offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -407,34 +403,15 @@ impl fuser::Filesystem for Server {
         reply.error(FErrno::ENOSYS);
     }
 
-    fn release(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        _flush: bool,
-        reply: ReplyEmpty,
-    ) {
-        // Regular files have no engine handle through the mount (no-open mode); directories
-        // release theirs in `releasedir`. Kept for a kernel that would send one anyway.
-        Self::empty(self.fs.release(fh.0), reply);
-    }
-
     fn fsync(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let r = match fh.0 {
-            NO_HANDLE => self.fs.fsync_inode(ino.0, datasync),
-            fh => self.fs.fsync(fh, datasync),
-        };
-        Self::empty(r, reply);
+        Self::empty(self.fs.fsync_inode(ino.0, datasync), reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -604,19 +581,17 @@ impl fuser::Filesystem for Server {
         &self,
         req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = match fh.0 {
-            NO_HANDLE => self
-                .fs
+        Self::empty(
+            self.fs
                 .fallocate_inode(&ctx(req), ino.0, mode, offset, length),
-            fh => self.fs.fallocate(&ctx(req), fh, mode, offset, length),
-        };
-        Self::empty(r, reply);
+            reply,
+        );
     }
 }
 
