@@ -136,6 +136,12 @@ fn preflight(mp: &Path) -> Result<(), String> {
     let md = std::fs::metadata(mp).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("{}: mountpoint does not exist", mp.display()),
         std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", mp.display()),
+        _ if e.raw_os_error() == Some(libc::ENOTCONN) => format!(
+            "{}: a FUSE mount whose server has exited is still attached here; detach it \
+             with `fusermount3 -u {}` (or `umount -l` as root), then mount again",
+            mp.display(),
+            mp.display()
+        ),
         _ => format!("{}: {e}", mp.display()),
     })?;
     if !md.is_dir() {

@@ -201,3 +201,33 @@ fn help_names_every_command() {
         stderr(&o)
     );
 }
+
+/// A mount whose server was killed leaves a dead FUSE mount behind; mounting there again says
+/// so and how to detach it, instead of "Transport endpoint is not connected".
+#[test]
+fn mounting_over_a_dead_server_says_how_to_detach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let mut server = Command::new(BIN)
+        .args(["mount", mp.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    for _ in 0..200 {
+        if mounted(mp) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(mounted(mp));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let again = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(!again.status.success());
+    let msg = stderr(&again);
+    assert!(
+        msg.contains("server has exited") && msg.contains("fusermount3 -u"),
+        "{msg}"
+    );
+    assert_eq!(msg.trim_end().lines().count(), 1, "one line: {msg}");
+    unmount(mp);
+}
