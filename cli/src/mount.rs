@@ -19,9 +19,9 @@ pub struct MountArgs {
     /// Store: `memory` (like tmpfs: gone at unmount).
     #[arg(long, default_value = "memory")]
     pub store: String,
-    /// Mount options, comma-separated, as `mount -o`: ro, allow_other, nosuid, nodev, noexec,
-    /// size=BYTES (k/m/g suffixes), nr_inodes=N, locking=lanes|dirlock|coarse, threads=N,
-    /// ttl=SECONDS.
+    /// Mount options, comma-separated, as `mount -o`: ro, allow_other (the default when root
+    /// mounts; noallow_other keeps a root mount to root), nosuid, nodev, noexec, size=BYTES
+    /// (k/m/g suffixes), nr_inodes=N, locking=lanes|dirlock|coarse, threads=N, ttl=SECONDS.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// Return once mounted, leaving the server running in the background.
@@ -66,6 +66,11 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
     let mut fs = Config::default();
     let mut m = MountConfig {
         source: format!("lanefs:{}", a.store),
+        // Mounted by root, lanefs is for every user, as tmpfs is: the kernel checks every
+        // access with `default_permissions`, which is what makes `allow_other` safe. A user's
+        // own mount stays private unless asked (it also needs user_allow_other).
+        // SAFETY: geteuid has no preconditions.
+        allow_other: unsafe { libc::geteuid() } == 0,
         ..MountConfig::default()
     };
     for o in a.options.iter().filter(|o| !o.is_empty()) {
@@ -91,6 +96,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             | "relatime"
             | "default_permissions" => {}
             "allow_other" | "allow_root" => m.allow_other = true,
+            "noallow_other" => m.allow_other = false,
             "nosuid" => m.flags.push(MountOption::NoSuid),
             "suid" => m.flags.push(MountOption::Suid),
             "nodev" => m.flags.push(MountOption::NoDev),

@@ -57,6 +57,14 @@ fn background_mount_stats_and_unmount() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(mounted(mp));
+    // Mounted by root, it serves every user (as tmpfs does): allow_other is on.
+    let canon = std::fs::canonicalize(mp).unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+        .unwrap();
+    assert!(line.contains("allow_other"), "{line}");
     std::fs::write(mp.join("hello"), b"world").unwrap();
     assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
     // statfs reflects the options.
