@@ -23,9 +23,9 @@
 //!   file needs: the kernel checks access at open (`default_permissions`; a file created by
 //!   the open itself is exempt, as POSIX wants), applies `O_APPEND` to the offset, and its
 //!   lookup reference keeps an unlinked open file alive in the engine. `open(O_CREAT)` is
-//!   still one system call; what is lost is only that MKNOD and the open are two steps in the
-//!   kernel, so a file renamed away by another process between them makes the open fail with
-//!   ENOENT, as on NFS.
+//!   still one system call, with `O_EXCL` still exclusive (MKNOD fails with EEXIST); inside
+//!   the kernel the create and the open are two steps, as with any FUSE server that has no
+//!   CREATE.
 //!   `FUSE_ATOMIC_O_TRUNC` is not asked for: with it the kernel would expect OPEN to truncate;
 //!   without it `open(O_TRUNC)` of an existing file sends a SETATTR after the kernel's own
 //!   checks (a running program is `ETXTBSY`). That SETATTR cannot be told from a
@@ -47,8 +47,9 @@
 //! `default_permissions` fetches them again for the next permission check.
 //! - `default_permissions`: the kernel checks permissions too, with the caller's full group
 //!   list, on every step of a path walk, including cached dentries that never reach lanefs.
-//!   lanefs checks again on every request that does reach it (so the library is safe on its
-//!   own); the two use the same POSIX rules.
+//!   lanefs checks again on every namespace and attribute request that reaches it (so the
+//!   library is safe on its own); the two use the same POSIX rules. File data requests come
+//!   only for files the kernel has opened, its access check done.
 //!
 //! ## Timeouts
 //! Entries and attributes are cached by the kernel for [`MountConfig::ttl`] (default 60 s).
