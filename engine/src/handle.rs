@@ -71,6 +71,7 @@ impl HandleTable {
         let e = &mut s.entries[idx as usize];
         e.0 = (e.0 % GEN_MASK) + 1;
         e.1 = Some(h);
+        // The generation is never 0, so no handle is 0 (`FILE_TRACKED_BY_CALLER`).
         ((shard as u64) << 56) | ((e.0 as u64) << 32) | idx as u64
     }
 
