@@ -174,6 +174,20 @@ fn preflight(mp: &Path) -> Result<(), String> {
     if !root && !has_fusermount {
         return Err("fusermount3 is missing: install fuse3 (apt-get install fuse3)".into());
     }
+    // The FUSE library tries /dev/fuse itself before it falls back to fusermount3, and gives
+    // up if the device cannot be opened at all (distributions make it 0666; some containers
+    // and VMs leave it 0600).
+    if !root {
+        let dev = std::ffi::CString::new("/dev/fuse").expect("no NUL");
+        // SAFETY: a NUL-terminated path; access(2) has no other preconditions.
+        if unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } != 0 {
+            return Err(
+                "/dev/fuse is not readable and writable by this user (distributions make it \
+                 0666: chmod 0666 /dev/fuse as root), or mount as root"
+                    .into(),
+            );
+        }
+    }
     Ok(())
 }
 

@@ -1,8 +1,8 @@
 //! The control channel of a running mount, read by `lanefs stats MOUNTPOINT`.
 //!
 //! The server listens on a Unix socket named after the canonical mountpoint:
-//! `/run/lanefs/<hex of the path>.sock` when `/run/lanefs` can be created, otherwise under
-//! the temporary directory. A client connects and reads one JSON document (the engine's
+//! `/run/lanefs/<hex of the path>.sock` for root's mounts, `$XDG_RUNTIME_DIR/lanefs/` (or
+//! `$TMPDIR/lanefs-<uid>/`) for a user's; `lanefs stats` looks where its own user's would be. A client connects and reads one JSON document (the engine's
 //! operation counts and lock statistics, see [`stats_json`]) until end of file; nothing is
 //! written to the socket. The socket is created with mode 0600, so only the mounting user (and
 //! root) can read the statistics.
@@ -16,9 +16,13 @@ use std::sync::Arc;
 use lanefs::{Filesystem, LockClass, Op};
 
 fn dir() -> PathBuf {
-    let run = PathBuf::from("/run/lanefs");
-    if std::fs::create_dir_all(&run).is_ok() {
-        return run;
+    if current_uid() == 0 {
+        let run = PathBuf::from("/run/lanefs");
+        if std::fs::create_dir_all(&run).is_ok() {
+            return run;
+        }
+    } else if let Some(xdg) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(xdg).join("lanefs");
     }
     std::env::temp_dir().join(format!("lanefs-{}", current_uid()))
 }
