@@ -48,9 +48,8 @@
 //! emptiness test visit only those shards.
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
-use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering::*, fence};
 
@@ -80,18 +79,6 @@ const _: () = assert!(NSHARDS >= NSLOTS && NSHARDS.is_power_of_two());
 
 /// A name as handed out by readdir (inline up to 16 bytes).
 pub(crate) type Name = SmallVec<[u8; 16]>;
-
-/// The bytes of a key, built on the stack (inline up to 40-byte names) for lookups.
-type KeyBuf = SmallVec<[u8; 48]>;
-
-#[inline]
-fn key_buf(parent: Ino, name: &[u8]) -> KeyBuf {
-    debug_assert!(name.len() <= NAME_MAX);
-    let mut k = KeyBuf::new();
-    k.extend_from_slice(&parent.to_le_bytes());
-    k.extend_from_slice(name);
-    k
-}
 
 /// The header of a directory entry's node; the key bytes (`parent` little-endian, then the
 /// name) follow it in the same allocation, at `KEY_OFFSET`. 16 bytes: a 16-byte name makes a
@@ -183,6 +170,13 @@ impl Entry {
         &self.key()[8..]
     }
 
+    /// Whether this is the entry `name` in `parent`.
+    #[inline]
+    fn is(&self, parent: Ino, name: &[u8]) -> bool {
+        let k = self.key();
+        k.len() == 8 + name.len() && k[..8] == parent.to_le_bytes() && k[8..] == *name
+    }
+
     fn dirent(&self) -> Dirent {
         Dirent {
             ino_gen: self.node().ino_gen.load(Acquire),
@@ -217,27 +211,6 @@ impl Drop for Entry {
         unsafe { dealloc(self.0.as_ptr() as *mut u8, layout) }
     }
 }
-
-impl Borrow<[u8]> for Entry {
-    fn borrow(&self) -> &[u8] {
-        self.key()
-    }
-}
-
-// Hash and equality of the key bytes, as `[u8]` has them: `Borrow` requires it.
-impl Hash for Entry {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.key().hash(state)
-    }
-}
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        self.key() == other.key()
-    }
-}
-
-impl Eq for Entry {}
 
 /// A directory entry's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -391,9 +364,19 @@ impl Dirents {
         }
     }
 
+    /// The hash of the key `(parent, name)`, fed to the hasher without building the key.
     #[inline]
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    fn hash(&self, parent: Ino, name: &[u8]) -> u64 {
+        debug_assert!(name.len() <= NAME_MAX);
+        let mut h = self.hasher.build_hasher();
+        h.write(&parent.to_le_bytes());
+        h.write(name);
+        h.finish()
+    }
+
+    #[inline]
+    fn entry_hash(&self, e: &Entry) -> u64 {
+        self.hash(e.parent(), e.name())
     }
 
     #[inline]
@@ -404,10 +387,9 @@ impl Dirents {
     /// The entry `name` in `parent`.
     #[inline]
     pub fn get(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
-        let key = key_buf(parent, name);
-        let h = self.hash(&key);
+        let h = self.hash(parent, name);
         let shard = stats.read(LockClass::DirentShard, self.map_shard(h));
-        shard.find(h, |e| e.key() == &key[..]).map(Entry::dirent)
+        shard.find(h, |e| e.is(parent, name)).map(Entry::dirent)
     }
 
     fn next_cookie(&self, slot: usize) -> u64 {
@@ -458,9 +440,9 @@ impl Dirents {
             drop(entry);
             return Err(Errno::ENOENT);
         }
-        let h = self.hash(entry.key());
+        let h = self.hash(parent, name);
         let mut shard = stats.write(LockClass::DirentShard, self.map_shard(h));
-        match shard.entry(h, |e| e.key() == entry.key(), |e| self.hash(e.key())) {
+        match shard.entry(h, |e| e.is(parent, name), |e| self.entry_hash(e)) {
             hashbrown::hash_table::Entry::Vacant(v) => {
                 v.insert(entry);
             }
@@ -494,11 +476,10 @@ impl Dirents {
     /// Removes `name` from `parent`: from the map first (the removal's visible moment), then
     /// from the index; then frees the node.
     pub fn remove(&self, parent: Ino, name: &[u8], stats: &Stats) -> Option<Dirent> {
-        let key = key_buf(parent, name);
-        let h = self.hash(&key);
+        let h = self.hash(parent, name);
         let entry = {
             let mut shard = stats.write(LockClass::DirentShard, self.map_shard(h));
-            let found = shard.find_entry(h, |e| e.key() == &key[..]).ok()?;
+            let found = shard.find_entry(h, |e| e.is(parent, name)).ok()?;
             found.remove().0
         };
         let de = entry.dirent();
@@ -526,10 +507,9 @@ impl Dirents {
     pub fn repoint(&self, parent: Ino, name: &[u8], ino_gen: u64, stats: &Stats) -> Option<Dirent> {
         // The caller holds the name's stripe: no other writer of this entry. Readers see the
         // old or the new inode.
-        let key = key_buf(parent, name);
-        let h = self.hash(&key);
+        let h = self.hash(parent, name);
         let shard = stats.read(LockClass::DirentShard, self.map_shard(h));
-        shard.find(h, |e| e.key() == &key[..]).map(|e| Dirent {
+        shard.find(h, |e| e.is(parent, name)).map(|e| Dirent {
             ino_gen: e.node().ino_gen.swap(ino_gen, AcqRel),
             cookie: e.node().cookie(),
         })
@@ -633,7 +613,7 @@ mod tests {
         let k = Entry::new(0x0102, b"abc", 5, FIRST_COOKIE);
         assert_eq!(k.parent(), 0x0102);
         assert_eq!(k.name(), b"abc");
-        assert_eq!(k.key(), &key_buf(0x0102, b"abc")[..]);
+        assert!(k.is(0x0102, b"abc") && !k.is(0x0102, b"ab") && !k.is(0x0103, b"abc"));
         assert_eq!(
             k.dirent(),
             Dirent {
