@@ -69,8 +69,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
         // Mounted by root, lanefs is for every user, as tmpfs is: the kernel checks every
         // access with `default_permissions`, which is what makes `allow_other` safe. A user's
         // own mount stays private unless asked (it also needs user_allow_other).
-        // SAFETY: geteuid has no preconditions.
-        allow_other: unsafe { libc::geteuid() } == 0,
+        allow_other: is_root(),
         ..MountConfig::default()
     };
     for o in a.options.iter().filter(|o| !o.is_empty()) {
@@ -134,6 +133,11 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
     Ok(Plan { fs, mount: m })
 }
 
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    (unsafe { libc::geteuid() }) == 0
+}
+
 fn is_mountpoint(p: &Path) -> bool {
     lanefs_fuse::mount_id_at(p).is_some()
 }
@@ -163,8 +167,7 @@ fn preflight(mp: &Path) -> Result<(), String> {
     if !Path::new("/dev/fuse").exists() {
         return Err("/dev/fuse is missing: load the fuse module (modprobe fuse) or give the container the device".into());
     }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
+    let root = is_root();
     let has_fusermount = std::env::var_os("PATH")
         .map(|p| {
             std::env::split_paths(&p)
