@@ -5,14 +5,9 @@
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*, fence};
 use std::time::Instant;
 
+use crate::id::{Generation, Ino};
 use crate::stats::{LockClass, Stats};
 use crate::time::Timespec;
-
-/// Inode number as seen by users of the engine (and by FUSE as the node id).
-pub type Ino = u64;
-
-/// The root directory's inode number (FUSE's `FUSE_ROOT_ID`).
-pub const ROOT_INO: Ino = 1;
 
 /// Type of a file, from the `S_IFMT` bits of its mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -73,8 +68,8 @@ pub struct Attr {
     /// Inode number.
     pub ino: Ino,
     /// Generation: `(ino, generation)` is unique over the life of the filesystem even though
-    /// inode numbers are reused.
-    pub generation: u64,
+    /// inode numbers are reused (`id.rs`).
+    pub generation: Generation,
     /// Type and permission bits, as `st_mode`.
     pub mode: u32,
     /// Hard links (directories: 2 + subdirectories).
@@ -142,7 +137,10 @@ pub struct SetAttr {
 /// The mutable attribute values of an inode, copied out of or into an [`AttrCell`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct AttrVals {
+    /// Type and permission bits (`st_mode`, 16 bits).
     pub mode: u32,
+    /// Inode flags ([`flags`]), 16 bits.
+    pub flags: u32,
     pub uid: u32,
     pub gid: u32,
     pub size: u64,
@@ -150,6 +148,12 @@ pub(crate) struct AttrVals {
     pub atime: Timespec,
     pub mtime: Timespec,
     pub ctime: Timespec,
+}
+
+/// Inode flags kept beside the mode (`AttrVals::flags`).
+pub(crate) mod flags {
+    /// The inode has extended attributes in the filesystem's xattr table.
+    pub const XATTRS: u32 = 1;
 }
 
 const BLOCKS_PER_PAGE: u64 = crate::data::PAGE / 512;
@@ -169,6 +173,7 @@ fn pages_of(blocks: u64) -> u32 {
 /// (which it then discards) without undefined behaviour.
 pub(crate) struct AttrCell {
     seq: AtomicU32,
+    /// `flags << 16 | mode`.
     mode: AtomicU32,
     uid: AtomicU32,
     gid: AtomicU32,
@@ -188,7 +193,7 @@ impl AttrCell {
     pub fn new(v: AttrVals) -> Self {
         AttrCell {
             seq: AtomicU32::new(0),
-            mode: AtomicU32::new(v.mode),
+            mode: AtomicU32::new(pack_mode(&v)),
             uid: AtomicU32::new(v.uid),
             gid: AtomicU32::new(v.gid),
             atime_ns: AtomicU32::new(v.atime.nsec),
@@ -203,8 +208,10 @@ impl AttrCell {
     }
 
     fn read_fields(&self) -> AttrVals {
+        let mode = self.mode.load(Relaxed);
         AttrVals {
-            mode: self.mode.load(Relaxed),
+            mode: mode & 0xFFFF,
+            flags: mode >> 16,
             uid: self.uid.load(Relaxed),
             gid: self.gid.load(Relaxed),
             size: self.size.load(Relaxed),
@@ -216,7 +223,7 @@ impl AttrCell {
     }
 
     fn write_fields(&self, v: &AttrVals) {
-        self.mode.store(v.mode, Relaxed);
+        self.mode.store(pack_mode(v), Relaxed);
         self.uid.store(v.uid, Relaxed);
         self.gid.store(v.gid, Relaxed);
         self.size.store(v.size, Relaxed);
@@ -229,9 +236,11 @@ impl AttrCell {
         self.ctime_ns.store(v.ctime.nsec, Relaxed);
     }
 
-    /// A consistent snapshot, taken without writing.
+    /// A consistent snapshot, taken without writing. A reader that finds a writer inside
+    /// spins briefly, then yields (the writer may have been preempted).
     #[inline]
     pub fn load(&self) -> AttrVals {
+        let mut round = 0u32;
         loop {
             // Acquire: the field loads below cannot move above this load.
             let s1 = self.seq.load(Acquire);
@@ -243,14 +252,19 @@ impl AttrCell {
                     return v;
                 }
             }
-            std::hint::spin_loop();
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 
     /// The mode alone (type bits never change, so this needs no consistency with other fields).
     #[inline]
     pub fn mode(&self) -> u32 {
-        self.mode.load(Relaxed)
+        self.mode.load(Relaxed) & 0xFFFF
     }
 
     /// The size alone. Exact when the caller holds the file's data lock, which every size
@@ -311,32 +325,37 @@ impl AttrCell {
         r
     }
 
-    /// Sets mtime and ctime to the coarse clock, writing only when the stored value differs
-    /// (DESIGN §3: a burst of creates in a directory stores once per clock tick).
+    /// Sets mtime and ctime to `t` (a directory whose entries changed), writing only when
+    /// the stored values differ: a burst of creates in one directory, all stamped with one
+    /// tick of the coarse clock, stores once per tick. Between two changes of one directory
+    /// that share no lock, the later store wins, which may be the earlier tick: the value
+    /// then lags by one tick (4 ms) until the next change.
     #[inline]
-    pub fn touch_mc(&self, stats: &Stats) {
-        let now = Timespec::now();
+    pub fn set_mc(&self, t: Timespec, stats: &Stats) {
         let cur_m = Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed));
         let cur_c = Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed));
-        if cur_m == now && cur_c == now {
+        if cur_m == t && cur_c == t {
             return;
         }
         let _ = self.update::<(), ()>(stats, |v| {
-            // Read the clock again under the lock so that stores stay monotonic.
-            let now = Timespec::now();
-            v.mtime = now;
-            v.ctime = now;
+            v.mtime = t;
+            v.ctime = t;
             Ok(())
         });
     }
 
-    /// Sets ctime to the coarse clock (a status change: link count, rename, xattr).
-    pub fn touch_c(&self, stats: &Stats) {
+    /// Sets ctime to `t` (a status change: link count, rename, xattr).
+    pub fn set_c(&self, t: Timespec, stats: &Stats) {
         let _ = self.update::<(), ()>(stats, |v| {
-            v.ctime = Timespec::now();
+            v.ctime = t;
             Ok(())
         });
     }
+}
+
+fn pack_mode(v: &AttrVals) -> u32 {
+    debug_assert!(v.mode <= 0xFFFF && v.flags <= 0xFFFF);
+    v.flags << 16 | v.mode
 }
 
 #[cfg(test)]
@@ -345,7 +364,8 @@ mod tests {
 
     fn vals(x: u64) -> AttrVals {
         AttrVals {
-            mode: x as u32,
+            mode: x as u32 & 0xFFFF,
+            flags: (x as u32 >> 3) & 0xFFFF,
             uid: x as u32,
             gid: x as u32,
             size: x,
@@ -380,6 +400,7 @@ mod tests {
             for _ in 0..200_000 {
                 let v = cell.load();
                 assert_eq!(v, vals(v.size), "torn read");
+                assert_eq!(v.mode, v.size as u32 & 0xFFFF);
             }
             stop.store(true, Relaxed);
         });

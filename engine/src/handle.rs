@@ -11,7 +11,9 @@
 
 use parking_lot::Mutex;
 
+use crate::dir::ReadEnd;
 use crate::errno::{Errno, Result};
+use crate::id::InoGen;
 use crate::slots::{NSLOTS, PerSlot, current};
 use crate::stats::{LockClass, Stats};
 
@@ -21,7 +23,7 @@ pub type Fh = u64;
 /// What a handle refers to. Holding a handle holds a reference on the inode (`inode.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Handle {
-    pub ino_gen: u64,
+    pub inode: InoGen,
     /// `open(2)` flags (access mode, `O_APPEND`, ...).
     pub flags: i32,
     pub is_dir: bool,
@@ -40,8 +42,16 @@ impl Handle {
 const GEN_MASK: u32 = (1 << 24) - 1;
 
 #[derive(Default)]
+struct Entry {
+    generation: u32,
+    handle: Option<Handle>,
+    /// Where the current read of a directory handle ends (`dir/mod.rs`).
+    end: Option<ReadEnd>,
+}
+
+#[derive(Default)]
 struct Shard {
-    entries: Vec<(u32, Option<Handle>)>,
+    entries: Vec<Entry>,
     free: Vec<u32>,
 }
 
@@ -64,15 +74,15 @@ impl HandleTable {
         let idx = match s.free.pop() {
             Some(i) => i,
             None => {
-                s.entries.push((0, None));
+                s.entries.push(Entry::default());
                 (s.entries.len() - 1) as u32
             }
         };
         let e = &mut s.entries[idx as usize];
-        e.0 = (e.0 % GEN_MASK) + 1;
-        e.1 = Some(h);
-        // The generation is never 0, so no handle is 0 (`FILE_TRACKED_BY_CALLER`).
-        ((shard as u64) << 56) | ((e.0 as u64) << 32) | idx as u64
+        e.generation = (e.generation % GEN_MASK) + 1;
+        e.handle = Some(h);
+        // The generation is never 0, so no handle is 0.
+        ((shard as u64) << 56) | ((e.generation as u64) << 32) | idx as u64
     }
 
     fn locate(fh: Fh) -> Result<(usize, u32, usize)> {
@@ -87,21 +97,37 @@ impl HandleTable {
         ))
     }
 
-    pub fn get(&self, fh: Fh, stats: &Stats) -> Result<Handle> {
+    /// Runs `f` on the live entry `fh` names (EBADF if none) under its shard lock.
+    fn with<R>(&self, fh: Fh, stats: &Stats, f: impl FnOnce(&mut Entry) -> R) -> Result<R> {
         let (shard, generation, idx) = Self::locate(fh)?;
-        let s = stats.lock(LockClass::Handles, self.shards.get(shard));
-        match s.entries.get(idx) {
-            Some(&(g, Some(h))) if g == generation => Ok(h),
+        let mut s = stats.lock(LockClass::Handles, self.shards.get(shard));
+        match s.entries.get_mut(idx) {
+            Some(e) if e.generation == generation && e.handle.is_some() => Ok(f(e)),
             _ => Err(Errno::EBADF),
         }
+    }
+
+    pub fn get(&self, fh: Fh, stats: &Stats) -> Result<Handle> {
+        self.with(fh, stats, |e| e.handle.expect("live entry"))
+    }
+
+    /// Where the current read of directory handle `fh` ends, if one was started.
+    pub fn read_end(&self, fh: Fh, stats: &Stats) -> Result<Option<ReadEnd>> {
+        self.with(fh, stats, |e| e.end.clone())
+    }
+
+    /// Starts a new read of directory handle `fh`, ending at `end`.
+    pub fn set_read_end(&self, fh: Fh, end: ReadEnd, stats: &Stats) -> Result<()> {
+        self.with(fh, stats, |e| e.end = Some(end))
     }
 
     pub fn remove(&self, fh: Fh, stats: &Stats) -> Result<Handle> {
         let (shard, generation, idx) = Self::locate(fh)?;
         let mut s = stats.lock(LockClass::Handles, self.shards.get(shard));
         match s.entries.get_mut(idx) {
-            Some((g, slot @ Some(_))) if *g == generation => {
-                let h = slot.take().expect("matched Some");
+            Some(e) if e.generation == generation && e.handle.is_some() => {
+                let h = e.handle.take().expect("matched Some");
+                e.end = None;
                 s.free.push(idx as u32);
                 Ok(h)
             }
@@ -113,7 +139,13 @@ impl HandleTable {
     pub fn open_count(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().entries.iter().filter(|e| e.1.is_some()).count())
+            .map(|s| {
+                s.lock()
+                    .entries
+                    .iter()
+                    .filter(|e| e.handle.is_some())
+                    .count()
+            })
             .sum()
     }
 }
@@ -127,7 +159,7 @@ mod tests {
         let t = HandleTable::new();
         let stats = Stats::default();
         let h = Handle {
-            ino_gen: 9,
+            inode: InoGen::from_raw(9),
             flags: libc::O_RDWR,
             is_dir: false,
         };
@@ -148,7 +180,7 @@ mod tests {
     #[test]
     fn access_modes() {
         let r = Handle {
-            ino_gen: 1,
+            inode: InoGen::from_raw(1),
             flags: libc::O_RDONLY,
             is_dir: false,
         };

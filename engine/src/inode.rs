@@ -22,31 +22,16 @@
 //! All transitions are compare-and-swap loops on the one word, so they have a single
 //! modification order; each returns what the caller must do ([`Fate`]).
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use once_cell::race::OnceBox;
 use parking_lot::{Mutex, RwLock};
 
-use crate::attr::{AttrCell, FileType, Ino};
+use crate::attr::{AttrCell, FileType};
 use crate::data::FileData;
+use crate::dir::Runs;
+use crate::dir::life::DirLife;
 use crate::errno::{Errno, Result};
-use crate::xattr::Xattrs;
-
-/// Bits of an inode number inside an `ino_gen` word; the generation takes the 24 above.
-pub(crate) const INO_BITS: u32 = 40;
-pub(crate) const INO_MASK: u64 = (1 << INO_BITS) - 1;
-
-/// The inode number part of an `ino_gen` word.
-#[inline]
-pub(crate) fn ino_of(ino_gen: u64) -> Ino {
-    ino_gen & INO_MASK
-}
-
-/// The generation part of an `ino_gen` word.
-#[inline]
-pub(crate) fn gen_of(ino_gen: u64) -> u64 {
-    ino_gen >> INO_BITS
-}
+use crate::id::{Generation, Ino, InoGen, InodeId};
 
 const REFS_MASK: u64 = (1 << 32) - 1;
 const NLINK_ONE: u64 = 1 << 32;
@@ -66,21 +51,16 @@ pub(crate) enum Fate {
     Free,
 }
 
-/// Directory life, for the rmdir-versus-create protocol described in `locking.rs`.
-pub(crate) const DIR_ALIVE: u8 = 0;
-pub(crate) const DIR_DYING: u8 = 1;
-pub(crate) const DIR_DEAD: u8 = 2;
-
 /// State a directory keeps beyond its attributes. Its entries live in the filesystem-wide
-/// tables (`dir.rs`), so an empty directory costs only this.
+/// tables (`dir/`), so an empty directory costs only this.
 pub(crate) struct DirBody {
-    /// `DIR_ALIVE`, `DIR_DYING` (an rmdir or a rename over it is checking emptiness), `DIR_DEAD`.
-    pub life: AtomicU8,
-    /// Thread slots that have ever inserted an entry here: readdir and the emptiness check visit
-    /// only these slots' index shards. Set once per slot, so read-mostly.
-    pub slot_mask: AtomicU64,
-    /// `ino_gen` of the parent directory (itself for the root).
+    /// ALIVE, DYING or DEAD: the removal protocol of `dir/life.rs`.
+    pub life: DirLife,
+    /// The parent directory (an `InoGen`; the root's is itself). Changed only under the
+    /// `rename` lock, by a rename that moves this directory.
     pub parent: AtomicU64,
+    /// The ordered index of the directory's entries (`dir/index.rs`).
+    pub runs: Runs,
     /// The per-directory lock of the `dirlock` locking mode; unused under `lanes`.
     pub lock: Mutex<()>,
     /// A byte with one valid value: its 255 invalid values hold [`Body`]'s variant tag (the
@@ -96,7 +76,10 @@ enum DirNiche {
 
 // An inode is allocated per file: keep it in mimalloc's 112-byte size class
 // (docs/BENCHMARKS.md, "Memory per file").
+// (Not under loom, whose atomics are larger.)
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Body>() == 24);
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Inode>() == 112);
 
 /// Kind-specific contents.
@@ -109,29 +92,36 @@ pub(crate) enum Body {
 
 /// An inode. Reached through the inode table under an epoch guard; never moved.
 pub(crate) struct Inode {
-    /// `(generation << INO_BITS) | ino`.
-    pub ino_gen: u64,
+    pub ino: Ino,
+    pub generation: Generation,
     life: AtomicU64,
     pub attr: AttrCell,
     pub body: Body,
-    /// Allocated at the first `setxattr` (one pointer in every inode, not a lock).
-    pub xattrs: OnceBox<Mutex<Xattrs>>,
 }
 
 impl Inode {
-    pub fn new(ino_gen: u64, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
+    pub fn new(id: InodeId, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
         Inode {
-            ino_gen,
+            ino: id.ino,
+            generation: id.generation,
             life: AtomicU64::new(((nlink as u64) << 32) | refs as u64),
             attr,
             body,
-            xattrs: OnceBox::new(),
         }
     }
 
     #[inline]
-    pub fn ino(&self) -> Ino {
-        ino_of(self.ino_gen)
+    pub fn id(&self) -> InodeId {
+        InodeId {
+            ino: self.ino,
+            generation: self.generation,
+        }
+    }
+
+    /// The packed word entries use to name this inode.
+    #[inline]
+    pub fn key(&self) -> InoGen {
+        InoGen::new(self.ino, self.generation)
     }
 
     #[inline]
@@ -229,6 +219,24 @@ impl Inode {
         .map(|_| ())
     }
 
+    /// Adds a link during recovery, even to an inode whose count is 0: a link and the unlink
+    /// of another name of the same inode take different stripes, the link raises the count
+    /// before its record is committed and the unlink commits before it lowers it, so replay
+    /// may apply them in the other order and pass through 0. Recovery holds every inode until
+    /// its `Free` record (`fs/recovery.rs`), so the inode is still there.
+    pub fn relink(&self) -> Result<()> {
+        self.transition(|w| {
+            if w & DEAD != 0 {
+                return Err(Errno::ENOENT);
+            }
+            if (w & NLINK_MASK) >> 32 >= NLINK_MAX as u64 {
+                return Err(Errno::EMLINK);
+            }
+            Ok(w + NLINK_ONE)
+        })
+        .map(|_| ())
+    }
+
     /// Adds a link to a live directory (a new subdirectory's `..`).
     pub fn inc_nlink(&self) -> Result<()> {
         self.transition(|w| {
@@ -244,7 +252,7 @@ impl Inode {
     /// Removes a link.
     pub fn dec_nlink(&self) -> Fate {
         let r = self.transition(|w| {
-            assert!(w & NLINK_MASK != 0, "nlink underflow on ino {}", self.ino());
+            assert!(w & NLINK_MASK != 0, "nlink underflow on ino {}", self.ino);
             Ok(w - NLINK_ONE)
         });
         match r {
@@ -264,19 +272,20 @@ impl Inode {
 }
 
 impl DirBody {
-    pub fn new(parent_ino_gen: u64) -> Self {
+    pub fn new(parent: InoGen) -> Self {
         DirBody {
-            life: AtomicU8::new(DIR_ALIVE),
-            slot_mask: AtomicU64::new(0),
-            parent: AtomicU64::new(parent_ino_gen),
+            life: DirLife::new(),
+            parent: AtomicU64::new(parent.raw()),
+            runs: Runs::new(),
             lock: Mutex::new(()),
             _niche: DirNiche::Dir,
         }
     }
 
+    /// The parent directory's word.
     #[inline]
-    pub fn is_alive(&self) -> bool {
-        self.life.load(Acquire) == DIR_ALIVE
+    pub fn parent(&self) -> InoGen {
+        InoGen::from_raw(self.parent.load(Acquire))
     }
 }
 
@@ -290,6 +299,7 @@ mod tests {
         let t = Timespec::default();
         let attr = AttrCell::new(AttrVals {
             mode: libc::S_IFREG | 0o644,
+            flags: 0,
             uid: 0,
             gid: 0,
             size: 0,
@@ -298,7 +308,16 @@ mod tests {
             mtime: t,
             ctime: t,
         });
-        Inode::new(5, nlink, refs, attr, Body::File(Default::default()))
+        Inode::new(
+            InodeId {
+                ino: Ino(5),
+                generation: Generation(1),
+            },
+            nlink,
+            refs,
+            attr,
+            Body::File(Default::default()),
+        )
     }
 
     #[test]

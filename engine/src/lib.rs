@@ -30,13 +30,17 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 //!
-//! Semantics follow Linux tmpfs (DESIGN §4); the locking rules are in [`locking`].
+//! Semantics follow Linux tmpfs; the locking rules are in [`locking`]; durability goes
+//! through [`Store`], which takes a [`Record`] of every change (docs/RECORDS.md).
 //!
-//! Module map: `fs/` (the operations), [`locking`] (every lock class and its order),
-//! `dir` (directory entry tables), `table` (inode table), `inode` (inode lifecycle),
-//! `attr` (attributes), `data` (file pages), `perm` (permissions), `handle` (open files),
-//! `ids` (inode numbers), `quota` (limits), `slots` (per-thread state), `stats` (counters),
-//! `path` (the path API).
+//! Module map: `fs/` (the operations: policy in `namespace.rs` and `file.rs`, the change
+//! itself in `apply.rs`, recovery in `recovery.rs`), [`locking`] (every lock class and its
+//! order), `dir/` (directory entry tables and the removal protocol), `table` (inode table),
+//! `inode` (inode lifecycle), `id` (inode numbers and generations), `record` (records and the
+//! store interface), `attr` (attributes), `data` (file pages), `perm` (credentials and
+//! permissions), `handle` (open files), `xattr` (extended attributes), `quota` (limits),
+//! `slots` (per-thread state), `stats` (counters), `path` (the path API), `sync` (the atomics
+//! loom checks).
 
 #![deny(missing_docs)]
 
@@ -46,30 +50,34 @@ mod dir;
 mod errno;
 mod fs;
 mod handle;
-mod ids;
+mod id;
 mod inode;
 pub mod locking;
 pub mod notify;
 mod path;
 mod perm;
 mod quota;
+mod record;
 mod slots;
 mod stats;
+mod sync;
 mod table;
 mod time;
 mod xattr;
 
-pub use attr::{Attr, FileType, Ino, ROOT_INO, SetAttr, TimeSet};
+pub use attr::{Attr, FileType, SetAttr, TimeSet};
 pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
-    CheckReport, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_TRACKED_BY_CALLER,
-    RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX,
+    CheckReport, Config, DirEntry, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, Locking,
+    MAX_FILE_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, Recovery, ReplayError, SYMLINK_MAX, StatFs,
+    TruncateBy,
 };
-pub use fs::{Config, DirEntry, Filesystem, Locking, MAX_FILE_SIZE, StatFs};
 pub use handle::Fh;
+pub use id::{Generation, Ino, InodeId, ROOT_INO};
 pub use path::{Client, DirEntryInfo, File, Metadata, OpenOptions};
-pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE};
+pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
+pub use record::{AttrChange, DecodeError, MemoryStore, NewInode, Record, Store};
 pub use stats::{LockClass, LockStat, Op, StatsSnapshot};
 pub use time::Timespec;
 pub use xattr::{XATTR_CREATE, XATTR_REPLACE};

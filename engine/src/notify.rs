@@ -4,9 +4,9 @@
 //! the mount's timeouts allow. Changes that come through the mount keep those caches right by
 //! themselves (the kernel updates what it changed). A program that embeds lanefs and also
 //! changes the tree through this library while it is mounted needs the kernel told: the FUSE
-//! server installs an [`Invalidate`] sink, and every successful mutation made with a context
-//! that does not count lookups (that is, by anyone but the kernel) reports the names and inodes
-//! it changed to it.
+//! server installs an [`Invalidate`] sink, and every successful mutation made by a library
+//! caller ([`Via::Library`], anyone but the kernel) reports the names and inodes it changed to
+//! it.
 //!
 //! A report is made after the operation has released every engine lock, including the
 //! `coarse` one: the kernel's handling of an invalidation may wait for requests in flight in
@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::RwLock;
 
-use crate::{Ctx, Ino};
+use crate::{Ctx, Ino, Via};
 
 /// Receives invalidations. Implementations must not call back into the filesystem.
 pub trait Invalidate: Send + Sync {
@@ -49,7 +49,7 @@ impl Watch {
     /// The sink to report `ctx`'s changes to, if any.
     #[inline]
     pub(crate) fn sink(&self, ctx: &Ctx) -> Option<Arc<dyn Invalidate>> {
-        if ctx.count_lookups || !self.on.load(Ordering::Acquire) {
+        if ctx.via == Via::Kernel || !self.on.load(Ordering::Acquire) {
             return None;
         }
         self.sink.read().clone()

@@ -11,10 +11,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::attr::{Attr, FileType, Ino, ROOT_INO, SetAttr, TimeSet};
+use crate::attr::{Attr, FileType, SetAttr, TimeSet};
 use crate::errno::{Errno, Result};
 use crate::fs::Filesystem;
+use crate::fs::TruncateBy;
 use crate::handle::Fh;
+use crate::id::{Ino, ROOT_INO};
 use crate::perm::Ctx;
 use crate::time::Timespec;
 
@@ -506,7 +508,7 @@ impl Client {
     /// Removes an empty directory.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
-        if dir == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_empty() {
+        if dir == ROOT_INO && name == *b"." && components(bytes(path.as_ref())).is_empty() {
             return Err(Errno::EBUSY.into());
         }
         self.fs.rmdir(&self.ctx, dir, &name)?;
@@ -727,7 +729,8 @@ impl File {
             ctime: Some(Timespec::now()),
             ..Default::default()
         };
-        self.fs.setattr(&self.ctx, self.ino, &set, Some(self.fh))?;
+        self.fs
+            .setattr(&self.ctx, self.ino, &set, Some(TruncateBy::Handle(self.fh)))?;
         Ok(())
     }
 

@@ -1,10 +1,10 @@
 //! Caller identity and POSIX permission checks.
 //!
-//! lanefs checks permissions itself (DESIGN §4), so the library is safe to embed in a
-//! multi-user program and the FUSE mount does not depend on the kernel's `default_permissions`.
-//! Root (uid 0) stands for a caller with every capability, as for a root process on tmpfs.
-
-use std::sync::OnceLock;
+//! lanefs checks permissions itself, so the library is safe to embed in a multi-user program
+//! and the FUSE mount does not depend on the kernel's `default_permissions`. Root (uid 0)
+//! stands for a caller with every capability, as for a root process on tmpfs. The engine
+//! never reads anything about the caller from the system: a caller's supplementary groups
+//! are given with its credentials (the FUSE server reads them before calling).
 
 use smallvec::SmallVec;
 
@@ -18,6 +18,21 @@ pub const MAY_WRITE: u32 = 2;
 /// Execute / search permission (`X_OK`).
 pub const MAY_EXEC: u32 = 1;
 
+/// How a caller reaches the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Via {
+    /// A program calling the library directly (the default).
+    #[default]
+    Library,
+    /// The kernel, serving a process through a FUSE mount. Three things follow, each part of
+    /// the FUSE protocol: every inode an operation returns (lookup, create, mkdir, mknod,
+    /// symlink, link, readdirplus) carries one lookup reference that the kernel drops with
+    /// `forget`; changes are not reported to the invalidation sink ([`crate::notify`]: the
+    /// kernel made them and updates its own caches); and the checks the kernel applies by
+    /// its own policy before it sends a request (`fs.protected_hardlinks`) are left to it.
+    Kernel,
+}
+
 /// Who is calling: the credentials a process would present to the kernel.
 #[derive(Clone, Debug)]
 pub struct Ctx {
@@ -25,22 +40,14 @@ pub struct Ctx {
     pub uid: u32,
     /// Filesystem group id.
     pub gid: u32,
-    /// Process id (0 if unknown); used to read supplementary groups lazily when they were not
-    /// given (FUSE sends uid, gid and pid only).
-    pub pid: u32,
     /// File-mode creation mask applied to new inodes.
     pub umask: u32,
-    /// When true, every inode returned by lookup, create, mkdir, mknod, symlink, link and
-    /// readdirplus gains one lookup reference that the caller must drop with `forget` (the FUSE
-    /// protocol's lookup count).
-    pub count_lookups: bool,
-    groups: Groups,
-}
-
-#[derive(Clone, Debug)]
-enum Groups {
-    Given(SmallVec<[u32; 8]>),
-    FromProc(OnceLock<SmallVec<[u32; 8]>>),
+    /// Whether the caller may keep set-user-ID and set-group-ID bits when it writes to,
+    /// truncates or changes the owner of a file (`CAP_FSETID`). True for root.
+    pub keeps_setid: bool,
+    /// How the caller reaches the engine.
+    pub via: Via,
+    groups: SmallVec<[u32; 8]>,
 }
 
 impl Ctx {
@@ -54,16 +61,16 @@ impl Ctx {
         Ctx {
             uid,
             gid,
-            pid: 0,
             umask: 0,
-            count_lookups: false,
-            groups: Groups::Given(SmallVec::new()),
+            keeps_setid: uid == 0,
+            via: Via::Library,
+            groups: SmallVec::new(),
         }
     }
 
     /// Sets the supplementary groups.
     pub fn with_groups(mut self, groups: &[u32]) -> Self {
-        self.groups = Groups::Given(groups.into());
+        self.groups = groups.into();
         self
     }
 
@@ -73,17 +80,10 @@ impl Ctx {
         self
     }
 
-    /// A caller known by uid, gid and pid (a FUSE request): supplementary groups are read from
-    /// `/proc/PID/status` the first time a permission check needs them.
-    pub fn from_request(uid: u32, gid: u32, pid: u32) -> Self {
-        Ctx {
-            uid,
-            gid,
-            pid,
-            umask: 0,
-            count_lookups: false,
-            groups: Groups::FromProc(OnceLock::new()),
-        }
+    /// Marks the caller as the kernel serving a process through a mount ([`Via::Kernel`]).
+    pub fn via_kernel(mut self) -> Self {
+        self.via = Via::Kernel;
+        self
     }
 
     /// Whether the caller is root (has every capability).
@@ -92,42 +92,21 @@ impl Ctx {
         self.uid == 0
     }
 
-    fn groups(&self) -> &[u32] {
-        match &self.groups {
-            Groups::Given(g) => g,
-            Groups::FromProc(cell) => cell.get_or_init(|| proc_groups(self.pid)),
-        }
+    /// Whether returned inodes carry a lookup reference ([`Via::Kernel`]).
+    #[inline]
+    pub(crate) fn counts_lookups(&self) -> bool {
+        self.via == Via::Kernel
     }
 
-    /// Reads the supplementary groups now if they are read lazily, so that a later check does
-    /// no I/O (the attribute seqlock's critical section must not block).
-    pub(crate) fn resolve_groups(&self) {
-        let _ = self.groups();
+    /// The supplementary groups.
+    pub fn groups(&self) -> &[u32] {
+        &self.groups
     }
 
     /// Whether `gid` is the caller's group or one of its supplementary groups.
     pub fn in_group(&self, gid: u32) -> bool {
-        self.gid == gid || self.groups().contains(&gid)
+        self.gid == gid || self.groups.contains(&gid)
     }
-}
-
-/// Supplementary groups of process `pid`, from `/proc/PID/status` (empty if unreadable).
-fn proc_groups(pid: u32) -> SmallVec<[u32; 8]> {
-    if pid == 0 {
-        return SmallVec::new();
-    }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return SmallVec::new();
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| {
-            g.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// `generic_permission`: may `ctx` access an inode with attributes `a` for `mask`?
@@ -181,6 +160,7 @@ mod tests {
         let t = Timespec::default();
         AttrVals {
             mode,
+            flags: 0,
             uid,
             gid,
             size: 0,
@@ -230,27 +210,5 @@ mod tests {
             "dir owner"
         );
         assert!(check_sticky(&Ctx::root(), &dir, &mine).is_ok());
-    }
-
-    #[test]
-    fn groups_from_proc_of_this_process() {
-        let ctx = Ctx::from_request(1000, 1000, std::process::id());
-        // SAFETY: getgroups with size 0 only returns the count.
-        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
-        let mut want = vec![0 as libc::gid_t; n.max(0) as usize];
-        // SAFETY: `want` has room for `n` entries.
-        let n = unsafe { libc::getgroups(n, want.as_mut_ptr()) };
-        want.truncate(n.max(0) as usize);
-        let mut got = ctx.groups().to_vec();
-        got.sort();
-        want.sort();
-        want.dedup();
-        got.dedup();
-        assert_eq!(
-            got, want,
-            "supplementary groups from /proc match getgroups()"
-        );
-        let none = Ctx::from_request(1000, 1000, 0);
-        assert!(none.groups().is_empty());
     }
 }

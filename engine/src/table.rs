@@ -10,22 +10,20 @@
 //! Slots hold `crossbeam_epoch::Atomic<Inode>`. Readers load under an epoch guard; removal swaps
 //! the slot to null (so the number can be reused at once) and defers the inode's memory until
 //! every guard that could have loaded it is gone. A reader may therefore hold a pointer to an
-//! inode that is no longer in the table: callers compare `ino_gen` ([`InodeTable::get_gen`])
+//! inode that is no longer in the table: callers compare generations ([`InodeTable::get_gen`])
 //! or check the inode's lifecycle word, and never resurrect a dead inode (`inode.rs`).
 
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
 use crossbeam_epoch::{Atomic, Guard, Owned, Shared};
 
-use crate::attr::Ino;
-use crate::inode::{Inode, ino_of};
+use crate::id::{INO_BITS, Ino, InoGen, MAX_INO};
+use crate::inode::Inode;
 
 const LEAF_BITS: u32 = 14;
 const LEAF: usize = 1 << LEAF_BITS;
-const TOP: usize = 1 << 14;
-
-/// Largest inode number the table holds (2^28 - 1, about 268 million).
-pub(crate) const MAX_INO: Ino = (TOP * LEAF - 1) as Ino;
+const TOP: usize = 1 << (INO_BITS - LEAF_BITS);
+const _: () = assert!((TOP * LEAF - 1) as u64 == MAX_INO);
 
 type Leaf = [Atomic<Inode>; LEAF];
 
@@ -44,7 +42,7 @@ impl InodeTable {
 
     #[inline]
     fn leaf(&self, ino: Ino) -> Option<&Leaf> {
-        let p = self.top.get((ino >> LEAF_BITS) as usize)?.load(Acquire);
+        let p = self.top.get((ino.0 >> LEAF_BITS) as usize)?.load(Acquire);
         // SAFETY: a non-null top entry points to a leaf leaked from a Box in `leaf_or_alloc`;
         // leaves are freed only in `Drop`, which has `&mut self`, so it outlives `&self`.
         unsafe { p.as_ref() }
@@ -61,7 +59,7 @@ impl InodeTable {
             .try_into()
             .unwrap_or_else(|_| unreachable!("LEAF elements"));
         let fresh = Box::into_raw(fresh);
-        let entry = &self.top[(ino >> LEAF_BITS) as usize];
+        let entry = &self.top[(ino.0 >> LEAF_BITS) as usize];
         if let Err(_winner) = entry.compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
             // SAFETY: `fresh` came from Box::into_raw above and was never published.
             drop(unsafe { Box::from_raw(fresh) });
@@ -72,25 +70,24 @@ impl InodeTable {
     /// The inode in slot `ino`, if any.
     #[inline]
     pub fn get<'g>(&self, ino: Ino, g: &'g Guard) -> Option<&'g Inode> {
-        let slot = &self.leaf(ino)?[(ino as usize) & (LEAF - 1)];
+        let slot = &self.leaf(ino)?[(ino.0 as usize) & (LEAF - 1)];
         // SAFETY: inodes leave the table only through `remove`, which defers their destruction
         // until every guard pinned before the removal is dropped; `g` is such a guard or newer,
         // so the pointer stays valid for `'g`.
         unsafe { slot.load(Acquire, g).as_ref() }
     }
 
-    /// The inode whose `ino_gen` is exactly `ino_gen` (not a later reuse of its number).
+    /// The inode `key` names (not another that held or holds its number).
     #[inline]
-    pub fn get_gen<'g>(&self, ino_gen: u64, g: &'g Guard) -> Option<&'g Inode> {
-        self.get(ino_of(ino_gen), g)
-            .filter(|i| i.ino_gen == ino_gen)
+    pub fn get_gen<'g>(&self, key: InoGen, g: &'g Guard) -> Option<&'g Inode> {
+        self.get(key.ino(), g).filter(|i| i.key() == key)
     }
 
     /// Publishes a new inode in its (empty) slot and returns it.
     pub fn install<'g>(&self, inode: Inode, g: &'g Guard) -> &'g Inode {
-        let ino = inode.ino();
-        assert!(ino <= MAX_INO, "ino {ino} beyond table");
-        let slot = &self.leaf_or_alloc(ino)[(ino as usize) & (LEAF - 1)];
+        let ino = inode.ino;
+        assert!(ino.0 <= MAX_INO, "ino {ino} beyond table");
+        let slot = &self.leaf_or_alloc(ino)[(ino.0 as usize) & (LEAF - 1)];
         let new = Owned::new(inode).into_shared(g);
         // Release: the inode's fields are visible to whoever loads the pointer with Acquire.
         let prev = slot.swap(new, AcqRel, g);
@@ -103,9 +100,9 @@ impl InodeTable {
     /// guard. The caller owns the inode's `DEAD` transition, so nothing can reach it any more
     /// except readers already holding a pointer.
     pub fn remove(&self, inode: &Inode, g: &Guard) {
-        let ino = inode.ino();
+        let ino = inode.ino;
         let slot =
-            &self.leaf(ino).expect("installed inode has a leaf")[(ino as usize) & (LEAF - 1)];
+            &self.leaf(ino).expect("installed inode has a leaf")[(ino.0 as usize) & (LEAF - 1)];
         let prev = slot.swap(Shared::null(), AcqRel, g);
         assert!(
             std::ptr::eq(prev.as_raw(), inode),
@@ -161,13 +158,22 @@ impl Drop for InodeTable {
 mod tests {
     use super::*;
     use crate::attr::{AttrCell, AttrVals};
+    use crate::id::{Generation, InodeId};
     use crate::inode::Body;
     use crate::time::Timespec;
 
-    fn inode(ino_gen: u64) -> Inode {
+    fn id(ino: u64, generation: u64) -> InodeId {
+        InodeId {
+            ino: Ino(ino),
+            generation: Generation(generation),
+        }
+    }
+
+    fn inode(id: InodeId) -> Inode {
         let t = Timespec::default();
         let attr = AttrCell::new(AttrVals {
             mode: libc::S_IFREG,
+            flags: 0,
             uid: 0,
             gid: 0,
             size: 0,
@@ -176,29 +182,28 @@ mod tests {
             mtime: t,
             ctime: t,
         });
-        Inode::new(ino_gen, 1, 0, attr, Body::Special { rdev: 0 })
+        Inode::new(id, 1, 0, attr, Body::Special { rdev: 0 })
     }
 
     #[test]
     fn install_get_remove_reuse_with_generation() {
         let t = InodeTable::new();
         let g = crossbeam_epoch::pin();
-        assert!(t.get(77, &g).is_none());
-        let a = t.install(inode(77), &g);
-        assert_eq!(t.get(77, &g).unwrap().ino_gen, 77);
+        assert!(t.get(Ino(77), &g).is_none());
+        let a = t.install(inode(id(77, 1)), &g);
+        assert_eq!(t.get(Ino(77), &g).unwrap().id(), id(77, 1));
         t.remove(a, &g);
-        assert!(t.get(77, &g).is_none());
+        assert!(t.get(Ino(77), &g).is_none());
         // The number is reusable at once; the old generation no longer matches.
-        let gen1 = (1 << crate::inode::INO_BITS) | 77;
-        t.install(inode(gen1), &g);
-        assert!(t.get_gen(77, &g).is_none());
-        assert!(t.get_gen(gen1, &g).is_some());
+        t.install(inode(id(77, 2)), &g);
+        assert!(t.get_gen(id(77, 1).key(), &g).is_none());
+        assert!(t.get_gen(id(77, 2).key(), &g).is_some());
         assert!(
-            t.get(MAX_INO + 1, &g).is_none(),
+            t.get(Ino(MAX_INO + 1), &g).is_none(),
             "beyond the table is simply absent"
         );
         // Far leaves are allocated on demand.
-        t.install(inode(MAX_INO), &g);
-        assert!(t.get(MAX_INO, &g).is_some());
+        t.install(inode(id(MAX_INO, 3)), &g);
+        assert!(t.get(Ino(MAX_INO), &g).is_some());
     }
 }

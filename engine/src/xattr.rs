@@ -1,12 +1,24 @@
-//! Extended attributes of one inode.
+//! Extended attributes: the attributes of one inode ([`Xattrs`]), and the filesystem's table
+//! of them ([`XattrTable`]).
 //!
 //! Names carry their namespace prefix (`user.`, `trusted.`, `security.`); `system.` (POSIX ACLs)
 //! is not supported and answers EOPNOTSUPP, as on a tmpfs mounted without ACL support. Limits
 //! follow Linux: names up to 255 bytes (ERANGE beyond), values up to 64 KiB (E2BIG beyond).
+//!
+//! Most inodes have no extended attributes, so an inode holds none of its own: they live in
+//! a table keyed by inode number, sharded 256 ways, and the inode's `flags::XATTRS` bit says
+//! whether it has an entry there, so a `getxattr` of an inode without attributes (the kernel
+//! asks for `security.capability` before writes) takes no lock. The table's entry is removed
+//! when the inode is freed, before its number can be reused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+
+use crossbeam_utils::CachePadded;
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::errno::{Errno, Result};
+use crate::id::Ino;
+use crate::stats::{LockClass, Stats};
 
 /// Longest attribute name, prefix included (`XATTR_NAME_MAX`).
 pub const XATTR_NAME_MAX: usize = 255;
@@ -76,6 +88,10 @@ impl Xattrs {
         self.map.remove(name).map(|_| ()).ok_or(Errno::ENODATA)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// Names, each followed by NUL, as `listxattr` returns them.
     pub fn list(&self, mut visible: impl FnMut(&[u8]) -> bool) -> Vec<u8> {
         let mut out = Vec::new();
@@ -84,6 +100,36 @@ impl Xattrs {
             out.push(0);
         }
         out
+    }
+}
+
+const NSHARDS: usize = 256;
+
+type Shard = HashMap<Ino, Xattrs, foldhash::fast::RandomState>;
+
+/// Every inode's extended attributes (see the module doc).
+pub(crate) struct XattrTable {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+}
+
+impl XattrTable {
+    pub fn new() -> Self {
+        XattrTable {
+            shards: (0..NSHARDS)
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
+                .collect(),
+        }
+    }
+
+    /// Inodes with attributes (for the invariant checker).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// The shard holding `ino`'s attributes, locked (class `xattr`, a leaf).
+    pub fn lock(&self, ino: Ino, stats: &Stats) -> MutexGuard<'_, Shard> {
+        let i = (ino.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize % NSHARDS;
+        stats.lock(LockClass::Xattr, &self.shards[i])
     }
 }
 

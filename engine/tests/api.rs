@@ -42,8 +42,7 @@ fn unlinked_open_file_lives_until_last_close() {
 fn lookup_counts_keep_inodes_until_forget() {
     let (fs, c) = new_fs(Config::default());
     c.write("/f", b"x").unwrap();
-    let mut ctx = Ctx::root();
-    ctx.count_lookups = true;
+    let ctx = Ctx::root().via_kernel();
     let a = fs.lookup(&ctx, ROOT_INO, b"f").unwrap();
     let b = fs.lookup(&ctx, ROOT_INO, b"f").unwrap();
     assert_eq!(a.ino, b.ino);
@@ -73,8 +72,7 @@ fn readdirplus_counts_lookups_except_dots_and_refused_entries() {
         c.write(format!("/d/f{i}"), b"").unwrap();
     }
     let d = c.metadata("/d").unwrap().ino();
-    let mut ctx = Ctx::root();
-    ctx.count_lookups = true;
+    let ctx = Ctx::root().via_kernel();
     let fh = fs.opendir(&ctx, d).unwrap();
     let mut taken = Vec::new();
     fs.readdir(&ctx, fh, 0, true, |e, a| {
@@ -163,8 +161,8 @@ fn stale_handles_and_inodes_and_bad_names() {
     assert_eq!(fs.write(&ctx, fh, 0, b"x"), Err(Errno::EBADF));
     assert_eq!(fs.release(fh), Err(Errno::EBADF));
     assert_eq!(fs.fsync(12345, false), Err(Errno::EBADF));
-    assert_eq!(fs.getattr(999_999), Err(Errno::ENOENT));
-    assert_eq!(fs.getattr(u64::MAX), Err(Errno::ENOENT));
+    assert_eq!(fs.getattr(Ino(999_999)), Err(Errno::ENOENT));
+    assert_eq!(fs.getattr(Ino(u64::MAX)), Err(Errno::ENOENT));
     assert_eq!(fs.lookup(&ctx, a.ino, b"x"), Err(Errno::ENOTDIR));
     assert_eq!(fs.mkdir(&ctx, ROOT_INO, b"a/b", 0o755), Err(Errno::EINVAL));
     assert_eq!(fs.mkdir(&ctx, ROOT_INO, b"a\0b", 0o755), Err(Errno::EINVAL));
@@ -423,9 +421,8 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
     assert!(c.create_dir("/d").is_err());
     assert_eq!(rec.take(), Vec::<String>::new());
 
-    // The kernel (a context that counts lookups) keeps its own caches: nothing is reported.
-    let mut kernel = Ctx::root();
-    kernel.count_lookups = true;
+    // The kernel keeps its own caches: nothing it does is reported.
+    let kernel = Ctx::root().via_kernel();
     let a = fs.mkdir(&kernel, root, b"k", 0o755).unwrap();
     fs.rmdir(&kernel, root, b"k").unwrap();
     fs.forget(a.ino, 1);
@@ -438,7 +435,7 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
 
 /// The data operations by inode, for a caller that keeps open files itself (the FUSE server
 /// in no-open mode): same data and attributes as through a handle, no handle involved, and
-/// `ftruncate` through `FILE_TRACKED_BY_CALLER` needs no write permission on the file.
+/// `ftruncate` by `TruncateBy::OpenFile` needs no write permission on the file.
 #[test]
 fn data_operations_by_inode_match_those_by_handle() {
     let (fs, c) = new_fs(Config::default());
@@ -480,15 +477,18 @@ fn data_operations_by_inode_match_those_by_handle() {
         Errno::EACCES
     );
     let a = fs
-        .setattr(&user, ino, &shrink, Some(FILE_TRACKED_BY_CALLER))
+        .setattr(&user, ino, &shrink, Some(TruncateBy::OpenFile))
         .unwrap();
     assert_eq!(a.size, 3);
     // By inode, a file must exist; a directory is no file.
     let d = c.metadata("/d").unwrap().ino();
     assert_eq!(fs.read_inode(d, 0, &mut buf).unwrap_err(), Errno::EISDIR);
     assert_eq!(
-        fs.read_inode(999_999, 0, &mut buf).unwrap_err(),
+        fs.read_inode(Ino(999_999), 0, &mut buf).unwrap_err(),
         Errno::ENOENT
     );
-    assert_eq!(fs.fsync_inode(999_999, true).unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        fs.fsync_inode(Ino(999_999), true).unwrap_err(),
+        Errno::ENOENT
+    );
 }

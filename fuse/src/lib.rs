@@ -65,6 +65,7 @@
 //! `fusermount3` (see `mnt.rs`).
 
 mod control;
+mod creds;
 mod mnt;
 mod server;
 

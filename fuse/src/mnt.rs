@@ -31,7 +31,9 @@ struct KernelCache(Notifier);
 
 impl Invalidate for KernelCache {
     fn entry(&self, parent: lanefs::Ino, name: &[u8]) {
-        let _ = self.0.inval_entry(INodeNo(parent), OsStr::from_bytes(name));
+        let _ = self
+            .0
+            .inval_entry(INodeNo(parent.get()), OsStr::from_bytes(name));
     }
 
     fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) {
@@ -39,7 +41,7 @@ impl Invalidate for KernelCache {
         let (off, len) = data.map_or((-1, 0), |(o, l)| {
             (o.min(i64::MAX as u64) as i64, l.min(i64::MAX as u64) as i64)
         });
-        let _ = self.0.inval_inode(INodeNo(ino), off, len);
+        let _ = self.0.inval_inode(INodeNo(ino.get()), off, len);
     }
 }
 

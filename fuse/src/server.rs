@@ -14,9 +14,9 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
     ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, SetAttr, TimeSet, Timespec};
+use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy};
 
-use crate::mnt;
+use crate::{creds, mnt};
 
 /// How to mount.
 #[derive(Clone, Debug)]
@@ -74,9 +74,14 @@ fn ftype(k: FileType) -> FType {
     }
 }
 
+/// The engine's inode number for a FUSE node id (they are the same numbers).
+fn node(n: INodeNo) -> Ino {
+    Ino(n.0)
+}
+
 fn fattr(a: &Attr) -> FileAttr {
     FileAttr {
-        ino: INodeNo(a.ino),
+        ino: INodeNo(a.ino.get()),
         size: a.size,
         blocks: a.blocks,
         atime: time(a.atime),
@@ -103,8 +108,8 @@ fn tset(t: TimeOrNow) -> TimeSet {
 
 /// Attributes sent with a negative entry (the kernel ignores them).
 const NEGATIVE: Attr = Attr {
-    ino: 0,
-    generation: 0,
+    ino: Ino(0),
+    generation: lanefs::Generation(0),
     mode: libc::S_IFREG,
     nlink: 0,
     uid: 0,
@@ -118,11 +123,9 @@ const NEGATIVE: Attr = Attr {
     ctime: Timespec::new(0, 0),
 };
 
-/// The caller's credentials. The kernel has applied the umask already (no `FUSE_DONT_MASK`).
+/// The caller's credentials (`creds.rs`).
 fn ctx(req: &Request) -> Ctx {
-    let mut c = Ctx::from_request(req.uid(), req.gid(), req.pid());
-    c.count_lookups = true;
-    c
+    creds::ctx(req.uid(), req.gid(), req.pid())
 }
 
 impl Server {
@@ -133,7 +136,7 @@ impl Server {
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
         match r {
-            Ok(a) => reply.entry(&self.ttl, &fattr(&a), Generation(a.generation)),
+            Ok(a) => reply.entry(&self.ttl, &fattr(&a), Generation(a.generation.0)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -167,14 +170,15 @@ impl fuser::Filesystem for Server {
         let want = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_CACHE_SYMLINKS;
+            | InitFlags::FUSE_CACHE_SYMLINKS
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
         Ok(())
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(&ctx(req), parent.0, name.as_bytes()) {
+        match self.fs.lookup(&ctx(req), node(parent), name.as_bytes()) {
             // A negative entry (node id 0) with the entry timeout: the kernel caches the
             // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
             // creation goes through this mount, which replaces the negative dentry.
@@ -188,11 +192,11 @@ impl fuser::Filesystem for Server {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.fs.forget(node(ino), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.attr(self.fs.getattr(ino.0), reply);
+        self.attr(self.fs.getattr(node(ino)), reply);
     }
 
     fn setattr(
@@ -236,18 +240,14 @@ impl fuser::Filesystem for Server {
         }
         self.attr(
             // A handle means an `ftruncate` of a file the kernel holds open for writing.
-            self.fs.setattr(
-                &ctx(req),
-                ino.0,
-                &set,
-                fh.map(|_| lanefs::FILE_TRACKED_BY_CALLER),
-            ),
+            self.fs
+                .setattr(&ctx(req), node(ino), &set, fh.map(|_| TruncateBy::OpenFile)),
             reply,
         );
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.fs.readlink(node(ino)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(err(e)),
         }
@@ -265,7 +265,7 @@ impl fuser::Filesystem for Server {
     ) {
         self.entry(
             self.fs
-                .mknod(&ctx(req), parent.0, name.as_bytes(), mode, rdev as u64),
+                .mknod(&ctx(req), node(parent), name.as_bytes(), mode, rdev as u64),
             reply,
         );
     }
@@ -280,17 +280,24 @@ impl fuser::Filesystem for Server {
         reply: ReplyEntry,
     ) {
         self.entry(
-            self.fs.mkdir(&ctx(req), parent.0, name.as_bytes(), mode),
+            self.fs
+                .mkdir(&ctx(req), node(parent), name.as_bytes(), mode),
             reply,
         );
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.fs.unlink(&ctx(req), parent.0, name.as_bytes()), reply);
+        Self::empty(
+            self.fs.unlink(&ctx(req), node(parent), name.as_bytes()),
+            reply,
+        );
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(self.fs.rmdir(&ctx(req), parent.0, name.as_bytes()), reply);
+        Self::empty(
+            self.fs.rmdir(&ctx(req), node(parent), name.as_bytes()),
+            reply,
+        );
     }
 
     fn symlink(
@@ -303,7 +310,7 @@ impl fuser::Filesystem for Server {
     ) {
         let r = self.fs.symlink(
             &ctx(req),
-            parent.0,
+            node(parent),
             link_name.as_bytes(),
             target.as_os_str().as_bytes(),
         );
@@ -322,9 +329,9 @@ impl fuser::Filesystem for Server {
     ) {
         let r = self.fs.rename(
             &ctx(req),
-            parent.0,
+            node(parent),
             name.as_bytes(),
-            newparent.0,
+            node(newparent),
             newname.as_bytes(),
             flags.bits(),
         );
@@ -341,7 +348,7 @@ impl fuser::Filesystem for Server {
     ) {
         self.entry(
             self.fs
-                .link(&ctx(req), ino.0, newparent.0, newname.as_bytes()),
+                .link(&ctx(req), node(ino), node(newparent), newname.as_bytes()),
             reply,
         );
     }
@@ -366,7 +373,7 @@ impl fuser::Filesystem for Server {
         reply: ReplyData,
     ) {
         let mut buf = vec![0u8; size as usize];
-        match self.fs.read_inode(ino.0, offset, &mut buf) {
+        match self.fs.read_inode(node(ino), offset, &mut buf) {
             Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(err(e)),
         }
@@ -384,7 +391,7 @@ impl fuser::Filesystem for Server {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write_inode(&ctx(req), ino.0, offset, data) {
+        match self.fs.write_inode(&ctx(req), node(ino), offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -411,11 +418,11 @@ impl fuser::Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.fsync_inode(ino.0, datasync), reply);
+        Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(&ctx(req), ino.0) {
+        match self.fs.opendir(&ctx(req), node(ino)) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(err(e)),
         }
@@ -431,7 +438,7 @@ impl fuser::Filesystem for Server {
     ) {
         let r = self.fs.readdir(&ctx(req), fh.0, offset, false, |e, _| {
             !reply.add(
-                INodeNo(e.ino),
+                INodeNo(e.ino.get()),
                 e.offset,
                 ftype(e.kind),
                 OsStr::from_bytes(e.name),
@@ -455,12 +462,12 @@ impl fuser::Filesystem for Server {
         let r = self.fs.readdir(&ctx(req), fh.0, offset, true, |e, a| {
             let a = a.expect("readdirplus gives attributes");
             !reply.add(
-                INodeNo(e.ino),
+                INodeNo(e.ino.get()),
                 e.offset,
                 OsStr::from_bytes(e.name),
                 &ttl,
                 &fattr(a),
-                Generation(a.generation),
+                Generation(a.generation.0),
             )
         });
         match r {
@@ -513,32 +520,35 @@ impl fuser::Filesystem for Server {
         }
         Self::empty(
             self.fs
-                .setxattr(&ctx(req), ino.0, name.as_bytes(), value, flags),
+                .setxattr(&ctx(req), node(ino), name.as_bytes(), value, flags),
             reply,
         );
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         Self::xattr(
-            self.fs.getxattr(&ctx(req), ino.0, name.as_bytes()),
+            self.fs.getxattr(&ctx(req), node(ino), name.as_bytes()),
             size,
             reply,
         );
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        Self::xattr(self.fs.listxattr(&ctx(req), ino.0), size, reply);
+        Self::xattr(self.fs.listxattr(&ctx(req), node(ino)), size, reply);
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
-            self.fs.removexattr(&ctx(req), ino.0, name.as_bytes()),
+            self.fs.removexattr(&ctx(req), node(ino), name.as_bytes()),
             reply,
         );
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        Self::empty(self.fs.access(&ctx(req), ino.0, mask.bits() as u32), reply);
+        Self::empty(
+            self.fs.access(&ctx(req), node(ino), mask.bits() as u32),
+            reply,
+        );
     }
 
     /// ENOSYS: the kernel then creates with MKNOD and opens the new file itself (no-open
@@ -571,7 +581,7 @@ impl fuser::Filesystem for Server {
         let Ok(offset) = u64::try_from(offset) else {
             return reply.error(FErrno::EINVAL);
         };
-        match self.fs.seek_data_hole(ino.0, offset, whence) {
+        match self.fs.seek_data_hole(node(ino), offset, whence) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(err(e)),
         }
@@ -589,7 +599,7 @@ impl fuser::Filesystem for Server {
     ) {
         Self::empty(
             self.fs
-                .fallocate_inode(&ctx(req), ino.0, mode, offset, length),
+                .fallocate_inode(&ctx(req), node(ino), mode, offset, length),
             reply,
         );
     }

@@ -1,14 +1,14 @@
-//! The invariant checker: a whole-namespace consistency check for tests (and, later, fsck).
+//! The invariant checker: a whole-namespace consistency check, for tests and `lanefs fsck`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::Acquire;
 
 use crossbeam_epoch as epoch;
 
 use super::Filesystem;
-use crate::attr::{Ino, ROOT_INO};
+use crate::attr::flags;
 use crate::dir::FIRST_COOKIE;
-use crate::inode::{Body, DIR_ALIVE, Inode};
+use crate::id::{Ino, InoGen};
+use crate::inode::{Body, Inode};
 
 /// What [`Filesystem::check_invariants`] counted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,72 +21,89 @@ pub struct CheckReport {
     pub entries: u64,
 }
 
+/// One entry of the dirent map.
+struct MapEntry {
+    parent: InoGen,
+    name: Vec<u8>,
+    target: InoGen,
+    cookie: u64,
+}
+
 impl Filesystem {
     /// Checks every invariant of the namespace and returns counts, or a list of violations.
     /// Meant for quiescent moments (no operation running): concurrent changes show up as
     /// false violations.
     ///
     /// Checked: every entry names a live inode of the right generation from a live directory,
-    /// and has its twin in the ordered index (same cookie, same name) and vice versa; entry
-    /// counts per directory; every inode's link count equals the names it has (directories:
-    /// 2 + subdirectories); every directory but the root has exactly one name, in the
-    /// directory its `..` points to; every linked inode is reachable from the root and the
-    /// tree has no cycle; unlinked inodes are kept only by references; the inode and space
-    /// counters match the inodes and pages that exist.
+    /// and has its twin in that directory's ordered index (same cookie, same name) and vice
+    /// versa; entry counts per directory; every inode's link count equals the names it has
+    /// (directories: 2 + subdirectories); every directory but the root has exactly one name,
+    /// in the directory its `..` names; no entry lives in a removed directory; every linked
+    /// inode is reachable from the root and the tree has no cycle; unlinked inodes are kept
+    /// only by references; the inode, space and xattr bookkeeping matches what exists.
     pub fn check_invariants(&self) -> Result<CheckReport, String> {
         let g = epoch::pin();
         let mut errs: Vec<String> = Vec::new();
-        let mut inodes: HashMap<Ino, &Inode> = HashMap::new();
+        let mut inodes: HashMap<InoGen, &Inode> = HashMap::new();
         self.table.for_each(&g, |i| {
-            inodes.insert(i.ino(), i);
+            inodes.insert(i.key(), i);
         });
-        let mut entries: Vec<(Ino, Vec<u8>, u64, u64)> = Vec::new();
-        self.dirents
-            .for_each(|p, n, de| entries.push((p, n.to_vec(), de.ino_gen, de.cookie)));
-        let mut indexed: HashMap<(Ino, u64), Vec<u8>> = HashMap::new();
-        self.dirents.for_each_indexed(|p, c, n| {
-            indexed.insert((p, c), n.to_vec());
+        let mut entries: Vec<MapEntry> = Vec::new();
+        self.dirents.for_each(|parent, name, de| {
+            entries.push(MapEntry {
+                parent,
+                name: name.to_vec(),
+                target: de.target,
+                cookie: de.cookie,
+            })
         });
+        let mut indexed: HashMap<(InoGen, u64), Vec<u8>> = HashMap::new();
+        for (&k, i) in &inodes {
+            if let Some(d) = i.dir() {
+                self.dirents.for_each_indexed(k, d, &g, |c, n| {
+                    indexed.insert((k, c), n.to_vec());
+                });
+            }
+        }
 
-        let mut names_of: HashMap<Ino, Vec<(Ino, Vec<u8>)>> = HashMap::new();
-        let mut per_dir: HashMap<Ino, u64> = HashMap::new();
-        let mut subdirs: HashMap<Ino, u64> = HashMap::new();
-        for (p, n, ino_gen, cookie) in &entries {
-            let shown = String::from_utf8_lossy(n);
-            match inodes.get(p) {
-                Some(d) if d.is_dir() => {
-                    let dd = d.dir().expect("dir");
-                    if dd.life.load(Acquire) != DIR_ALIVE {
+        let mut names_of: HashMap<InoGen, Vec<(InoGen, Vec<u8>)>> = HashMap::new();
+        let mut per_dir: HashMap<InoGen, u64> = HashMap::new();
+        let mut subdirs: HashMap<InoGen, u64> = HashMap::new();
+        for e in &entries {
+            let (p, shown) = (e.parent.ino(), String::from_utf8_lossy(&e.name));
+            match inodes.get(&e.parent).and_then(|d| d.dir()) {
+                Some(dd) => {
+                    if dd.life.is_dead() {
                         errs.push(format!("entry {p}/{shown} in a removed directory"));
                     }
-                    if *cookie < FIRST_COOKIE
-                        || dd.slot_mask.load(Acquire) & (1 << ((cookie >> 48) - 1)) == 0
-                    {
-                        errs.push(format!(
-                            "entry {p}/{shown}: cookie {cookie:#x} outside the slot mask"
-                        ));
+                    if e.cookie < FIRST_COOKIE {
+                        errs.push(format!("entry {p}/{shown}: cookie {:#x}", e.cookie));
                     }
                 }
-                _ => errs.push(format!("entry {p}/{shown}: parent is not a live directory")),
+                None => errs.push(format!("entry {p}/{shown}: parent is not a live directory")),
             }
-            match self.table.get_gen(*ino_gen, &g) {
+            match inodes.get(&e.target) {
                 Some(c) if !c.is_dead() => {
-                    names_of.entry(c.ino()).or_default().push((*p, n.clone()));
+                    names_of
+                        .entry(e.target)
+                        .or_default()
+                        .push((e.parent, e.name.clone()));
                     if c.is_dir() {
-                        *subdirs.entry(*p).or_default() += 1;
+                        *subdirs.entry(e.parent).or_default() += 1;
                     }
                 }
                 _ => errs.push(format!(
-                    "entry {p}/{shown}: inode {ino_gen:#x} missing or dead"
+                    "entry {p}/{shown}: inode {:?} missing or dead",
+                    e.target
                 )),
             }
-            match indexed.get(&(*p, *cookie)) {
-                Some(iname) if iname == n => {}
+            match indexed.get(&(e.parent, e.cookie)) {
+                Some(iname) if *iname == e.name => {}
                 other => errs.push(format!(
                     "entry {p}/{shown}: index holds {other:?} at its cookie"
                 )),
             }
-            *per_dir.entry(*p).or_default() += 1;
+            *per_dir.entry(e.parent).or_default() += 1;
         }
         if indexed.len() != entries.len() {
             errs.push(format!(
@@ -98,43 +115,49 @@ impl Filesystem {
 
         let mut pages = 0u64;
         let mut dirs = 0u64;
-        for (&ino, &i) in &inodes {
+        let mut with_xattrs = 0usize;
+        for (&k, &i) in &inodes {
+            let ino = i.ino;
             if i.is_dead() {
                 errs.push(format!("inode {ino} dead but still in the table"));
                 continue;
             }
-            let names = names_of.get(&ino).map_or(0, Vec::len) as u32;
+            if i.attr.load().flags & flags::XATTRS != 0 {
+                with_xattrs += 1;
+                if !self.xattrs.lock(ino, &self.stats).contains_key(&ino) {
+                    errs.push(format!("inode {ino} flagged with xattrs it does not have"));
+                }
+            }
+            let names = names_of.get(&k).map_or(0, Vec::len) as u32;
             match &i.body {
                 Body::Dir(d) => {
                     dirs += 1;
-                    let alive = d.life.load(Acquire) == DIR_ALIVE;
+                    let alive = !d.life.is_dead();
                     let want = if alive {
-                        2 + *subdirs.get(&ino).unwrap_or(&0) as u32
+                        2 + *subdirs.get(&k).unwrap_or(&0) as u32
                     } else {
                         0
                     };
                     if i.nlink() != want {
                         errs.push(format!(
-                            "dir {ino}: nlink {} but {} expected",
-                            i.nlink(),
-                            want
+                            "dir {ino}: nlink {} but {want} expected",
+                            i.nlink()
                         ));
                     }
-                    let counted = self.dirents.count(ino, d, &self.stats);
-                    if counted != *per_dir.get(&ino).unwrap_or(&0) {
+                    let counted = self.dirents.count(d, &g);
+                    if counted != *per_dir.get(&k).unwrap_or(&0) {
                         errs.push(format!(
                             "dir {ino}: count {counted} but {} entries",
-                            per_dir.get(&ino).unwrap_or(&0)
+                            per_dir.get(&k).unwrap_or(&0)
                         ));
                     }
-                    if ino != ROOT_INO && alive {
-                        match names_of.get(&ino).map(Vec::as_slice) {
+                    if ino != Ino::ROOT && alive {
+                        match names_of.get(&k).map(Vec::as_slice) {
                             Some([(p, _)]) => {
-                                let pp = d.parent.load(Acquire);
-                                if crate::inode::ino_of(pp) != *p {
+                                if d.parent() != *p {
                                     errs.push(format!(
-                                        "dir {ino}: '..' is {} but it lives in {p}",
-                                        crate::inode::ino_of(pp)
+                                        "dir {ino}: '..' is {:?} but it lives in {p:?}",
+                                        d.parent()
                                     ));
                                 }
                             }
@@ -161,15 +184,12 @@ impl Filesystem {
         }
 
         // Reachability and acyclicity: a walk from the root over entries.
-        let mut seen: HashSet<Ino> = HashSet::from([ROOT_INO]);
-        let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
-        for (p, _, ino_gen, _) in &entries {
-            children
-                .entry(*p)
-                .or_default()
-                .push(crate::inode::ino_of(*ino_gen));
+        let mut seen: HashSet<InoGen> = HashSet::from([InoGen::ROOT]);
+        let mut children: HashMap<InoGen, Vec<InoGen>> = HashMap::new();
+        for e in &entries {
+            children.entry(e.parent).or_default().push(e.target);
         }
-        let mut stack = vec![ROOT_INO];
+        let mut stack = vec![InoGen::ROOT];
         while let Some(d) = stack.pop() {
             for &c in children.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
                 let is_dir = inodes.get(&c).is_some_and(|i| i.is_dir());
@@ -178,13 +198,16 @@ impl Filesystem {
                         stack.push(c);
                     }
                 } else if is_dir {
-                    errs.push(format!("dir {c} reached twice: a cycle or a second name"));
+                    errs.push(format!("dir {c:?} reached twice: a cycle or a second name"));
                 }
             }
         }
-        for (&ino, &i) in &inodes {
-            if !i.is_dead() && i.nlink() > 0 && !seen.contains(&ino) {
-                errs.push(format!("inode {ino} linked but unreachable from the root"));
+        for (k, &i) in &inodes {
+            if !i.is_dead() && i.nlink() > 0 && !seen.contains(k) {
+                errs.push(format!(
+                    "inode {} linked but unreachable from the root",
+                    i.ino
+                ));
             }
         }
 
@@ -199,6 +222,12 @@ impl Filesystem {
             errs.push(format!(
                 "space counter {} pages but files hold {pages}",
                 self.space.used()
+            ));
+        }
+        if self.xattrs.len() != with_xattrs {
+            errs.push(format!(
+                "xattr table holds {} inodes but {with_xattrs} are flagged",
+                self.xattrs.len()
             ));
         }
         if errs.is_empty() {

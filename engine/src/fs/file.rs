@@ -1,16 +1,31 @@
 //! File operations: open, create, read, write, setattr (chmod, chown, truncate, utimes),
 //! fallocate, flush, fsync, release.
+//!
+//! A change to a file's data or attributes is committed while the lock that orders such
+//! changes is held: the data lock for writes, truncates and fallocate, the attribute seqlock
+//! for attribute changes (the record is built inside it, from the values it replaces).
+//!
+//! # Privileges a change takes away
+//! As Linux's `file_remove_privs` and `chown`: a write, truncate or fallocate by a caller
+//! without `CAP_FSETID` ([`Ctx::keeps_setid`]) clears set-user-ID, and set-group-ID when the
+//! file is group-executable or the caller is not in its group; any of them, and a `chown`,
+//! removes the file's capabilities (`security.capability`) whoever the caller is; a `chown`
+//! clears both set-id bits as `chown(2)` does. The privileges go first, each with its own
+//! record, so a crash between them and the data change can only leave the file with fewer
+//! privileges, never the new contents with the old ones.
 
 use crossbeam_epoch::{self as epoch, Guard};
 
 use super::namespace::NewNode;
 use super::{Filesystem, MAX_FILE_SIZE};
-use crate::attr::{Attr, AttrVals, Ino, SetAttr, TimeSet};
-use crate::data::{FileData, PAGE};
+use crate::attr::{Attr, AttrVals, SetAttr, TimeSet, flags};
+use crate::data::PAGE;
 use crate::errno::{Errno, Result};
 use crate::handle::{Fh, Handle};
-use crate::inode::{Body, Fate, Inode};
+use crate::id::Ino;
+use crate::inode::{Body, Inode};
 use crate::perm::{self, Ctx, MAY_READ, MAY_WRITE};
+use crate::record::{AttrChange, Record};
 use crate::stats::{LockClass, Op};
 use crate::time::Timespec;
 
@@ -19,16 +34,33 @@ pub const FALLOC_FL_KEEP_SIZE: i32 = libc::FALLOC_FL_KEEP_SIZE;
 /// `fallocate` mode: deallocate the range (with `FALLOC_FL_KEEP_SIZE`).
 pub const FALLOC_FL_PUNCH_HOLE: i32 = libc::FALLOC_FL_PUNCH_HOLE;
 
-/// Clears set-user-id, and set-group-id when group-executable, as a write or truncate by a
-/// caller without `CAP_FSETID` does (`file_remove_privs`).
-fn kill_privs(ctx: &Ctx, v: &mut AttrVals) {
-    if ctx.is_root() || v.mode & libc::S_IFMT != libc::S_IFREG {
-        return;
+/// The name of a file's capabilities.
+const CAPS: &[u8] = b"security.capability";
+
+/// Who asks for a size change in [`Filesystem::setattr`], which decides what it must be
+/// allowed to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TruncateBy {
+    /// `truncate(path)`: needs write permission on the file.
+    Path,
+    /// `ftruncate` of an engine handle, which must be open for writing.
+    Handle(Fh),
+    /// `ftruncate` of a file the caller keeps open itself and has checked is open for
+    /// writing (the FUSE server in no-open mode, where the kernel holds open files).
+    OpenFile,
+}
+
+/// The set-id bits a change by `ctx` clears from values `v` (`setattr_should_drop_suidgid`).
+fn setid_killed(ctx: &Ctx, v: &AttrVals) -> u32 {
+    if ctx.keeps_setid || v.mode & libc::S_IFMT != libc::S_IFREG {
+        return 0;
     }
-    v.mode &= !libc::S_ISUID;
-    if v.mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
-        v.mode &= !libc::S_ISGID;
+    let mut kill = v.mode & libc::S_ISUID;
+    let sgid = v.mode & libc::S_ISGID != 0;
+    if sgid && (v.mode & libc::S_IXGRP != 0 || !ctx.in_group(v.gid)) {
+        kill |= libc::S_ISGID;
     }
+    kill
 }
 
 /// How a data operation names its file.
@@ -40,14 +72,9 @@ enum FileRef {
     Inode(Ino),
 }
 
-/// The `ftruncate` handle of an open file that the caller tracks itself and has checked is
-/// open for writing (the FUSE server in no-open mode, whose kernel sends `ftruncate` with
-/// handle 0). No handle the engine gives out is 0.
-pub const FILE_TRACKED_BY_CALLER: Fh = 0;
-
 impl Filesystem {
     /// Opens inode `i` (after a lookup) with `open(2)` flags, taking a handle reference.
-    fn open_inode(&self, ctx: &Ctx, i: &Inode, flags: i32) -> Result<Fh> {
+    fn open_inode(&self, ctx: &Ctx, i: &Inode, flags: i32, g: &Guard) -> Result<Fh> {
         let acc = flags & libc::O_ACCMODE;
         if acc == libc::O_ACCMODE {
             return Err(Errno::EINVAL);
@@ -73,47 +100,24 @@ impl Filesystem {
             self.writable()?;
         }
         i.get_ref()?;
-        if flags & libc::O_TRUNC != 0 {
-            if let Body::File(data) = &i.body {
-                self.resize(ctx, i, data, 0, true);
+        if flags & libc::O_TRUNC != 0 && matches!(i.body, Body::File(_)) {
+            // An open(O_TRUNC) stamps mtime and ctime even when the size does not change.
+            let set = SetAttr {
+                size: Some(0),
+                mtime: Some(TimeSet::Now),
+                ..SetAttr::default()
+            };
+            if let Err(e) = self.set_attributes(ctx, i, &set, Some(TruncateBy::OpenFile)) {
+                self.put_refs(i, 1, g);
+                return Err(e);
             }
         }
         let h = Handle {
-            ino_gen: i.ino_gen,
+            inode: i.key(),
             flags,
             is_dir: i.is_dir(),
         };
         Ok(self.handles.insert(h, &self.stats))
-    }
-
-    /// Sets the size of a regular file: frees pages beyond it, updates size, blocks, and (if
-    /// the size changed, or `always_times`) mtime and ctime; kills set-id bits for non-root.
-    fn resize(
-        &self,
-        ctx: &Ctx,
-        i: &Inode,
-        data: &parking_lot::RwLock<FileData>,
-        size: u64,
-        always_times: bool,
-    ) {
-        let mut d = self.stats.write(LockClass::FileData, data);
-        let kept = d.pages_below(size);
-        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            if v.size != size || always_times {
-                let now = Timespec::now();
-                v.mtime = now;
-                v.ctime = now;
-            }
-            v.size = size;
-            v.blocks = kept * (PAGE / 512);
-            kill_privs(ctx, v);
-            Ok(())
-        });
-        // Outside the attribute seqlock (readers must not spin while pages are freed), still
-        // under the data lock, so no reader sees bytes beyond the new size.
-        let freed = d.truncate(size);
-        debug_assert_eq!(d.pages(), kept);
-        self.space.give(freed);
     }
 
     /// Opens inode `ino`; `flags` are `open(2)` flags (`O_RDONLY`, `O_WRONLY`, `O_RDWR`,
@@ -122,7 +126,7 @@ impl Filesystem {
         let fh = {
             let _c = self.begin(Op::Open);
             let g = epoch::pin();
-            self.open_inode(ctx, self.inode(ino, &g)?, flags)?
+            self.open_inode(ctx, self.iget(ino, &g)?, flags, &g)?
         };
         if flags & libc::O_TRUNC != 0 {
             self.report(ctx, |s| s.inode(ino, Some((0, 0))));
@@ -164,12 +168,12 @@ impl Filesystem {
             match self.make_node(ctx, parent, name, mode, NewNode::File, 1, &g) {
                 Ok(i) => {
                     let h = Handle {
-                        ino_gen: i.ino_gen,
+                        inode: i.key(),
                         flags,
                         is_dir: false,
                     };
                     let fh = self.handles.insert(h, &self.stats);
-                    return Ok((self.attr_of(i), fh));
+                    return Ok((self.attr_of(i, &g), fh));
                 }
                 Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
                     let (dir, d) = self.dir_inode(parent, &g)?;
@@ -180,7 +184,7 @@ impl Filesystem {
                     if child.is_dir() {
                         return Err(Errno::EISDIR);
                     }
-                    let fh = match self.open_inode(ctx, child, flags) {
+                    let fh = match self.open_inode(ctx, child, flags, &g) {
                         Err(Errno::ENOENT) => continue,
                         r => r?,
                     };
@@ -188,27 +192,27 @@ impl Filesystem {
                         self.release_inner(fh, &g)?;
                         return Err(e);
                     }
-                    return Ok((self.attr_of(child), fh));
+                    return Ok((self.attr_of(child, &g), fh));
                 }
                 Err(e) => return Err(e),
             }
         }
     }
 
-    /// The inode behind a handle (the handle's reference keeps it alive).
     /// The inode of `f`, with its handle when it names one.
     fn file_inode<'g>(&self, f: FileRef, g: &'g Guard) -> Result<(Option<Handle>, &'g Inode)> {
         match f {
             FileRef::Handle(fh) => self.handle_inode(fh, g).map(|(h, i)| (Some(h), i)),
-            FileRef::Inode(ino) => self.inode(ino, g).map(|i| (None, i)),
+            FileRef::Inode(ino) => self.iget(ino, g).map(|i| (None, i)),
         }
     }
 
+    /// The inode behind a handle (the handle's reference keeps it alive).
     fn handle_inode<'g>(&self, fh: Fh, g: &'g Guard) -> Result<(Handle, &'g Inode)> {
         let h = self.handles.get(fh, &self.stats)?;
         let i = self
             .table
-            .get_gen(h.ino_gen, g)
+            .get_gen(h.inode, g)
             .expect("an open handle keeps its inode");
         Ok((h, i))
     }
@@ -218,12 +222,21 @@ impl Filesystem {
         let v = i.attr.load();
         let now = Timespec::now();
         let stale = v.atime <= v.mtime || v.atime <= v.ctime || now.sec - v.atime.sec >= 86_400;
-        if stale && v.atime != now {
-            let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-                v.atime = Timespec::now();
-                Ok(())
-            });
+        if self.cfg.read_only || !stale || v.atime == now {
+            return;
         }
+        let _ = i.attr.update(&self.stats, |v| {
+            let change = AttrChange {
+                atime: Some(now),
+                ..AttrChange::default()
+            };
+            self.commit(&Record::SetAttr {
+                inode: i.id(),
+                change,
+            })?;
+            v.atime = now;
+            Ok::<(), Errno>(())
+        });
     }
 
     /// Reads up to `buf.len()` bytes at `offset`; returns the count (0 at end of file).
@@ -286,6 +299,46 @@ impl Filesystem {
         Ok(n)
     }
 
+    /// Takes away what a change by `ctx` takes away (module doc, "Privileges"), each with its
+    /// record: the capabilities always, the set-id bits when `setid` (a data change; a chown
+    /// clears them itself). The caller holds the file's data lock.
+    fn remove_privs(&self, ctx: &Ctx, i: &Inode, time: Timespec, setid: bool) -> Result<()> {
+        let v = i.attr.load();
+        if v.flags & flags::XATTRS != 0 {
+            let rec = Record::RemoveXattr {
+                inode: i.id(),
+                name: CAPS,
+                time,
+            };
+            match self.apply_xattr(&rec, i, |x| {
+                x.and_then(|x| x.get(CAPS)).map(drop).ok_or(Errno::ENODATA)
+            }) {
+                Ok(()) | Err(Errno::ENODATA) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !setid || setid_killed(ctx, &v) == 0 {
+            return Ok(());
+        }
+        i.attr.update(&self.stats, |v| {
+            let kill = setid_killed(ctx, v);
+            if kill == 0 {
+                return Ok(());
+            }
+            let change = AttrChange {
+                mode: Some(v.mode & !kill),
+                ctime: Some(time),
+                ..AttrChange::default()
+            };
+            self.commit(&Record::SetAttr {
+                inode: i.id(),
+                change,
+            })?;
+            Self::apply_attr(v, &change, 0);
+            Ok(())
+        })
+    }
+
     /// `write`, returning the inode and the offset written at too.
     fn write_inner(
         &self,
@@ -305,12 +358,11 @@ impl Filesystem {
         };
         self.writable()?;
         if data.is_empty() {
-            return Ok((i.ino(), offset, 0));
+            return Ok((i.ino, offset, 0));
         }
         let mut d = self.stats.write(LockClass::FileData, fdata);
-        let size = i.attr.size();
         let off = if h.is_some_and(|h| h.flags & libc::O_APPEND != 0) {
-            size
+            i.attr.size()
         } else {
             offset
         };
@@ -320,83 +372,100 @@ impl Filesystem {
         {
             return Err(Errno::EFBIG);
         }
-        let written = if self
-            .space
-            .take(d.missing_pages(off, data.len() as u64))
-            .is_ok()
-        {
-            d.write(off, data);
-            data.len()
-        } else {
-            // Not all of it fits: write page by page while space lasts.
-            let mut done = 0usize;
-            while done < data.len() {
-                let at = off + done as u64;
-                let chunk = ((PAGE - at % PAGE) as usize).min(data.len() - done);
-                if self.space.take(d.missing_pages(at, chunk as u64)).is_err() {
+        // Reserve space for all of it or, near a full filesystem, for as much as fits, page
+        // by page.
+        let mut n = data.len();
+        let mut reserved = d.missing_pages(off, n as u64);
+        if self.space.take(reserved).is_err() {
+            n = 0;
+            reserved = 0;
+            while n < data.len() {
+                let at = off + n as u64;
+                let chunk = ((PAGE - at % PAGE) as usize).min(data.len() - n);
+                let more = d.missing_pages(at, chunk as u64);
+                if self.space.take(more).is_err() {
                     break;
                 }
-                d.write(at, &data[done..done + chunk]);
-                done += chunk;
+                reserved += more;
+                n += chunk;
             }
-            if done == 0 {
+            if n == 0 {
                 return Err(Errno::ENOSPC);
             }
-            done
+        }
+        let time = Timespec::now();
+        let rec = Record::Write {
+            inode: i.id(),
+            offset: off,
+            data: &data[..n],
+            time,
         };
-        let pages = d.pages();
-        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            v.size = v.size.max(off + written as u64);
-            v.blocks = pages * (PAGE / 512);
-            let now = Timespec::now();
-            v.mtime = now;
-            v.ctime = now;
-            kill_privs(ctx, v);
-            Ok(())
-        });
-        Ok((i.ino(), off, written))
+        if let Err(e) = self
+            .remove_privs(ctx, i, time, true)
+            .and_then(|()| self.commit(&rec))
+        {
+            self.space.give(reserved);
+            return Err(e);
+        }
+        self.apply_write(i, &mut d, &rec);
+        Ok((i.ino, off, n))
     }
 
     /// Changes attributes, with the checks of `chmod`, `chown`, `truncate` and `utimensat`.
-    /// `fh` is the handle of an `ftruncate` (which needs no write permission on the file), or
-    /// [`FILE_TRACKED_BY_CALLER`].
-    pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr, fh: Option<Fh>) -> Result<Attr> {
-        let a = self.setattr_inner(ctx, ino, set, fh)?;
+    /// A size change says who asks for it with `by` (`None` means [`TruncateBy::Path`]).
+    pub fn setattr(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        set: &SetAttr,
+        by: Option<TruncateBy>,
+    ) -> Result<Attr> {
+        let a = {
+            let _c = self.begin(Op::Setattr);
+            let g = epoch::pin();
+            let i = self.iget(ino, &g)?;
+            self.set_attributes(ctx, i, set, by)?;
+            self.attr_of(i, &g)
+        };
         self.report(ctx, |s| s.inode(ino, set.size.map(|size| (size, 0))));
         Ok(a)
     }
 
-    fn setattr_inner(&self, ctx: &Ctx, ino: Ino, set: &SetAttr, fh: Option<Fh>) -> Result<Attr> {
-        let _c = self.begin(Op::Setattr);
-        let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
-        self.writable()?;
-        ctx.resolve_groups();
-        if let Some(size) = set.size {
-            match &i.body {
-                Body::File(_) => {}
-                Body::Dir(_) => return Err(Errno::EISDIR),
-                _ => return Err(Errno::EINVAL),
-            }
-            match fh {
-                // An open file its caller tracks and has checked is writable (see
-                // `FILE_TRACKED_BY_CALLER`).
-                Some(FILE_TRACKED_BY_CALLER) => {}
-                Some(fh) => {
-                    if !self.handles.get(fh, &self.stats)?.writable() {
-                        return Err(Errno::EINVAL);
-                    }
-                }
-                None => perm::check(ctx, &i.attr.load(), MAY_WRITE)?,
-            }
-            if size > MAX_FILE_SIZE {
-                return Err(Errno::EFBIG);
-            }
+    /// What a size change needs before anything is locked: a regular file, the right to
+    /// change its size, a size within limits.
+    fn check_size_change(&self, ctx: &Ctx, i: &Inode, size: u64, by: TruncateBy) -> Result<()> {
+        match &i.body {
+            Body::File(_) => {}
+            Body::Dir(_) => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
         }
-        let explicit =
-            matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
-        let touch =
-            matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
+        match by {
+            TruncateBy::OpenFile => {}
+            TruncateBy::Handle(fh) => {
+                if !self.handles.get(fh, &self.stats)?.writable() {
+                    return Err(Errno::EINVAL);
+                }
+            }
+            TruncateBy::Path => perm::check(ctx, &i.attr.load(), MAY_WRITE)?,
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        Ok(())
+    }
+
+    /// The body of `setattr` on inode `i` (also `open(O_TRUNC)`).
+    fn set_attributes(
+        &self,
+        ctx: &Ctx,
+        i: &Inode,
+        set: &SetAttr,
+        by: Option<TruncateBy>,
+    ) -> Result<()> {
+        self.writable()?;
+        if let Some(size) = set.size {
+            self.check_size_change(ctx, i, size, by.unwrap_or(TruncateBy::Path))?;
+        }
         for t in [set.atime, set.mtime] {
             if let Some(TimeSet::At(ts)) = t {
                 if !ts.is_valid() {
@@ -404,98 +473,45 @@ impl Filesystem {
                 }
             }
         }
-        // The permission checks run inside the seqlock's critical section, so they see the
-        // same owner and mode the change applies to.
-        let check = |v: &AttrVals| -> Result<()> {
-            let owner = perm::owner_or_root(ctx, v);
-            if let Some(uid) = set.uid {
-                if !(ctx.is_root() || ctx.uid == v.uid && uid == v.uid) {
-                    return Err(Errno::EPERM);
-                }
+        let now = Timespec::now();
+        let owner_change = set.uid.is_some() || set.gid.is_some();
+        let size_change = set.size.is_some();
+        let Body::File(data) = &i.body else {
+            if owner_change && !i.is_dir() {
+                self.remove_privs(ctx, i, now, false)?;
             }
-            if let Some(gid) = set.gid {
-                if !(ctx.is_root() || ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid))) {
-                    return Err(Errno::EPERM);
-                }
-            }
-            if set.mode.is_some() && !owner {
-                return Err(Errno::EPERM);
-            }
-            if explicit && !owner {
-                return Err(Errno::EPERM);
-            }
-            if touch && !explicit && !owner {
-                perm::check(ctx, v, MAY_WRITE)?;
-            }
-            Ok(())
-        };
-        let apply = |v: &mut AttrVals, now: Timespec| {
-            let is_dir = v.mode & libc::S_IFMT == libc::S_IFDIR;
-            if let Some(mode) = set.mode {
-                let mut m = mode & 0o7777;
-                if !ctx.is_root() && !ctx.in_group(set.gid.unwrap_or(v.gid)) {
-                    m &= !libc::S_ISGID;
-                }
-                v.mode = (v.mode & libc::S_IFMT) | m;
-            }
-            if set.uid.is_some() || set.gid.is_some() {
-                if !is_dir {
-                    v.mode &= !libc::S_ISUID;
-                    let sgid = v.mode & libc::S_ISGID != 0;
-                    let gx = v.mode & libc::S_IXGRP != 0;
-                    if sgid && (gx || !ctx.is_root() && !ctx.in_group(v.gid)) {
-                        v.mode &= !libc::S_ISGID;
-                    }
-                }
-                v.uid = set.uid.unwrap_or(v.uid);
-                v.gid = set.gid.unwrap_or(v.gid);
-            }
-            for (t, field) in [(set.atime, &mut v.atime), (set.mtime, &mut v.mtime)] {
-                match t {
-                    Some(TimeSet::Now) => *field = now,
-                    Some(TimeSet::At(ts)) => *field = ts,
-                    None => {}
-                }
-            }
-            v.ctime = set.ctime.unwrap_or(now);
-        };
-        let size_only = set.mode.is_none()
-            && set.uid.is_none()
-            && set.gid.is_none()
-            && set.atime.is_none()
-            && set.mtime.is_none()
-            && set.ctime.is_none();
-        match (set.size, &i.body) {
-            (Some(size), Body::File(data)) => {
-                let mut d = self.stats.write(LockClass::FileData, data);
-                let kept = d.pages_below(size);
-                let had_pages = d.pages() > 0;
-                i.attr.update(&self.stats, |v| {
-                    check(v)?;
-                    // As tmpfs: an ftruncate stamps mtime and ctime always, a truncate by
-                    // path when the size changes or the file has pages to trim (tmpfs's
-                    // truncate of allocated pages stamps them too).
-                    let now = Timespec::now();
-                    if v.size != size || fh.is_some() || had_pages {
-                        v.mtime = now;
-                        apply(v, now);
-                    } else if !size_only {
-                        apply(v, now);
-                    }
-                    v.size = size;
-                    v.blocks = kept * (PAGE / 512);
-                    kill_privs(ctx, v);
-                    Ok(())
+            return i.attr.update(&self.stats, |v| {
+                let c = attr_change(ctx, v, set, by, false, now)?;
+                self.commit(&Record::SetAttr {
+                    inode: i.id(),
+                    change: c,
                 })?;
-                self.space.give(d.truncate(size));
-            }
-            _ => i.attr.update(&self.stats, |v| {
-                check(v)?;
-                apply(v, Timespec::now());
+                Self::apply_attr(v, &c, 0);
                 Ok(())
-            })?,
+            });
+        };
+        let mut d = self.stats.write(LockClass::FileData, data);
+        if owner_change || size_change {
+            self.remove_privs(ctx, i, now, size_change)?;
         }
-        Ok(self.attr_of(i))
+        let size = set.size;
+        let kept = size.map_or(0, |s| d.pages_below(s));
+        let had_pages = d.pages() > 0;
+        i.attr.update(&self.stats, |v| {
+            let c = attr_change(ctx, v, set, by, had_pages, now)?;
+            self.commit(&Record::SetAttr {
+                inode: i.id(),
+                change: c,
+            })?;
+            Self::apply_attr(v, &c, kept);
+            Ok(())
+        })?;
+        if let Some(size) = size {
+            // Outside the attribute seqlock (readers must not spin while pages are freed),
+            // still under the data lock, so no reader sees bytes beyond the new size.
+            self.space.give(d.truncate(size));
+        }
+        Ok(())
     }
 
     /// Allocates (mode 0 or `FALLOC_FL_KEEP_SIZE`) or punches out
@@ -550,31 +566,63 @@ impl Filesystem {
             Body::Dir(_) => return Err(Errno::EISDIR),
             _ => return Err(Errno::ENODEV),
         };
-        let end = offset
+        offset
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Errno::EFBIG)?;
         self.writable()?;
         let mut d = self.stats.write(LockClass::FileData, data);
-        if punch {
-            self.space.give(d.punch(offset, len));
+        let time = Timespec::now();
+        let (rec, reserved) = if punch {
+            let rec = Record::Punch {
+                inode: i.id(),
+                offset,
+                len,
+                time,
+            };
+            (rec, 0)
         } else {
-            self.space.take(d.missing_pages(offset, len))?;
-            d.allocate(offset, len);
+            let need = d.missing_pages(offset, len);
+            self.space.take(need)?;
+            let rec = Record::Allocate {
+                inode: i.id(),
+                offset,
+                len,
+                keep_size: mode & FALLOC_FL_KEEP_SIZE != 0,
+                time,
+            };
+            (rec, need)
+        };
+        if let Err(e) = self
+            .remove_privs(ctx, i, time, true)
+            .and_then(|()| self.commit(&rec))
+        {
+            self.space.give(reserved);
+            return Err(e);
         }
-        let pages = d.pages();
-        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            if !punch && mode & FALLOC_FL_KEEP_SIZE == 0 {
-                v.size = v.size.max(end);
-            }
-            v.blocks = pages * (PAGE / 512);
-            let now = Timespec::now();
-            v.mtime = now;
-            v.ctime = now;
-            kill_privs(ctx, v);
-            Ok(())
-        });
-        Ok(i.ino())
+        self.apply_fallocate(i, &mut d, &rec);
+        Ok(i.ino)
+    }
+
+    /// A data record ([`Record::Write`], [`Record::Allocate`], [`Record::Punch`]) as
+    /// recovery applies it.
+    pub(super) fn replay_data(&self, rec: &Record<'_>, i: &Inode) -> Result<()> {
+        let Body::File(data) = &i.body else {
+            return Err(Errno::EINVAL);
+        };
+        let mut d = self.stats.write(LockClass::FileData, data);
+        let need = match *rec {
+            Record::Write { offset, data, .. } => d.missing_pages(offset, data.len() as u64),
+            Record::Allocate { offset, len, .. } => d.missing_pages(offset, len),
+            _ => 0,
+        };
+        self.space.take(need)?;
+        self.commit(rec)?;
+        match rec {
+            Record::Write { .. } => self.apply_write(i, &mut d, rec),
+            _ => self.apply_fallocate(i, &mut d, rec),
+        }
+        Ok(())
     }
 
     /// `close` of one file descriptor of the handle (nothing to write back in memory).
@@ -589,7 +637,7 @@ impl Filesystem {
     pub fn seek_data_hole(&self, ino: Ino, offset: u64, whence: i32) -> Result<u64> {
         let _c = self.begin(Op::Lseek);
         let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
+        let i = self.iget(ino, &g)?;
         let data = match &i.body {
             Body::File(d) => d,
             Body::Dir(_) => return Err(Errno::EISDIR),
@@ -610,12 +658,15 @@ impl Filesystem {
         }
     }
 
-    /// Makes the file's data (and, unless `datasync`, its metadata) durable. The memory store
-    /// has nothing to write; the call validates the handle.
+    /// Makes every change made so far durable (the store's records up to now): `fsync` of
+    /// a file makes its name durable too, because everything before it is. `datasync` makes
+    /// no difference: the store keeps one ordered history.
     pub fn fsync(&self, fh: Fh, datasync: bool) -> Result<()> {
         let _c = self.begin(Op::Fsync);
         let _ = datasync;
-        self.handles.get(fh, &self.stats).map(|_| ())
+        self.handles.get(fh, &self.stats)?;
+        drop(_c);
+        self.store.sync()
     }
 
     /// `fsync` of an open file that the caller tracks itself (see
@@ -623,18 +674,23 @@ impl Filesystem {
     pub fn fsync_inode(&self, ino: Ino, datasync: bool) -> Result<()> {
         let _c = self.begin(Op::Fsync);
         let _ = datasync;
-        self.inode(ino, &epoch::pin()).map(|_| ())
+        self.iget(ino, &epoch::pin())?;
+        drop(_c);
+        self.store.sync()
+    }
+
+    /// `syncfs`: makes every change made so far durable.
+    pub fn sync_all(&self) -> Result<()> {
+        self.store.sync()
     }
 
     fn release_inner(&self, fh: Fh, g: &Guard) -> Result<()> {
         let h = self.handles.remove(fh, &self.stats)?;
         let i = self
             .table
-            .get_gen(h.ino_gen, g)
+            .get_gen(h.inode, g)
             .expect("an open handle keeps its inode");
-        if i.put_refs(1) == Fate::Free {
-            self.free_inode(i, g);
-        }
+        self.put_refs(i, 1, g);
         Ok(())
     }
 
@@ -649,4 +705,88 @@ impl Filesystem {
         let _c = self.begin(Op::Releasedir);
         self.release_inner(fh, &epoch::pin())
     }
+}
+
+/// What `setattr` changes, computed from the current values `v` inside the attribute
+/// seqlock (so the checks see the owner and mode the change applies to): the checks of
+/// `chmod`, `chown`, `utimensat` and `truncate`, then the change. `had_pages`: the file has
+/// pages (a same-size truncate then stamps the times, as tmpfs's truncate of pages does).
+fn attr_change(
+    ctx: &Ctx,
+    v: &AttrVals,
+    set: &SetAttr,
+    by: Option<TruncateBy>,
+    had_pages: bool,
+    now: Timespec,
+) -> Result<AttrChange> {
+    let owner = perm::owner_or_root(ctx, v);
+    if let Some(uid) = set.uid {
+        if !(ctx.is_root() || ctx.uid == v.uid && uid == v.uid) {
+            return Err(Errno::EPERM);
+        }
+    }
+    if let Some(gid) = set.gid {
+        if !(ctx.is_root() || ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid))) {
+            return Err(Errno::EPERM);
+        }
+    }
+    let explicit =
+        matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
+    let touch = matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
+    if (set.mode.is_some() || explicit) && !owner {
+        return Err(Errno::EPERM);
+    }
+    if touch && !explicit && !owner {
+        perm::check(ctx, v, MAY_WRITE)?;
+    }
+    let is_reg = v.mode & libc::S_IFMT == libc::S_IFREG;
+    let mut mode = v.mode;
+    if let Some(m) = set.mode {
+        let mut m = m & 0o7777;
+        if !ctx.is_root() && !ctx.in_group(set.gid.unwrap_or(v.gid)) {
+            m &= !libc::S_ISGID;
+        }
+        mode = (v.mode & libc::S_IFMT) | m;
+    }
+    if (set.uid.is_some() || set.gid.is_some()) && v.mode & libc::S_IFMT != libc::S_IFDIR {
+        mode &= !libc::S_ISUID;
+        let sgid = mode & libc::S_ISGID != 0;
+        let gx = mode & libc::S_IXGRP != 0;
+        if sgid && (gx || !ctx.is_root() && !ctx.in_group(v.gid)) {
+            mode &= !libc::S_ISGID;
+        }
+    }
+    let time = |t: Option<TimeSet>| match t {
+        Some(TimeSet::Now) => Some(now),
+        Some(TimeSet::At(ts)) => Some(ts),
+        None => None,
+    };
+    let mut c = AttrChange {
+        mode: (mode != v.mode || set.mode.is_some()).then_some(mode),
+        uid: set.uid,
+        gid: set.gid,
+        size: set.size,
+        atime: time(set.atime),
+        mtime: time(set.mtime),
+        ctime: Some(set.ctime.unwrap_or(now)),
+    };
+    if let Some(size) = set.size {
+        debug_assert!(is_reg);
+        let only_size = *set
+            == SetAttr {
+                size: Some(size),
+                ..SetAttr::default()
+            };
+        // As tmpfs: an ftruncate stamps mtime and ctime always, a truncate by path when the
+        // size changes or the file has pages to trim; a same-size truncate by path of an
+        // empty file changes nothing.
+        let ftruncate = matches!(by, Some(TruncateBy::Handle(_) | TruncateBy::OpenFile));
+        let stamps = v.size != size || had_pages || ftruncate;
+        if stamps {
+            c.mtime = Some(c.mtime.unwrap_or(now));
+        } else if only_size {
+            c.ctime = None;
+        }
+    }
+    Ok(c)
 }

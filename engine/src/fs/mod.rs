@@ -1,43 +1,55 @@
-//! The filesystem: every operation of DESIGN §4 on inode numbers, with Linux tmpfs semantics
-//! and the locking of `locking.rs`.
+//! The filesystem: every operation on inode numbers, with Linux tmpfs semantics and the
+//! locking of `locking.rs`.
 //!
 //! Each public method counts itself in the statistics, takes the `coarse` lock when that
 //! locking mode is selected, pins an epoch guard, and calls internal helpers that never take
-//! `coarse` again (the lock is not reentrant).
+//! `coarse` again (the lock is not reentrant). A mutation checks what it may do (policy),
+//! describes the change as a [`Record`], and makes it through the apply function of that
+//! record kind (`apply.rs`), which hands the record to the store at the right moment; recovery
+//! replays records through the same functions (`recovery.rs`).
+//!
+//! Every inode found by number goes through [`Filesystem::iget`], every inode an entry names
+//! through [`Filesystem::iget_named`], and every entry through [`Filesystem::dget`]: a miss
+//! means what those three functions say, in one place.
 
+mod apply;
 mod check;
 mod file;
 mod namespace;
 mod readdir;
+mod recovery;
 mod xattr_ops;
 
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crossbeam_epoch::{self as epoch, Guard};
 use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
-pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FILE_TRACKED_BY_CALLER};
+pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX};
 pub use readdir::DirEntry;
+pub use recovery::{Recovery, ReplayError};
 
-use crate::attr::{Attr, AttrCell, AttrVals, Ino, ROOT_INO};
-use crate::dir::{Dirents, NAME_MAX};
+use crate::attr::{Attr, flags};
+use crate::dir::{Dirent, Dirents, NAME_MAX};
 use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
-use crate::ids::InoAlloc;
-use crate::inode::{Body, DirBody, Inode, gen_of};
+use crate::id::{Ino, InoAlloc, InoGen};
+use crate::inode::{Body, DirBody, Fate, Inode};
 use crate::notify::{Invalidate, Watch};
 use crate::perm::{self, Ctx, MAY_EXEC};
 use crate::quota::Quota;
+use crate::record::{MemoryStore, Record, Store};
 use crate::stats::{LockClass, Op, Stats, StatsSnapshot};
 use crate::table::InodeTable;
-use crate::time::Timespec;
+use crate::xattr::XattrTable;
 
-/// How directory mutations are locked (DESIGN §3). `Lanes` is the product; the other two
-/// reproduce the seeds' "before" for the benchmarks.
+/// How directory mutations are locked. `Lanes` is the product; the other two reproduce the
+/// "before" of the kernel patch series lanefs comes from, for the benchmarks.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Locking {
     /// Per-name stripe locks; lookups take no lock.
@@ -95,6 +107,18 @@ pub struct Config {
     pub root_uid: u32,
     /// Group of the root directory.
     pub root_gid: u32,
+    /// Apply the `fs.protected_hardlinks` rule to library callers: only the owner may link a
+    /// file they could not read and write, or a set-id or special file. Defaults to the
+    /// running kernel's setting (`/proc/sys/fs/protected_hardlinks`; on if unreadable).
+    /// Through a mount the kernel applies its own setting and lanefs does not check again.
+    pub protected_hardlinks: bool,
+}
+
+/// The running kernel's `fs.protected_hardlinks`, on if it cannot be read.
+fn kernel_protects_hardlinks() -> bool {
+    std::fs::read_to_string("/proc/sys/fs/protected_hardlinks")
+        .map(|s| s.trim() != "0")
+        .unwrap_or(true)
 }
 
 impl Default for Config {
@@ -107,6 +131,7 @@ impl Default for Config {
             root_mode: 0o1777,
             root_uid: 0,
             root_gid: 0,
+            protected_hardlinks: kernel_protects_hardlinks(),
         }
     }
 }
@@ -132,7 +157,7 @@ pub struct StatFs {
     pub frsize: u32,
 }
 
-/// Number of per-name stripe locks (DESIGN §3: many more than cores). Measured on 2 cores
+/// Number of per-name stripe locks (many more than cores). Measured on 2 cores
 /// with 32 threads (`bench crunl`): 4096 stripes let a preempted holder make waiters sleep
 /// 3.6x as often as 16384 do; each stripe is cache-padded, so this costs 2 MiB per filesystem.
 pub(crate) const NSTRIPES: usize = 16384;
@@ -144,13 +169,14 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Bytes `stat` reports per directory entry, `.` and `..` included (tmpfs `BOGO_DIRENT_SIZE`).
 const BOGO_DIRENT_SIZE: u64 = 20;
 
-/// A POSIX filesystem in memory. All methods take `&self` and may be called from any number of
+/// A POSIX filesystem. All methods take `&self` and may be called from any number of
 /// threads at once.
 pub struct Filesystem {
     cfg: Config,
     table: InodeTable,
     ids: InoAlloc,
     dirents: Dirents,
+    xattrs: XattrTable,
     stripes: Box<[CachePadded<Mutex<()>>]>,
     stripe_hasher: foldhash::fast::RandomState,
     rename_lock: Mutex<()>,
@@ -160,6 +186,10 @@ pub struct Filesystem {
     inode_quota: Quota,
     stats: Stats,
     watch: Watch,
+    store: Arc<dyn Store>,
+    /// Set while recovery replays records (single-threaded, before any caller): records are
+    /// then applied, not appended, and inode numbers are not recycled (`recovery.rs`).
+    replaying: AtomicBool,
 }
 
 fn physical_memory() -> u64 {
@@ -196,19 +226,27 @@ pub(crate) fn is_dot_or_dotdot(name: &[u8]) -> bool {
 }
 
 impl Filesystem {
-    /// A new, empty filesystem.
+    /// A new, empty filesystem in memory (the memory store: nothing outlives the process).
     pub fn new(cfg: Config) -> Self {
+        Filesystem::recover(cfg, Arc::new(MemoryStore))
+            .finish()
+            .expect("an empty memory filesystem")
+    }
+
+    /// The bare structure (a root directory, nothing else) for `recovery.rs` to fill.
+    fn empty(cfg: Config, store: Arc<dyn Store>) -> Self {
         let max_bytes = cfg.max_bytes.unwrap_or(physical_memory() / 2);
         let pages = max_bytes.div_ceil(crate::data::PAGE);
         // tmpfs's default: one inode per page of the size limit (half of RAM).
         let max_inodes = cfg
             .max_inodes
             .unwrap_or((max_bytes / 4096).max(1024))
-            .min(crate::table::MAX_INO - 1);
-        let fs = Filesystem {
+            .min(crate::id::MAX_INO - 1);
+        Filesystem {
             table: InodeTable::new(),
             ids: InoAlloc::new(),
             dirents: Dirents::new(),
+            xattrs: XattrTable::new(),
             stripes: (0..NSTRIPES)
                 .map(|_| CachePadded::new(Mutex::new(())))
                 .collect(),
@@ -220,28 +258,10 @@ impl Filesystem {
             inode_quota: Quota::new(max_inodes, 64),
             stats: Stats::default(),
             watch: Watch::default(),
+            store,
+            replaying: AtomicBool::new(true),
             cfg,
-        };
-        fs.inode_quota.take(1).expect("room for the root");
-        let now = Timespec::now();
-        let root = Inode::new(
-            fs.ids.root(),
-            2,
-            0,
-            AttrCell::new(AttrVals {
-                mode: libc::S_IFDIR | (fs.cfg.root_mode & 0o7777),
-                uid: fs.cfg.root_uid,
-                gid: fs.cfg.root_gid,
-                size: 0,
-                blocks: 0,
-                atime: now,
-                mtime: now,
-                ctime: now,
-            }),
-            Body::Dir(DirBody::new(ROOT_INO)),
-        );
-        fs.table.install(root, &epoch::pin());
-        fs
+        }
     }
 
     /// The settings this filesystem was created with.
@@ -251,7 +271,7 @@ impl Filesystem {
 
     /// The root directory's inode number.
     pub fn root(&self) -> Ino {
-        ROOT_INO
+        Ino::ROOT
     }
 
     /// Operation counts and lock statistics so far.
@@ -259,15 +279,15 @@ impl Filesystem {
         self.stats.snapshot()
     }
 
-    /// Installs (or, with `None`, removes) the sink told about every change made by a caller
-    /// whose context does not count lookups: the FUSE server installs one so that the kernel's
+    /// Installs (or, with `None`, removes) the sink told about every change made by a library
+    /// caller ([`crate::Via::Library`]): the FUSE server installs one so that the kernel's
     /// caches follow changes made through the library while the filesystem is mounted. See
     /// [`crate::notify`].
     pub fn set_invalidator(&self, sink: Option<Arc<dyn Invalidate>>) {
         self.watch.set(sink);
     }
 
-    /// Reports a change to the installed sink, if `ctx` is not the kernel's. Called only after
+    /// Reports a change to the installed sink, if `ctx` is a library caller. Called only after
     /// the operation has released its locks.
     #[inline]
     fn report(&self, ctx: &Ctx, f: impl FnOnce(&dyn Invalidate)) {
@@ -310,8 +330,8 @@ impl Filesystem {
     }
 
     #[inline]
-    fn stripe_of(&self, parent: Ino, name: &[u8]) -> usize {
-        (self.stripe_hasher.hash_one((parent, name)) as usize) & (NSTRIPES - 1)
+    fn stripe_of(&self, parent: InoGen, name: &[u8]) -> usize {
+        (self.stripe_hasher.hash_one((parent.raw(), name)) as usize) & (NSTRIPES - 1)
     }
 
     #[inline]
@@ -328,26 +348,71 @@ impl Filesystem {
         }
     }
 
-    /// A live inode by number.
     #[inline]
-    fn inode<'g>(&self, ino: Ino, g: &'g Guard) -> Result<&'g Inode> {
+    fn replaying(&self) -> bool {
+        self.replaying.load(Relaxed)
+    }
+
+    /// Hands `rec` to the store (live), or notes the ids and cookie it carries so that later
+    /// ones are fresh (replay). See `apply.rs` for where each kind is committed.
+    fn commit(&self, rec: &Record<'_>) -> Result<()> {
+        if self.replaying() {
+            recovery::observe(self, rec);
+            Ok(())
+        } else {
+            self.store.append(rec)
+        }
+    }
+
+    /// The live inode numbered `ino`: ENOENT if there is none (every lookup by number goes
+    /// through here).
+    #[inline]
+    fn iget<'g>(&self, ino: Ino, g: &'g Guard) -> Result<&'g Inode> {
         match self.table.get(ino, g) {
             Some(i) if !i.is_dead() => Ok(i),
             _ => Err(Errno::ENOENT),
         }
     }
 
+    /// The inode an entry names, found without locks: `None` if it was freed since the entry
+    /// was read (the entry changed meanwhile).
+    #[inline]
+    fn iget_racy<'g>(&self, key: InoGen, g: &'g Guard) -> Option<&'g Inode> {
+        self.table.get_gen(key, g)
+    }
+
+    /// The inode an entry read under its stripe names. Under the stripe the entry cannot
+    /// change and its inode cannot be freed (an inode is installed before its entry appears
+    /// and freed only after its last entry is gone), so a miss is a broken invariant: EIO,
+    /// and a panic in debug builds.
+    #[inline]
+    fn iget_named<'g>(&self, de: Dirent, g: &'g Guard) -> Result<&'g Inode> {
+        match self.table.get_gen(de.target, g) {
+            Some(i) => Ok(i),
+            None => {
+                debug_assert!(false, "entry names missing inode {:?}", de.target);
+                Err(Errno::EIO)
+            }
+        }
+    }
+
+    /// The entry `name` in directory `dir` (every entry lookup goes through here).
+    #[inline]
+    fn dget(&self, dir: InoGen, name: &[u8]) -> Option<Dirent> {
+        self.dirents.get(dir, name, &self.stats)
+    }
+
     /// A live directory by number (ENOTDIR for another type).
     #[inline]
     fn dir_inode<'g>(&self, ino: Ino, g: &'g Guard) -> Result<(&'g Inode, &'g DirBody)> {
-        let i = self.inode(ino, g)?;
+        let i = self.iget(ino, g)?;
         match i.dir() {
             Some(d) => Ok((i, d)),
             None => Err(Errno::ENOTDIR),
         }
     }
 
-    /// The inode a directory entry names. Without locks: re-reads the entry if the inode it
+    /// The inode `name` names in `dir`, without locks: re-reads the entry if the inode it
     /// named was freed and its number reused meanwhile, and after a few such races reads it
     /// under the name's stripe, where entry and inode are stable.
     fn child<'g>(
@@ -361,45 +426,31 @@ impl Filesystem {
             return Ok(dir);
         }
         if name == b".." {
-            return self
-                .table
-                .get_gen(d.parent.load(std::sync::atomic::Ordering::Acquire), g)
-                .ok_or(Errno::ENOENT);
+            return self.iget_racy(d.parent(), g).ok_or(Errno::ENOENT);
         }
+        let key = dir.key();
         for _ in 0..8 {
-            let de = self
-                .dirents
-                .get(dir.ino(), name, &self.stats)
-                .ok_or(Errno::ENOENT)?;
-            if let Some(i) = self.table.get_gen(de.ino_gen, g) {
+            let de = self.dget(key, name).ok_or(Errno::ENOENT)?;
+            if let Some(i) = self.iget_racy(de.target, g) {
                 return Ok(i);
             }
         }
-        let _s = self.lock_stripe(self.stripe_of(dir.ino(), name));
-        let de = self
-            .dirents
-            .get(dir.ino(), name, &self.stats)
-            .ok_or(Errno::ENOENT)?;
-        Ok(self
-            .table
-            .get_gen(de.ino_gen, g)
-            .expect("entry and inode are stable under the stripe"))
+        let _s = self.lock_stripe(self.stripe_of(key, name));
+        let de = self.dget(key, name).ok_or(Errno::ENOENT)?;
+        self.iget_named(de, g)
     }
 
-    /// The attributes `stat` reports.
-    fn attr_of(&self, i: &Inode) -> Attr {
+    /// The attributes `stat` reports. A directory's size counts its entries without a lock.
+    fn attr_of(&self, i: &Inode, g: &Guard) -> Attr {
         let v = i.attr.load();
         let (size, rdev) = match &i.body {
-            Body::Dir(d) => (
-                (2 + self.dirents.count(i.ino(), d, &self.stats)) * BOGO_DIRENT_SIZE,
-                0,
-            ),
+            Body::Dir(d) => ((2 + self.dirents.count(d, g)) * BOGO_DIRENT_SIZE, 0),
             Body::Special { rdev } => (v.size, *rdev),
             _ => (v.size, 0),
         };
         Attr {
-            ino: i.ino(),
-            generation: gen_of(i.ino_gen),
+            ino: i.ino,
+            generation: i.generation,
             mode: v.mode,
             nlink: i.nlink(),
             uid: v.uid,
@@ -414,22 +465,40 @@ impl Filesystem {
         }
     }
 
-    /// Frees an inode whose `DEAD` transition the caller won.
-    fn free_inode(&self, i: &Inode, g: &Guard) {
+    /// Frees an inode whose `DEAD` transition the caller won. The store is told (a `Free`
+    /// record) unless the inode never became visible (`announce` false).
+    fn free_inode(&self, i: &Inode, g: &Guard, announce: bool) {
         debug_assert!(i.is_dead());
+        if announce && !self.replaying() {
+            // The inode is already dead: a store that cannot take this record loses nothing
+            // the recovery of an orphan would not also drop (`recovery.rs`).
+            let _ = self.store.append(&Record::Free { inode: i.id() });
+        }
         if let Body::File(data) = &i.body {
             self.space
                 .give(self.stats.read(LockClass::FileData, data).pages());
         }
+        if i.attr.load().flags & flags::XATTRS != 0 {
+            self.xattrs.lock(i.ino, &self.stats).remove(&i.ino);
+        }
         self.inode_quota.give(1);
         self.table.remove(i, g);
-        self.ids.free(i.ino_gen, &self.stats);
+        if !self.replaying() {
+            self.ids.free(i.ino, &self.stats);
+        }
     }
 
-    /// Takes a lookup reference for `ctx` if it counts lookups (FUSE).
+    /// Drops references; frees the inode if they were its last hold.
+    fn put_refs(&self, i: &Inode, n: u64, g: &Guard) {
+        if i.put_refs(n) == Fate::Free {
+            self.free_inode(i, g, true);
+        }
+    }
+
+    /// Takes a lookup reference for `ctx` if it counts lookups ([`crate::Via::Kernel`]).
     #[inline]
     fn pin_for(&self, ctx: &Ctx, i: &Inode) -> Result<()> {
-        if ctx.count_lookups {
+        if ctx.counts_lookups() {
             i.get_ref()
         } else {
             Ok(())
@@ -456,17 +525,15 @@ impl Filesystem {
         }
         let child = self.child(dir, d, name, &g)?;
         self.pin_for(ctx, child)?;
-        Ok(self.attr_of(child))
+        Ok(self.attr_of(child, &g))
     }
 
-    /// Drops `n` lookup references taken with `Ctx::count_lookups` (FUSE `FORGET`).
+    /// Drops `n` lookup references taken by a [`crate::Via::Kernel`] caller (FUSE `FORGET`).
     pub fn forget(&self, ino: Ino, n: u64) {
         let _c = self.begin(Op::Forget);
         let g = epoch::pin();
         if let Some(i) = self.table.get(ino, &g) {
-            if i.put_refs(n) == crate::inode::Fate::Free {
-                self.free_inode(i, &g);
-            }
+            self.put_refs(i, n, &g);
         }
     }
 
@@ -474,14 +541,14 @@ impl Filesystem {
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
         let _c = self.begin(Op::Getattr);
         let g = epoch::pin();
-        Ok(self.attr_of(self.inode(ino, &g)?))
+        Ok(self.attr_of(self.iget(ino, &g)?, &g))
     }
 
     /// `access(2)`: `mask` is a combination of `R_OK`, `W_OK`, `X_OK`, or `F_OK` (0).
     pub fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()> {
         let _c = self.begin(Op::Access);
         let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
+        let i = self.iget(ino, &g)?;
         if mask & perm::MAY_WRITE != 0 && self.cfg.read_only {
             return Err(Errno::EROFS);
         }

@@ -1,17 +1,25 @@
-//! Namespace mutations: mknod, mkdir, symlink, create (the creating half), link, unlink, rmdir,
-//! rename. Each takes the stripe lock of every name it changes (see `locking.rs`), and checks
-//! errors in the order Linux does, so that errnos match tmpfs.
-
-use std::sync::atomic::Ordering::*;
+//! Namespace mutations: mknod, mkdir, symlink, create (the creating half), link, unlink,
+//! rmdir, rename. Each resolves its directories, takes the stripe of every name it changes
+//! (`locking.rs`), re-reads the names under the stripes, checks what Linux checks in the
+//! order Linux checks it (so errnos match tmpfs), describes the change as a record and makes
+//! it through `apply.rs`.
+//!
+//! Directories are resolved by number before their stripes are taken, so one may be removed,
+//! and its number taken by a new directory, before the stripes are held. That cannot mix two
+//! directories up: entries are keyed by the directory's generation too, so everything done
+//! under the stripes reads and changes the entries of the directory that was resolved (a
+//! removed one has none, and admits none: ENOENT).
 
 use crossbeam_epoch::{self as epoch, Guard};
 use parking_lot::MutexGuard;
 
 use super::{Filesystem, check_name, is_dot_or_dotdot};
-use crate::attr::{Attr, AttrCell, AttrVals, FileType, Ino};
+use crate::attr::{Attr, AttrVals, FileType};
 use crate::errno::{Errno, Result};
-use crate::inode::{Body, DirBody, Fate, Inode};
-use crate::perm::{self, Ctx, MAY_EXEC, MAY_READ, MAY_WRITE};
+use crate::id::{Ino, MAX_INO};
+use crate::inode::{DirBody, Inode};
+use crate::perm::{self, Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
+use crate::record::{NewInode, Record};
 use crate::stats::{LockClass, Op};
 use crate::time::Timespec;
 
@@ -23,9 +31,6 @@ pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 /// `rename` flag: atomically exchange source and target (both must exist).
 pub const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
 
-/// A directory, the entry's inode, and the locks that keep the entry stable.
-type Victim<'a> = (&'a Inode, &'a Inode, [Option<MutexGuard<'a, ()>>; 2]);
-
 /// What kind of inode to create.
 pub(crate) enum NewNode<'a> {
     File,
@@ -34,9 +39,44 @@ pub(crate) enum NewNode<'a> {
     Special(FileType, u64),
 }
 
+/// A directory and its body, the name's inode, and the locks that keep the name stable.
+struct Victim<'a> {
+    dir: (&'a Inode, &'a DirBody),
+    inode: &'a Inode,
+    _locks: [Option<MutexGuard<'a, ()>>; 2],
+}
+
+/// Permission bits and group of a new inode, as `inode_init_owner()` and
+/// `vfs_prepare_mode()` give them: the umask applies, a setgid directory passes on its group
+/// (and, to a subdirectory, its setgid bit), and a caller outside that group does not get a
+/// group-executable setgid file.
+fn new_owner(ctx: &Ctx, dv: &AttrVals, mode: u32, kind: &NewNode<'_>) -> (u32, u32) {
+    let is_dir = matches!(kind, NewNode::Dir);
+    let mut bits = match kind {
+        NewNode::Symlink(_) => 0o777,
+        NewNode::Dir => mode & 0o1777 & !ctx.umask,
+        _ => mode & 0o7777 & !ctx.umask,
+    };
+    let parent_sgid = dv.mode & libc::S_ISGID != 0;
+    let gid = if parent_sgid { dv.gid } else { ctx.gid };
+    if parent_sgid && is_dir {
+        bits |= libc::S_ISGID;
+    }
+    let sgid_gx = libc::S_ISGID | libc::S_IXGRP;
+    if parent_sgid
+        && !is_dir
+        && bits & sgid_gx == sgid_gx
+        && !ctx.is_root()
+        && !ctx.in_group(dv.gid)
+    {
+        bits &= !libc::S_ISGID;
+    }
+    (bits, gid)
+}
+
 impl Filesystem {
     /// Creates an inode named `name` in `parent` and returns it with `extra_refs` references
-    /// (plus one lookup reference if `ctx` counts lookups).
+    /// (plus one lookup reference for a [`Via::Kernel`] caller).
     #[allow(clippy::too_many_arguments)] // the arguments of mknod(2), plus the guard
     pub(crate) fn make_node<'g>(
         &self,
@@ -55,97 +95,52 @@ impl Filesystem {
             return Err(Errno::EEXIST);
         }
         let _dl = self.dirlock(dir);
-        let _s = self.lock_stripe(self.stripe_of(parent, name));
-        if self.dirents.get(parent, name, &self.stats).is_some() {
+        let _s = self.lock_stripe(self.stripe_of(dir.key(), name));
+        if self.dget(dir.key(), name).is_some() {
             return Err(Errno::EEXIST);
         }
         self.writable()?;
         let dv = dir.attr.load();
         perm::check(ctx, &dv, MAY_WRITE | MAY_EXEC)?;
-        if !d.is_alive() {
+        if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
-        if let NewNode::Special(FileType::CharDevice | FileType::BlockDevice, _) = kind {
-            if !ctx.is_root() {
-                return Err(Errno::EPERM);
+        let (ftype, rdev, target) = match kind {
+            NewNode::File => (FileType::RegularFile, 0, &b""[..]),
+            NewNode::Dir => (FileType::Directory, 0, &b""[..]),
+            NewNode::Symlink(t) => {
+                if t.is_empty() {
+                    return Err(Errno::ENOENT);
+                }
+                if t.len() > SYMLINK_MAX {
+                    return Err(Errno::ENAMETOOLONG);
+                }
+                (FileType::Symlink, 0, t)
             }
-        }
-        if let NewNode::Symlink(target) = kind {
-            if target.is_empty() {
-                return Err(Errno::ENOENT);
-            }
-            if target.len() > SYMLINK_MAX {
-                return Err(Errno::ENAMETOOLONG);
-            }
-        }
-        self.inode_quota.take(1)?;
-        let ino_gen = match self.ids.alloc(&self.stats) {
-            Ok(x) => x,
-            Err(e) => {
-                self.inode_quota.give(1);
-                return Err(e);
+            NewNode::Special(t, rdev) => {
+                if matches!(t, FileType::CharDevice | FileType::BlockDevice) && !ctx.is_root() {
+                    return Err(Errno::EPERM);
+                }
+                (t, rdev, &b""[..])
             }
         };
-
-        // Mode and ownership as inode_init_owner() and vfs_prepare_mode() give them.
-        let is_dir = matches!(kind, NewNode::Dir);
-        let mut perm_bits = match kind {
-            NewNode::Symlink(_) => 0o777,
-            NewNode::Dir => mode & 0o1777 & !ctx.umask,
-            _ => mode & 0o7777 & !ctx.umask,
+        let (bits, gid) = new_owner(ctx, &dv, mode, &kind);
+        let rec = Record::Create {
+            dir: dir.id(),
+            name,
+            cookie: self.dirents.next_cookie(),
+            inode: NewInode {
+                id: self.ids.alloc(&self.stats)?,
+                mode: ftype.mode_bits() | bits,
+                uid: ctx.uid,
+                gid,
+                rdev,
+                target,
+                time: Timespec::now(),
+            },
         };
-        let parent_sgid = dv.mode & libc::S_ISGID != 0;
-        let gid = if parent_sgid { dv.gid } else { ctx.gid };
-        if parent_sgid && is_dir {
-            perm_bits |= libc::S_ISGID;
-        }
-        if parent_sgid
-            && !is_dir
-            && perm_bits & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP
-            && !ctx.is_root()
-            && !ctx.in_group(dv.gid)
-        {
-            perm_bits &= !libc::S_ISGID;
-        }
-        let (ftype, body, size) = match kind {
-            NewNode::File => (FileType::RegularFile, Body::File(Default::default()), 0),
-            NewNode::Dir => (FileType::Directory, Body::Dir(DirBody::new(dir.ino_gen)), 0),
-            NewNode::Symlink(t) => (FileType::Symlink, Body::Symlink(t.into()), t.len() as u64),
-            NewNode::Special(t, rdev) => (t, Body::Special { rdev }, 0),
-        };
-        let now = Timespec::now();
-        let attr = AttrCell::new(AttrVals {
-            mode: ftype.mode_bits() | perm_bits,
-            uid: ctx.uid,
-            gid,
-            size,
-            blocks: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-        });
-        let refs = extra_refs + ctx.count_lookups as u32;
-        let nlink = if is_dir { 2 } else { 1 };
-        let inode = self
-            .table
-            .install(Inode::new(ino_gen, nlink, refs, attr, body), g);
-        if let Err(e) = self.dirents.publish(parent, d, name, ino_gen, &self.stats) {
-            // The directory was removed while we created: undo.
-            if inode.clear_nlink() == Fate::Free
-                || (refs > 0 && inode.put_refs(refs as u64) == Fate::Free)
-            {
-                self.free_inode(inode, g);
-            }
-            return Err(e);
-        }
-        if is_dir {
-            // After publishing: a directory with an entry cannot be removed, so its nlink can
-            // no longer be cleared under us.
-            dir.inc_nlink()
-                .expect("nlink limit far above any directory size");
-        }
-        dir.attr.touch_mc(&self.stats);
-        Ok(inode)
+        let refs = extra_refs + u32::from(ctx.counts_lookups());
+        self.apply_create(&rec, (dir, d), refs, g)
     }
 
     /// Creates a device node, FIFO, socket or (type bits 0 or `S_IFREG`) regular file.
@@ -183,7 +178,7 @@ impl Filesystem {
             let _c = self.begin(op);
             let g = epoch::pin();
             let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
-            self.attr_of(i)
+            self.attr_of(i, &g)
         };
         self.report(ctx, |s| s.entry(parent, name));
         Ok(a)
@@ -210,8 +205,8 @@ impl Filesystem {
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
         let _c = self.begin(Op::Readlink);
         let g = epoch::pin();
-        match &self.inode(ino, &g)?.body {
-            Body::Symlink(t) => Ok(t.to_vec()),
+        match &self.iget(ino, &g)?.body {
+            crate::inode::Body::Symlink(t) => Ok(t.to_vec()),
             _ => Err(Errno::EINVAL),
         }
     }
@@ -230,51 +225,50 @@ impl Filesystem {
         let _c = self.begin(Op::Link);
         check_name(newname)?;
         let g = epoch::pin();
-        let src = self.inode(ino, &g)?;
+        let src = self.iget(ino, &g)?;
         let (dir, d) = self.dir_inode(newparent, &g)?;
         perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
         if is_dot_or_dotdot(newname) {
             return Err(Errno::EEXIST);
         }
         let _dl = self.dirlock(dir);
-        let _s = self.lock_stripe(self.stripe_of(newparent, newname));
-        if self.dirents.get(newparent, newname, &self.stats).is_some() {
+        let _s = self.lock_stripe(self.stripe_of(dir.key(), newname));
+        if self.dget(dir.key(), newname).is_some() {
             return Err(Errno::EEXIST);
         }
         self.writable()?;
-        // fs.protected_hardlinks (on by default): only the owner may link a file they could
-        // not read and write, or a set-id or non-regular file.
+        // fs.protected_hardlinks: only the owner may link a file they could not read and
+        // write, or a set-id or non-regular file. Through a mount the kernel has applied its
+        // own setting already.
         let sv = src.attr.load();
-        if !perm::owner_or_root(ctx, &sv) {
+        if self.cfg.protected_hardlinks && ctx.via == Via::Library && !perm::owner_or_root(ctx, &sv)
+        {
+            let sgid_gx = libc::S_ISGID | libc::S_IXGRP;
             let safe = sv.mode & libc::S_IFMT == libc::S_IFREG
                 && sv.mode & libc::S_ISUID == 0
-                && sv.mode & (libc::S_ISGID | libc::S_IXGRP) != libc::S_ISGID | libc::S_IXGRP
+                && sv.mode & sgid_gx != sgid_gx
                 && perm::check(ctx, &sv, MAY_READ | MAY_WRITE).is_ok();
             if !safe {
                 return Err(Errno::EPERM);
             }
         }
         perm::check(ctx, &dir.attr.load(), MAY_WRITE | MAY_EXEC)?;
-        if !d.is_alive() {
+        if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
         if src.is_dir() {
             return Err(Errno::EPERM);
         }
-        src.link_existing()?;
-        if let Err(e) = self
-            .dirents
-            .publish(newparent, d, newname, src.ino_gen, &self.stats)
-        {
-            if src.dec_nlink() == Fate::Free {
-                self.free_inode(src, &g);
-            }
-            return Err(e);
-        }
-        src.attr.touch_c(&self.stats);
-        dir.attr.touch_mc(&self.stats);
+        let rec = Record::Link {
+            dir: dir.id(),
+            name: newname,
+            cookie: self.dirents.next_cookie(),
+            inode: src.id(),
+            time: Timespec::now(),
+        };
+        self.apply_link(&rec, (dir, d), src, &g)?;
         self.pin_for(ctx, src)?;
-        Ok(self.attr_of(src))
+        Ok(self.attr_of(src, &g))
     }
 
     /// Locks a directory for removing `name` from it and returns the entry's inode, after the
@@ -287,106 +281,85 @@ impl Filesystem {
         g: &'a Guard,
     ) -> Result<Victim<'a>> {
         check_name(name)?;
-        let (dir, _) = self.dir_inode(parent, g)?;
+        let (dir, d) = self.dir_inode(parent, g)?;
         perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
         self.writable()?;
         let dl = self.dirlock(dir);
-        let s = self.lock_stripe(self.stripe_of(parent, name));
-        let de = self
-            .dirents
-            .get(parent, name, &self.stats)
-            .ok_or(Errno::ENOENT)?;
-        let victim = self
-            .table
-            .get_gen(de.ino_gen, g)
-            .expect("entry's inode is live under its stripe");
+        let s = self.lock_stripe(self.stripe_of(dir.key(), name));
+        let de = self.dget(dir.key(), name).ok_or(Errno::ENOENT)?;
+        let inode = self.iget_named(de, g)?;
         let dv = dir.attr.load();
         perm::check(ctx, &dv, MAY_WRITE | MAY_EXEC)?;
-        perm::check_sticky(ctx, &dv, &victim.attr.load())?;
-        Ok((dir, victim, [dl, Some(s)]))
+        perm::check_sticky(ctx, &dv, &inode.attr.load())?;
+        Ok(Victim {
+            dir: (dir, d),
+            inode,
+            _locks: [dl, Some(s)],
+        })
     }
 
     /// Removes a non-directory entry.
     pub fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
-        let ino = self.unlink_locked(ctx, parent, name)?;
+        let ino = self.remove_locked(ctx, Op::Unlink, parent, name)?;
         self.report_removal(ctx, parent, name, ino);
         Ok(())
-    }
-
-    fn unlink_locked(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Ino> {
-        let _c = self.begin(Op::Unlink);
-        if is_dot_or_dotdot(name) {
-            return Err(Errno::EISDIR);
-        }
-        let g = epoch::pin();
-        let (dir, victim, _locks) = self.lock_victim(ctx, parent, name, &g)?;
-        if victim.is_dir() {
-            return Err(Errno::EISDIR);
-        }
-        self.dirents
-            .remove(parent, name, &self.stats)
-            .expect("entry present under its stripe");
-        victim.attr.touch_c(&self.stats);
-        dir.attr.touch_mc(&self.stats);
-        let ino = victim.ino();
-        if victim.dec_nlink() == Fate::Free {
-            self.free_inode(victim, &g);
-        }
-        Ok(ino)
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
-        let ino = self.rmdir_locked(ctx, parent, name)?;
+        let ino = self.remove_locked(ctx, Op::Rmdir, parent, name)?;
         self.report_removal(ctx, parent, name, ino);
         Ok(())
     }
 
-    fn rmdir_locked(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Ino> {
-        let _c = self.begin(Op::Rmdir);
+    /// `unlink` or `rmdir` (`op`): removes the name and returns the inode it named.
+    fn remove_locked(&self, ctx: &Ctx, op: Op, parent: Ino, name: &[u8]) -> Result<Ino> {
+        let _c = self.begin(op);
+        let rmdir = op == Op::Rmdir;
         match name {
+            b"." | b".." if !rmdir => return Err(Errno::EISDIR),
             b"." => return Err(Errno::EINVAL),
             b".." => return Err(Errno::ENOTEMPTY),
             _ => {}
         }
         let g = epoch::pin();
-        let (dir, victim, _locks) = self.lock_victim(ctx, parent, name, &g)?;
-        let Some(vd) = victim.dir() else {
-            return Err(Errno::ENOTDIR);
-        };
-        self.dirents.kill_if_empty(victim.ino(), vd, &self.stats)?;
-        self.dirents
-            .remove(parent, name, &self.stats)
-            .expect("entry present under its stripe");
-        assert_eq!(dir.dec_nlink(), Fate::Lives, "a parent keeps its own links");
-        dir.attr.touch_mc(&self.stats);
-        victim.attr.touch_c(&self.stats);
-        let ino = victim.ino();
-        if victim.clear_nlink() == Fate::Free {
-            self.free_inode(victim, &g);
+        let v = self.lock_victim(ctx, parent, name, &g)?;
+        match (rmdir, v.inode.is_dir()) {
+            (false, true) => return Err(Errno::EISDIR),
+            (true, false) => return Err(Errno::ENOTDIR),
+            _ => {}
         }
-        Ok(ino)
+        let rec = Record::Remove {
+            dir: v.dir.0.id(),
+            name,
+            inode: v.inode.id(),
+            time: Timespec::now(),
+        };
+        self.apply_remove(&rec, v.dir, v.inode, &g)?;
+        Ok(v.inode.ino)
     }
 
     /// Whether directory `a` is `d` or one of `d`'s ancestors. Parent pointers change only
-    /// under the rename lock, which the caller holds.
-    fn is_ancestor(&self, a: &Inode, d: &Inode, g: &Guard) -> bool {
+    /// under the rename lock, which the caller holds, so the chain is stable; a chain that
+    /// runs into a removed directory means `d` itself was removed (a directory with a
+    /// subdirectory cannot be), and that is ENOENT, never a conclusion.
+    fn is_ancestor(&self, a: &Inode, d: &Inode, g: &Guard) -> Result<bool> {
         let mut cur = d;
-        for _ in 0..(1 << 24) {
+        for _ in 0..=MAX_INO {
             if std::ptr::eq(cur, a) {
-                return true;
+                return Ok(true);
             }
-            let Some(cd) = cur.dir() else { return false };
-            let p = cd.parent.load(Acquire);
-            if p == cur.ino_gen {
-                return false; // the root
+            let cd = cur.dir().expect("parents are directories");
+            if cd.life.is_dead() {
+                return Err(Errno::ENOENT);
             }
-            match self.table.get_gen(p, g) {
-                Some(next) => cur = next,
-                None => return false, // a removed directory's old parent
+            let p = cd.parent();
+            if p == cur.key() {
+                return Ok(false); // the root
             }
+            cur = self.iget_racy(p, g).ok_or(Errno::ENOENT)?;
         }
-        unreachable!("directory chain longer than 2^24: a cycle")
+        unreachable!("a chain of parents longer than the inode table: a cycle")
     }
 
     /// Renames `name` in `parent` to `newname` in `newparent`; `flags` may hold
@@ -426,7 +399,7 @@ impl Filesystem {
         check_name(name)?;
         check_name(newname)?;
         let g = epoch::pin();
-        let (d1, _) = self.dir_inode(parent, &g)?;
+        let (d1, dd1) = self.dir_inode(parent, &g)?;
         let (d2, dd2) = self.dir_inode(newparent, &g)?;
         perm::check(ctx, &d1.attr.load(), MAY_EXEC)?;
         perm::check(ctx, &d2.attr.load(), MAY_EXEC)?;
@@ -441,36 +414,25 @@ impl Filesystem {
             });
         }
         self.writable()?;
-        let cross = parent != newparent;
-        let (i1, i2) = (
-            self.stripe_of(parent, name),
-            self.stripe_of(newparent, newname),
-        );
+        let (k1, k2) = (d1.key(), d2.key());
+        let cross = k1 != k2;
+        let (i1, i2) = (self.stripe_of(k1, name), self.stripe_of(k2, newname));
         let mut want_rename_lock = false;
         loop {
             // Lock order: rename lock, directory locks (dirlock mode), stripes by index.
-            let dir_moves = |s: Option<u64>, t: Option<u64>| {
-                let is_dir = |x: Option<u64>| {
-                    x.and_then(|ig| self.table.get_gen(ig, &g))
-                        .is_some_and(Inode::is_dir)
-                };
-                cross && (is_dir(s) || flags & RENAME_EXCHANGE != 0 && is_dir(t))
+            let dir_moves = |s: Option<&Inode>, t: Option<&Inode>| {
+                cross
+                    && (s.is_some_and(Inode::is_dir)
+                        || flags & RENAME_EXCHANGE != 0 && t.is_some_and(Inode::is_dir))
             };
+            let peek = |k, n| self.dget(k, n).and_then(|de| self.iget_racy(de.target, &g));
             if !want_rename_lock {
-                let peek_s = self
-                    .dirents
-                    .get(parent, name, &self.stats)
-                    .map(|d| d.ino_gen);
-                let peek_t = self
-                    .dirents
-                    .get(newparent, newname, &self.stats)
-                    .map(|d| d.ino_gen);
-                want_rename_lock = dir_moves(peek_s, peek_t);
+                want_rename_lock = dir_moves(peek(k1, name), peek(k2, newname));
             }
             let take_rename =
                 want_rename_lock || cross && self.cfg.locking == crate::Locking::DirLock;
             let _r = take_rename.then(|| self.stats.lock(LockClass::Rename, &self.rename_lock));
-            let (_dl1, _dl2) = if d1.ino() <= d2.ino() {
+            let (_dl1, _dl2) = if d1.ino <= d2.ino {
                 let a = self.dirlock(d1);
                 (a, if cross { self.dirlock(d2) } else { None })
             } else {
@@ -479,46 +441,49 @@ impl Filesystem {
             };
             let _s1 = self.lock_stripe(i1.min(i2));
             let _s2 = (i1 != i2).then(|| self.lock_stripe(i1.max(i2)));
-            // Now both names are stable.
-            let src = self.dirents.get(parent, name, &self.stats);
-            let dst = self.dirents.get(newparent, newname, &self.stats);
-            if !take_rename && dir_moves(src.map(|d| d.ino_gen), dst.map(|d| d.ino_gen)) {
-                // A file turned into a directory under the name since the peek: the rename lock
-                // is needed after all, and it ranks above the stripes. Start over.
+            // Both names are stable now.
+            let src = match self.dget(k1, name) {
+                Some(de) => Some(self.iget_named(de, &g)?),
+                None => None,
+            };
+            let dst = match self.dget(k2, newname) {
+                Some(de) => Some(self.iget_named(de, &g)?),
+                None => None,
+            };
+            if !take_rename && dir_moves(src, dst) {
+                // A file turned into a directory under the name since the peek: the rename
+                // lock is needed after all, and it ranks above the stripes. Start over.
                 want_rename_lock = true;
                 continue;
             }
+            let src = src.ok_or(Errno::ENOENT)?;
             return self.rename_locked(
                 ctx,
-                (d1, parent, name),
-                (d2, dd2, newparent, newname),
+                (d1, dd1, name),
+                (d2, dd2, newname),
+                src,
+                dst,
                 flags,
                 &g,
             );
         }
     }
 
-    /// The body of `rename`, with every lock it needs held.
+    /// The checks of `rename` with every lock it needs held and both names read, then the
+    /// change.
+    #[allow(clippy::too_many_arguments)] // two named directories, two inodes, flags, guard
     fn rename_locked(
         &self,
         ctx: &Ctx,
-        (d1, parent, name): (&Inode, Ino, &[u8]),
-        (d2, dd2, newparent, newname): (&Inode, &DirBody, Ino, &[u8]),
+        (d1, dd1, name): (&Inode, &DirBody, &[u8]),
+        (d2, dd2, newname): (&Inode, &DirBody, &[u8]),
+        src: &Inode,
+        dst: Option<&Inode>,
         flags: u32,
         g: &Guard,
     ) -> Result<()> {
         let exchange = flags & RENAME_EXCHANGE != 0;
-        let cross = parent != newparent;
-        let src_de = self
-            .dirents
-            .get(parent, name, &self.stats)
-            .ok_or(Errno::ENOENT)?;
-        let dst_de = self.dirents.get(newparent, newname, &self.stats);
-        let src = self
-            .table
-            .get_gen(src_de.ino_gen, g)
-            .expect("live under stripe");
-        let dst = dst_de.map(|d| self.table.get_gen(d.ino_gen, g).expect("live under stripe"));
+        let cross = !std::ptr::eq(d1, d2);
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
             return Err(Errno::EEXIST);
         }
@@ -528,11 +493,11 @@ impl Filesystem {
         let src_is_dir = src.is_dir();
         let dst_is_dir = dst.is_some_and(Inode::is_dir);
         // Loops (the rename lock is held whenever a directory changes parent).
-        if cross && src_is_dir && self.is_ancestor(src, d2, g) {
+        if cross && src_is_dir && self.is_ancestor(src, d2, g)? {
             return Err(Errno::EINVAL);
         }
         if let Some(t) = dst {
-            if cross && dst_is_dir && self.is_ancestor(t, d1, g) {
+            if cross && dst_is_dir && self.is_ancestor(t, d1, g)? {
                 return Err(if exchange {
                     Errno::EINVAL
                 } else {
@@ -548,9 +513,9 @@ impl Filesystem {
         perm::check(ctx, &v1, MAY_WRITE | MAY_EXEC)?;
         perm::check_sticky(ctx, &v1, &src.attr.load())?;
         let v2 = d2.attr.load();
+        perm::check(ctx, &v2, MAY_WRITE | MAY_EXEC)?;
         match dst {
             Some(t) => {
-                perm::check(ctx, &v2, MAY_WRITE | MAY_EXEC)?;
                 perm::check_sticky(ctx, &v2, &t.attr.load())?;
                 if !exchange {
                     if src_is_dir && !dst_is_dir {
@@ -561,83 +526,31 @@ impl Filesystem {
                     }
                 }
             }
-            None => {
-                perm::check(ctx, &v2, MAY_WRITE | MAY_EXEC)?;
-                if !dd2.is_alive() {
-                    return Err(Errno::ENOENT);
-                }
-            }
+            None if dd2.life.is_dead() => return Err(Errno::ENOENT),
+            None => {}
         }
         // A directory changing parent rewrites its "..": write permission on it.
         if cross && src_is_dir {
             perm::check(ctx, &src.attr.load(), MAY_WRITE)?;
         }
-        if cross && exchange && dst_is_dir {
-            perm::check(
-                ctx,
-                &dst.expect("exchange has a target").attr.load(),
-                MAY_WRITE,
-            )?;
+        if let (true, true, Some(t)) = (cross, exchange && dst_is_dir, dst) {
+            perm::check(ctx, &t.attr.load(), MAY_WRITE)?;
         }
-
-        if exchange {
-            let t = dst.expect("checked");
-            self.dirents.repoint(parent, name, t.ino_gen, &self.stats);
-            self.dirents
-                .repoint(newparent, newname, src.ino_gen, &self.stats);
-            if cross {
-                self.reparent(src, d1, d2);
-                self.reparent(t, d2, d1);
-            }
-            t.attr.touch_c(&self.stats);
-        } else if let Some(t) = dst {
-            if let Some(td) = t.dir() {
-                self.dirents.kill_if_empty(t.ino(), td, &self.stats)?;
-            }
-            // The target name never disappears: it is pointed at the source in place.
-            self.dirents
-                .repoint(newparent, newname, src.ino_gen, &self.stats);
-            self.dirents
-                .remove(parent, name, &self.stats)
-                .expect("source present under stripe");
-            if cross {
-                self.reparent(src, d1, d2);
-            }
-            t.attr.touch_c(&self.stats);
-            let fate = if dst_is_dir {
-                assert_eq!(d2.dec_nlink(), Fate::Lives);
-                t.clear_nlink()
+        let rec = Record::Rename {
+            from: d1.id(),
+            from_name: name,
+            to: d2.id(),
+            to_name: newname,
+            inode: src.id(),
+            replaced: dst.map(Inode::id),
+            exchange,
+            cookie: if dst.is_none() {
+                self.dirents.next_cookie()
             } else {
-                t.dec_nlink()
-            };
-            if fate == Fate::Free {
-                self.free_inode(t, g);
-            }
-        } else {
-            self.dirents
-                .publish(newparent, dd2, newname, src.ino_gen, &self.stats)?;
-            self.dirents
-                .remove(parent, name, &self.stats)
-                .expect("source present under stripe");
-            if cross {
-                self.reparent(src, d1, d2);
-            }
-        }
-        src.attr.touch_c(&self.stats);
-        d1.attr.touch_mc(&self.stats);
-        if cross {
-            d2.attr.touch_mc(&self.stats);
-        }
-        Ok(())
-    }
-
-    /// Moves directory `i`'s `..` from `from` to `to` (no-op for a non-directory).
-    fn reparent(&self, i: &Inode, from: &Inode, to: &Inode) {
-        if let Some(d) = i.dir() {
-            d.parent.store(to.ino_gen, Release);
-            to.inc_nlink()
-                .expect("nlink limit far above any directory size");
-            assert_eq!(from.dec_nlink(), Fate::Lives);
-        }
+                0
+            },
+            time: Timespec::now(),
+        };
+        self.apply_rename(&rec, (d1, dd1), (d2, dd2), src, dst, g)
     }
 }

@@ -1,13 +1,18 @@
 //! Directory handles and reading.
+//!
+//! A read that starts at offset 0 (on a new handle, or after a rewind) fixes where it ends
+//! (`dir/mod.rs`, "The end of a directory read") and keeps that end point in the handle, so
+//! names created while it runs (a name renamed away and back included) are left for the next
+//! read, and every read ends.
 
 use crossbeam_epoch as epoch;
 
 use super::Filesystem;
-use crate::attr::{Attr, FileType, Ino};
+use crate::attr::{Attr, FileType};
 use crate::dir::Name;
 use crate::errno::{Errno, Result};
 use crate::handle::{Fh, Handle};
-use crate::inode::{DIR_DEAD, ino_of};
+use crate::id::Ino;
 use crate::perm::{self, Ctx, MAY_READ};
 use crate::stats::Op;
 
@@ -32,26 +37,29 @@ impl Filesystem {
     pub fn opendir(&self, ctx: &Ctx, ino: Ino) -> Result<Fh> {
         let _c = self.begin(Op::Opendir);
         let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
-        if !i.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
+        let (i, d) = self.dir_inode(ino, &g)?;
         perm::check(ctx, &i.attr.load(), MAY_READ)?;
         i.get_ref()?;
         let h = Handle {
-            ino_gen: i.ino_gen,
+            inode: i.key(),
             flags: libc::O_RDONLY | libc::O_DIRECTORY,
             is_dir: true,
         };
-        Ok(self.handles.insert(h, &self.stats))
+        let fh = self.handles.insert(h, &self.stats);
+        let end = self.dirents.read_end(d, &g);
+        self.handles
+            .set_read_end(fh, end, &self.stats)
+            .expect("handle just made");
+        Ok(fh)
     }
 
     /// Reads entries after `offset` (0 to start) and passes each to `f`, with its attributes
     /// when `plus` is set (readdirplus); `f` returns false to stop, and the entry it refused is
     /// not consumed. `.` and `..` come first (offsets 1 and 2). Entries that exist for the whole
-    /// read are returned exactly once, whatever is created or removed meanwhile. With
-    /// `ctx.count_lookups`, every accepted entry of readdirplus except `.` and `..` takes a
-    /// lookup reference.
+    /// read are returned exactly once, whatever is created or removed meanwhile, and entries
+    /// created after the read started (at offset 0) are not returned (module doc). For a
+    /// [`crate::Via::Kernel`] caller, every accepted entry of readdirplus except `.` and `..`
+    /// takes a lookup reference.
     pub fn readdir(
         &self,
         ctx: &Ctx,
@@ -68,16 +76,24 @@ impl Filesystem {
         }
         let i = self
             .table
-            .get_gen(h.ino_gen, &g)
+            .get_gen(h.inode, &g)
             .expect("an open handle keeps its inode");
         let d = i.dir().expect("directory handle");
-        if d.life.load(std::sync::atomic::Ordering::Acquire) == DIR_DEAD {
+        if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
-        let ino = i.ino();
+        let end = match self.handles.read_end(fh, &self.stats)? {
+            Some(end) if offset != 0 => end,
+            _ => {
+                let end = self.dirents.read_end(d, &g);
+                self.handles.set_read_end(fh, end.clone(), &self.stats)?;
+                end
+            }
+        };
+        let ino = i.ino;
         let mut off = offset;
         if off < 1 {
-            let a = plus.then(|| self.attr_of(i));
+            let a = plus.then(|| self.attr_of(i, &g));
             if !f(
                 DirEntry {
                     ino,
@@ -92,15 +108,10 @@ impl Filesystem {
             off = 1;
         }
         if off < 2 {
-            let parent = self
-                .table
-                .get_gen(d.parent.load(std::sync::atomic::Ordering::Acquire), &g);
-            let pino = parent.map_or(
-                ino_of(d.parent.load(std::sync::atomic::Ordering::Acquire)),
-                |p| p.ino(),
-            );
+            let parent = self.iget_racy(d.parent(), &g);
+            let pino = parent.map_or(d.parent().ino(), |p| p.ino);
             let a = if plus {
-                parent.map(|p| self.attr_of(p))
+                parent.map(|p| self.attr_of(p, &g))
             } else {
                 None
             };
@@ -121,7 +132,7 @@ impl Filesystem {
         loop {
             batch.clear();
             self.dirents
-                .read_batch(ino, d, off, BATCH, &self.stats, &mut batch);
+                .read_batch(i.key(), d, off, &end, BATCH, &g, &self.stats, &mut batch);
             if batch.is_empty() {
                 break;
             }
@@ -129,29 +140,29 @@ impl Filesystem {
                 off = *cookie;
                 // The index gives order and names; the map says whether the entry is (still)
                 // published and what it names now.
-                let Some(de) = self.dirents.get(ino, name, &self.stats) else {
+                let Some(de) = self.dget(i.key(), name) else {
                     continue;
                 };
                 if de.cookie != *cookie {
                     continue; // re-created under a new cookie: reported at that cookie
                 }
-                let Some(child) = self.table.get_gen(de.ino_gen, &g) else {
+                let Some(child) = self.iget_racy(de.target, &g) else {
                     continue;
                 };
-                let attr = plus.then(|| self.attr_of(child));
-                let pinned = plus && ctx.count_lookups;
+                let attr = plus.then(|| self.attr_of(child, &g));
+                let pinned = plus && ctx.counts_lookups();
                 if pinned && child.get_ref().is_err() {
                     continue; // freed since
                 }
                 let e = DirEntry {
-                    ino: child.ino(),
+                    ino: child.ino,
                     offset: *cookie,
                     kind: child.kind(),
                     name: &name[..],
                 };
                 if !f(e, attr.as_ref()) {
-                    if pinned && child.put_refs(1) == crate::inode::Fate::Free {
-                        self.free_inode(child, &g);
+                    if pinned {
+                        self.put_refs(child, 1, &g);
                     }
                     return Ok(());
                 }

@@ -3,12 +3,15 @@
 use crossbeam_epoch as epoch;
 
 use super::Filesystem;
-use crate::attr::Ino;
+use crate::attr::flags;
 use crate::errno::{Errno, Result};
+use crate::id::Ino;
 use crate::inode::Inode;
 use crate::perm::{self, Ctx, MAY_READ, MAY_WRITE};
-use crate::stats::{LockClass, Op};
-use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, namespace};
+use crate::record::Record;
+use crate::stats::Op;
+use crate::time::Timespec;
+use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, XATTR_SIZE_MAX, namespace};
 
 impl Filesystem {
     fn xattr_permission(&self, ctx: &Ctx, i: &Inode, name: &[u8], write: bool) -> Result<()> {
@@ -49,11 +52,17 @@ impl Filesystem {
     pub fn getxattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         let _c = self.begin(Op::Getxattr);
         let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
+        let i = self.iget(ino, &g)?;
         self.xattr_permission(ctx, i, name, false)?;
-        let m = i.xattrs.get().ok_or(Errno::ENODATA)?;
-        let x = self.stats.lock(LockClass::Xattr, m);
-        x.get(name).map(<[u8]>::to_vec).ok_or(Errno::ENODATA)
+        if i.attr.load().flags & flags::XATTRS == 0 {
+            return Err(Errno::ENODATA);
+        }
+        let shard = self.xattrs.lock(i.ino, &self.stats);
+        shard
+            .get(&i.ino)
+            .and_then(|x| x.get(name))
+            .map(<[u8]>::to_vec)
+            .ok_or(Errno::ENODATA)
     }
 
     /// Sets attribute `name`; `flags` may hold `XATTR_CREATE` or `XATTR_REPLACE`.
@@ -65,22 +74,35 @@ impl Filesystem {
         value: &[u8],
         flags: i32,
     ) -> Result<()> {
-        let _c = self.begin(Op::Setxattr);
-        if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
-            return Err(Errno::EINVAL);
-        }
-        let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
-        self.writable()?;
-        self.xattr_permission(ctx, i, name, true)?;
         {
-            let m = i.xattrs.get_or_init(Default::default);
-            self.stats
-                .lock(LockClass::Xattr, m)
-                .set(name, value, flags)?;
+            let _c = self.begin(Op::Setxattr);
+            if flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+                return Err(Errno::EINVAL);
+            }
+            let g = epoch::pin();
+            let i = self.iget(ino, &g)?;
+            self.writable()?;
+            self.xattr_permission(ctx, i, name, true)?;
+            if value.len() > XATTR_SIZE_MAX {
+                return Err(Errno::E2BIG);
+            }
+            let rec = Record::SetXattr {
+                inode: i.id(),
+                name,
+                value,
+                time: Timespec::now(),
+            };
+            self.apply_xattr(&rec, i, |x| {
+                let exists = x.is_some_and(|x| x.get(name).is_some());
+                if flags & XATTR_CREATE != 0 && exists {
+                    return Err(Errno::EEXIST);
+                }
+                if flags & XATTR_REPLACE != 0 && !exists {
+                    return Err(Errno::ENODATA);
+                }
+                Ok(())
+            })?;
         }
-        i.attr.touch_c(&self.stats);
-        drop(_c);
         self.report(ctx, |s| s.inode(ino, None));
         Ok(())
     }
@@ -89,28 +111,44 @@ impl Filesystem {
     pub fn listxattr(&self, ctx: &Ctx, ino: Ino) -> Result<Vec<u8>> {
         let _c = self.begin(Op::Listxattr);
         let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
-        let Some(m) = i.xattrs.get() else {
+        let i = self.iget(ino, &g)?;
+        if i.attr.load().flags & flags::XATTRS == 0 {
             return Ok(Vec::new());
-        };
-        let x = self.stats.lock(LockClass::Xattr, m);
-        Ok(x.list(|n| ctx.is_root() || !n.starts_with(b"trusted.")))
+        }
+        let shard = self.xattrs.lock(i.ino, &self.stats);
+        Ok(shard.get(&i.ino).map_or_else(Vec::new, |x| {
+            x.list(|n| ctx.is_root() || !n.starts_with(b"trusted."))
+        }))
     }
 
     /// Removes attribute `name`.
     pub fn removexattr(&self, ctx: &Ctx, ino: Ino, name: &[u8]) -> Result<()> {
-        let _c = self.begin(Op::Removexattr);
-        let g = epoch::pin();
-        let i = self.inode(ino, &g)?;
-        self.writable()?;
-        self.xattr_permission(ctx, i, name, true)?;
         {
-            let m = i.xattrs.get().ok_or(Errno::ENODATA)?;
-            self.stats.lock(LockClass::Xattr, m).remove(name)?;
+            let _c = self.begin(Op::Removexattr);
+            let g = epoch::pin();
+            let i = self.iget(ino, &g)?;
+            self.writable()?;
+            self.xattr_permission(ctx, i, name, true)?;
+            let rec = Record::RemoveXattr {
+                inode: i.id(),
+                name,
+                time: Timespec::now(),
+            };
+            self.apply_xattr(&rec, i, |x| {
+                x.and_then(|x| x.get(name)).map(drop).ok_or(Errno::ENODATA)
+            })?;
         }
-        i.attr.touch_c(&self.stats);
-        drop(_c);
         self.report(ctx, |s| s.inode(ino, None));
         Ok(())
+    }
+
+    /// An xattr record as recovery applies it.
+    pub(super) fn replay_xattr(&self, rec: &Record<'_>, i: &Inode) -> Result<()> {
+        self.apply_xattr(rec, i, |x| match *rec {
+            Record::RemoveXattr { name, .. } => {
+                x.and_then(|x| x.get(name)).map(drop).ok_or(Errno::ENODATA)
+            }
+            _ => Ok(()),
+        })
     }
 }

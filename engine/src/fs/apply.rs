@@ -1,0 +1,490 @@
+//! How each record changes the filesystem: one function per record kind, called by the live
+//! operation once its checks pass (`namespace.rs`, `file.rs`, `xattr_ops.rs`) and by recovery
+//! for a record read back from a store (`recovery.rs`). Each function hands its record to the
+//! store ([`Filesystem::commit`]) at the one moment the order of records must match the order
+//! of changes, and before anything of the change is visible:
+//!
+//! - a create, link, or rename to a free name: after the new entry is admitted into the
+//!   directory's index (so a failed admission, in a directory being removed, leaves no
+//!   record) and before the inode is installed or the name revealed;
+//! - an unlink: before the name leaves the map;
+//! - an rmdir, or a rename over a directory: inside the removal protocol's decision, after the
+//!   directory was found empty and before it is declared dead (a refused record leaves it
+//!   alive);
+//! - attribute, data and xattr changes: under the inode's attribute seqlock, data lock or
+//!   xattr shard lock, which order every change of that state.
+//!
+//! Timestamps come from the record, never from the clock, so a replay stamps what the live
+//! change stamped.
+//!
+//! # Link counts
+//! A directory's link count moves while the entry that causes the move is in its index: a
+//! new subdirectory's `+1` when its name is revealed, a removed or moved-out subdirectory's
+//! `-1` while its name is still there. A parent whose count is about to drop therefore still
+//! holds an entry, so no removal of the parent can find it empty in between (the parent's
+//! count is never changed after it is dead).
+
+use std::ptr;
+
+use crossbeam_epoch::Guard;
+
+use super::Filesystem;
+use crate::attr::{AttrCell, AttrVals, FileType, flags};
+use crate::data::{FileData, PAGE};
+use crate::dir::RenameMap;
+use crate::errno::{Errno, Result};
+use crate::inode::{Body, DirBody, Fate, Inode};
+use crate::record::{AttrChange, NewInode, Record};
+use crate::time::Timespec;
+
+impl Filesystem {
+    /// [`Record::Create`]: makes the inode and its name in `dir` (body `d`). `refs` is the
+    /// references the new inode starts with (open handles, lookups, recovery's hold).
+    pub(super) fn apply_create<'g>(
+        &self,
+        rec: &Record<'_>,
+        (dir, d): (&'g Inode, &DirBody),
+        refs: u32,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let Record::Create {
+            name,
+            cookie,
+            inode: n,
+            ..
+        } = *rec
+        else {
+            unreachable!("apply_create of {rec:?}")
+        };
+        let give_back = || {
+            if !self.replaying() {
+                self.ids.free(n.id.ino, &self.stats);
+            }
+        };
+        if let Err(e) = self.inode_quota.take(1) {
+            give_back();
+            return Err(e);
+        }
+        let undo = |e| {
+            self.inode_quota.give(1);
+            give_back();
+            Err(e)
+        };
+        let pending =
+            match self
+                .dirents
+                .admit((dir.key(), d), name, n.id.key(), cookie, g, &self.stats)
+            {
+                Ok(p) => p,
+                Err(e) => return undo(e),
+            };
+        if let Err(e) = self.commit(rec) {
+            self.dirents.cancel(pending, d, g, &self.stats);
+            return undo(e);
+        }
+        let inode = self.table.install(new_inode(&n, dir, refs), g);
+        let is_dir = inode.is_dir();
+        self.dirents.reveal(pending, &self.stats, || {
+            if is_dir {
+                // Safe while the new entry is in `dir`'s index: `dir` cannot die meanwhile.
+                dir.inc_nlink()
+                    .expect("link limit above the inode table's capacity");
+            }
+        });
+        dir.attr.set_mc(n.time, &self.stats);
+        Ok(inode)
+    }
+
+    /// [`Record::Root`]: a new filesystem's root attributes.
+    pub(super) fn apply_root(&self, rec: &Record<'_>, root: &Inode) -> Result<()> {
+        let Record::Root { inode: n } = *rec else {
+            unreachable!("apply_root of {rec:?}")
+        };
+        self.commit(rec)?;
+        let _ = root.attr.update::<(), ()>(&self.stats, |v| {
+            *v = new_vals(&n, 0);
+            Ok(())
+        });
+        Ok(())
+    }
+
+    /// [`Record::Link`]: a new name in `dir` for `inode`.
+    pub(super) fn apply_link(
+        &self,
+        rec: &Record<'_>,
+        (dir, d): (&Inode, &DirBody),
+        inode: &Inode,
+        g: &Guard,
+    ) -> Result<()> {
+        let Record::Link {
+            name, cookie, time, ..
+        } = *rec
+        else {
+            unreachable!("apply_link of {rec:?}")
+        };
+        if self.replaying() {
+            inode.relink()?;
+        } else {
+            inode.link_existing()?;
+        }
+        let unlink = |e| {
+            if inode.dec_nlink() == Fate::Free {
+                self.free_inode(inode, g, true);
+            }
+            Err(e)
+        };
+        let pending =
+            match self
+                .dirents
+                .admit((dir.key(), d), name, inode.key(), cookie, g, &self.stats)
+            {
+                Ok(p) => p,
+                Err(e) => return unlink(e),
+            };
+        if let Err(e) = self.commit(rec) {
+            self.dirents.cancel(pending, d, g, &self.stats);
+            return unlink(e);
+        }
+        self.dirents.reveal(pending, &self.stats, || {});
+        inode.attr.set_c(time, &self.stats);
+        dir.attr.set_mc(time, &self.stats);
+        Ok(())
+    }
+
+    /// [`Record::Remove`]: `name` in `dir`, which names `victim`, goes (an rmdir when the
+    /// victim is a directory: ENOTEMPTY unless it is empty).
+    pub(super) fn apply_remove(
+        &self,
+        rec: &Record<'_>,
+        (dir, d): (&Inode, &DirBody),
+        victim: &Inode,
+        g: &Guard,
+    ) -> Result<()> {
+        let Record::Remove { name, time, .. } = *rec else {
+            unreachable!("apply_remove of {rec:?}")
+        };
+        let mut fate = Fate::Lives;
+        match victim.dir() {
+            Some(vd) => {
+                self.dirents.decide_removal(vd, g, || self.commit(rec))?;
+                self.dirents
+                    .remove(dir.key(), d, name, g, &self.stats, |_| {
+                        assert_eq!(dir.dec_nlink(), Fate::Lives, "a parent keeps its links");
+                        fate = victim.clear_nlink();
+                    })
+                    .expect("entry present under its stripe");
+            }
+            None => {
+                self.commit(rec)?;
+                self.dirents
+                    .remove(dir.key(), d, name, g, &self.stats, |_| {
+                        fate = victim.dec_nlink();
+                    })
+                    .expect("entry present under its stripe");
+            }
+        }
+        victim.attr.set_c(time, &self.stats);
+        dir.attr.set_mc(time, &self.stats);
+        if fate == Fate::Free {
+            self.free_inode(victim, g, true);
+        }
+        Ok(())
+    }
+
+    /// [`Record::Rename`]: `src` moves from `d1` to `d2` (replacing or exchanging with `dst`
+    /// when the target name exists). Every map change, link count and `..` change is made in
+    /// one window in which lookups of either name wait (`Dirents::rename_visible`).
+    #[allow(clippy::too_many_arguments)] // two directories, two inodes, the record, the guard
+    pub(super) fn apply_rename(
+        &self,
+        rec: &Record<'_>,
+        (d1, dd1): (&Inode, &DirBody),
+        (d2, dd2): (&Inode, &DirBody),
+        src: &Inode,
+        dst: Option<&Inode>,
+        g: &Guard,
+    ) -> Result<()> {
+        let Record::Rename {
+            from_name,
+            to_name,
+            exchange,
+            cookie,
+            time,
+            ..
+        } = *rec
+        else {
+            unreachable!("apply_rename of {rec:?}")
+        };
+        let cross = !ptr::eq(d1, d2);
+        let (k1, k2) = ((d1.key(), from_name), (d2.key(), to_name));
+        let moves_dir = |i: &Inode, from: &Inode, to: &Inode| {
+            if let (true, Some(id)) = (cross, i.dir()) {
+                id.parent
+                    .store(to.key().raw(), std::sync::atomic::Ordering::Release);
+                to.inc_nlink()
+                    .expect("link limit above the inode table's capacity");
+                assert_eq!(from.dec_nlink(), Fate::Lives, "a parent keeps its links");
+            }
+        };
+        let mut freed = None;
+        match dst {
+            Some(t) if exchange => {
+                self.commit(rec)?;
+                self.dirents.rename_visible(
+                    k1,
+                    dd1,
+                    k2,
+                    RenameMap::Exchange,
+                    g,
+                    &self.stats,
+                    || {
+                        moves_dir(src, d1, d2);
+                        moves_dir(t, d2, d1);
+                    },
+                );
+                t.attr.set_c(time, &self.stats);
+            }
+            Some(t) => {
+                match t.dir() {
+                    Some(td) => self.dirents.decide_removal(td, g, || self.commit(rec))?,
+                    None => self.commit(rec)?,
+                }
+                self.dirents.rename_visible(
+                    k1,
+                    dd1,
+                    k2,
+                    RenameMap::Replace,
+                    g,
+                    &self.stats,
+                    || {
+                        moves_dir(src, d1, d2);
+                        let fate = if t.is_dir() {
+                            assert_eq!(d2.dec_nlink(), Fate::Lives, "a parent keeps its links");
+                            t.clear_nlink()
+                        } else {
+                            t.dec_nlink()
+                        };
+                        if fate == Fate::Free {
+                            freed = Some(t);
+                        }
+                    },
+                );
+                t.attr.set_c(time, &self.stats);
+            }
+            None => {
+                let pending =
+                    self.dirents
+                        .admit((k2.0, dd2), to_name, src.key(), cookie, g, &self.stats)?;
+                if let Err(e) = self.commit(rec) {
+                    self.dirents.cancel(pending, dd2, g, &self.stats);
+                    return Err(e);
+                }
+                let how = RenameMap::Move(pending);
+                self.dirents
+                    .rename_visible(k1, dd1, k2, how, g, &self.stats, || moves_dir(src, d1, d2));
+            }
+        }
+        src.attr.set_c(time, &self.stats);
+        d1.attr.set_mc(time, &self.stats);
+        if cross {
+            d2.attr.set_mc(time, &self.stats);
+        }
+        if let Some(t) = freed {
+            self.free_inode(t, g, true);
+        }
+        Ok(())
+    }
+
+    /// [`Record::SetAttr`] on the values of `inode`, inside its attribute seqlock; `pages` is
+    /// how many pages the file keeps when the size changes. The caller holds the data lock
+    /// when the size changes and frees the pages beyond it after.
+    pub(super) fn apply_attr(v: &mut AttrVals, c: &AttrChange, pages: u64) {
+        if let Some(mode) = c.mode {
+            v.mode = (v.mode & libc::S_IFMT) | (mode & 0o7777);
+        }
+        v.uid = c.uid.unwrap_or(v.uid);
+        v.gid = c.gid.unwrap_or(v.gid);
+        if let Some(size) = c.size {
+            v.size = size;
+            v.blocks = pages * (PAGE / 512);
+        }
+        v.atime = c.atime.unwrap_or(v.atime);
+        v.mtime = c.mtime.unwrap_or(v.mtime);
+        v.ctime = c.ctime.unwrap_or(v.ctime);
+    }
+
+    /// [`Record::SetAttr`] as recovery applies it (the live path wraps its checks around
+    /// [`Filesystem::apply_attr`] inside the seqlock instead).
+    pub(super) fn replay_setattr(&self, rec: &Record<'_>, i: &Inode) -> Result<()> {
+        let Record::SetAttr { change, .. } = *rec else {
+            unreachable!("replay_setattr of {rec:?}")
+        };
+        self.commit(rec)?;
+        match (change.size, &i.body) {
+            (Some(size), Body::File(data)) => {
+                let mut d = self.stats.write(crate::stats::LockClass::FileData, data);
+                let kept = d.pages_below(size);
+                let _ = i.attr.update::<(), ()>(&self.stats, |v| {
+                    Self::apply_attr(v, &change, kept);
+                    Ok(())
+                });
+                self.space.give(d.truncate(size));
+            }
+            (Some(_), _) => return Err(Errno::EINVAL),
+            (None, _) => {
+                let _ = i.attr.update::<(), ()>(&self.stats, |v| {
+                    Self::apply_attr(v, &change, 0);
+                    Ok(())
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Record::Write`] into the locked data `d` of file `i`, whose pages the caller has
+    /// reserved in the space quota.
+    pub(super) fn apply_write(&self, i: &Inode, d: &mut FileData, rec: &Record<'_>) {
+        let Record::Write {
+            offset, data, time, ..
+        } = *rec
+        else {
+            unreachable!("apply_write of {rec:?}")
+        };
+        d.write(offset, data);
+        let pages = d.pages();
+        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
+            v.size = v.size.max(offset + data.len() as u64);
+            v.blocks = pages * (PAGE / 512);
+            v.mtime = time;
+            v.ctime = time;
+            Ok(())
+        });
+    }
+
+    /// [`Record::Allocate`] and [`Record::Punch`] on the locked data `d` of file `i`; an
+    /// allocation's pages are reserved by the caller, a punch gives its freed pages back.
+    pub(super) fn apply_fallocate(&self, i: &Inode, d: &mut FileData, rec: &Record<'_>) {
+        let (time, size_to) = match *rec {
+            Record::Allocate {
+                offset,
+                len,
+                keep_size,
+                time,
+                ..
+            } => {
+                d.allocate(offset, len);
+                (time, (!keep_size).then_some(offset + len))
+            }
+            Record::Punch {
+                offset, len, time, ..
+            } => {
+                self.space.give(d.punch(offset, len));
+                (time, None)
+            }
+            _ => unreachable!("apply_fallocate of {rec:?}"),
+        };
+        let pages = d.pages();
+        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
+            if let Some(end) = size_to {
+                v.size = v.size.max(end);
+            }
+            v.blocks = pages * (PAGE / 512);
+            v.mtime = time;
+            v.ctime = time;
+            Ok(())
+        });
+    }
+
+    /// [`Record::SetXattr`] and [`Record::RemoveXattr`] on inode `i`: `check` sees the
+    /// inode's current attributes (under the shard lock that orders its xattr changes) and
+    /// may refuse before anything is committed.
+    pub(super) fn apply_xattr(
+        &self,
+        rec: &Record<'_>,
+        i: &Inode,
+        check: impl FnOnce(Option<&crate::xattr::Xattrs>) -> Result<()>,
+    ) -> Result<()> {
+        let mut shard = self.xattrs.lock(i.ino, &self.stats);
+        check(shard.get(&i.ino))?;
+        self.commit(rec)?;
+        let time = match *rec {
+            Record::SetXattr {
+                name, value, time, ..
+            } => {
+                shard
+                    .entry(i.ino)
+                    .or_default()
+                    .set(name, value, 0)
+                    .expect("checked before the commit");
+                time
+            }
+            Record::RemoveXattr { name, time, .. } => {
+                let x = shard.get_mut(&i.ino).expect("checked before the commit");
+                x.remove(name).expect("checked before the commit");
+                if x.is_empty() {
+                    shard.remove(&i.ino);
+                }
+                time
+            }
+            _ => unreachable!("apply_xattr of {rec:?}"),
+        };
+        let has = shard.contains_key(&i.ino);
+        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
+            if has {
+                v.flags |= flags::XATTRS;
+            } else {
+                v.flags &= !flags::XATTRS;
+            }
+            v.ctime = time;
+            Ok(())
+        });
+        Ok(())
+    }
+}
+
+/// The attribute values of a new inode.
+fn new_vals(n: &NewInode<'_>, size: u64) -> AttrVals {
+    AttrVals {
+        mode: n.mode,
+        flags: 0,
+        uid: n.uid,
+        gid: n.gid,
+        size,
+        blocks: 0,
+        atime: n.time,
+        mtime: n.time,
+        ctime: n.time,
+    }
+}
+
+/// The inode a [`NewInode`] describes, created in directory `dir` with `refs` references.
+fn new_inode(n: &NewInode<'_>, dir: &Inode, refs: u32) -> Inode {
+    let kind = FileType::from_mode(n.mode).expect("records carry valid types");
+    let (body, size, nlink) = match kind {
+        FileType::RegularFile => (Body::File(Default::default()), 0, 1),
+        FileType::Directory => (Body::Dir(DirBody::new(dir.key())), 0, 2),
+        FileType::Symlink => (Body::Symlink(n.target.into()), n.target.len() as u64, 1),
+        _ => (Body::Special { rdev: n.rdev }, 0, 1),
+    };
+    Inode::new(n.id, nlink, refs, AttrCell::new(new_vals(n, size)), body)
+}
+
+/// The root directory a new filesystem starts with, before any record.
+pub(super) fn new_root(mode: u32, uid: u32, gid: u32, refs: u32) -> Inode {
+    let n = NewInode {
+        id: crate::id::InodeId::ROOT,
+        mode: libc::S_IFDIR | (mode & 0o7777),
+        uid,
+        gid,
+        rdev: 0,
+        target: b"",
+        time: Timespec::now(),
+    };
+    Inode::new(
+        n.id,
+        2,
+        refs,
+        AttrCell::new(new_vals(&n, 0)),
+        Body::Dir(DirBody::new(crate::id::InoGen::ROOT)),
+    )
+}

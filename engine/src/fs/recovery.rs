@@ -1,0 +1,247 @@
+//! Building a filesystem from a store's records.
+//!
+//! [`Filesystem::recover`] starts from a bare root; the store feeds every record it kept, in
+//! its order, to [`Recovery::apply`], which checks that the record fits the state so far (the
+//! inodes and names it refers to exist and are what it says) and makes it through the apply
+//! function the live operation used (`apply.rs`). [`Recovery::finish`] then ends recovery:
+//! - a store that had no records gets its first, the root's [`Record::Root`];
+//! - every inode was held by recovery while records were replayed (so that a link and an
+//!   unlink replayed in the other order than they ran, see `Inode::relink`, cannot free it
+//!   in between), and those holds are dropped now: an inode with no name left (a file that
+//!   was unlinked while open, whose `Free` record the crash prevented) is freed, and the
+//!   store told;
+//! - inode numbers no restored inode holds go back to the allocator.
+//!
+//! Nothing else runs while records are replayed: the filesystem is handed out by `finish`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use crossbeam_epoch as epoch;
+
+use super::Filesystem;
+use super::apply::new_root;
+use crate::id::{Ino, InodeId};
+use crate::inode::{DirBody, Inode};
+use crate::record::{NewInode, Record, Store};
+use crate::time::Timespec;
+
+/// A filesystem being rebuilt from records (see the module doc).
+pub struct Recovery {
+    fs: Filesystem,
+    root_seen: bool,
+    records: u64,
+}
+
+/// Why a record does not fit the state the records before it built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayError(pub String);
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ReplayError {}
+
+fn err<T>(what: String) -> Result<T, ReplayError> {
+    Err(ReplayError(what))
+}
+
+impl Filesystem {
+    /// Starts rebuilding a filesystem that keeps its records in `store` (see the module doc).
+    /// `cfg` gives the limits, the locking mode, and the root's attributes for a new store.
+    pub fn recover(cfg: crate::Config, store: Arc<dyn Store>) -> Recovery {
+        let fs = Filesystem::empty(cfg, store);
+        let g = epoch::pin();
+        fs.inode_quota.take(1).expect("room for the root");
+        let root = new_root(fs.cfg.root_mode, fs.cfg.root_uid, fs.cfg.root_gid, 1);
+        fs.table.install(root, &g);
+        Recovery {
+            fs,
+            root_seen: false,
+            records: 0,
+        }
+    }
+}
+
+/// Notes the ids and cookie a replayed record carries, so that fresh ones come after them.
+pub(super) fn observe(fs: &Filesystem, rec: &Record<'_>) {
+    match *rec {
+        Record::Create { cookie, inode, .. } => {
+            fs.ids.observe(inode.id);
+            fs.dirents.observe_cookie(cookie);
+        }
+        Record::Link { cookie, .. } => fs.dirents.observe_cookie(cookie),
+        Record::Rename { cookie, .. } if cookie != 0 => fs.dirents.observe_cookie(cookie),
+        _ => {}
+    }
+}
+
+impl Recovery {
+    /// Records applied so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// The inode `id` names, which must exist.
+    fn inode<'g>(&self, id: InodeId, g: &'g epoch::Guard) -> Result<&'g Inode, ReplayError> {
+        match self.fs.table.get_gen(id.key(), g) {
+            Some(i) if i.id() == id && !i.is_dead() => Ok(i),
+            _ => err(format!("inode {id} does not exist")),
+        }
+    }
+
+    fn dir<'g>(
+        &self,
+        id: InodeId,
+        g: &'g epoch::Guard,
+    ) -> Result<(&'g Inode, &'g DirBody), ReplayError> {
+        let i = self.inode(id, g)?;
+        match i.dir() {
+            Some(d) if !d.life.is_dead() => Ok((i, d)),
+            Some(_) => err(format!("directory {id} was removed")),
+            None => err(format!("inode {id} is not a directory")),
+        }
+    }
+
+    /// Checks that `name` in `dir` names `id` (or, with `None`, that it is free).
+    fn names(&self, dir: &Inode, name: &[u8], id: Option<InodeId>) -> Result<(), ReplayError> {
+        let found = self.fs.dget(dir.key(), name).map(|de| de.target);
+        if found == id.map(InodeId::key) {
+            return Ok(());
+        }
+        let shown = String::from_utf8_lossy(name);
+        match id {
+            Some(id) => err(format!("{}/{shown} does not name inode {id}", dir.id())),
+            None => err(format!("{}/{shown} exists already", dir.id())),
+        }
+    }
+
+    fn new_inode_ok(&self, n: &NewInode<'_>, g: &epoch::Guard) -> Result<(), ReplayError> {
+        if self.fs.table.get(n.id.ino, g).is_some() {
+            return err(format!("inode number {} is in use", n.id.ino));
+        }
+        Ok(())
+    }
+
+    /// Applies one record (see the module doc); an error says what does not fit.
+    pub fn apply(&mut self, rec: &Record<'_>) -> Result<(), ReplayError> {
+        let fs = &self.fs;
+        let g = epoch::pin();
+        let r = match *rec {
+            Record::Root { .. } => {
+                if self.records > 0 {
+                    return err("a root record after other records".into());
+                }
+                self.root_seen = true;
+                fs.apply_root(rec, self.inode(InodeId::ROOT, &g)?)
+            }
+            Record::Create {
+                dir, name, inode, ..
+            } => {
+                let (d, db) = self.dir(dir, &g)?;
+                self.names(d, name, None)?;
+                self.new_inode_ok(&inode, &g)?;
+                fs.apply_create(rec, (d, db), 1, &g).map(drop)
+            }
+            Record::Link {
+                dir, name, inode, ..
+            } => {
+                let (d, db) = self.dir(dir, &g)?;
+                self.names(d, name, None)?;
+                let i = self.inode(inode, &g)?;
+                if i.is_dir() {
+                    return err(format!("link of directory {inode}"));
+                }
+                fs.apply_link(rec, (d, db), i, &g)
+            }
+            Record::Remove {
+                dir, name, inode, ..
+            } => {
+                let (d, db) = self.dir(dir, &g)?;
+                self.names(d, name, Some(inode))?;
+                fs.apply_remove(rec, (d, db), self.inode(inode, &g)?, &g)
+            }
+            Record::Rename {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                ..
+            } => {
+                let (d1, dd1) = self.dir(from, &g)?;
+                let (d2, dd2) = self.dir(to, &g)?;
+                self.names(d1, from_name, Some(inode))?;
+                self.names(d2, to_name, replaced)?;
+                let src = self.inode(inode, &g)?;
+                let dst = match replaced {
+                    Some(r) => Some(self.inode(r, &g)?),
+                    None => None,
+                };
+                fs.apply_rename(rec, (d1, dd1), (d2, dd2), src, dst, &g)
+            }
+            Record::SetAttr { inode, .. } => fs.replay_setattr(rec, self.inode(inode, &g)?),
+            Record::Write { inode, .. }
+            | Record::Allocate { inode, .. }
+            | Record::Punch { inode, .. } => fs.replay_data(rec, self.inode(inode, &g)?),
+            Record::SetXattr { inode, .. } | Record::RemoveXattr { inode, .. } => {
+                fs.replay_xattr(rec, self.inode(inode, &g)?)
+            }
+            Record::Free { inode } => {
+                let i = self.inode(inode, &g)?;
+                if i.nlink() != 0 {
+                    return err(format!(
+                        "free of inode {inode}, which has {} links",
+                        i.nlink()
+                    ));
+                }
+                fs.put_refs(i, 1, &g);
+                Ok(())
+            }
+        };
+        self.records += 1;
+        r.map_err(|e| ReplayError(format!("{e}")))
+    }
+
+    /// Ends recovery and returns the filesystem (see the module doc).
+    pub fn finish(self) -> Result<Filesystem, ReplayError> {
+        let fs = self.fs;
+        fs.replaying.store(false, Relaxed);
+        let g = epoch::pin();
+        if !self.root_seen {
+            if self.records > 0 {
+                return err("records without a root record first".into());
+            }
+            let root = fs.iget(Ino::ROOT, &g).expect("the root");
+            let v = root.attr.load();
+            let rec = Record::Root {
+                inode: NewInode {
+                    id: InodeId::ROOT,
+                    mode: v.mode,
+                    uid: v.uid,
+                    gid: v.gid,
+                    rdev: 0,
+                    target: b"",
+                    time: Timespec::now(),
+                },
+            };
+            fs.apply_root(&rec, root)
+                .map_err(|e| ReplayError(format!("root record refused by the store: {e}")))?;
+        }
+        let mut held = Vec::new();
+        fs.table.for_each(&g, |i| held.push(i));
+        let mut in_use = Vec::with_capacity(held.len());
+        for i in held {
+            fs.put_refs(i, 1, &g);
+            if !i.is_dead() {
+                in_use.push(i.ino);
+            }
+        }
+        fs.ids.reclaim(in_use, &fs.stats);
+        Ok(fs)
+    }
+}

@@ -1,0 +1,967 @@
+//! Records: one per change to the filesystem, the seam between the engine and a store.
+//!
+//! Every mutation the engine makes is first described by a [`Record`] that carries everything
+//! needed to make it again: inode numbers with generations, readdir cookies, timestamps, and
+//! the after-image of what changes (a new inode's attributes, the bytes written, the
+//! attributes set). The engine hands the record to its [`Store`] while holding the locks
+//! that order the change, before the change becomes visible, and then makes the change
+//! through one apply function per record kind (`fs/apply.rs`). Recovery replays a store's
+//! records through the same functions, so what is replayed is what was served.
+//!
+//! The byte encoding ([`Record::encode`], [`Record::decode`]) is the logical body of a
+//! journal entry; framing, sequence numbers and checksums are the store's. The format and
+//! the argument for why records can be replayed in the order the store keeps them are in
+//! docs/RECORDS.md; the tests below keep that document and this code in step.
+
+use crate::dir::{FIRST_COOKIE, NAME_MAX};
+use crate::errno::Result;
+use crate::id::{Generation, Ino, InodeId};
+use crate::time::Timespec;
+
+/// The after-image of a new inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewInode<'a> {
+    /// Number and generation.
+    pub id: InodeId,
+    /// Type and permission bits.
+    pub mode: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number (character and block devices; 0 otherwise).
+    pub rdev: u64,
+    /// Symlink target (empty otherwise).
+    pub target: &'a [u8],
+    /// Its atime, mtime and ctime, and the parent directory's new mtime and ctime.
+    pub time: Timespec,
+}
+
+/// Attributes set on an inode; `None` leaves a field alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttrChange {
+    /// Type and permission bits (the type never changes).
+    pub mode: Option<u32>,
+    /// Owner.
+    pub uid: Option<u32>,
+    /// Group.
+    pub gid: Option<u32>,
+    /// Size (a truncate: pages beyond it are freed).
+    pub size: Option<u64>,
+    /// Access time.
+    pub atime: Option<Timespec>,
+    /// Modification time.
+    pub mtime: Option<Timespec>,
+    /// Change time.
+    pub ctime: Option<Timespec>,
+}
+
+/// One change to the filesystem (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record<'a> {
+    /// A new filesystem's root directory (the first record of a store).
+    Root {
+        /// Its attributes (its id is always [`InodeId::ROOT`]).
+        inode: NewInode<'a>,
+    },
+    /// A new inode, named `name` in directory `dir` with readdir cookie `cookie`.
+    Create {
+        /// The directory.
+        dir: InodeId,
+        /// The name.
+        name: &'a [u8],
+        /// The new entry's readdir cookie.
+        cookie: u64,
+        /// The new inode.
+        inode: NewInode<'a>,
+    },
+    /// A new name for an existing inode (`link(2)`).
+    Link {
+        /// The directory.
+        dir: InodeId,
+        /// The name.
+        name: &'a [u8],
+        /// The new entry's readdir cookie.
+        cookie: u64,
+        /// The inode linked.
+        inode: InodeId,
+        /// The inode's new ctime, the directory's new mtime and ctime.
+        time: Timespec,
+    },
+    /// A name removed (`unlink`, or `rmdir` when `inode` is a directory).
+    Remove {
+        /// The directory.
+        dir: InodeId,
+        /// The name.
+        name: &'a [u8],
+        /// The inode it named.
+        inode: InodeId,
+        /// The inode's new ctime, the directory's new mtime and ctime.
+        time: Timespec,
+    },
+    /// `rename(2)` and `renameat2` with `RENAME_EXCHANGE`.
+    Rename {
+        /// The source directory.
+        from: InodeId,
+        /// The source name.
+        from_name: &'a [u8],
+        /// The target directory.
+        to: InodeId,
+        /// The target name.
+        to_name: &'a [u8],
+        /// The inode the source name named.
+        inode: InodeId,
+        /// The inode the target name named, if it existed (replaced, or exchanged).
+        replaced: Option<InodeId>,
+        /// Whether the names swap (`RENAME_EXCHANGE`).
+        exchange: bool,
+        /// The target entry's new cookie when the target name did not exist (0 otherwise).
+        cookie: u64,
+        /// New ctime of the inodes, new mtime and ctime of the directories.
+        time: Timespec,
+    },
+    /// Attributes set (chmod, chown, utimes, truncate, and the set-id bits a write clears).
+    SetAttr {
+        /// The inode.
+        inode: InodeId,
+        /// What is set.
+        change: AttrChange,
+    },
+    /// Bytes written to a regular file (its size grows to cover them).
+    Write {
+        /// The file.
+        inode: InodeId,
+        /// Where.
+        offset: u64,
+        /// The bytes.
+        data: &'a [u8],
+        /// New mtime and ctime.
+        time: Timespec,
+    },
+    /// `fallocate` without flags or with `FALLOC_FL_KEEP_SIZE`.
+    Allocate {
+        /// The file.
+        inode: InodeId,
+        /// Start.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// `FALLOC_FL_KEEP_SIZE`.
+        keep_size: bool,
+        /// New mtime and ctime.
+        time: Timespec,
+    },
+    /// `fallocate` with `FALLOC_FL_PUNCH_HOLE`.
+    Punch {
+        /// The file.
+        inode: InodeId,
+        /// Start.
+        offset: u64,
+        /// Length.
+        len: u64,
+        /// New mtime and ctime.
+        time: Timespec,
+    },
+    /// An extended attribute set.
+    SetXattr {
+        /// The inode.
+        inode: InodeId,
+        /// Its name, namespace prefix included.
+        name: &'a [u8],
+        /// Its value.
+        value: &'a [u8],
+        /// The inode's new ctime.
+        time: Timespec,
+    },
+    /// An extended attribute removed.
+    RemoveXattr {
+        /// The inode.
+        inode: InodeId,
+        /// Its name.
+        name: &'a [u8],
+        /// The inode's new ctime.
+        time: Timespec,
+    },
+    /// An inode with no name left and no user left is gone (its number may be reused, with
+    /// a new generation).
+    Free {
+        /// The inode.
+        inode: InodeId,
+    },
+}
+
+/// Where the engine's records go: the memory store drops them, a durable store journals
+/// them. Implementations must be cheap to call from many threads at once.
+pub trait Store: Send + Sync {
+    /// Takes the record of a change that is about to become visible. The engine calls this
+    /// with the locks that order the change held (the stripes of the names it changes, or the
+    /// inode's data or attribute lock), so the store must not wait on anything an engine
+    /// operation could hold; it may take locks of its own that nothing else nests under. An
+    /// error refuses the change: the engine undoes what it prepared and returns the errno
+    /// (ENOSPC when the journal cannot grow, EIO after an I/O error).
+    fn append(&self, rec: &Record<'_>) -> Result<()>;
+
+    /// Makes every record appended before the call durable (what `fsync`, `fdatasync`,
+    /// `fsyncdir` and `syncfs` wait for). Called with no engine lock held.
+    fn sync(&self) -> Result<()>;
+
+    /// Whether this store keeps records at all (false: the memory store). The engine uses it
+    /// only to skip work that serves durability alone.
+    fn durable(&self) -> bool;
+}
+
+/// The memory store: nothing survives the process, so records are dropped.
+#[derive(Debug, Default)]
+pub struct MemoryStore;
+
+impl Store for MemoryStore {
+    #[inline]
+    fn append(&self, _rec: &Record<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+/// Why a byte string is not a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError {
+    /// Offset in the record's bytes where decoding failed.
+    pub offset: usize,
+    /// What was wrong there.
+    pub what: &'static str,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at byte {} of the record", self.what, self.offset)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+/// Record type tags (docs/RECORDS.md, "Tags").
+mod tag {
+    pub const ROOT: u8 = 1;
+    pub const CREATE: u8 = 2;
+    pub const LINK: u8 = 3;
+    pub const REMOVE: u8 = 4;
+    pub const RENAME: u8 = 5;
+    pub const SET_ATTR: u8 = 6;
+    pub const WRITE: u8 = 7;
+    pub const ALLOCATE: u8 = 8;
+    pub const PUNCH: u8 = 9;
+    pub const SET_XATTR: u8 = 10;
+    pub const REMOVE_XATTR: u8 = 11;
+    pub const FREE: u8 = 12;
+}
+
+/// Largest symlink target, xattr name and value a record may carry.
+const TARGET_MAX: usize = 4095;
+const XATTR_NAME_MAX: usize = 255;
+const XATTR_VALUE_MAX: usize = 65536;
+
+struct Enc<'o>(&'o mut Vec<u8>);
+
+impl Enc<'_> {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn id(&mut self, id: InodeId) {
+        self.u64(id.ino.0);
+        self.u64(id.generation.0);
+    }
+    fn time(&mut self, t: Timespec) {
+        self.u64(t.sec as u64);
+        self.u32(t.nsec);
+    }
+    fn name(&mut self, n: &[u8]) {
+        assert!(n.len() <= u8::MAX as usize, "name of {} bytes", n.len());
+        self.u8(n.len() as u8);
+        self.0.extend_from_slice(n);
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u32(u32::try_from(b.len()).expect("record payload below 4 GiB"));
+        self.0.extend_from_slice(b);
+    }
+    fn opt_u32(&mut self, v: Option<u32>) {
+        self.u32(v.unwrap_or(0));
+    }
+    fn new_inode(&mut self, n: &NewInode<'_>) {
+        self.id(n.id);
+        self.u32(n.mode);
+        self.u32(n.uid);
+        self.u32(n.gid);
+        self.u64(n.rdev);
+        self.time(n.time);
+        self.bytes(n.target);
+    }
+}
+
+struct Dec<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+type D<T> = std::result::Result<T, DecodeError>;
+
+impl<'a> Dec<'a> {
+    fn fail<T>(&self, what: &'static str) -> D<T> {
+        Err(DecodeError {
+            offset: self.at,
+            what,
+        })
+    }
+    fn take(&mut self, n: usize) -> D<&'a [u8]> {
+        match self.b.get(self.at..self.at + n) {
+            Some(s) => {
+                self.at += n;
+                Ok(s)
+            }
+            None => self.fail("record ends early"),
+        }
+    }
+    fn u8(&mut self) -> D<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> D<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> D<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn flag(&mut self) -> D<bool> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => self.fail("flag byte neither 0 nor 1"),
+        }
+    }
+    fn id(&mut self) -> D<InodeId> {
+        let at = self.at;
+        let ino = self.u64()?;
+        let generation = self.u64()?;
+        if ino == 0 || ino > crate::id::MAX_INO {
+            return Err(DecodeError {
+                offset: at,
+                what: "inode number out of range",
+            });
+        }
+        Ok(InodeId {
+            ino: Ino(ino),
+            generation: Generation(generation),
+        })
+    }
+    fn time(&mut self) -> D<Timespec> {
+        let sec = self.u64()? as i64;
+        let nsec = self.u32()?;
+        if nsec >= 1_000_000_000 {
+            return self.fail("nanoseconds out of range");
+        }
+        Ok(Timespec::new(sec, nsec))
+    }
+    /// A directory entry's name: 1 to NAME_MAX bytes, no `/` or NUL, not `.` or `..`.
+    fn name(&mut self) -> D<&'a [u8]> {
+        let at = self.at;
+        let len = self.u8()? as usize;
+        let n = self.take(len)?;
+        let bad = n.is_empty()
+            || n.len() > NAME_MAX
+            || n.iter().any(|&c| c == b'/' || c == 0)
+            || n == b"."
+            || n == b"..";
+        if bad {
+            return Err(DecodeError {
+                offset: at,
+                what: "invalid entry name",
+            });
+        }
+        Ok(n)
+    }
+    fn bytes(&mut self, max: usize) -> D<&'a [u8]> {
+        let len = self.u32()? as usize;
+        if len > max {
+            return self.fail("payload longer than its limit");
+        }
+        self.take(len)
+    }
+    fn cookie(&mut self) -> D<u64> {
+        let c = self.u64()?;
+        if c < FIRST_COOKIE {
+            return self.fail("readdir cookie below the first entry's");
+        }
+        Ok(c)
+    }
+    fn opt_u32(&mut self, present: bool) -> D<Option<u32>> {
+        let v = self.u32()?;
+        Ok(present.then_some(v))
+    }
+    fn new_inode(&mut self) -> D<NewInode<'a>> {
+        let id = self.id()?;
+        let at = self.at;
+        let mode = self.u32()?;
+        if crate::attr::FileType::from_mode(mode).is_none() || mode > 0xFFFF {
+            return Err(DecodeError {
+                offset: at,
+                what: "mode without a valid file type",
+            });
+        }
+        Ok(NewInode {
+            id,
+            mode,
+            uid: self.u32()?,
+            gid: self.u32()?,
+            rdev: self.u64()?,
+            time: self.time()?,
+            target: self.bytes(TARGET_MAX)?,
+        })
+    }
+}
+
+/// Presence bits of [`AttrChange`]'s fields, in the byte before them.
+mod present {
+    pub const MODE: u8 = 1;
+    pub const UID: u8 = 2;
+    pub const GID: u8 = 4;
+    pub const SIZE: u8 = 8;
+    pub const ATIME: u8 = 16;
+    pub const MTIME: u8 = 32;
+    pub const CTIME: u8 = 64;
+}
+
+impl Record<'_> {
+    /// Appends the record's bytes to `out` (docs/RECORDS.md, "Encoding").
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut e = Enc(out);
+        match *self {
+            Record::Root { inode } => {
+                e.u8(tag::ROOT);
+                e.new_inode(&inode);
+            }
+            Record::Create {
+                dir,
+                name,
+                cookie,
+                inode,
+            } => {
+                e.u8(tag::CREATE);
+                e.id(dir);
+                e.name(name);
+                e.u64(cookie);
+                e.new_inode(&inode);
+            }
+            Record::Link {
+                dir,
+                name,
+                cookie,
+                inode,
+                time,
+            } => {
+                e.u8(tag::LINK);
+                e.id(dir);
+                e.name(name);
+                e.u64(cookie);
+                e.id(inode);
+                e.time(time);
+            }
+            Record::Remove {
+                dir,
+                name,
+                inode,
+                time,
+            } => {
+                e.u8(tag::REMOVE);
+                e.id(dir);
+                e.name(name);
+                e.id(inode);
+                e.time(time);
+            }
+            Record::Rename {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                exchange,
+                cookie,
+                time,
+            } => {
+                e.u8(tag::RENAME);
+                e.id(from);
+                e.name(from_name);
+                e.id(to);
+                e.name(to_name);
+                e.id(inode);
+                e.u8(u8::from(replaced.is_some()) | u8::from(exchange) << 1);
+                if let Some(r) = replaced {
+                    e.id(r);
+                }
+                e.u64(cookie);
+                e.time(time);
+            }
+            Record::SetAttr { inode, change: c } => {
+                e.u8(tag::SET_ATTR);
+                e.id(inode);
+                let mut bits = 0;
+                for (set, bit) in [
+                    (c.mode.is_some(), present::MODE),
+                    (c.uid.is_some(), present::UID),
+                    (c.gid.is_some(), present::GID),
+                    (c.size.is_some(), present::SIZE),
+                    (c.atime.is_some(), present::ATIME),
+                    (c.mtime.is_some(), present::MTIME),
+                    (c.ctime.is_some(), present::CTIME),
+                ] {
+                    if set {
+                        bits |= bit;
+                    }
+                }
+                e.u8(bits);
+                e.opt_u32(c.mode);
+                e.opt_u32(c.uid);
+                e.opt_u32(c.gid);
+                e.u64(c.size.unwrap_or(0));
+                for t in [c.atime, c.mtime, c.ctime] {
+                    e.time(t.unwrap_or_default());
+                }
+            }
+            Record::Write {
+                inode,
+                offset,
+                data,
+                time,
+            } => {
+                e.u8(tag::WRITE);
+                e.id(inode);
+                e.u64(offset);
+                e.time(time);
+                e.bytes(data);
+            }
+            Record::Allocate {
+                inode,
+                offset,
+                len,
+                keep_size,
+                time,
+            } => {
+                e.u8(tag::ALLOCATE);
+                e.id(inode);
+                e.u64(offset);
+                e.u64(len);
+                e.u8(u8::from(keep_size));
+                e.time(time);
+            }
+            Record::Punch {
+                inode,
+                offset,
+                len,
+                time,
+            } => {
+                e.u8(tag::PUNCH);
+                e.id(inode);
+                e.u64(offset);
+                e.u64(len);
+                e.time(time);
+            }
+            Record::SetXattr {
+                inode,
+                name,
+                value,
+                time,
+            } => {
+                e.u8(tag::SET_XATTR);
+                e.id(inode);
+                e.bytes(name);
+                e.bytes(value);
+                e.time(time);
+            }
+            Record::RemoveXattr { inode, name, time } => {
+                e.u8(tag::REMOVE_XATTR);
+                e.id(inode);
+                e.bytes(name);
+                e.time(time);
+            }
+            Record::Free { inode } => {
+                e.u8(tag::FREE);
+                e.id(inode);
+            }
+        }
+    }
+
+    /// The record's bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        self.encode(&mut v);
+        v
+    }
+}
+
+impl<'a> Record<'a> {
+    /// Decodes the bytes [`Record::encode`] wrote; every field is checked (names, cookies,
+    /// inode numbers, lengths against their limits, no trailing bytes).
+    pub fn decode(b: &'a [u8]) -> std::result::Result<Record<'a>, DecodeError> {
+        let mut d = Dec { b, at: 0 };
+        let rec = match d.u8()? {
+            tag::ROOT => Record::Root {
+                inode: d.new_inode()?,
+            },
+            tag::CREATE => Record::Create {
+                dir: d.id()?,
+                name: d.name()?,
+                cookie: d.cookie()?,
+                inode: d.new_inode()?,
+            },
+            tag::LINK => Record::Link {
+                dir: d.id()?,
+                name: d.name()?,
+                cookie: d.cookie()?,
+                inode: d.id()?,
+                time: d.time()?,
+            },
+            tag::REMOVE => Record::Remove {
+                dir: d.id()?,
+                name: d.name()?,
+                inode: d.id()?,
+                time: d.time()?,
+            },
+            tag::RENAME => {
+                let (from, from_name, to, to_name, inode) =
+                    (d.id()?, d.name()?, d.id()?, d.name()?, d.id()?);
+                let at = d.at;
+                let bits = d.u8()?;
+                if bits > 3 {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "unknown rename flags",
+                    });
+                }
+                let replaced = if bits & 1 != 0 { Some(d.id()?) } else { None };
+                let exchange = bits & 2 != 0;
+                let at = d.at;
+                let cookie = d.u64()?;
+                let cookie_ok = if replaced.is_some() {
+                    cookie == 0
+                } else {
+                    cookie >= FIRST_COOKIE && !exchange
+                };
+                if !cookie_ok {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "rename cookie does not fit its shape",
+                    });
+                }
+                Record::Rename {
+                    from,
+                    from_name,
+                    to,
+                    to_name,
+                    inode,
+                    replaced,
+                    exchange,
+                    cookie,
+                    time: d.time()?,
+                }
+            }
+            tag::SET_ATTR => {
+                let inode = d.id()?;
+                let at = d.at;
+                let bits = d.u8()?;
+                if bits >= 128 {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "unknown attribute bits",
+                    });
+                }
+                let has = |b| bits & b != 0;
+                let mode = d.opt_u32(has(present::MODE))?;
+                let uid = d.opt_u32(has(present::UID))?;
+                let gid = d.opt_u32(has(present::GID))?;
+                let size = d.u64()?;
+                let atime = d.time()?;
+                let mtime = d.time()?;
+                let ctime = d.time()?;
+                Record::SetAttr {
+                    inode,
+                    change: AttrChange {
+                        mode,
+                        uid,
+                        gid,
+                        size: has(present::SIZE).then_some(size),
+                        atime: has(present::ATIME).then_some(atime),
+                        mtime: has(present::MTIME).then_some(mtime),
+                        ctime: has(present::CTIME).then_some(ctime),
+                    },
+                }
+            }
+            tag::WRITE => Record::Write {
+                inode: d.id()?,
+                offset: d.u64()?,
+                time: d.time()?,
+                data: d.bytes(u32::MAX as usize)?,
+            },
+            tag::ALLOCATE => Record::Allocate {
+                inode: d.id()?,
+                offset: d.u64()?,
+                len: d.u64()?,
+                keep_size: d.flag()?,
+                time: d.time()?,
+            },
+            tag::PUNCH => Record::Punch {
+                inode: d.id()?,
+                offset: d.u64()?,
+                len: d.u64()?,
+                time: d.time()?,
+            },
+            tag::SET_XATTR => Record::SetXattr {
+                inode: d.id()?,
+                name: d.bytes(XATTR_NAME_MAX)?,
+                value: d.bytes(XATTR_VALUE_MAX)?,
+                time: d.time()?,
+            },
+            tag::REMOVE_XATTR => Record::RemoveXattr {
+                inode: d.id()?,
+                name: d.bytes(XATTR_NAME_MAX)?,
+                time: d.time()?,
+            },
+            tag::FREE => Record::Free { inode: d.id()? },
+            _ => {
+                return Err(DecodeError {
+                    offset: 0,
+                    what: "unknown record tag",
+                });
+            }
+        };
+        if d.at != b.len() {
+            return d.fail("trailing bytes after the record");
+        }
+        Ok(rec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(ino: u64, g: u64) -> InodeId {
+        InodeId {
+            ino: Ino(ino),
+            generation: Generation(g),
+        }
+    }
+
+    fn t(s: i64) -> Timespec {
+        Timespec::new(s, 123_456_789)
+    }
+
+    /// One record of every kind, with every optional part present in some and absent in
+    /// others.
+    pub(crate) fn samples() -> Vec<Record<'static>> {
+        let file = NewInode {
+            id: id(1025, 7),
+            mode: libc::S_IFREG | 0o644,
+            uid: 1000,
+            gid: 100,
+            rdev: 0,
+            target: b"",
+            time: t(1_700_000_000),
+        };
+        let link = NewInode {
+            mode: libc::S_IFLNK | 0o777,
+            target: b"../some/where",
+            ..file
+        };
+        vec![
+            Record::Root {
+                inode: NewInode {
+                    id: InodeId::ROOT,
+                    mode: libc::S_IFDIR | 0o1777,
+                    ..file
+                },
+            },
+            Record::Create {
+                dir: InodeId::ROOT,
+                name: b"f",
+                cookie: FIRST_COOKIE + 1,
+                inode: file,
+            },
+            Record::Create {
+                dir: id(9, 3),
+                name: &[0xFF; 255],
+                cookie: FIRST_COOKIE << 3,
+                inode: link,
+            },
+            Record::Link {
+                dir: id(9, 3),
+                name: b"hard",
+                cookie: FIRST_COOKIE + 2,
+                inode: id(1025, 7),
+                time: t(-5),
+            },
+            Record::Remove {
+                dir: id(9, 3),
+                name: b"hard",
+                inode: id(1025, 7),
+                time: t(0),
+            },
+            Record::Rename {
+                from: id(9, 3),
+                from_name: b"a",
+                to: id(10, 4),
+                to_name: b"b",
+                inode: id(1025, 7),
+                replaced: None,
+                exchange: false,
+                cookie: FIRST_COOKIE + 9,
+                time: t(1),
+            },
+            Record::Rename {
+                from: id(9, 3),
+                from_name: b"a",
+                to: id(9, 3),
+                to_name: b"b",
+                inode: id(1025, 7),
+                replaced: Some(id(1026, 8)),
+                exchange: true,
+                cookie: 0,
+                time: t(2),
+            },
+            Record::SetAttr {
+                inode: id(1025, 7),
+                change: AttrChange::default(),
+            },
+            Record::SetAttr {
+                inode: id(1025, 7),
+                change: AttrChange {
+                    mode: Some(libc::S_IFREG | 0o4755),
+                    uid: Some(0),
+                    gid: Some(u32::MAX),
+                    size: Some(u64::MAX >> 1),
+                    atime: Some(t(3)),
+                    mtime: Some(t(4)),
+                    ctime: Some(t(5)),
+                },
+            },
+            Record::Write {
+                inode: id(1025, 7),
+                offset: 4090,
+                data: b"0123456789",
+                time: t(6),
+            },
+            Record::Allocate {
+                inode: id(1025, 7),
+                offset: 0,
+                len: 1 << 20,
+                keep_size: true,
+                time: t(7),
+            },
+            Record::Punch {
+                inode: id(1025, 7),
+                offset: 100,
+                len: 8192,
+                time: t(8),
+            },
+            Record::SetXattr {
+                inode: id(1025, 7),
+                name: b"user.k",
+                value: b"",
+                time: t(9),
+            },
+            Record::RemoveXattr {
+                inode: id(1025, 7),
+                name: b"user.k",
+                time: t(10),
+            },
+            Record::Free { inode: id(1025, 7) },
+        ]
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        for r in samples() {
+            let b = r.to_bytes();
+            assert_eq!(Record::decode(&b), Ok(r), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn every_truncation_and_every_extension_is_refused() {
+        for r in samples() {
+            let b = r.to_bytes();
+            for cut in 0..b.len() {
+                assert!(Record::decode(&b[..cut]).is_err(), "{r:?} cut at {cut}");
+            }
+            let mut longer = b.clone();
+            longer.push(0);
+            let e = Record::decode(&longer).unwrap_err();
+            assert_eq!(e.offset, b.len());
+        }
+    }
+
+    #[test]
+    fn bad_fields_are_named_with_their_offset() {
+        let mut b = Record::Free { inode: id(5, 1) }.to_bytes();
+        b[0] = 200;
+        assert_eq!(
+            Record::decode(&b),
+            Err(DecodeError {
+                offset: 0,
+                what: "unknown record tag"
+            })
+        );
+        let mut b = Record::Free { inode: id(5, 1) }.to_bytes();
+        b[1..9].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(
+            Record::decode(&b).unwrap_err().what,
+            "inode number out of range"
+        );
+        let rm = |name: &'static [u8]| Record::Remove {
+            dir: id(9, 3),
+            name,
+            inode: id(5, 1),
+            time: t(0),
+        };
+        for bad in [&b"a/b"[..], b"a\0", b".", b".."] {
+            let e = Record::decode(&rm(bad).to_bytes()).unwrap_err();
+            assert_eq!((e.offset, e.what), (17, "invalid entry name"), "{bad:?}");
+        }
+        let mut b = Record::Write {
+            inode: id(5, 1),
+            offset: 0,
+            data: b"x",
+            time: t(0),
+        }
+        .to_bytes();
+        b[33..37].copy_from_slice(&1_000_000_000u32.to_le_bytes());
+        assert_eq!(
+            Record::decode(&b).unwrap_err().what,
+            "nanoseconds out of range"
+        );
+    }
+
+    #[test]
+    fn the_memory_store_keeps_nothing_and_never_fails() {
+        let s = MemoryStore;
+        for r in samples() {
+            s.append(&r).unwrap();
+        }
+        s.sync().unwrap();
+        assert!(!s.durable());
+    }
+}

@@ -1,0 +1,114 @@
+//! The credentials of a request's caller.
+//!
+//! A FUSE request carries the caller's uid, gid and pid, not its supplementary groups, which
+//! the engine's permission checks need (the kernel checks permissions too, with the full
+//! list, `default_permissions`; lanefs checks again so that the library is safe on its own,
+//! and the two must agree). The groups are read from `/proc/PID/status` here, before the
+//! engine is called, so no engine lock is ever held across file I/O.
+//!
+//! Reading `/proc` costs several microseconds, more than most requests, so each request
+//! thread keeps the groups of the last processes it served, keyed by (pid, uid, gid), for
+//! one second. A process that changes its groups (rare: `setgroups` needs privileges) may be
+//! judged with its old groups for up to a second by lanefs's second check; the kernel's own
+//! check, made before the request is sent, always uses the current ones.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use lanefs::Ctx;
+use smallvec::SmallVec;
+
+type Groups = SmallVec<[u32; 8]>;
+
+/// How long a thread trusts the groups it read for a process.
+const TTL: Duration = Duration::from_secs(1);
+/// Processes a thread remembers.
+const ENTRIES_MAX: usize = 64;
+
+struct Cached {
+    key: (u32, u32, u32),
+    read_at: Instant,
+    groups: Groups,
+}
+
+thread_local! {
+    static CACHE: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Supplementary groups of process `pid` from `/proc/PID/status` (empty if unreadable: the
+/// process is gone, or pid 0 for the kernel itself).
+fn read_groups(pid: u32) -> Groups {
+    if pid == 0 {
+        return Groups::new();
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return Groups::new();
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .map(|g| {
+            g.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The groups of the caller `(pid, uid, gid)`, from this thread's cache or `/proc`.
+fn groups(pid: u32, uid: u32, gid: u32) -> Groups {
+    let key = (pid, uid, gid);
+    let now = Instant::now();
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Some(e) = c.iter().find(|e| e.key == key) {
+            if now.duration_since(e.read_at) < TTL {
+                return e.groups.clone();
+            }
+        }
+        let groups = read_groups(pid);
+        c.retain(|e| e.key != key && now.duration_since(e.read_at) < TTL);
+        if c.len() >= ENTRIES_MAX {
+            c.remove(0);
+        }
+        c.push(Cached {
+            key,
+            read_at: now,
+            groups: groups.clone(),
+        });
+        groups
+    })
+}
+
+/// The engine context of a request from `(uid, gid, pid)`, made by the kernel on the
+/// caller's behalf ([`lanefs::Via::Kernel`]). The kernel has applied the umask already.
+pub(crate) fn ctx(uid: u32, gid: u32, pid: u32) -> Ctx {
+    Ctx::user(uid, gid)
+        .with_groups(&groups(pid, uid, gid))
+        .via_kernel()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_of_this_process_match_getgroups() {
+        // SAFETY: getgroups with size 0 only returns the count.
+        let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+        let mut want = vec![0 as libc::gid_t; n.max(0) as usize];
+        // SAFETY: `want` has room for `n` entries.
+        let n = unsafe { libc::getgroups(n, want.as_mut_ptr()) };
+        want.truncate(n.max(0) as usize);
+        let mut got = groups(std::process::id(), 1000, 1000).to_vec();
+        got.sort();
+        want.sort();
+        want.dedup();
+        got.dedup();
+        assert_eq!(got, want);
+        assert!(read_groups(0).is_empty(), "the kernel itself");
+        let c = ctx(5, 6, 0);
+        assert_eq!((c.uid, c.gid, c.via), (5, 6, lanefs::Via::Kernel));
+        assert!(!c.keeps_setid);
+    }
+}
