@@ -1,7 +1,12 @@
 //! The `lanefs` binary as a user runs it: background mounts, the mount-helper form that
 //! `mount -t fuse.lanefs` and /etc/fstab use, `lanefs stats`, and the one-line errors.
-//! Needs root, /dev/fuse and fuse3 (`.ci/run` installs it).
+//! Mounting needs /dev/fuse; as root (the normal case here) the tests mount with `mount(2)`
+//! and unmount with `umount2(2)`, so they need nothing else, except the one that goes
+//! through `mount(8)` and `mount.fuse3` (`scripts/test.sh` installs fuse3). As another user
+//! they mount through `fusermount3`, and the tests that need root say so and skip.
 
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -12,25 +17,81 @@ fn lanefs(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run lanefs")
 }
 
-fn mounted(p: &Path) -> bool {
-    let canon = std::fs::canonicalize(p).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether this test can run: as root always; otherwise it says why it skips.
+fn needs_root(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: SKIPPED: needs root (run the tests as root: scripts/test.sh)");
+    }
+    is_root()
+}
+
+/// Whether this process can mount at all (root, or fusermount3 and a usable /dev/fuse);
+/// otherwise the test says why it skips.
+fn can_mount(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    let fusermount = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
+    let dev = CString::new("/dev/fuse").unwrap();
+    // SAFETY: a valid C string; access(2) has no other preconditions.
+    let dev_ok = unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+    if !(fusermount && dev_ok) {
+        eprintln!(
+            "{test}: SKIPPED: not root, and fusermount3 is missing or /dev/fuse is not \
+             readable and writable"
+        );
+        return false;
+    }
+    true
+}
+
+/// `/proc/PID/mountinfo`'s line for the topmost mount at `p` (PID `self` for this process).
+fn mountinfo_line(pid: &str, p: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(p).unwrap();
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+        .map(String::from)
+}
+
+fn mounted(p: &Path) -> bool {
+    mountinfo_line("self", p).is_some()
+}
+
+/// Unmounts as `umount` does: with umount2(2) as root (no fuse3 needed), with
+/// `fusermount3 -u` otherwise.
 fn unmount(p: &Path) {
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg(p)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "fusermount3 -u: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if is_root() {
+        let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string; umount2 has no other preconditions.
+        let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+        assert_eq!(
+            r,
+            0,
+            "umount2 {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+    } else {
+        let out = Command::new("fusermount3")
+            .arg("-u")
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fusermount3 -u: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for _ in 0..100 {
         if !mounted(p) {
             return;
@@ -46,6 +107,9 @@ fn stderr(o: &Output) -> String {
 
 #[test]
 fn background_mount_stats_and_unmount() {
+    if !can_mount("background_mount_stats_and_unmount") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let out = lanefs(&[
@@ -58,13 +122,8 @@ fn background_mount_stats_and_unmount() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(mounted(mp));
     // Mounted by root, it serves every user (as tmpfs does): allow_other is on.
-    let canon = std::fs::canonicalize(mp).unwrap();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info
-        .lines()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .unwrap();
-    assert!(line.contains("allow_other"), "{line}");
+    let line = mountinfo_line("self", mp).unwrap();
+    assert_eq!(line.contains("allow_other"), is_root(), "{line}");
     std::fs::write(mp.join("hello"), b"world").unwrap();
     assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
     // statfs reflects the options.
@@ -145,6 +204,9 @@ fn clear_errors_for_bad_mountpoints_and_options() {
 /// installing the binary.
 #[test]
 fn mount_through_mount_fuse3() {
+    if !needs_root("mount_through_mount_fuse3") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let out = Command::new("mount")
@@ -155,7 +217,7 @@ fn mount_through_mount_fuse3() {
         .unwrap();
     assert!(
         out.status.success(),
-        "mount -t fuse.lanefs: {}",
+        "mount -t fuse.lanefs (needs mount.fuse3 from fuse3, which scripts/test.sh installs): {}",
         stderr(&out)
     );
     assert!(mounted(mp));
@@ -174,6 +236,9 @@ fn mount_through_mount_fuse3() {
 
 #[test]
 fn foreground_mount_ends_on_sigterm() {
+    if !can_mount("foreground_mount_ends_on_sigterm") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path().to_path_buf();
     let mut child = Command::new(BIN)
@@ -214,6 +279,9 @@ fn help_names_every_command() {
 /// so and how to detach it, instead of "Transport endpoint is not connected".
 #[test]
 fn mounting_over_a_dead_server_says_how_to_detach_it() {
+    if !can_mount("mounting_over_a_dead_server_says_how_to_detach_it") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let mut server = Command::new(BIN)
