@@ -7,7 +7,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -66,6 +66,15 @@ fn mounted(p: &Path) -> bool {
     mountinfo_line("self", p).is_some()
 }
 
+/// The per-mount options (mountinfo field 6) and the per-superblock options (the last
+/// field) of the mount at `p`.
+fn mount_options(p: &Path) -> (String, String) {
+    let line = mountinfo_line("self", p).expect("mounted");
+    let per_mount = line.split(' ').nth(5).unwrap().to_string();
+    let per_sb = line.rsplit(' ').next().unwrap().to_string();
+    (per_mount, per_sb)
+}
+
 /// Unmounts as `umount` does: with umount2(2) as root (no fuse3 needed), with
 /// `fusermount3 -u` otherwise.
 fn unmount(p: &Path) {
@@ -99,6 +108,19 @@ fn unmount(p: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("{} still mounted", p.display());
+}
+
+/// A mount made by a test, unmounted (lazily) if the test fails before it does.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid C string; umount2 has no other preconditions.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
 
 fn stderr(o: &Output) -> String {
@@ -305,5 +327,196 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
         "{msg}"
     );
     assert_eq!(msg.trim_end().lines().count(), 1, "one line: {msg}");
+    unmount(mp);
+}
+
+/// A mount made by root is suid,dev unless told otherwise, as a kernel tmpfs and
+/// `mount -t fuse.lanefs` are: a device node made on it works, here /dev/null's (1, 3).
+/// `nosuid` and `nodev` are still honoured.
+#[test]
+fn root_mount_defaults_to_suid_and_dev_like_tmpfs() {
+    if !needs_root("root_mount_defaults_to_suid_and_dev_like_tmpfs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        !flags.contains(&"nosuid") && !flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    let null = mp.join("null");
+    let c = CString::new(null.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; mknod has no other preconditions.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    std::fs::write(&null, b"into the void").expect("write to a device node on a root mount");
+    assert_eq!(std::fs::read(&null).unwrap(), b"", "it is /dev/null");
+    unmount(mp);
+
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "nosuid,nodev",
+        mp.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        flags.contains(&"nosuid") && flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    let e = std::fs::write(&null, b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "nodev: {e}");
+    unmount(mp);
+
+    let help = lanefs(&["mount", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("suid,dev unless told nosuid/nodev"), "{help}");
+}
+
+/// The options the kernel reports for a lanefs mount (`findmnt -no OPTIONS`, or mountinfo's
+/// per-mount and per-superblock fields) mount another one, through the mount-helper form and
+/// through `lanefs mount -o`, with the same kernel flags.
+#[test]
+fn options_the_kernel_reports_mount_again() {
+    if !can_mount("options_the_kernel_reports_mount_again") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| {
+        let p = dir.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    });
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "noexec,nodiratime,noatime,sync,size=4m",
+        a.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ga = Mounted(a.clone());
+    let (per_mount, per_sb) = mount_options(&a);
+    assert!(per_sb.contains("user_id="), "{per_sb}");
+    let reported = format!("{per_mount},{per_sb}");
+
+    let out = lanefs(&["memory", b.to_str().unwrap(), "-o", &reported]);
+    assert!(
+        out.status.success(),
+        "helper form -o {reported}: {}",
+        stderr(&out)
+    );
+    let _gb = Mounted(b.clone());
+    assert_eq!(mount_options(&b).0, per_mount, "-o {reported}");
+
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        &reported,
+        c.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "lanefs mount -o {reported}: {}",
+        stderr(&out)
+    );
+    let _gc = Mounted(c.clone());
+    assert_eq!(mount_options(&c).0, per_mount, "-o {reported}");
+
+    // findmnt's form of the same, where findmnt is installed.
+    if let Ok(f) = Command::new("findmnt")
+        .args(["-no", "OPTIONS"])
+        .arg(&a)
+        .output()
+    {
+        let opts = String::from_utf8_lossy(&f.stdout).trim().to_string();
+        if f.status.success() {
+            unmount(&c);
+            let out = lanefs(&["mount", "--background", "-o", &opts, c.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "lanefs mount -o {opts}: {}",
+                stderr(&out)
+            );
+            assert_eq!(mount_options(&c).0, per_mount, "-o {opts}");
+        }
+    }
+    // The rest of what the kernel can report for a FUSE mount.
+    let o = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "max_read=131072,blksize=4096,rootmode=40000,fd=9,strictatime,relatime",
+        d.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _gd = Mounted(d.clone());
+    let o = lanefs(&["mount", "-o", "user_id=me", a.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("bad user_id 'user_id=me'"),
+        "{}",
+        stderr(&o)
+    );
+    for p in [&d, &c, &b, &a] {
+        unmount(p);
+    }
+}
+
+/// `mount -o remount` through the helper form changes the kernel flags named and keeps the
+/// others.
+#[test]
+fn remount_changes_the_named_flags_only() {
+    if !needs_root("remount_changes_the_named_flags_only") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["memory", mp.to_str().unwrap(), "-o", "nodev,noatime"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    let out = lanefs(&[
+        "memory",
+        mp.to_str().unwrap(),
+        "-o",
+        "remount,ro,noexec,size=1g",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    for f in ["ro", "nodev", "noexec", "noatime"] {
+        assert!(flags.contains(&f), "{f} in {per_mount}");
+    }
+    let e = std::fs::create_dir(mp.join("x")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    let out = lanefs(&[
+        "memory",
+        mp.to_str().unwrap(),
+        "-o",
+        "remount,rw,exec,strictatime",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        flags.contains(&"rw") && flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    assert!(
+        !flags.contains(&"noexec") && !flags.contains(&"noatime") && !flags.contains(&"relatime"),
+        "{per_mount}"
+    );
+    std::fs::create_dir(mp.join("x")).unwrap();
     unmount(mp);
 }
