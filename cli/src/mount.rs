@@ -229,7 +229,9 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     let mut control = None;
     let fs2 = fs.clone();
     let r = lanefs_fuse::mount(fs, mp, &plan.mount, |mut unmount| {
-        control = lanefs_fuse::serve_control(fs2, mp).ok();
+        control = lanefs_fuse::serve_control(fs2, mp)
+            .inspect_err(|e| eprintln!("lanefs: no `lanefs stats` for {}: {e}", mp.display()))
+            .ok();
         // SIGINT/SIGTERM unmount; the session then ends and mount() returns.
         if let Ok(mut signals) = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
@@ -415,6 +417,11 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         "  inodes used {}, blocks used {}, open handles {}",
         v["inodes_used"], v["blocks_used"], v["open_handles"]
     );
+    println!(
+        "  file data {}, server resident memory {}",
+        bytes(&v["data_bytes"]),
+        bytes(&v["resident_bytes"])
+    );
     println!("  operations:");
     if let Some(ops) = v["ops"].as_object() {
         for (k, n) in ops.iter().filter(|(_, n)| n.as_u64().unwrap_or(0) > 0) {
@@ -435,6 +442,25 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A byte count as `8.0 MiB (8388608 bytes)`; `?` where the server did not report it.
+fn bytes(v: &serde_json::Value) -> String {
+    let Some(n) = v.as_u64() else {
+        return "?".into();
+    };
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{x:.1} {} ({n} bytes)", units[u])
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
@@ -123,6 +123,20 @@ impl Drop for Mounted {
     }
 }
 
+fn stats_json(p: &Path) -> serde_json::Value {
+    let st = lanefs(&["stats", "--json", p.to_str().unwrap()]);
+    assert!(st.status.success(), "{}", stderr(&st));
+    serde_json::from_slice(&st.stdout).unwrap()
+}
+
+/// Where a root server's control socket for the mount at `p` (as process `pid` sees it)
+/// is: named after the mount's device number, mountinfo's third field.
+fn root_socket(pid: &str, p: &Path) -> PathBuf {
+    let line = mountinfo_line(pid, p).expect("mounted");
+    let dev = line.split(' ').nth(2).unwrap().replace(':', "-");
+    PathBuf::from(format!("/run/lanefs/dev-{dev}.sock"))
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -146,6 +160,7 @@ fn background_mount_stats_and_unmount() {
     // Mounted by root, it serves every user (as tmpfs does): allow_other is on.
     let line = mountinfo_line("self", mp).unwrap();
     assert_eq!(line.contains("allow_other"), is_root(), "{line}");
+    let socket = is_root().then(|| root_socket("self", mp));
     std::fs::write(mp.join("hello"), b"world").unwrap();
     assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
     // statfs reflects the options.
@@ -172,7 +187,16 @@ fn background_mount_stats_and_unmount() {
         stderr(&again)
     );
     unmount(mp);
-    // The server exits (and removes its control socket) right after the unmount.
+    // The server exits and removes its control socket right after the unmount.
+    if let Some(socket) = socket {
+        for _ in 0..250 {
+            if !socket.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!socket.exists(), "{} left behind", socket.display());
+    }
     let mut gone = lanefs(&["stats", mp.to_str().unwrap()]);
     for _ in 0..100 {
         if !gone.status.success() {
@@ -519,4 +543,179 @@ fn remount_changes_the_named_flags_only() {
     );
     std::fs::create_dir(mp.join("x")).unwrap();
     unmount(mp);
+}
+
+/// A lanefs server in the foreground, in a mount namespace of its own, stopped (and its
+/// namespace with its mount gone) when dropped.
+struct NsServer(Child);
+
+impl NsServer {
+    fn start(mp: &Path) -> NsServer {
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", BIN, "mount"])
+            .arg(mp)
+            .spawn()
+            .expect("unshare runs");
+        let s = NsServer(child);
+        for _ in 0..250 {
+            if mountinfo_line(&s.pid(), mp).is_some_and(|l| l.contains("fuse.lanefs")) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no lanefs mount in the new namespace");
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+
+    /// Runs `args` in this server's mount namespace.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .args(["-t", &self.pid(), "-m", "--"])
+            .args(args)
+            .output()
+            .expect("nsenter runs")
+    }
+
+    fn stats(&self, mp: &Path) -> serde_json::Value {
+        let out = self.run(&[BIN, "stats", "--json", mp.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// SIGTERM, as Ctrl-C: the server unmounts and exits.
+    fn stop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+impl Drop for NsServer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Two servers mounted on one path in two mount namespaces each answer `lanefs stats` in
+/// their own namespace, and stopping one leaves the other's socket: the socket is named
+/// after the mount's device number, not its path.
+#[test]
+fn stats_sockets_are_per_mount_not_per_path() {
+    if !needs_root("stats_sockets_are_per_mount_not_per_path") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let mut one = NsServer::start(mp);
+    let two = NsServer::start(mp);
+    assert!(!mounted(mp), "the mounts stay in their namespaces");
+    let m = mp.to_str().unwrap();
+    assert!(one.run(&["touch", &format!("{m}/1")]).status.success());
+    let made = two.run(&[
+        "touch",
+        &format!("{m}/a"),
+        &format!("{m}/b"),
+        &format!("{m}/c"),
+    ]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    // The root directory and the files each one made.
+    assert_eq!(one.stats(mp)["inodes_used"], 2);
+    assert_eq!(two.stats(mp)["inodes_used"], 4);
+    let (sock1, sock2) = (root_socket(&one.pid(), mp), root_socket(&two.pid(), mp));
+    assert_ne!(sock1, sock2);
+    assert!(sock1.exists() && sock2.exists());
+    one.stop();
+    assert_eq!(two.stats(mp)["inodes_used"], 4);
+    assert!(!sock1.exists(), "the stopped server removed its socket");
+    assert!(sock2.exists(), "and left the other's");
+}
+
+/// `lanefs stats` reports the file data stored and the server's resident memory: writing
+/// 8 MiB raises the data figure by 8 MiB.
+#[test]
+fn stats_report_file_data_and_resident_memory() {
+    if !can_mount("stats_report_file_data_and_resident_memory") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    std::fs::write(mp.join("small"), b"x").unwrap();
+    let before = stats_json(mp);
+    let data0 = before["data_bytes"].as_u64().expect("data_bytes");
+    assert!(before["resident_bytes"].as_u64().expect("resident_bytes") > 0);
+    std::fs::write(mp.join("big"), vec![0x5a; 8 << 20]).unwrap();
+    let after = stats_json(mp);
+    let data1 = after["data_bytes"].as_u64().unwrap();
+    let grew = data1 - data0;
+    assert!(
+        (8 << 20..=(8 << 20) + (64 << 10)).contains(&grew),
+        "data grew by {grew} bytes: {after}"
+    );
+    // The memory store keeps that data in the server's memory.
+    let resident = after["resident_bytes"].as_u64().unwrap();
+    assert!(resident >= data1, "resident {resident} < data {data1}");
+    let human = lanefs(&["stats", mp.to_str().unwrap()]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains(&format!("file data 8.0 MiB ({data1} bytes)"))
+            && human.contains("server resident memory"),
+        "{human}"
+    );
+    unmount(mp);
+}
+
+/// A server that is killed leaves its control socket behind; the next server to start
+/// removes it once nothing has answered on it for a second.
+#[test]
+fn a_killed_servers_socket_is_removed_by_the_next_server() {
+    if !needs_root("a_killed_servers_socket_is_removed_by_the_next_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let [dead, live] = ["dead", "live"].map(|n| {
+        let p = dir.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    });
+    let mut server = Command::new(BIN)
+        .args(["mount", dead.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let _gdead = Mounted(dead.clone());
+    for _ in 0..200 {
+        if mounted(&dead) && root_socket("self", &dead).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stale = root_socket("self", &dead);
+    assert!(stale.exists());
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(stale.exists(), "SIGKILL leaves the socket");
+    let st = lanefs(&["stats", dead.to_str().unwrap()]);
+    assert!(
+        stderr(&st).contains("no running lanefs mount answers there"),
+        "{}",
+        stderr(&st)
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    // The dead mount is still attached, so the new mount has another device number.
+    let out = lanefs(&["mount", "--background", live.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _glive = Mounted(live.clone());
+    assert_ne!(root_socket("self", &live), stale);
+    assert!(!stale.exists(), "{} is still there", stale.display());
+    unmount(&live);
+    unmount(&dead);
 }

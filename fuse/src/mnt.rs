@@ -197,6 +197,14 @@ pub fn mount_flags_at(path: &Path) -> io::Result<libc::c_ulong> {
         .fold(0, |f, (_, ms)| f | ms))
 }
 
+/// What lanefs reads of one line of `/proc/self/mountinfo`.
+struct MountInfo {
+    /// Field 1, the mount id.
+    id: u64,
+    /// Field 3, `major:minor` of the filesystem's device.
+    dev: (u32, u32),
+}
+
 /// The id (`/proc/self/mountinfo`'s first field) of the topmost mount at `path`, if any.
 /// Reading the mount table sends no request to any filesystem, so this is safe to call on a
 /// FUSE mount whose server is not answering yet (or any more).
@@ -207,18 +215,31 @@ pub fn mount_id_at(path: &Path) -> Option<u64> {
 /// [`mount_id_at`] for a path already in canonical form (canonicalizing a FUSE mountpoint
 /// stats it, which waits for the server).
 fn mount_id_at_canonical(canon: &Path) -> Option<u64> {
+    mount_at_canonical(canon).map(|m| m.id)
+}
+
+/// The device number (`major`, `minor`) of the topmost mount at the canonical path `canon`,
+/// from this process's mount table (as `stat(2)` of the path would report it, without
+/// asking the filesystem).
+pub(crate) fn mount_dev_at_canonical(canon: &Path) -> Option<(u32, u32)> {
+    mount_at_canonical(canon).map(|m| m.dev)
+}
+
+fn mount_at_canonical(canon: &Path) -> Option<MountInfo> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().rev().find_map(|l| {
         let mut f = l.split(' ');
         let id = f.next()?.parse().ok()?;
+        let (major, minor) = f.nth(1)?.split_once(':')?;
+        let dev = (major.parse().ok()?, minor.parse().ok()?);
         // Field 5 is the mount point, with spaces and such escaped as octal.
-        let mp = f.nth(3)?;
+        let mp = f.nth(1)?;
         let mp = mp
             .replace("\\040", " ")
             .replace("\\011", "\t")
             .replace("\\012", "\n")
             .replace("\\134", "\\");
-        (Path::new(&mp) == canon).then_some(id)
+        (Path::new(&mp) == canon).then_some(MountInfo { id, dev })
     })
 }
 
