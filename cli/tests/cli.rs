@@ -341,6 +341,7 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(mounted(mp));
+    let stale = is_root().then(|| root_socket("self", mp));
     server.kill().unwrap();
     server.wait().unwrap();
     let again = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
@@ -351,6 +352,11 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
         "{msg}"
     );
     assert_eq!(msg.trim_end().lines().count(), 1, "one line: {msg}");
+    // Tidy up the killed server's socket while the dead mount still holds its device
+    // number (no other server can have taken the name).
+    if let Some(stale) = stale {
+        let _ = std::fs::remove_file(stale);
+    }
     unmount(mp);
 }
 
@@ -614,7 +620,7 @@ fn stats_sockets_are_per_mount_not_per_path() {
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let mut one = NsServer::start(mp);
-    let two = NsServer::start(mp);
+    let mut two = NsServer::start(mp);
     assert!(!mounted(mp), "the mounts stay in their namespaces");
     let m = mp.to_str().unwrap();
     assert!(one.run(&["touch", &format!("{m}/1")]).status.success());
@@ -635,6 +641,8 @@ fn stats_sockets_are_per_mount_not_per_path() {
     assert_eq!(two.stats(mp)["inodes_used"], 4);
     assert!(!sock1.exists(), "the stopped server removed its socket");
     assert!(sock2.exists(), "and left the other's");
+    two.stop();
+    assert!(!sock2.exists());
 }
 
 /// `lanefs stats` reports the file data stored and the server's resident memory: writing
