@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 use lanefs::{Config, Filesystem, Locking};
-use lanefs_fuse::{MountConfig, MountOption};
+use lanefs_fuse::MountConfig;
 
 /// Mounts a lanefs filesystem and serves it until SIGINT, SIGTERM or `fusermount3 -u`.
 #[derive(Args)]
@@ -19,9 +19,16 @@ pub struct MountArgs {
     /// Store: `memory` (like tmpfs: gone at unmount).
     #[arg(long, default_value = "memory")]
     pub store: String,
-    /// Mount options, comma-separated, as `mount -o`: ro, allow_other (the default when root
-    /// mounts; noallow_other keeps a root mount to root), nosuid, nodev, noexec, size=BYTES
-    /// (k/m/g suffixes), nr_inodes=N, locking=lanes|dirlock|coarse, threads=N, ttl=SECONDS.
+    /// Mount options, comma-separated, as `mount -o`: ro, rw, allow_other (the default when
+    /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes),
+    /// nr_inodes=N, locking=lanes|dirlock|coarse, threads=N, ttl=SECONDS, mode=OCTAL, uid=N,
+    /// gid=N, and the kernel's mount flags: nosuid/suid, nodev/dev, noexec/exec, sync/async,
+    /// dirsync, noatime/atime/relatime/strictatime, nodiratime, lazytime, nosymfollow.
+    /// A mount made by root is suid,dev unless told nosuid/nodev, as tmpfs is; a user's mount
+    /// goes through fusermount3, which always makes it nosuid,nodev. The options the kernel
+    /// reports for a FUSE mount (user_id=, group_id=, rootmode=, fd=, max_read=, blksize=,
+    /// default_permissions) are accepted and ignored, so `findmnt -no OPTIONS` output can be
+    /// given back.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// Return once mounted, leaving the server running in the background.
@@ -80,33 +87,38 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             v.ok_or_else(|| format!("option '{k}' needs a value"))
         };
         match k {
-            "ro" => {
-                m.read_only = true;
-                fs.read_only = true;
+            "ro" | "rw" => {
+                m.read_only = k == "ro";
+                fs.read_only = m.read_only;
             }
-            "rw"
-            | "defaults"
-            | "auto"
-            | "noauto"
-            | "user"
-            | "users"
-            | "nofail"
-            | "_netdev"
-            | "relatime"
-            | "default_permissions" => {}
+            "defaults" | "auto" | "noauto" | "user" | "users" | "nofail" | "_netdev" => {}
+            // Options the kernel reports for every FUSE mount (`findmnt -no OPTIONS`,
+            // /proc/self/mountinfo) that lanefs sets itself: accepted, so that a mount's
+            // options can be given back, and ignored (`default_permissions` is always on;
+            // `user_id`, `group_id` and `rootmode` are the mounting user's and the
+            // mountpoint's; `fd` is the server's own /dev/fuse descriptor).
+            "default_permissions" => {}
+            "user_id" | "group_id" | "fd" | "max_read" | "blksize" => {
+                need(v)?
+                    .parse::<u32>()
+                    .map_err(|_| format!("bad {k} '{o}'"))?;
+            }
+            "rootmode" => {
+                u32::from_str_radix(need(v)?, 8).map_err(|_| format!("bad rootmode '{o}'"))?;
+            }
             "allow_other" | "allow_root" => m.allow_other = true,
             "noallow_other" => m.allow_other = false,
-            "nosuid" => m.flags.push(MountOption::NoSuid),
-            "suid" => m.flags.push(MountOption::Suid),
-            "nodev" => m.flags.push(MountOption::NoDev),
-            "dev" => m.flags.push(MountOption::Dev),
-            "noexec" => m.flags.push(MountOption::NoExec),
-            "exec" => m.flags.push(MountOption::Exec),
-            "noatime" => m.flags.push(MountOption::NoAtime),
-            "atime" => m.flags.push(MountOption::Atime),
-            "sync" => m.flags.push(MountOption::Sync),
-            "async" => m.flags.push(MountOption::Async),
-            "dirsync" => m.flags.push(MountOption::DirSync),
+            _ if v.is_none() && lanefs_fuse::mount_flag(k).is_some() => {
+                let f = lanefs_fuse::mount_flag(k).expect("just found");
+                // The last of conflicting options wins, as with mount(8).
+                m.flags.retain(|o| {
+                    lanefs_fuse::MOUNT_FLAGS
+                        .iter()
+                        .find(|g| g.option() == *o)
+                        .is_none_or(|g| g.mask() & f.mask() == 0)
+                });
+                m.flags.push(f.option());
+            }
             "size" => fs.max_bytes = Some(size(need(v)?)?),
             "nr_inodes" => {
                 fs.max_inodes = Some(
@@ -217,7 +229,9 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     let mut control = None;
     let fs2 = fs.clone();
     let r = lanefs_fuse::mount(fs, mp, &plan.mount, |mut unmount| {
-        control = lanefs_fuse::serve_control(fs2, mp).ok();
+        control = lanefs_fuse::serve_control(fs2, mp)
+            .inspect_err(|e| eprintln!("lanefs: no `lanefs stats` for {}: {e}", mp.display()))
+            .ok();
         // SIGINT/SIGTERM unmount; the session then ends and mount() returns.
         if let Ok(mut signals) = signal_hook::iterator::Signals::new([
             signal_hook::consts::SIGINT,
@@ -363,49 +377,10 @@ fn remount(mp: &Path, options: &[String]) -> Result<(), String> {
     }
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes())
         .map_err(|_| format!("{}: path contains NUL", mp.display()))?;
-    // SAFETY: zeroed statvfs is a valid out-buffer; `c` is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return Err(format!(
-            "{}: {}",
-            mp.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    let current = [
-        (libc::ST_RDONLY, libc::MS_RDONLY),
-        (libc::ST_NOSUID, libc::MS_NOSUID),
-        (libc::ST_NODEV, libc::MS_NODEV),
-        (libc::ST_NOEXEC, libc::MS_NOEXEC),
-        (libc::ST_NOATIME, libc::MS_NOATIME),
-        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
-        (libc::ST_RELATIME, libc::MS_RELATIME),
-        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
-    ];
-    let mut flags: libc::c_ulong = current
-        .iter()
-        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
-        .fold(0, |f, (_, ms)| f | ms);
-    for o in options {
-        let (set, clear) = match o.as_str() {
-            "ro" => (libc::MS_RDONLY, 0),
-            "rw" => (0, libc::MS_RDONLY),
-            "nosuid" => (libc::MS_NOSUID, 0),
-            "suid" => (0, libc::MS_NOSUID),
-            "nodev" => (libc::MS_NODEV, 0),
-            "dev" => (0, libc::MS_NODEV),
-            "noexec" => (libc::MS_NOEXEC, 0),
-            "exec" => (0, libc::MS_NOEXEC),
-            "noatime" => (libc::MS_NOATIME, libc::MS_RELATIME),
-            "relatime" => (libc::MS_RELATIME, libc::MS_NOATIME),
-            "atime" => (0, libc::MS_NOATIME),
-            "sync" => (libc::MS_SYNCHRONOUS, 0),
-            "async" => (0, libc::MS_SYNCHRONOUS),
-            "dirsync" => (libc::MS_DIRSYNC, 0),
-            _ => (0, 0),
-        };
-        flags = (flags | set) & !clear;
+    let mut flags =
+        lanefs_fuse::mount_flags_at(mp).map_err(|e| format!("{}: {e}", mp.display()))?;
+    for f in options.iter().filter_map(|o| lanefs_fuse::mount_flag(o)) {
+        flags = f.apply(flags);
     }
     // SAFETY: `c` is a valid C string; source, type and data may be null for a remount.
     let r = unsafe {
@@ -442,6 +417,11 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         "  inodes used {}, blocks used {}, open handles {}",
         v["inodes_used"], v["blocks_used"], v["open_handles"]
     );
+    println!(
+        "  file data {}, server resident memory {}",
+        bytes(&v["data_bytes"]),
+        bytes(&v["resident_bytes"])
+    );
     println!("  operations:");
     if let Some(ops) = v["ops"].as_object() {
         for (k, n) in ops.iter().filter(|(_, n)| n.as_u64().unwrap_or(0) > 0) {
@@ -462,4 +442,70 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A byte count as `8.0 MiB (8388608 bytes)`; `?` where the server did not report it.
+fn bytes(v: &serde_json::Value) -> String {
+    let Some(n) = v.as_u64() else {
+        return "?".into();
+    };
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = n as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < units.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} bytes")
+    } else {
+        format!("{x:.1} {} ({n} bytes)", units[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lanefs_fuse::MountOption;
+
+    fn args(options: &str) -> MountArgs {
+        MountArgs {
+            mountpoint: "/mnt".into(),
+            store: "memory".into(),
+            options: options.split(',').map(String::from).collect(),
+            background: false,
+        }
+    }
+
+    /// Every option the kernel reports for a FUSE mount is accepted; the flags among them
+    /// are kept, the last of conflicting ones winning.
+    #[test]
+    fn the_options_the_kernel_reports_are_accepted() {
+        let p = plan(&args(
+            "rw,nosuid,nodev,noexec,relatime,nodiratime,noatime,rw,user_id=0,group_id=0,\
+             rootmode=40000,default_permissions,allow_other,max_read=131072,blksize=4096,fd=7",
+        ))
+        .unwrap();
+        assert!(p.mount.allow_other && !p.mount.read_only);
+        let names: Vec<MountOption> = ["nosuid", "nodev", "noexec", "nodiratime", "noatime"]
+            .iter()
+            .map(|n| lanefs_fuse::mount_flag(n).unwrap().option())
+            .collect();
+        assert_eq!(p.mount.flags, names);
+        let p = plan(&args("ro,nosuid,suid,strictatime")).unwrap();
+        assert!(p.mount.read_only && p.fs.read_only);
+        assert_eq!(
+            p.mount.flags,
+            [MountOption::Suid, MountOption::CUSTOM("strictatime".into())]
+        );
+        for bad in [
+            "user_id=root",
+            "rootmode=9",
+            "fd",
+            "max_read=-1",
+            "nosuid=1",
+        ] {
+            assert!(plan(&args(bad)).is_err(), "{bad}");
+        }
+    }
 }

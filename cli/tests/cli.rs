@@ -1,9 +1,14 @@
 //! The `lanefs` binary as a user runs it: background mounts, the mount-helper form that
 //! `mount -t fuse.lanefs` and /etc/fstab use, `lanefs stats`, and the one-line errors.
-//! Needs root, /dev/fuse and fuse3 (`.ci/run` installs it).
+//! Mounting needs /dev/fuse; as root (the normal case here) the tests mount with `mount(2)`
+//! and unmount with `umount2(2)`, so they need nothing else, except the one that goes
+//! through `mount(8)` and `mount.fuse3` (`scripts/test.sh` installs fuse3). As another user
+//! they mount through `fusermount3`, and the tests that need root say so and skip.
 
-use std::path::Path;
-use std::process::{Command, Output};
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
@@ -12,25 +17,90 @@ fn lanefs(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run lanefs")
 }
 
-fn mounted(p: &Path) -> bool {
-    let canon = std::fs::canonicalize(p).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }
 
+/// Whether this test can run: as root always; otherwise it says why it skips.
+fn needs_root(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: SKIPPED: needs root (run the tests as root: scripts/test.sh)");
+    }
+    is_root()
+}
+
+/// Whether this process can mount at all (root, or fusermount3 and a usable /dev/fuse);
+/// otherwise the test says why it skips.
+fn can_mount(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    let fusermount = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
+    let dev = CString::new("/dev/fuse").unwrap();
+    // SAFETY: a valid C string; access(2) has no other preconditions.
+    let dev_ok = unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
+    if !(fusermount && dev_ok) {
+        eprintln!(
+            "{test}: SKIPPED: not root, and fusermount3 is missing or /dev/fuse is not \
+             readable and writable"
+        );
+        return false;
+    }
+    true
+}
+
+/// `/proc/PID/mountinfo`'s line for the topmost mount at `p` (PID `self` for this process).
+fn mountinfo_line(pid: &str, p: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(p).unwrap();
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+        .map(String::from)
+}
+
+fn mounted(p: &Path) -> bool {
+    mountinfo_line("self", p).is_some()
+}
+
+/// The per-mount options (mountinfo field 6) and the per-superblock options (the last
+/// field) of the mount at `p`.
+fn mount_options(p: &Path) -> (String, String) {
+    let line = mountinfo_line("self", p).expect("mounted");
+    let per_mount = line.split(' ').nth(5).unwrap().to_string();
+    let per_sb = line.rsplit(' ').next().unwrap().to_string();
+    (per_mount, per_sb)
+}
+
+/// Unmounts as `umount` does: with umount2(2) as root (no fuse3 needed), with
+/// `fusermount3 -u` otherwise.
 fn unmount(p: &Path) {
-    let out = Command::new("fusermount3")
-        .arg("-u")
-        .arg(p)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "fusermount3 -u: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if is_root() {
+        let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string; umount2 has no other preconditions.
+        let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+        assert_eq!(
+            r,
+            0,
+            "umount2 {}: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+    } else {
+        let out = Command::new("fusermount3")
+            .arg("-u")
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "fusermount3 -u: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     for _ in 0..100 {
         if !mounted(p) {
             return;
@@ -40,12 +110,42 @@ fn unmount(p: &Path) {
     panic!("{} still mounted", p.display());
 }
 
+/// A mount made by a test, unmounted (lazily) if the test fails before it does.
+struct Mounted(PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid C string; umount2 has no other preconditions.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+fn stats_json(p: &Path) -> serde_json::Value {
+    let st = lanefs(&["stats", "--json", p.to_str().unwrap()]);
+    assert!(st.status.success(), "{}", stderr(&st));
+    serde_json::from_slice(&st.stdout).unwrap()
+}
+
+/// Where a root server's control socket for the mount at `p` (as process `pid` sees it)
+/// is: named after the mount's device number, mountinfo's third field.
+fn root_socket(pid: &str, p: &Path) -> PathBuf {
+    let line = mountinfo_line(pid, p).expect("mounted");
+    let dev = line.split(' ').nth(2).unwrap().replace(':', "-");
+    PathBuf::from(format!("/run/lanefs/dev-{dev}.sock"))
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]
 fn background_mount_stats_and_unmount() {
+    if !can_mount("background_mount_stats_and_unmount") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let out = lanefs(&[
@@ -58,13 +158,9 @@ fn background_mount_stats_and_unmount() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(mounted(mp));
     // Mounted by root, it serves every user (as tmpfs does): allow_other is on.
-    let canon = std::fs::canonicalize(mp).unwrap();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let line = info
-        .lines()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .unwrap();
-    assert!(line.contains("allow_other"), "{line}");
+    let line = mountinfo_line("self", mp).unwrap();
+    assert_eq!(line.contains("allow_other"), is_root(), "{line}");
+    let socket = is_root().then(|| root_socket("self", mp));
     std::fs::write(mp.join("hello"), b"world").unwrap();
     assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
     // statfs reflects the options.
@@ -91,7 +187,16 @@ fn background_mount_stats_and_unmount() {
         stderr(&again)
     );
     unmount(mp);
-    // The server exits (and removes its control socket) right after the unmount.
+    // The server exits and removes its control socket right after the unmount.
+    if let Some(socket) = socket {
+        for _ in 0..250 {
+            if !socket.exists() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!socket.exists(), "{} left behind", socket.display());
+    }
     let mut gone = lanefs(&["stats", mp.to_str().unwrap()]);
     for _ in 0..100 {
         if !gone.status.success() {
@@ -145,6 +250,9 @@ fn clear_errors_for_bad_mountpoints_and_options() {
 /// installing the binary.
 #[test]
 fn mount_through_mount_fuse3() {
+    if !needs_root("mount_through_mount_fuse3") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let out = Command::new("mount")
@@ -155,7 +263,7 @@ fn mount_through_mount_fuse3() {
         .unwrap();
     assert!(
         out.status.success(),
-        "mount -t fuse.lanefs: {}",
+        "mount -t fuse.lanefs (needs mount.fuse3 from fuse3, which scripts/test.sh installs): {}",
         stderr(&out)
     );
     assert!(mounted(mp));
@@ -174,6 +282,9 @@ fn mount_through_mount_fuse3() {
 
 #[test]
 fn foreground_mount_ends_on_sigterm() {
+    if !can_mount("foreground_mount_ends_on_sigterm") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path().to_path_buf();
     let mut child = Command::new(BIN)
@@ -214,6 +325,9 @@ fn help_names_every_command() {
 /// so and how to detach it, instead of "Transport endpoint is not connected".
 #[test]
 fn mounting_over_a_dead_server_says_how_to_detach_it() {
+    if !can_mount("mounting_over_a_dead_server_says_how_to_detach_it") {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let mut server = Command::new(BIN)
@@ -227,6 +341,7 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(mounted(mp));
+    let stale = is_root().then(|| root_socket("self", mp));
     server.kill().unwrap();
     server.wait().unwrap();
     let again = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
@@ -237,5 +352,378 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
         "{msg}"
     );
     assert_eq!(msg.trim_end().lines().count(), 1, "one line: {msg}");
+    // Tidy up the killed server's socket while the dead mount still holds its device
+    // number (no other server can have taken the name).
+    if let Some(stale) = stale {
+        let _ = std::fs::remove_file(stale);
+    }
     unmount(mp);
+}
+
+/// A mount made by root is suid,dev unless told otherwise, as a kernel tmpfs and
+/// `mount -t fuse.lanefs` are: a device node made on it works, here /dev/null's (1, 3).
+/// `nosuid` and `nodev` are still honoured.
+#[test]
+fn root_mount_defaults_to_suid_and_dev_like_tmpfs() {
+    if !needs_root("root_mount_defaults_to_suid_and_dev_like_tmpfs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        !flags.contains(&"nosuid") && !flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    let null = mp.join("null");
+    let c = CString::new(null.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; mknod has no other preconditions.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    std::fs::write(&null, b"into the void").expect("write to a device node on a root mount");
+    assert_eq!(std::fs::read(&null).unwrap(), b"", "it is /dev/null");
+    unmount(mp);
+
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "nosuid,nodev",
+        mp.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        flags.contains(&"nosuid") && flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(r, 0, "mknod: {}", std::io::Error::last_os_error());
+    let e = std::fs::write(&null, b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EACCES), "nodev: {e}");
+    unmount(mp);
+
+    let help = lanefs(&["mount", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(help.contains("suid,dev unless told nosuid/nodev"), "{help}");
+}
+
+/// The options the kernel reports for a lanefs mount (`findmnt -no OPTIONS`, or mountinfo's
+/// per-mount and per-superblock fields) mount another one, through the mount-helper form and
+/// through `lanefs mount -o`, with the same kernel flags.
+#[test]
+fn options_the_kernel_reports_mount_again() {
+    if !can_mount("options_the_kernel_reports_mount_again") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| {
+        let p = dir.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    });
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "noexec,nodiratime,noatime,sync,size=4m",
+        a.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ga = Mounted(a.clone());
+    let (per_mount, per_sb) = mount_options(&a);
+    assert!(per_sb.contains("user_id="), "{per_sb}");
+    let reported = format!("{per_mount},{per_sb}");
+
+    let out = lanefs(&["memory", b.to_str().unwrap(), "-o", &reported]);
+    assert!(
+        out.status.success(),
+        "helper form -o {reported}: {}",
+        stderr(&out)
+    );
+    let _gb = Mounted(b.clone());
+    assert_eq!(mount_options(&b).0, per_mount, "-o {reported}");
+
+    let out = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        &reported,
+        c.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "lanefs mount -o {reported}: {}",
+        stderr(&out)
+    );
+    let _gc = Mounted(c.clone());
+    assert_eq!(mount_options(&c).0, per_mount, "-o {reported}");
+
+    // findmnt's form of the same, where findmnt is installed.
+    if let Ok(f) = Command::new("findmnt")
+        .args(["-no", "OPTIONS"])
+        .arg(&a)
+        .output()
+    {
+        let opts = String::from_utf8_lossy(&f.stdout).trim().to_string();
+        if f.status.success() {
+            unmount(&c);
+            let out = lanefs(&["mount", "--background", "-o", &opts, c.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "lanefs mount -o {opts}: {}",
+                stderr(&out)
+            );
+            assert_eq!(mount_options(&c).0, per_mount, "-o {opts}");
+        }
+    }
+    // The rest of what the kernel can report for a FUSE mount.
+    let o = lanefs(&[
+        "mount",
+        "--background",
+        "-o",
+        "max_read=131072,blksize=4096,rootmode=40000,fd=9,strictatime,relatime",
+        d.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _gd = Mounted(d.clone());
+    let o = lanefs(&["mount", "-o", "user_id=me", a.to_str().unwrap()]);
+    assert!(
+        stderr(&o).contains("bad user_id 'user_id=me'"),
+        "{}",
+        stderr(&o)
+    );
+    for p in [&d, &c, &b, &a] {
+        unmount(p);
+    }
+}
+
+/// `mount -o remount` through the helper form changes the kernel flags named and keeps the
+/// others.
+#[test]
+fn remount_changes_the_named_flags_only() {
+    if !needs_root("remount_changes_the_named_flags_only") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["memory", mp.to_str().unwrap(), "-o", "nodev,noatime"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    let out = lanefs(&[
+        "memory",
+        mp.to_str().unwrap(),
+        "-o",
+        "remount,ro,noexec,size=1g",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    for f in ["ro", "nodev", "noexec", "noatime"] {
+        assert!(flags.contains(&f), "{f} in {per_mount}");
+    }
+    let e = std::fs::create_dir(mp.join("x")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+    let out = lanefs(&[
+        "memory",
+        mp.to_str().unwrap(),
+        "-o",
+        "remount,rw,exec,strictatime",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (per_mount, _) = mount_options(mp);
+    let flags: Vec<&str> = per_mount.split(',').collect();
+    assert!(
+        flags.contains(&"rw") && flags.contains(&"nodev"),
+        "{per_mount}"
+    );
+    assert!(
+        !flags.contains(&"noexec") && !flags.contains(&"noatime") && !flags.contains(&"relatime"),
+        "{per_mount}"
+    );
+    std::fs::create_dir(mp.join("x")).unwrap();
+    unmount(mp);
+}
+
+/// A lanefs server in the foreground, in a mount namespace of its own, stopped (and its
+/// namespace with its mount gone) when dropped.
+struct NsServer(Child);
+
+impl NsServer {
+    fn start(mp: &Path) -> NsServer {
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", BIN, "mount"])
+            .arg(mp)
+            .spawn()
+            .expect("unshare runs");
+        let s = NsServer(child);
+        for _ in 0..250 {
+            if mountinfo_line(&s.pid(), mp).is_some_and(|l| l.contains("fuse.lanefs")) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no lanefs mount in the new namespace");
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+
+    /// Runs `args` in this server's mount namespace.
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .args(["-t", &self.pid(), "-m", "--"])
+            .args(args)
+            .output()
+            .expect("nsenter runs")
+    }
+
+    fn stats(&self, mp: &Path) -> serde_json::Value {
+        let out = self.run(&[BIN, "stats", "--json", mp.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// SIGTERM, as Ctrl-C: the server unmounts and exits.
+    fn stop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let status = self.0.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+impl Drop for NsServer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Two servers mounted on one path in two mount namespaces each answer `lanefs stats` in
+/// their own namespace, and stopping one leaves the other's socket: the socket is named
+/// after the mount's device number, not its path.
+#[test]
+fn stats_sockets_are_per_mount_not_per_path() {
+    if !needs_root("stats_sockets_are_per_mount_not_per_path") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let mut one = NsServer::start(mp);
+    let mut two = NsServer::start(mp);
+    assert!(!mounted(mp), "the mounts stay in their namespaces");
+    let m = mp.to_str().unwrap();
+    assert!(one.run(&["touch", &format!("{m}/1")]).status.success());
+    let made = two.run(&[
+        "touch",
+        &format!("{m}/a"),
+        &format!("{m}/b"),
+        &format!("{m}/c"),
+    ]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    // The root directory and the files each one made.
+    assert_eq!(one.stats(mp)["inodes_used"], 2);
+    assert_eq!(two.stats(mp)["inodes_used"], 4);
+    let (sock1, sock2) = (root_socket(&one.pid(), mp), root_socket(&two.pid(), mp));
+    assert_ne!(sock1, sock2);
+    assert!(sock1.exists() && sock2.exists());
+    one.stop();
+    assert_eq!(two.stats(mp)["inodes_used"], 4);
+    assert!(!sock1.exists(), "the stopped server removed its socket");
+    assert!(sock2.exists(), "and left the other's");
+    two.stop();
+    assert!(!sock2.exists());
+}
+
+/// `lanefs stats` reports the file data stored and the server's resident memory: writing
+/// 8 MiB raises the data figure by 8 MiB.
+#[test]
+fn stats_report_file_data_and_resident_memory() {
+    if !can_mount("stats_report_file_data_and_resident_memory") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _guard = Mounted(mp.to_path_buf());
+    std::fs::write(mp.join("small"), b"x").unwrap();
+    let before = stats_json(mp);
+    let data0 = before["data_bytes"].as_u64().expect("data_bytes");
+    assert!(before["resident_bytes"].as_u64().expect("resident_bytes") > 0);
+    std::fs::write(mp.join("big"), vec![0x5a; 8 << 20]).unwrap();
+    let after = stats_json(mp);
+    let data1 = after["data_bytes"].as_u64().unwrap();
+    let grew = data1 - data0;
+    assert!(
+        (8 << 20..=(8 << 20) + (64 << 10)).contains(&grew),
+        "data grew by {grew} bytes: {after}"
+    );
+    // The memory store keeps that data in the server's memory.
+    let resident = after["resident_bytes"].as_u64().unwrap();
+    assert!(resident >= data1, "resident {resident} < data {data1}");
+    let human = lanefs(&["stats", mp.to_str().unwrap()]);
+    let human = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        human.contains(&format!("file data 8.0 MiB ({data1} bytes)"))
+            && human.contains("server resident memory"),
+        "{human}"
+    );
+    unmount(mp);
+}
+
+/// A server that is killed leaves its control socket behind; the next server to start
+/// removes it once nothing has answered on it for a second.
+#[test]
+fn a_killed_servers_socket_is_removed_by_the_next_server() {
+    if !needs_root("a_killed_servers_socket_is_removed_by_the_next_server") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let [dead, live] = ["dead", "live"].map(|n| {
+        let p = dir.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    });
+    let mut server = Command::new(BIN)
+        .args(["mount", dead.to_str().unwrap()])
+        .spawn()
+        .unwrap();
+    let _gdead = Mounted(dead.clone());
+    for _ in 0..200 {
+        if mounted(&dead) && root_socket("self", &dead).exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stale = root_socket("self", &dead);
+    assert!(stale.exists());
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(stale.exists(), "SIGKILL leaves the socket");
+    let st = lanefs(&["stats", dead.to_str().unwrap()]);
+    assert!(
+        stderr(&st).contains("no running lanefs mount answers there"),
+        "{}",
+        stderr(&st)
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    // The dead mount is still attached, so the new mount has another device number.
+    let out = lanefs(&["mount", "--background", live.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _glive = Mounted(live.clone());
+    assert_ne!(root_socket("self", &live), stale);
+    assert!(!stale.exists(), "{} is still there", stale.display());
+    unmount(&live);
+    unmount(&dead);
 }

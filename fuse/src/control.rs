@@ -1,17 +1,28 @@
 //! The control channel of a running mount, read by `lanefs stats MOUNTPOINT`.
 //!
-//! The server listens on a Unix socket named after the canonical mountpoint:
-//! `/run/lanefs/<hex of the path>.sock` for root's mounts, `$XDG_RUNTIME_DIR/lanefs/` (or
-//! `$TMPDIR/lanefs-<uid>/`) for a user's; `lanefs stats` looks where its own user's would be. A client connects and reads one JSON document (the engine's
-//! operation counts and lock statistics, see [`stats_json`]) until end of file; nothing is
-//! written to the socket. The socket is created with mode 0600, so only the mounting user (and
-//! root) can read the statistics.
+//! The server listens on a Unix socket named after its mount's device number, the
+//! `major:minor` that `/proc/self/mountinfo` shows for the mount and `stat(2)` reports as
+//! `st_dev` for every file in it: `/run/lanefs/dev-MAJOR-MINOR.sock` for root's mounts,
+//! `$XDG_RUNTIME_DIR/lanefs/` (or `$TMPDIR/lanefs-<uid>/`) for a user's; `lanefs stats` stats
+//! the path it is given and looks where its own user's socket for that device would be. The
+//! kernel gives each mounted filesystem its own device number, so two mounts of one path in
+//! different mount namespaces have different sockets, and any path inside a mount finds it.
+//! A client connects and reads one JSON document (the engine's operation counts and lock
+//! statistics, see [`stats_json`]) until end of file; nothing is written to the socket. The
+//! socket is created with mode 0600, so only the mounting user (and root) can read the
+//! statistics.
+//!
+//! A server removes its socket when it stops, unless another server has taken the name
+//! since. A server that was killed leaves its socket behind; the next server to start
+//! removes sockets that nothing has answered on for a second (none can be live: a live
+//! server listens from the moment it binds).
 
 use std::io::{Read, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use lanefs::{Filesystem, LockClass, Op};
 
@@ -32,27 +43,58 @@ fn current_uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// The control socket of the mount at `mountpoint`.
-pub fn socket_path(mountpoint: &Path) -> PathBuf {
-    let hex: String = crate::server::canonical(mountpoint)
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    // Long paths would exceed sockaddr_un's 108 bytes: keep a bounded, still unique, name.
-    let name = if hex.len() > 64 {
-        let h = hex.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        format!("{}-{h:016x}", &hex[hex.len() - 32..])
-    } else {
-        hex
-    };
-    dir().join(format!("{name}.sock"))
+/// The control socket of the mount whose device number is `major:minor`.
+fn socket_for(major: u32, minor: u32) -> PathBuf {
+    dir().join(format!("dev-{major}-{minor}.sock"))
 }
 
-/// The statistics document.
+/// The control socket of the lanefs mount holding `path` (its mountpoint or any file in it).
+/// This stats `path`, which asks the mount's server.
+pub fn socket_path(path: &Path) -> std::io::Result<PathBuf> {
+    let dev = std::fs::metadata(path)?.dev();
+    Ok(socket_for(libc::major(dev), libc::minor(dev)))
+}
+
+/// Removes the sockets in `dir` that no server has answered on for a second: left by a
+/// server that was killed. A live server listens from the moment it binds its socket, so
+/// a refused connection to a socket older than that means nobody is there.
+fn remove_stale_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let now = SystemTime::now();
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(md) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let old = md
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .is_some_and(|age| age >= Duration::from_secs(1));
+        if !md.file_type().is_socket() || !old {
+            continue;
+        }
+        if let Err(err) = UnixStream::connect(&path) {
+            if err.raw_os_error() == Some(libc::ECONNREFUSED) {
+                remove_if_same(&path, (md.dev(), md.ino()));
+            }
+        }
+    }
+}
+
+/// Removes `path` if it is still the file `id` (device, inode).
+fn remove_if_same(path: &Path, id: (u64, u64)) {
+    if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The statistics document: `locking`, `ops` (count per operation), `locks` (acquired,
+/// contended and wait time per lock class), `open_handles`, `inodes_used`, `blocks_used`,
+/// `data_bytes` (file data stored: blocks used times the block size) and `resident_bytes`
+/// (the serving process's resident memory).
 pub fn stats_json(fs: &Filesystem) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
@@ -67,26 +109,55 @@ pub fn stats_json(fs: &Filesystem) -> serde_json::Value {
         })
         .collect();
     let st = fs.statfs();
+    let blocks_used = st.blocks - st.bfree;
     serde_json::json!({
         "locking": fs.config().locking.name(),
         "ops": ops,
         "locks": locks,
         "open_handles": fs.open_handles(),
         "inodes_used": st.files - st.ffree,
-        "blocks_used": st.blocks - st.bfree,
+        "blocks_used": blocks_used,
+        // File data stored, as `df` counts it: blocks in use times the block size.
+        "data_bytes": blocks_used * u64::from(st.bsize),
+        // The serving process's resident memory (every filesystem it serves, and the
+        // program's own).
+        "resident_bytes": resident_bytes(),
     })
 }
 
+/// This process's resident set size in bytes (`/proc/self/statm`, second field, in pages),
+/// or `null` where it cannot be read.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
 /// Serves the control socket for `fs` mounted at `mountpoint` from a background thread;
-/// the socket is removed when the returned guard drops.
+/// the socket is removed when the returned guard drops. The mount must be in place: its
+/// device number, which names the socket, is read from this process's mount table (not with
+/// `stat(2)`, which would wait for the server to answer).
 pub fn serve(fs: Arc<Filesystem>, mountpoint: &Path) -> std::io::Result<SocketGuard> {
-    let path = socket_path(mountpoint);
+    let canon = crate::server::canonical(mountpoint);
+    let (major, minor) = crate::mnt::mount_dev_at_canonical(&canon).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{}: not in the mount table", canon.display()),
+        )
+    })?;
+    let path = socket_for(major, minor);
     if let Some(d) = path.parent() {
         std::fs::create_dir_all(d)?;
+        remove_stale_sockets(d);
     }
+    // A socket already under this name is a killed server's: the device number is this
+    // mount's alone while it is mounted.
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    let md = std::fs::symlink_metadata(&path)?;
     std::thread::Builder::new()
         .name("lanefs-control".into())
         .spawn(move || {
@@ -95,26 +166,46 @@ pub fn serve(fs: Arc<Filesystem>, mountpoint: &Path) -> std::io::Result<SocketGu
                 let _ = conn.write_all(doc.as_bytes());
             }
         })?;
-    Ok(SocketGuard(path))
+    Ok(SocketGuard {
+        path,
+        id: (md.dev(), md.ino()),
+    })
 }
 
-/// Removes the control socket when dropped.
-pub struct SocketGuard(PathBuf);
+/// Removes the control socket when dropped, unless another server has bound the name since
+/// (once this mount is gone its device number can be given to a new one).
+pub struct SocketGuard {
+    path: PathBuf,
+    id: (u64, u64),
+}
 
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+impl SocketGuard {
+    /// Where the socket is.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 }
 
-/// Reads the statistics of the mount at `mountpoint`.
-pub fn stats(mountpoint: &Path) -> Result<serde_json::Value, String> {
-    let path = socket_path(mountpoint);
-    let mut s = UnixStream::connect(&path).map_err(|e| {
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        remove_if_same(&self.path, self.id);
+    }
+}
+
+/// Reads the statistics of the lanefs mount holding `path` (its mountpoint, or any file in
+/// it).
+pub fn stats(path: &Path) -> Result<serde_json::Value, String> {
+    let sock = socket_path(path).map_err(|e| {
+        format!(
+            "{}: no running lanefs mount answers there ({e})",
+            path.display()
+        )
+    })?;
+    let mut s = UnixStream::connect(&sock).map_err(|e| {
         format!(
             "{}: no running lanefs mount answers there ({}: {e})",
-            mountpoint.display(),
-            path.display()
+            path.display(),
+            sock.display()
         )
     })?;
     let mut buf = String::new();
@@ -123,9 +214,9 @@ pub fn stats(mountpoint: &Path) -> Result<serde_json::Value, String> {
         // Connected in the instant a server was exiting: it closed without answering.
         return Err(format!(
             "{}: no running lanefs mount answers there ({} closed without an answer)",
-            mountpoint.display(),
-            path.display()
+            path.display(),
+            sock.display()
         ));
     }
-    serde_json::from_str(&buf).map_err(|e| format!("bad answer from {}: {e}", path.display()))
+    serde_json::from_str(&buf).map_err(|e| format!("bad answer from {}: {e}", sock.display()))
 }

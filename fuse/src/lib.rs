@@ -61,8 +61,10 @@
 //! range a write or truncate changed) before the library call returns.
 //!
 //! ## Mounting
-//! As root lanefs mounts with `mount(2)` itself, with type `fuse.lanefs`; otherwise through
-//! `fusermount3` (see `mnt.rs`).
+//! As root lanefs mounts with `mount(2)` itself, with type `fuse.lanefs`, and like tmpfs
+//! honours set-user-id bits and device files unless the flags say `nosuid` / `nodev`;
+//! otherwise it mounts through `fusermount3`, which always makes a user's mount
+//! `nosuid,nodev` (see `mnt.rs`). [`MOUNT_FLAGS`] is the one table of kernel mount flags.
 
 mod control;
 mod creds;
@@ -73,5 +75,5 @@ pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
 pub use fuser::MountOption;
-pub use mnt::{FS_TYPE, mount_id_at};
+pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
 pub use server::{Mount, MountConfig, Server, mount, mount_background};

@@ -6,6 +6,10 @@
 //! own direct mount always says `fuse`; when the direct mount is refused (not root, or no
 //! `CAP_SYS_ADMIN`), lanefs lets `fuser` go through the setuid `fusermount3`, which names the
 //! subtype itself.
+//!
+//! A mount root makes with `mount(2)` is `suid,dev` unless its flags say `nosuid` / `nodev`,
+//! as a kernel tmpfs and `mount -t fuse.lanefs` (whose `mount.fuse3` passes `suid,dev`) are;
+//! `fusermount3` makes a user's mount `nosuid,nodev` whatever is asked.
 
 use std::ffi::{CString, OsStr};
 use std::fs::File;
@@ -50,6 +54,159 @@ pub(crate) fn install_invalidator(fs: &Filesystem, notifier: Notifier) {
     fs.set_invalidator(Some(Arc::new(KernelCache(notifier))));
 }
 
+/// A mount option that is a kernel mount flag: the `MS_*` bits it sets and those it clears.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountFlag {
+    /// The option as `mount -o` and `/proc/self/mountinfo` spell it.
+    pub name: &'static str,
+    /// Bits turned on.
+    pub set: libc::c_ulong,
+    /// Bits turned off.
+    pub clear: libc::c_ulong,
+}
+
+impl MountFlag {
+    /// `flags` with this option applied.
+    pub fn apply(&self, flags: libc::c_ulong) -> libc::c_ulong {
+        (flags & !self.clear) | self.set
+    }
+
+    /// The bits this option decides: a later option deciding any of them overrides it.
+    pub fn mask(&self) -> libc::c_ulong {
+        self.set | self.clear
+    }
+
+    /// The option as `fuser` takes it (and passes it on to `fusermount3` by the same name):
+    /// its own variant where it has one, a custom option otherwise.
+    pub fn option(&self) -> MountOption {
+        match self.name {
+            "ro" => MountOption::RO,
+            "rw" => MountOption::RW,
+            "suid" => MountOption::Suid,
+            "nosuid" => MountOption::NoSuid,
+            "dev" => MountOption::Dev,
+            "nodev" => MountOption::NoDev,
+            "exec" => MountOption::Exec,
+            "noexec" => MountOption::NoExec,
+            "atime" => MountOption::Atime,
+            "noatime" => MountOption::NoAtime,
+            "sync" => MountOption::Sync,
+            "async" => MountOption::Async,
+            "dirsync" => MountOption::DirSync,
+            other => MountOption::CUSTOM(other.to_string()),
+        }
+    }
+}
+
+const fn flag(name: &'static str, set: libc::c_ulong, clear: libc::c_ulong) -> MountFlag {
+    MountFlag { name, set, clear }
+}
+
+/// Every mount option that is a kernel mount flag, with its `MS_*` bits: the one table that
+/// `lanefs mount -o`, the mount helper's `-o remount` and lanefs's own `mount(2)` read. It
+/// holds every flag the kernel reports for a mount in `/proc/self/mountinfo`, so the options
+/// of a mounted lanefs can be given back to mount another.
+pub const MOUNT_FLAGS: &[MountFlag] = &[
+    flag("ro", libc::MS_RDONLY, 0),
+    flag("rw", 0, libc::MS_RDONLY),
+    flag("nosuid", libc::MS_NOSUID, 0),
+    flag("suid", 0, libc::MS_NOSUID),
+    flag("nodev", libc::MS_NODEV, 0),
+    flag("dev", 0, libc::MS_NODEV),
+    flag("noexec", libc::MS_NOEXEC, 0),
+    flag("exec", 0, libc::MS_NOEXEC),
+    flag("sync", libc::MS_SYNCHRONOUS, 0),
+    flag("async", 0, libc::MS_SYNCHRONOUS),
+    flag("dirsync", libc::MS_DIRSYNC, 0),
+    flag(
+        "noatime",
+        libc::MS_NOATIME,
+        libc::MS_RELATIME | libc::MS_STRICTATIME,
+    ),
+    flag("atime", 0, libc::MS_NOATIME),
+    flag(
+        "relatime",
+        libc::MS_RELATIME,
+        libc::MS_NOATIME | libc::MS_STRICTATIME,
+    ),
+    flag("norelatime", 0, libc::MS_RELATIME),
+    flag(
+        "strictatime",
+        libc::MS_STRICTATIME,
+        libc::MS_NOATIME | libc::MS_RELATIME,
+    ),
+    flag("nostrictatime", 0, libc::MS_STRICTATIME),
+    flag("nodiratime", libc::MS_NODIRATIME, 0),
+    flag("diratime", 0, libc::MS_NODIRATIME),
+    flag("lazytime", libc::MS_LAZYTIME, 0),
+    flag("nolazytime", 0, libc::MS_LAZYTIME),
+    flag("nosymfollow", libc::MS_NOSYMFOLLOW, 0),
+    flag("symfollow", 0, libc::MS_NOSYMFOLLOW),
+];
+
+/// The kernel mount flag named `name` (`nosuid`, `noatime`...), if it is one.
+pub fn mount_flag(name: &str) -> Option<&'static MountFlag> {
+    MOUNT_FLAGS.iter().find(|f| f.name == name)
+}
+
+/// The name of a `fuser` mount option, for [`mount_flag`].
+fn option_name(o: &MountOption) -> Option<&str> {
+    Some(match o {
+        MountOption::RO => "ro",
+        MountOption::RW => "rw",
+        MountOption::Suid => "suid",
+        MountOption::NoSuid => "nosuid",
+        MountOption::Dev => "dev",
+        MountOption::NoDev => "nodev",
+        MountOption::Exec => "exec",
+        MountOption::NoExec => "noexec",
+        MountOption::Atime => "atime",
+        MountOption::NoAtime => "noatime",
+        MountOption::Sync => "sync",
+        MountOption::Async => "async",
+        MountOption::DirSync => "dirsync",
+        MountOption::CUSTOM(s) => s,
+        _ => return None,
+    })
+}
+
+/// The kernel mount flags (`MS_*`) of the mount holding `path`, as `statvfs(3)` reports them:
+/// what a remount must pass again to keep them.
+pub fn mount_flags_at(path: &Path) -> io::Result<libc::c_ulong> {
+    /// `ST_NOSYMFOLLOW` (Linux 5.10), which the libc crate does not name.
+    const ST_NOSYMFOLLOW: libc::c_ulong = 0x2000;
+    let c = cstring(path)?;
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `st` a valid out-buffer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let st_to_ms = [
+        (libc::ST_RDONLY, libc::MS_RDONLY),
+        (libc::ST_NOSUID, libc::MS_NOSUID),
+        (libc::ST_NODEV, libc::MS_NODEV),
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_SYNCHRONOUS, libc::MS_SYNCHRONOUS),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+        (ST_NOSYMFOLLOW, libc::MS_NOSYMFOLLOW),
+    ];
+    Ok(st_to_ms
+        .iter()
+        .filter(|(st_flag, _)| st.f_flag & st_flag != 0)
+        .fold(0, |f, (_, ms)| f | ms))
+}
+
+/// What lanefs reads of one line of `/proc/self/mountinfo`.
+struct MountInfo {
+    /// Field 1, the mount id.
+    id: u64,
+    /// Field 3, `major:minor` of the filesystem's device.
+    dev: (u32, u32),
+}
+
 /// The id (`/proc/self/mountinfo`'s first field) of the topmost mount at `path`, if any.
 /// Reading the mount table sends no request to any filesystem, so this is safe to call on a
 /// FUSE mount whose server is not answering yet (or any more).
@@ -60,18 +217,31 @@ pub fn mount_id_at(path: &Path) -> Option<u64> {
 /// [`mount_id_at`] for a path already in canonical form (canonicalizing a FUSE mountpoint
 /// stats it, which waits for the server).
 fn mount_id_at_canonical(canon: &Path) -> Option<u64> {
+    mount_at_canonical(canon).map(|m| m.id)
+}
+
+/// The device number (`major`, `minor`) of the topmost mount at the canonical path `canon`,
+/// from this process's mount table (as `stat(2)` of the path would report it, without
+/// asking the filesystem).
+pub(crate) fn mount_dev_at_canonical(canon: &Path) -> Option<(u32, u32)> {
+    mount_at_canonical(canon).map(|m| m.dev)
+}
+
+fn mount_at_canonical(canon: &Path) -> Option<MountInfo> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().rev().find_map(|l| {
         let mut f = l.split(' ');
         let id = f.next()?.parse().ok()?;
+        let (major, minor) = f.nth(1)?.split_once(':')?;
+        let dev = (major.parse().ok()?, minor.parse().ok()?);
         // Field 5 is the mount point, with spaces and such escaped as octal.
-        let mp = f.nth(3)?;
+        let mp = f.nth(1)?;
         let mp = mp
             .replace("\\040", " ")
             .replace("\\011", "\t")
             .replace("\\012", "\n")
             .replace("\\134", "\\");
-        (Path::new(&mp) == canon).then_some(id)
+        (Path::new(&mp) == canon).then_some(MountInfo { id, dev })
     })
 }
 
@@ -130,30 +300,21 @@ pub(crate) fn mount_direct(
     if cfg.allow_other {
         data.push_str(",allow_other");
     }
-    // fuser's defaults for a FUSE mount: nosuid and nodev unless asked otherwise.
-    let mut flags: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV;
+    // As tmpfs and `mount -t fuse.lanefs` (mount.fuse3 passes `suid,dev` unless told
+    // otherwise): a mount root makes honours set-user-id bits and device files unless the
+    // options say `nosuid` / `nodev`. (fusermount3 makes a user's mount nosuid,nodev always.)
+    let mut flags: libc::c_ulong = 0;
     if cfg.read_only {
         flags |= libc::MS_RDONLY;
     }
     for f in &cfg.flags {
-        match f {
-            MountOption::Suid => flags &= !libc::MS_NOSUID,
-            MountOption::Dev => flags &= !libc::MS_NODEV,
-            MountOption::NoSuid => flags |= libc::MS_NOSUID,
-            MountOption::NoDev => flags |= libc::MS_NODEV,
-            MountOption::RO => flags |= libc::MS_RDONLY,
-            MountOption::NoExec => flags |= libc::MS_NOEXEC,
-            MountOption::NoAtime => flags |= libc::MS_NOATIME,
-            MountOption::Sync => flags |= libc::MS_SYNCHRONOUS,
-            MountOption::DirSync => flags |= libc::MS_DIRSYNC,
-            MountOption::RW | MountOption::Exec | MountOption::Atime | MountOption::Async => {}
-            other => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("mount option {other:?} is not a kernel flag"),
-                ));
-            }
-        }
+        let flag = option_name(f).and_then(mount_flag).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("mount option {f:?} is not a kernel flag"),
+            )
+        })?;
+        flags = flag.apply(flags);
     }
     let source = CString::new(cfg.source.as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "source contains NUL"))?;
@@ -191,4 +352,51 @@ pub(crate) fn mount_direct(
             id,
         },
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(names: &[&str]) -> libc::c_ulong {
+        names
+            .iter()
+            .fold(0, |f, n| mount_flag(n).expect("a flag").apply(f))
+    }
+
+    #[test]
+    fn every_flag_has_one_entry_and_its_fuser_option_maps_back() {
+        for f in MOUNT_FLAGS {
+            assert_eq!(MOUNT_FLAGS.iter().filter(|g| g.name == f.name).count(), 1);
+            assert_eq!(f.set & f.clear, 0, "{}", f.name);
+            let o = f.option();
+            assert_eq!(option_name(&o), Some(f.name), "{o:?}");
+        }
+        assert!(mount_flag("size").is_none() && mount_flag("user_id").is_none());
+    }
+
+    #[test]
+    fn later_flags_override_earlier_ones() {
+        assert_eq!(
+            apply(&["nosuid", "nodev"]),
+            libc::MS_NOSUID | libc::MS_NODEV
+        );
+        assert_eq!(apply(&["nosuid", "suid"]), 0);
+        assert_eq!(apply(&["ro", "rw", "noexec"]), libc::MS_NOEXEC);
+        assert_eq!(apply(&["noatime", "relatime"]), libc::MS_RELATIME);
+        assert_eq!(apply(&["relatime", "strictatime"]), libc::MS_STRICTATIME);
+        assert_eq!(apply(&["strictatime", "noatime"]), libc::MS_NOATIME);
+        assert_eq!(
+            apply(&["nodiratime", "noatime", "sync", "dirsync"]),
+            libc::MS_NODIRATIME | libc::MS_NOATIME | libc::MS_SYNCHRONOUS | libc::MS_DIRSYNC
+        );
+        // Conflicting options decide the same bits.
+        let (a, b) = (mount_flag("noatime").unwrap(), mount_flag("atime").unwrap());
+        assert_ne!(a.mask() & b.mask(), 0);
+        let (a, b) = (
+            mount_flag("noatime").unwrap(),
+            mount_flag("nodiratime").unwrap(),
+        );
+        assert_eq!(a.mask() & b.mask(), 0);
+    }
 }

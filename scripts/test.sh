@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The test command (README, "Two commands"; .ci/run runs it after its fmt and clippy checks):
+#
+#     scripts/test.sh [cargo test arguments...]
+#
+# As root, on a fresh Debian/Ubuntu machine, it first installs what the tests need and
+# cargo does not provide:
+#   - fuse3 (apt-get), for the test that mounts through `mount -t fuse.lanefs`, whose
+#     mount(8) runs mount.fuse3 (everything else mounts with mount(2) and unmounts with
+#     umount2(2) as root, and needs no package);
+#   - pjdfstest 0.2.2 (cargo install), the POSIX test suite that fuse/tests/mount.rs runs
+#     against a mount; LANEFS_REQUIRE_PJDFSTEST=1 then makes a missing binary a failure.
+# Not as root it installs nothing and runs the tests; those that need root say so and skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ]; then
+    if ! command -v fusermount3 >/dev/null 2>&1 ||
+        ! { command -v mount.fuse3 || [ -x /sbin/mount.fuse3 ] || [ -x /usr/sbin/mount.fuse3 ]; } >/dev/null 2>&1; then
+        if ! command -v apt-get >/dev/null 2>&1; then
+            echo "scripts/test.sh: fuse3 is missing and there is no apt-get: install fuse3 (fusermount3, mount.fuse3)" >&2
+            exit 1
+        fi
+        echo "scripts/test.sh: installing fuse3 (apt-get)" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null
+        apt-get install -y -qq fuse3 >/dev/null
+    fi
+    cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
+    pjdfstest="${LANEFS_PJDFSTEST:-}"
+    if [ -z "$pjdfstest" ] || [ ! -x "$pjdfstest" ]; then
+        pjdfstest="$(command -v pjdfstest || true)"
+    fi
+    if [ -z "$pjdfstest" ] && [ -x "$cargo_bin/pjdfstest" ]; then
+        pjdfstest="$cargo_bin/pjdfstest"
+    fi
+    if [ -z "$pjdfstest" ]; then
+        echo "scripts/test.sh: installing pjdfstest 0.2.2 (cargo install)" >&2
+        cargo install --quiet --locked pjdfstest --version 0.2.2
+        pjdfstest="$(command -v pjdfstest || echo "$cargo_bin/pjdfstest")"
+    fi
+    export LANEFS_PJDFSTEST="$pjdfstest"
+    export LANEFS_REQUIRE_PJDFSTEST=1
+else
+    echo "scripts/test.sh: not root: installing nothing; the tests that need root skip" >&2
+fi
+
+exec cargo test --workspace --locked "$@"
