@@ -44,6 +44,9 @@
 
 #![deny(missing_docs)]
 
+// Not wired in yet: the engine still answers EOPNOTSUPP for `system.` attribute names.
+#[allow(dead_code)]
+mod acl;
 mod attr;
 mod data;
 mod dir;
