@@ -663,6 +663,7 @@ mod tests {
         let t = Timespec::default();
         AttrVals {
             mode,
+            flags: 0,
             uid,
             gid,
             size: 0,
