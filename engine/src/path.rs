@@ -11,12 +11,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 
+use crossbeam_epoch::{self as epoch, Guard};
+
 use crate::attr::{Attr, FileType, SetAttr, TimeSet};
 use crate::errno::{Errno, Result};
 use crate::fs::Filesystem;
 use crate::fs::TruncateBy;
 use crate::handle::Fh;
-use crate::id::{Ino, ROOT_INO};
+use crate::id::{Ino, InodeId, ROOT_INO};
+use crate::inode::Inode;
 use crate::perm::Ctx;
 use crate::time::Timespec;
 
@@ -35,7 +38,7 @@ fn bytes(p: &Path) -> &[u8] {
 pub struct Client {
     fs: Arc<Filesystem>,
     ctx: Ctx,
-    cwd: Ino,
+    cwd: InodeId,
 }
 
 /// Attributes of a file, as [`std::fs::Metadata`] gives them.
@@ -210,7 +213,7 @@ impl Client {
         Client {
             fs,
             ctx,
-            cwd: ROOT_INO,
+            cwd: InodeId::ROOT,
         }
     }
 
@@ -231,152 +234,192 @@ impl Client {
 
     /// Changes the working directory (search permission needed, as `chdir`).
     pub fn set_current_dir(&mut self, path: impl AsRef<Path>) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        if a.kind() != FileType::Directory {
+        let g = epoch::pin();
+        let i = self.resolve(bytes(path.as_ref()), true, &g)?;
+        if !i.is_dir() {
             return Err(Errno::ENOTDIR.into());
         }
-        self.fs.access(&self.ctx, a.ino, crate::perm::MAY_EXEC)?;
-        self.cwd = a.ino;
+        self.fs.may_search(&self.ctx, i)?;
+        self.cwd = i.id();
         Ok(())
     }
 
     // ----- resolution -------------------------------------------------------------------------
+    //
+    // A walk holds one epoch guard and steps from inode to inode (`Filesystem::step`: one
+    // dirent-map shard read lock per component, no attributes built). Operations then name
+    // the inodes it found by number and generation, so one removed meanwhile is ENOENT, never
+    // the inode that took its number.
+
+    /// Where a path starts: the root, or the working directory (ENOENT once removed).
+    fn start<'g>(&self, path: &[u8], from: InodeId, g: &'g Guard) -> Result<&'g Inode> {
+        let id = if path.first() == Some(&b'/') {
+            InodeId::ROOT
+        } else {
+            from
+        };
+        self.fs.iget(id, g)
+    }
 
     /// Resolves `comps` from directory `start`; symlinks in the last component are followed
     /// when `follow_last`.
-    fn walk(
+    fn walk<'g>(
         &self,
-        start: Ino,
+        start: &'g Inode,
         comps: &[&[u8]],
         follow_last: bool,
         links: &mut u32,
-    ) -> Result<Attr> {
-        let mut attr = self.fs.getattr(start)?;
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let mut cur = start;
         for (idx, c) in comps.iter().enumerate() {
-            if attr.kind() != FileType::Directory {
-                return Err(Errno::ENOTDIR);
-            }
-            let dir = attr.ino;
-            let a = self.fs.lookup(&self.ctx, dir, c)?;
+            let dir = cur;
+            let next = self.fs.step(&self.ctx, dir, c, g)?;
             let last = idx + 1 == comps.len();
-            attr = if a.kind() == FileType::Symlink && (!last || follow_last) {
-                *links += 1;
-                if *links > MAX_SYMLINKS {
-                    return Err(Errno::ELOOP);
+            cur = match self.fs.symlink_target(next) {
+                Some(target) if !last || follow_last => {
+                    *links += 1;
+                    if *links > MAX_SYMLINKS {
+                        return Err(Errno::ELOOP);
+                    }
+                    self.walk_path(dir.id(), target, true, links, g)?
                 }
-                let target = self.fs.readlink(a.ino)?;
-                self.walk_path(dir, &target, true, links)?
-            } else {
-                a
+                _ => next,
             };
         }
-        Ok(attr)
+        Ok(cur)
     }
 
-    fn walk_path(
+    fn walk_path<'g>(
         &self,
-        start: Ino,
+        from: InodeId,
         path: &[u8],
         follow_last: bool,
         links: &mut u32,
-    ) -> Result<Attr> {
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
         if path.is_empty() {
             return Err(Errno::ENOENT);
         }
         if path.len() > PATH_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let start = if path[0] == b'/' { ROOT_INO } else { start };
+        let start = self.start(path, from, g)?;
         let comps = components(path);
         let trailing = path.ends_with(b"/") && !comps.is_empty();
-        let a = self.walk(start, &comps, follow_last || trailing, links)?;
-        if trailing && a.kind() != FileType::Directory {
+        let i = self.walk(start, &comps, follow_last || trailing, links, g)?;
+        if trailing && !i.is_dir() {
             return Err(Errno::ENOTDIR);
         }
-        Ok(a)
+        Ok(i)
     }
 
-    fn resolve(&self, path: &[u8], follow_last: bool) -> Result<Attr> {
-        self.walk_path(self.cwd, path, follow_last, &mut 0)
+    fn resolve<'g>(&self, path: &[u8], follow_last: bool, g: &'g Guard) -> Result<&'g Inode> {
+        self.walk_path(self.cwd, path, follow_last, &mut 0, g)
     }
 
     /// Resolves all but the last component: the directory and the last name. A trailing slash
     /// is reported so that callers can require a directory.
-    fn resolve_parent(&self, path: &[u8], links: &mut u32) -> Result<(Ino, Vec<u8>, bool)> {
-        self.resolve_parent_from(self.cwd, path, links)
+    fn resolve_parent<'g, 'p>(
+        &self,
+        path: &'p [u8],
+        g: &'g Guard,
+    ) -> Result<(&'g Inode, &'p [u8], bool)> {
+        self.resolve_parent_from(self.cwd, path, &mut 0, g)
     }
 
-    fn resolve_parent_from(
+    fn resolve_parent_from<'g, 'p>(
         &self,
-        start: Ino,
-        path: &[u8],
+        from: InodeId,
+        path: &'p [u8],
         links: &mut u32,
-    ) -> Result<(Ino, Vec<u8>, bool)> {
+        g: &'g Guard,
+    ) -> Result<(&'g Inode, &'p [u8], bool)> {
         if path.is_empty() {
             return Err(Errno::ENOENT);
         }
         if path.len() > PATH_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let start = if path[0] == b'/' { ROOT_INO } else { start };
+        let start = self.start(path, from, g)?;
         let comps = components(path);
         let trailing = path.ends_with(b"/");
         let Some((last, init)) = comps.split_last() else {
-            return Ok((start, b".".to_vec(), true)); // "/" names the root itself
+            return Ok((start, b".", true)); // "/" names the root itself
         };
-        let dir = self.walk(start, init, true, links)?;
-        if dir.kind() != FileType::Directory {
+        let dir = self.walk(start, init, true, links, g)?;
+        if !dir.is_dir() {
             return Err(Errno::ENOTDIR);
         }
         // The walk checks search permission on the last directory too (may_lookup), before
         // the operation looks at the name.
-        self.fs.access(&self.ctx, dir.ino, crate::perm::MAY_EXEC)?;
+        self.fs.may_search(&self.ctx, dir)?;
         if last.len() > crate::dir::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        Ok((dir.ino, last.to_vec(), trailing))
+        Ok((dir, last, trailing))
+    }
+
+    /// Resolves `path` and applies `f` to what it names.
+    fn at<T>(
+        &self,
+        path: &Path,
+        follow: bool,
+        f: impl FnOnce(&Inode, &Guard) -> Result<T>,
+    ) -> io::Result<T> {
+        let g = epoch::pin();
+        let i = self.resolve(bytes(path), follow, &g)?;
+        Ok(f(i, &g)?)
+    }
+
+    /// Changes attributes of what `path` names (symlinks followed).
+    fn set(&self, path: &Path, set: SetAttr) -> io::Result<()> {
+        self.at(path, true, |i, _| {
+            self.fs.setattr(&self.ctx, i.id(), &set, None).map(drop)
+        })
     }
 
     // ----- metadata ---------------------------------------------------------------------------
 
     /// Attributes, following symlinks.
     pub fn metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
-        Ok(Metadata {
-            attr: self.resolve(bytes(path.as_ref()), true)?,
+        self.at(path.as_ref(), true, |i, g| {
+            Ok(Metadata {
+                attr: self.fs.attr_of(i, g),
+            })
         })
     }
 
     /// Attributes of the path itself (a symlink is not followed).
     pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
-        Ok(Metadata {
-            attr: self.resolve(bytes(path.as_ref()), false)?,
+        self.at(path.as_ref(), false, |i, g| {
+            Ok(Metadata {
+                attr: self.fs.attr_of(i, g),
+            })
         })
     }
 
     /// Whether the path resolves.
     pub fn exists(&self, path: impl AsRef<Path>) -> bool {
-        self.metadata(path).is_ok()
+        self.at(path.as_ref(), true, |_, _| Ok(())).is_ok()
     }
 
     /// `access(2)` with `R_OK`/`W_OK`/`X_OK` bits (or 0 for existence).
     pub fn access(&self, path: impl AsRef<Path>, mask: u32) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        Ok(self.fs.access(&self.ctx, a.ino, mask)?)
+        self.at(path.as_ref(), true, |i, _| {
+            self.fs.access(&self.ctx, i.id(), mask)
+        })
     }
 
     /// Changes permission bits (`chmod`).
     pub fn set_permissions(&self, path: impl AsRef<Path>, mode: u32) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        self.fs.setattr(
-            &self.ctx,
-            a.ino,
-            &SetAttr {
+        self.set(
+            path.as_ref(),
+            SetAttr {
                 mode: Some(mode),
                 ..Default::default()
             },
-            None,
-        )?;
-        Ok(())
+        )
     }
 
     /// Changes owner and/or group (`chown`, following symlinks).
@@ -386,18 +429,14 @@ impl Client {
         uid: Option<u32>,
         gid: Option<u32>,
     ) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        self.fs.setattr(
-            &self.ctx,
-            a.ino,
-            &SetAttr {
+        self.set(
+            path.as_ref(),
+            SetAttr {
                 uid,
                 gid,
                 ..Default::default()
             },
-            None,
-        )?;
-        Ok(())
+        )
     }
 
     /// Sets access and modification times (`utimensat`; `None` leaves a time unchanged).
@@ -407,33 +446,25 @@ impl Client {
         atime: Option<TimeSet>,
         mtime: Option<TimeSet>,
     ) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        self.fs.setattr(
-            &self.ctx,
-            a.ino,
-            &SetAttr {
+        self.set(
+            path.as_ref(),
+            SetAttr {
                 atime,
                 mtime,
                 ..Default::default()
             },
-            None,
-        )?;
-        Ok(())
+        )
     }
 
     /// Sets the size (`truncate`).
     pub fn truncate(&self, path: impl AsRef<Path>, size: u64) -> io::Result<()> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        self.fs.setattr(
-            &self.ctx,
-            a.ino,
-            &SetAttr {
+        self.set(
+            path.as_ref(),
+            SetAttr {
                 size: Some(size),
                 ..Default::default()
             },
-            None,
-        )?;
-        Ok(())
+        )
     }
 
     // ----- namespace --------------------------------------------------------------------------
@@ -445,8 +476,9 @@ impl Client {
 
     /// Creates a directory with the given mode (less the umask).
     pub fn create_dir_mode(&self, path: impl AsRef<Path>, mode: u32) -> io::Result<()> {
-        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
-        self.fs.mkdir(&self.ctx, dir, &name, mode)?;
+        let g = epoch::pin();
+        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &g)?;
+        self.fs.mkdir(&self.ctx, dir.id(), name, mode)?;
         Ok(())
     }
 
@@ -480,20 +512,22 @@ impl Client {
 
     /// Creates a node (FIFO, socket, device, or regular file): `mknod(2)`.
     pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: u64) -> io::Result<()> {
-        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &g)?;
         if slash {
             return Err(Errno::ENOENT.into());
         }
-        self.fs.mknod(&self.ctx, dir, &name, mode, rdev)?;
+        self.fs.mknod(&self.ctx, dir.id(), name, mode, rdev)?;
         Ok(())
     }
 
     /// Removes a file (not a directory).
     pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &g)?;
         if slash {
             // "file/" names a directory that must exist: Linux answers EISDIR or ENOTDIR.
-            let a = self.fs.lookup(&self.ctx, dir, &name)?;
+            let a = self.fs.lookup(&self.ctx, dir.id(), name)?;
             return Err(if a.kind() == FileType::Directory {
                 Errno::EISDIR
             } else {
@@ -501,17 +535,18 @@ impl Client {
             }
             .into());
         }
-        self.fs.unlink(&self.ctx, dir, &name)?;
+        self.fs.unlink(&self.ctx, dir.id(), name)?;
         Ok(())
     }
 
     /// Removes an empty directory.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &mut 0)?;
-        if dir == ROOT_INO && name == *b"." && components(bytes(path.as_ref())).is_empty() {
+        let g = epoch::pin();
+        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &g)?;
+        if dir.ino == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_empty() {
             return Err(Errno::EBUSY.into());
         }
-        self.fs.rmdir(&self.ctx, dir, &name)?;
+        self.fs.rmdir(&self.ctx, dir.id(), name)?;
         Ok(())
     }
 
@@ -541,56 +576,59 @@ impl Client {
         to: impl AsRef<Path>,
         flags: u32,
     ) -> io::Result<()> {
-        let (d1, n1, slash1) = self.resolve_parent(bytes(from.as_ref()), &mut 0)?;
-        let (d2, n2, slash2) = self.resolve_parent(bytes(to.as_ref()), &mut 0)?;
+        let g = epoch::pin();
+        let (d1, n1, slash1) = self.resolve_parent(bytes(from.as_ref()), &g)?;
+        let (d2, n2, slash2) = self.resolve_parent(bytes(to.as_ref()), &g)?;
         if slash1 || slash2 {
             // A trailing slash is allowed only on directories.
-            let a = self.fs.lookup(&self.ctx, d1, &n1)?;
+            let a = self.fs.lookup(&self.ctx, d1.id(), n1)?;
             if a.kind() != FileType::Directory {
                 return Err(Errno::ENOTDIR.into());
             }
         }
-        self.fs.rename(&self.ctx, d1, &n1, d2, &n2, flags)?;
+        self.fs.rename(&self.ctx, d1.id(), n1, d2.id(), n2, flags)?;
         Ok(())
     }
 
     /// Creates a hard link `dst` to `src` (a symlink `src` is not followed, as `link(2)`).
     pub fn hard_link(&self, src: impl AsRef<Path>, dst: impl AsRef<Path>) -> io::Result<()> {
-        let a = self.resolve(bytes(src.as_ref()), false)?;
-        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &mut 0)?;
+        let g = epoch::pin();
+        let i = self.resolve(bytes(src.as_ref()), false, &g)?;
+        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &g)?;
         if slash {
-            return Err(if a.kind() == FileType::Directory {
+            return Err(if i.is_dir() {
                 Errno::EPERM
             } else {
                 Errno::ENOENT
             }
             .into());
         }
-        self.fs.link(&self.ctx, a.ino, dir, &name)?;
+        self.fs.link(&self.ctx, i.id(), dir.id(), name)?;
         Ok(())
     }
 
     /// Creates a symlink at `link` pointing to `target`.
     pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
-        let (dir, name, slash) = self.resolve_parent(bytes(link.as_ref()), &mut 0)?;
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(bytes(link.as_ref()), &g)?;
         if slash {
             return Err(Errno::ENOENT.into());
         }
         self.fs
-            .symlink(&self.ctx, dir, &name, bytes(target.as_ref()))?;
+            .symlink(&self.ctx, dir.id(), name, bytes(target.as_ref()))?;
         Ok(())
     }
 
     /// The target of a symlink.
     pub fn read_link(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
-        let a = self.resolve(bytes(path.as_ref()), false)?;
-        Ok(self.fs.readlink(a.ino)?)
+        self.at(path.as_ref(), false, |i, _| self.fs.readlink(i.id()))
     }
 
     /// The entries of a directory, `.` and `..` left out, in readdir order.
     pub fn read_dir(&self, path: impl AsRef<Path>) -> io::Result<Vec<DirEntryInfo>> {
-        let a = self.resolve(bytes(path.as_ref()), true)?;
-        let fh = self.fs.opendir(&self.ctx, a.ino)?;
+        let fh = self.at(path.as_ref(), true, |i, _| {
+            self.fs.opendir(&self.ctx, i.id())
+        })?;
         let mut out = Vec::new();
         let r = self.fs.readdir(&self.ctx, fh, 0, false, |e, _| {
             if e.name != b"." && e.name != b".." {
@@ -613,37 +651,42 @@ impl Client {
     pub fn open(&self, path: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File> {
         let flags = opts.flags();
         let mut links = 0u32;
-        let mut start = self.cwd;
-        let mut p = bytes(path.as_ref()).to_vec();
+        let g = epoch::pin();
+        let mut from = self.cwd;
+        let mut p: &[u8] = bytes(path.as_ref());
         loop {
-            let (dir, name, slash) = self.resolve_parent_from(start, &p, &mut links)?;
-            match self.fs.lookup(&self.ctx, dir, &name) {
-                Ok(a) if a.kind() == FileType::Symlink && !opts.nofollow && !opts.create_new => {
-                    links += 1;
-                    if links > MAX_SYMLINKS {
-                        return Err(Errno::ELOOP.into());
+            let (dir, name, slash) = self.resolve_parent_from(from, p, &mut links, &g)?;
+            match self.fs.step(&self.ctx, dir, name, &g) {
+                Ok(i) => match self.fs.symlink_target(i) {
+                    Some(target) if !opts.nofollow && !opts.create_new => {
+                        links += 1;
+                        if links > MAX_SYMLINKS {
+                            return Err(Errno::ELOOP.into());
+                        }
+                        p = target;
+                        from = dir.id();
                     }
-                    p = self.fs.readlink(a.ino)?;
-                    start = dir;
-                }
-                Ok(a) => {
-                    if opts.create_new {
-                        return Err(Errno::EEXIST.into());
+                    target => {
+                        if opts.create_new {
+                            return Err(Errno::EEXIST.into());
+                        }
+                        if target.is_some() {
+                            return Err(Errno::ELOOP.into());
+                        }
+                        if slash && !i.is_dir() {
+                            return Err(Errno::ENOTDIR.into());
+                        }
+                        let fh = self.fs.open(&self.ctx, i.id(), flags)?;
+                        return Ok(self.file(fh, i.ino, opts));
                     }
-                    if a.kind() == FileType::Symlink {
-                        return Err(Errno::ELOOP.into());
-                    }
-                    if slash && a.kind() != FileType::Directory {
-                        return Err(Errno::ENOTDIR.into());
-                    }
-                    let fh = self.fs.open(&self.ctx, a.ino, flags)?;
-                    return Ok(self.file(fh, a.ino, opts));
-                }
+                },
                 Err(Errno::ENOENT) if opts.create || opts.create_new => {
                     if slash {
                         return Err(Errno::EISDIR.into());
                     }
-                    let (a, fh) = self.fs.create(&self.ctx, dir, &name, opts.mode, flags)?;
+                    let (a, fh) = self
+                        .fs
+                        .create(&self.ctx, dir.id(), name, opts.mode, flags)?;
                     return Ok(self.file(fh, a.ino, opts));
                 }
                 Err(e) => return Err(e.into()),

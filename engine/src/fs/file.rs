@@ -17,7 +17,7 @@
 use crossbeam_epoch::{self as epoch, Guard};
 
 use super::namespace::NewNode;
-use super::{Filesystem, MAX_FILE_SIZE};
+use super::{Filesystem, InodeRef, MAX_FILE_SIZE};
 use crate::attr::{Attr, AttrVals, SetAttr, TimeSet, flags};
 use crate::data::PAGE;
 use crate::errno::{Errno, Result};
@@ -107,7 +107,7 @@ impl Filesystem {
                 mtime: Some(TimeSet::Now),
                 ..SetAttr::default()
             };
-            if let Err(e) = self.set_attributes(ctx, i, &set, Some(TruncateBy::OpenFile)) {
+            if let Err(e) = self.set_attributes(ctx, i, &set, Some(TruncateBy::OpenFile), g) {
                 self.put_refs(i, 1, g);
                 return Err(e);
             }
@@ -122,14 +122,15 @@ impl Filesystem {
 
     /// Opens inode `ino`; `flags` are `open(2)` flags (`O_RDONLY`, `O_WRONLY`, `O_RDWR`,
     /// `O_APPEND`, `O_TRUNC`, `O_DIRECTORY`...).
-    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Fh> {
+    pub fn open(&self, ctx: &Ctx, ino: impl Into<InodeRef>, flags: i32) -> Result<Fh> {
+        let ino = ino.into();
         let fh = {
             let _c = self.begin(Op::Open);
             let g = epoch::pin();
             self.open_inode(ctx, self.iget(ino, &g)?, flags, &g)?
         };
         if flags & libc::O_TRUNC != 0 {
-            self.report(ctx, |s| s.inode(ino, Some((0, 0))));
+            self.report(ctx, |s| s.inode(ino.ino(), Some((0, 0))));
         }
         Ok(fh)
     }
@@ -139,14 +140,15 @@ impl Filesystem {
     pub fn create(
         &self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: impl Into<InodeRef>,
         name: &[u8],
         mode: u32,
         flags: i32,
     ) -> Result<(Attr, Fh)> {
+        let parent = parent.into();
         let (a, fh) = self.create_inner(ctx, parent, name, mode, flags)?;
         self.report(ctx, |s| {
-            s.entry(parent, name);
+            s.entry(parent.ino(), name);
             if flags & libc::O_TRUNC != 0 {
                 s.inode(a.ino, Some((0, 0)));
             }
@@ -157,7 +159,7 @@ impl Filesystem {
     fn create_inner(
         &self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: InodeRef,
         name: &[u8],
         mode: u32,
         flags: i32,
@@ -218,13 +220,16 @@ impl Filesystem {
     }
 
     /// Access time under `relatime`: updated when older than mtime or ctime, or a day old.
-    pub(super) fn touch_atime(&self, i: &Inode) {
+    pub(super) fn touch_atime(&self, i: &Inode, g: &Guard) {
         let v = i.attr.load();
         let now = Timespec::now();
         let stale = v.atime <= v.mtime || v.atime <= v.ctime || now.sec - v.atime.sec >= 86_400;
         if self.cfg.read_only || !stale || v.atime == now {
             return;
         }
+        let Ok(_held) = self.hold(i, g) else {
+            return; // freed meanwhile: no atime to keep
+        };
         let _ = i.attr.update(&self.stats, |v| {
             let change = AttrChange {
                 atime: Some(now),
@@ -274,7 +279,7 @@ impl Filesystem {
                 n
             }
         };
-        self.touch_atime(i);
+        self.touch_atime(i, &g);
         Ok(n)
     }
 
@@ -360,6 +365,7 @@ impl Filesystem {
         if data.is_empty() {
             return Ok((i.ino, offset, 0));
         }
+        let _held = self.hold(i, &g)?;
         let mut d = self.stats.write(LockClass::FileData, fdata);
         let off = if h.is_some_and(|h| h.flags & libc::O_APPEND != 0) {
             i.attr.size()
@@ -416,18 +422,19 @@ impl Filesystem {
     pub fn setattr(
         &self,
         ctx: &Ctx,
-        ino: Ino,
+        ino: impl Into<InodeRef>,
         set: &SetAttr,
         by: Option<TruncateBy>,
     ) -> Result<Attr> {
+        let ino = ino.into();
         let a = {
             let _c = self.begin(Op::Setattr);
             let g = epoch::pin();
             let i = self.iget(ino, &g)?;
-            self.set_attributes(ctx, i, set, by)?;
+            self.set_attributes(ctx, i, set, by, &g)?;
             self.attr_of(i, &g)
         };
-        self.report(ctx, |s| s.inode(ino, set.size.map(|size| (size, 0))));
+        self.report(ctx, |s| s.inode(ino.ino(), set.size.map(|size| (size, 0))));
         Ok(a)
     }
 
@@ -461,8 +468,10 @@ impl Filesystem {
         i: &Inode,
         set: &SetAttr,
         by: Option<TruncateBy>,
+        g: &Guard,
     ) -> Result<()> {
         self.writable()?;
+        let _held = self.hold(i, g)?;
         if let Some(size) = set.size {
             self.check_size_change(ctx, i, size, by.unwrap_or(TruncateBy::Path))?;
         }
@@ -571,6 +580,7 @@ impl Filesystem {
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Errno::EFBIG)?;
         self.writable()?;
+        let _held = self.hold(i, &g)?;
         let mut d = self.stats.write(LockClass::FileData, data);
         let time = Timespec::now();
         let (rec, reserved) = if punch {

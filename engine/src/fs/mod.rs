@@ -38,7 +38,7 @@ use crate::attr::{Attr, flags};
 use crate::dir::{Dirent, Dirents, NAME_MAX};
 use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
-use crate::id::{Ino, InoAlloc, InoGen};
+use crate::id::{Ino, InoAlloc, InoGen, InodeId};
 use crate::inode::{Body, DirBody, Fate, Inode};
 use crate::notify::{Invalidate, Watch};
 use crate::perm::{self, Ctx, MAY_EXEC};
@@ -85,6 +85,40 @@ impl std::str::FromStr for Locking {
             .ok_or_else(|| {
                 format!("unknown locking mode '{s}' (expected lanes, dirlock or coarse)")
             })
+    }
+}
+
+/// How an operation names an existing inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InodeRef {
+    /// By number: whichever inode holds it now. FUSE names inodes so (the kernel's lookup
+    /// reference keeps a number from being reused while it uses it); [`Ino`] converts to it.
+    Num(Ino),
+    /// By number and generation: that inode only, ENOENT once it is gone even if its number
+    /// names another inode now. The path API names the directories it resolved so;
+    /// [`InodeId`] converts to it.
+    Exact(InodeId),
+}
+
+impl InodeRef {
+    /// The inode number.
+    pub fn ino(self) -> Ino {
+        match self {
+            InodeRef::Num(i) => i,
+            InodeRef::Exact(id) => id.ino,
+        }
+    }
+}
+
+impl From<Ino> for InodeRef {
+    fn from(i: Ino) -> Self {
+        InodeRef::Num(i)
+    }
+}
+
+impl From<InodeId> for InodeRef {
+    fn from(id: InodeId) -> Self {
+        InodeRef::Exact(id)
     }
 }
 
@@ -364,12 +398,16 @@ impl Filesystem {
         }
     }
 
-    /// The live inode numbered `ino`: ENOENT if there is none (every lookup by number goes
+    /// The live inode `r` names: ENOENT if there is none (every lookup by number goes
     /// through here).
     #[inline]
-    fn iget<'g>(&self, ino: Ino, g: &'g Guard) -> Result<&'g Inode> {
-        match self.table.get(ino, g) {
-            Some(i) if !i.is_dead() => Ok(i),
+    pub(crate) fn iget<'g>(&self, r: impl Into<InodeRef>, g: &'g Guard) -> Result<&'g Inode> {
+        let r = r.into();
+        match self.table.get(r.ino(), g) {
+            Some(i) if !i.is_dead() => match r {
+                InodeRef::Exact(id) if i.generation != id.generation => Err(Errno::ENOENT),
+                _ => Ok(i),
+            },
             _ => Err(Errno::ENOENT),
         }
     }
@@ -402,10 +440,10 @@ impl Filesystem {
         self.dirents.get(dir, name, &self.stats)
     }
 
-    /// A live directory by number (ENOTDIR for another type).
+    /// A live directory (ENOTDIR for another type).
     #[inline]
-    fn dir_inode<'g>(&self, ino: Ino, g: &'g Guard) -> Result<(&'g Inode, &'g DirBody)> {
-        let i = self.iget(ino, g)?;
+    fn dir_inode<'g>(&self, r: InodeRef, g: &'g Guard) -> Result<(&'g Inode, &'g DirBody)> {
+        let i = self.iget(r, g)?;
         match i.dir() {
             Some(d) => Ok((i, d)),
             None => Err(Errno::ENOTDIR),
@@ -415,7 +453,7 @@ impl Filesystem {
     /// The inode `name` names in `dir`, without locks: re-reads the entry if the inode it
     /// named was freed and its number reused meanwhile, and after a few such races reads it
     /// under the name's stripe, where entry and inode are stable.
-    fn child<'g>(
+    pub(crate) fn child<'g>(
         &self,
         dir: &'g Inode,
         d: &DirBody,
@@ -440,8 +478,40 @@ impl Filesystem {
         self.iget_named(de, g)
     }
 
+    /// One step of a path walk: `name` in `dir` (ENOTDIR if it is none), after the search
+    /// permission check. Builds no attributes; takes the `coarse` lock in that mode and,
+    /// otherwise, one lock: the dirent-map shard of the name. Counted as a lookup.
+    pub(crate) fn step<'g>(
+        &self,
+        ctx: &Ctx,
+        dir: &'g Inode,
+        name: &[u8],
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let _c = self.begin(Op::Lookup);
+        let d = dir.dir().ok_or(Errno::ENOTDIR)?;
+        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.child(dir, d, name, g)
+    }
+
+    /// Whether `ctx` may search directory `dir` (the last step of resolving a path's parent).
+    pub(crate) fn may_search(&self, ctx: &Ctx, dir: &Inode) -> Result<()> {
+        perm::check(ctx, &dir.attr.load(), MAY_EXEC)
+    }
+
+    /// A symlink's target, if `i` is one.
+    pub(crate) fn symlink_target<'g>(&self, i: &'g Inode) -> Option<&'g [u8]> {
+        match &i.body {
+            Body::Symlink(t) => Some(t),
+            _ => None,
+        }
+    }
+
     /// The attributes `stat` reports. A directory's size counts its entries without a lock.
-    fn attr_of(&self, i: &Inode, g: &Guard) -> Attr {
+    pub(crate) fn attr_of(&self, i: &Inode, g: &Guard) -> Attr {
         let v = i.attr.load();
         let (size, rdev) = match &i.body {
             Body::Dir(d) => ((2 + self.dirents.count(d, g)) * BOGO_DIRENT_SIZE, 0),
@@ -488,6 +558,15 @@ impl Filesystem {
         }
     }
 
+    /// Holds `i` for the length of an operation that changes it (a reference, dropped by
+    /// [`Held`]): the inode cannot be freed, and its `Free` record cannot be appended, before
+    /// the operation's own records. ENOENT if it is already gone. Only the inode itself is
+    /// written, which the operation writes anyway; never a parent.
+    fn hold<'a>(&'a self, i: &'a Inode, g: &'a Guard) -> Result<Held<'a>> {
+        i.get_ref()?;
+        Ok(Held { fs: self, i, g })
+    }
+
     /// Drops references; frees the inode if they were its last hold.
     fn put_refs(&self, i: &Inode, n: u64, g: &Guard) {
         if i.put_refs(n) == Fate::Free {
@@ -509,10 +588,10 @@ impl Filesystem {
 
     /// Finds `name` in directory `parent` (search permission on `parent` required). `.` and
     /// `..` are understood.
-    pub fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Attr> {
+    pub fn lookup(&self, ctx: &Ctx, parent: impl Into<InodeRef>, name: &[u8]) -> Result<Attr> {
         let _c = self.begin(Op::Lookup);
         let g = epoch::pin();
-        let (dir, d) = self.dir_inode(parent, &g)?;
+        let (dir, d) = self.dir_inode(parent.into(), &g)?;
         perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
@@ -538,14 +617,14 @@ impl Filesystem {
     }
 
     /// The attributes of `ino`.
-    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+    pub fn getattr(&self, ino: impl Into<InodeRef>) -> Result<Attr> {
         let _c = self.begin(Op::Getattr);
         let g = epoch::pin();
         Ok(self.attr_of(self.iget(ino, &g)?, &g))
     }
 
     /// `access(2)`: `mask` is a combination of `R_OK`, `W_OK`, `X_OK`, or `F_OK` (0).
-    pub fn access(&self, ctx: &Ctx, ino: Ino, mask: u32) -> Result<()> {
+    pub fn access(&self, ctx: &Ctx, ino: impl Into<InodeRef>, mask: u32) -> Result<()> {
         let _c = self.begin(Op::Access);
         let g = epoch::pin();
         let i = self.iget(ino, &g)?;
@@ -575,6 +654,20 @@ impl Filesystem {
             namelen: NAME_MAX as u32,
             frsize: crate::data::PAGE as u32,
         }
+    }
+}
+
+/// A reference held for one operation ([`Filesystem::hold`]); dropped last, after every lock
+/// the operation took (freeing the inode may take its data lock).
+struct Held<'a> {
+    fs: &'a Filesystem,
+    i: &'a Inode,
+    g: &'a Guard,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.fs.put_refs(self.i, 1, self.g);
     }
 }
 

@@ -13,7 +13,7 @@
 use crossbeam_epoch::{self as epoch, Guard};
 use parking_lot::MutexGuard;
 
-use super::{Filesystem, check_name, is_dot_or_dotdot};
+use super::{Filesystem, InodeRef, check_name, is_dot_or_dotdot};
 use crate::attr::{Attr, AttrVals, FileType};
 use crate::errno::{Errno, Result};
 use crate::id::{Ino, MAX_INO};
@@ -81,7 +81,7 @@ impl Filesystem {
     pub(crate) fn make_node<'g>(
         &self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: InodeRef,
         name: &[u8],
         mode: u32,
         kind: NewNode<'_>,
@@ -144,7 +144,14 @@ impl Filesystem {
     }
 
     /// Creates a device node, FIFO, socket or (type bits 0 or `S_IFREG`) regular file.
-    pub fn mknod(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: impl Into<InodeRef>,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+    ) -> Result<Attr> {
         let kind = match mode & libc::S_IFMT {
             0 | libc::S_IFREG => Ok(NewNode::File),
             libc::S_IFDIR => Err(Errno::EPERM),
@@ -155,7 +162,7 @@ impl Filesystem {
             _ => Err(Errno::EINVAL),
         };
         match kind {
-            Ok(kind) => self.make_reported(ctx, Op::Mknod, parent, name, mode, kind),
+            Ok(kind) => self.make_reported(ctx, Op::Mknod, parent.into(), name, mode, kind),
             Err(e) => {
                 self.begin(Op::Mknod); // counted like any other refused call
                 Err(e)
@@ -169,7 +176,7 @@ impl Filesystem {
         &self,
         ctx: &Ctx,
         op: Op,
-        parent: Ino,
+        parent: InodeRef,
         name: &[u8],
         mode: u32,
         kind: NewNode,
@@ -180,21 +187,33 @@ impl Filesystem {
             let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
             self.attr_of(i, &g)
         };
-        self.report(ctx, |s| s.entry(parent, name));
+        self.report(ctx, |s| s.entry(parent.ino(), name));
         Ok(a)
     }
 
     /// Creates a directory.
-    pub fn mkdir(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32) -> Result<Attr> {
-        self.make_reported(ctx, Op::Mkdir, parent, name, mode, NewNode::Dir)
+    pub fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: impl Into<InodeRef>,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<Attr> {
+        self.make_reported(ctx, Op::Mkdir, parent.into(), name, mode, NewNode::Dir)
     }
 
     /// Creates a symbolic link to `target`.
-    pub fn symlink(&self, ctx: &Ctx, parent: Ino, name: &[u8], target: &[u8]) -> Result<Attr> {
+    pub fn symlink(
+        &self,
+        ctx: &Ctx,
+        parent: impl Into<InodeRef>,
+        name: &[u8],
+        target: &[u8],
+    ) -> Result<Attr> {
         self.make_reported(
             ctx,
             Op::Symlink,
-            parent,
+            parent.into(),
             name,
             0o777,
             NewNode::Symlink(target),
@@ -202,7 +221,7 @@ impl Filesystem {
     }
 
     /// The target of symlink `ino`.
-    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+    pub fn readlink(&self, ino: impl Into<InodeRef>) -> Result<Vec<u8>> {
         let _c = self.begin(Op::Readlink);
         let g = epoch::pin();
         match &self.iget(ino, &g)?.body {
@@ -212,16 +231,29 @@ impl Filesystem {
     }
 
     /// Adds the name `newname` in `newparent` for inode `ino` (not a directory).
-    pub fn link(&self, ctx: &Ctx, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+    pub fn link(
+        &self,
+        ctx: &Ctx,
+        ino: impl Into<InodeRef>,
+        newparent: impl Into<InodeRef>,
+        newname: &[u8],
+    ) -> Result<Attr> {
+        let (ino, newparent) = (ino.into(), newparent.into());
         let a = self.link_locked(ctx, ino, newparent, newname)?;
         self.report(ctx, |s| {
-            s.entry(newparent, newname);
-            s.inode(ino, None);
+            s.entry(newparent.ino(), newname);
+            s.inode(ino.ino(), None);
         });
         Ok(a)
     }
 
-    fn link_locked(&self, ctx: &Ctx, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr> {
+    fn link_locked(
+        &self,
+        ctx: &Ctx,
+        ino: InodeRef,
+        newparent: InodeRef,
+        newname: &[u8],
+    ) -> Result<Attr> {
         let _c = self.begin(Op::Link);
         check_name(newname)?;
         let g = epoch::pin();
@@ -276,7 +308,7 @@ impl Filesystem {
     fn lock_victim<'a>(
         &'a self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: InodeRef,
         name: &[u8],
         g: &'a Guard,
     ) -> Result<Victim<'a>> {
@@ -299,21 +331,23 @@ impl Filesystem {
     }
 
     /// Removes a non-directory entry.
-    pub fn unlink(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn unlink(&self, ctx: &Ctx, parent: impl Into<InodeRef>, name: &[u8]) -> Result<()> {
+        let parent = parent.into();
         let ino = self.remove_locked(ctx, Op::Unlink, parent, name)?;
-        self.report_removal(ctx, parent, name, ino);
+        self.report_removal(ctx, parent.ino(), name, ino);
         Ok(())
     }
 
     /// Removes an empty directory.
-    pub fn rmdir(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
+    pub fn rmdir(&self, ctx: &Ctx, parent: impl Into<InodeRef>, name: &[u8]) -> Result<()> {
+        let parent = parent.into();
         let ino = self.remove_locked(ctx, Op::Rmdir, parent, name)?;
-        self.report_removal(ctx, parent, name, ino);
+        self.report_removal(ctx, parent.ino(), name, ino);
         Ok(())
     }
 
     /// `unlink` or `rmdir` (`op`): removes the name and returns the inode it named.
-    fn remove_locked(&self, ctx: &Ctx, op: Op, parent: Ino, name: &[u8]) -> Result<Ino> {
+    fn remove_locked(&self, ctx: &Ctx, op: Op, parent: InodeRef, name: &[u8]) -> Result<Ino> {
         let _c = self.begin(op);
         let rmdir = op == Op::Rmdir;
         match name {
@@ -367,16 +401,17 @@ impl Filesystem {
     pub fn rename(
         &self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: impl Into<InodeRef>,
         name: &[u8],
-        newparent: Ino,
+        newparent: impl Into<InodeRef>,
         newname: &[u8],
         flags: u32,
     ) -> Result<()> {
+        let (parent, newparent) = (parent.into(), newparent.into());
         self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
         self.report(ctx, |s| {
-            s.entry(parent, name);
-            s.entry(newparent, newname);
+            s.entry(parent.ino(), name);
+            s.entry(newparent.ino(), newname);
         });
         Ok(())
     }
@@ -384,9 +419,9 @@ impl Filesystem {
     fn rename_inner(
         &self,
         ctx: &Ctx,
-        parent: Ino,
+        parent: InodeRef,
         name: &[u8],
-        newparent: Ino,
+        newparent: InodeRef,
         newname: &[u8],
         flags: u32,
     ) -> Result<()> {

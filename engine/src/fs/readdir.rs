@@ -7,7 +7,7 @@
 
 use crossbeam_epoch as epoch;
 
-use super::Filesystem;
+use super::{Filesystem, InodeRef};
 use crate::attr::{Attr, FileType};
 use crate::dir::Name;
 use crate::errno::{Errno, Result};
@@ -34,10 +34,10 @@ const BATCH: usize = 64;
 
 impl Filesystem {
     /// Opens directory `ino` for reading (read permission required).
-    pub fn opendir(&self, ctx: &Ctx, ino: Ino) -> Result<Fh> {
+    pub fn opendir(&self, ctx: &Ctx, ino: impl Into<InodeRef>) -> Result<Fh> {
         let _c = self.begin(Op::Opendir);
         let g = epoch::pin();
-        let (i, d) = self.dir_inode(ino, &g)?;
+        let (i, d) = self.dir_inode(ino.into(), &g)?;
         perm::check(ctx, &i.attr.load(), MAY_READ)?;
         i.get_ref()?;
         let h = Handle {
@@ -168,7 +168,7 @@ impl Filesystem {
                 }
             }
         }
-        self.touch_atime(i);
+        self.touch_atime(i, &g);
         Ok(())
     }
 }

@@ -83,6 +83,7 @@ impl Filesystem {
             let i = self.iget(ino, &g)?;
             self.writable()?;
             self.xattr_permission(ctx, i, name, true)?;
+            let _held = self.hold(i, &g)?;
             if value.len() > XATTR_SIZE_MAX {
                 return Err(Errno::E2BIG);
             }
@@ -129,6 +130,7 @@ impl Filesystem {
             let i = self.iget(ino, &g)?;
             self.writable()?;
             self.xattr_permission(ctx, i, name, true)?;
+            let _held = self.hold(i, &g)?;
             let rec = Record::RemoveXattr {
                 inode: i.id(),
                 name,
