@@ -1,4 +1,4 @@
-//! # lanefs-bench: the seed workloads (DESIGN §6)
+//! # lanefs-bench: the seed workloads (docs/DESIGN.md §6)
 //!
 //! One harness, one definition per workload, two adapters ([`adapter::Engine`] in-process
 //! with a chosen locking mode, [`adapter::Syscalls`] on any mounted path), so the same loop is

@@ -1,6 +1,6 @@
 //! Inode attributes: the public [`Attr`] snapshot, and the seqlock ([`AttrCell`]) that stores
 //! them inside an inode so that `getattr` and permission checks read them without writing any
-//! shared cache line (DESIGN §3, seed 000).
+//! shared cache line (docs/DESIGN.md §3: lookups take no shared lock).
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*, fence};
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! The open-file table, sharded by thread slot (DESIGN §3, seed 004).
+//! The open-file table, sharded by thread slot (docs/DESIGN.md §3: no global lock for open files).
 //!
 //! A handle is created in the shard of the opening thread's slot and looked up in the shard its
 //! number names, so a thread that opens, reads and closes its own files (the `orc` workload)

@@ -1,8 +1,8 @@
 //! # Locking in the lanefs engine
 //!
 //! **Update this file whenever a lock class, what it protects, or the order of acquisition
-//! changes.** It is the one place where all of them are written down (DESIGN §3); code that
-//! relies on a rule below cites it.
+//! changes.** It is the one place where all of them are written down; code that relies on a
+//! rule below cites it.
 //!
 //! ## Lock classes and what they protect
 //!
@@ -11,32 +11,40 @@
 //! | `coarse` | 1 per filesystem | everything; taken around every operation, `Locking::Coarse` only |
 //! | `rename` | 1 per filesystem | the parent pointers (`DirBody::parent`) of all directories; taken only by a rename that moves a directory to another parent (and, in `dirlock` mode, by every cross-directory rename, as Linux's `s_vfs_rename_mutex`) |
 //! | `dirlock` | 1 per directory (`DirBody::lock`) | all entries of that directory; `Locking::DirLock` only |
-//! | `stripe` | 16384 per filesystem (`NSTRIPES`) | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, and the link count changes that adding or removing it implies |
-//! | `dirent_shard` | 4096 per filesystem (`NMAP`, read-write) | one shard of the dirent map: which `(parent, name)` keys exist in it and the entry nodes they own; read by lookups, written by a publish or removal (each under the name's stripe) |
-//! | `index_shard` | 256 per filesystem | one shard of the ordered index: the runs of its `(dir, slot)` pairs and their live counts; a directory entry node is freed only after its remover has taken it out of its run under this lock (`dir.rs`) |
-//! | `file_data` | 1 per regular file (`RwLock`) | the file's pages, and its size (which also lives in the attributes, written under this lock) |
-//! | `attr` | 1 per inode (seqlock, writers only) | mode, uid, gid, size, blocks, times |
-//! | `xattr` | 1 per inode | the inode's extended attributes |
-//! | `ino_alloc` | 1 per thread slot | that slot's free inode numbers and fresh range |
+//! | `stripe` | 16384 per filesystem (`NSTRIPES`) | the directory entry `(parent, name)` for every name hashing to the stripe: its existence, the inode it names, the link count changes adding or removing it implies, and the order of the records that change it |
+//! | `dirent_shard` | 4096 per filesystem (`NMAP`, read-write) | one shard of the dirent map: which `(parent, name)` keys exist in it and the entry nodes they own; read by lookups, written by a reveal, a removal or a rename (each under the name's stripe) |
+//! | `index_shard` | 256 per filesystem | the `words` of the runs whose `(directory, slot)` hashes to it (`dir/index.rs`); an entry node is freed only after its remover took it out of its run under this lock |
+//! | `file_data` | 1 per regular file (`RwLock`) | the file's pages and its size (which also lives in the attributes, written under this lock), and the order of its data records |
+//! | `attr` | 1 per inode (seqlock, writers only) | mode, flags, uid, gid, size, blocks, times, and the order of attribute records |
+//! | `xattr` | 256 per filesystem | one shard of the extended-attribute table (`xattr.rs`), and the order of xattr records |
+//! | `ino_alloc` | 1 per thread slot | that slot's free inode numbers, fresh numbers and generations |
 //! | `handles` | 1 per thread slot | that slot's shard of the open-file table |
 //!
 //! Global locks off every hot path (uncounted; each is a leaf):
-//! - the **inode-number spill list** (`ids.rs`, 1 per filesystem): taken when a slot's free
+//! - the **inode-number spill list** (`id.rs`, 1 per filesystem): taken when a slot's free
 //!   list passes 8192 numbers (once per 4096 frees) or a slot with no numbers left drains it;
 //! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
-//!   calls the engine and once when it exits.
+//!   calls the engine and once when it exits;
 //! - the **invalidation sink** (`notify.rs`, 1 per filesystem, a read-write lock): read only
 //!   by a mutation made through the library (not by the kernel) while a FUSE mount has a sink
 //!   installed, after the operation has released every other lock; written when a mount
 //!   installs or removes its sink.
 //!
+//! The **store** ([`crate::Store`]) is called while the locks that order a change are held
+//! (see "Records" below) and must take only locks of its own that nothing of the engine
+//! nests under: to the engine, a store's locks are leaves.
+//!
 //! Not locks, but shared state with rules of their own:
 //! - the **inode table**: lock-free; slots are written only by `install` (a number fresh from
-//!   the allocator) and `remove` (by the winner of the inode's `DEAD` transition);
+//!   the allocator, or a record's during recovery) and `remove` (by the winner of the inode's
+//!   `DEAD` transition);
 //! - the **lifecycle word** of an inode (`inode.rs`): atomic transitions only;
-//! - **`DirBody::life`** (ALIVE / DYING / DEAD): written only by a thread holding the stripe
-//!   of the directory's own name (rmdir, or a rename over it); see the rmdir protocol below;
-//! - **`DirBody::slot_mask`**: bits only ever set, by `publish`;
+//! - a directory's **life** (ALIVE, DYING, DEAD; `dir/life.rs`): named transitions, made
+//!   only by a thread holding the stripe of the directory's own name (rmdir, or a rename
+//!   over it); see the removal protocol below;
+//! - a directory's **run set** (`dir/index.rs`): replaced by compare-and-swap, under the
+//!   index-shard lock of the slot it adds; runs' `live` counts: atomics changed under their
+//!   shard lock, read without it;
 //! - per-slot counters (statistics, cookie sequences, quota reserves): atomics.
 //!
 //! ## Ordering
@@ -48,22 +56,24 @@
 //!   rename
 //!     dirlock            (two of them: lower inode number first)
 //!       stripe           (two of them: lower stripe index first; equal indexes: once)
-//!         dirent_shard   (leaf: held for one table probe, never with another one)
+//!         dirent_shard   (two of them, by a rename only: lower shard index first)
 //!         index_shard    (leaf)
 //!         ino_alloc      (leaf)
 //!         handles        (leaf)
-//!         xattr          (leaf)
 //!         file_data
-//!           attr         (leaf: the writer's closure only computes)
+//!           xattr
+//!             attr       (leaf: the writer's closure computes and appends a record)
 //! ```
 //!
 //! Every rank is acquired in non-decreasing order by every path, so no cycle of waiters can
-//! form: at the top, `coarse` and `rename` are single locks; `dirlock`s and `stripe`s of one
-//! operation are sorted before acquisition (at most two, by [`crate::Filesystem::rename`]);
-//! the leaves never nest with each other, except `file_data → attr`. The one wait that is not
-//! a lock acquisition, a creator waiting for an rmdir's outcome (below), happens with stripes
-//! held, and the rmdir it waits for holds only its own stripe and takes nothing but
-//! `index_shard` leaves until it decides, so the wait always ends.
+//! form: at the top, `coarse` and `rename` are single locks; `dirlock`s, `stripe`s and a
+//! rename's two `dirent_shard`s are sorted before acquisition; below the stripes only
+//! `file_data → xattr → attr` nest (a write removes a file's capabilities and set-id bits
+//! while holding its data lock; an xattr change stores the inode's flags and ctime while
+//! holding its xattr shard). The one wait that is not a lock
+//! acquisition, a creator waiting for a removal's decision (below), happens with stripes
+//! held, and the removal it waits for holds only the stripe of the directory's own name and
+//! takes nothing until it decides but its store append, so the wait always ends.
 //!
 //! Rename takes the `rename` lock before its stripes, but only knows whether it moves a
 //! directory after looking the names up. It peeks without locks, takes the locks its peek
@@ -75,73 +85,60 @@
 //!
 //! | operation | stripes | other locks |
 //! |---|---|---|
-//! | lookup, getattr, access, readlink | none | `dirent_shard` (read); for a directory's size, its `index_shard`s |
-//! | path walk (`Client`) | none | as lookup, per component |
-//! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, `index_shard`, `dirent_shard`, `attr` of the parent once per clock tick |
-//! | unlink | `(parent, name)` | `dirent_shard`, `index_shard`, `attr` |
-//! | rmdir | `(parent, name)` | `index_shard`s of the victim (emptiness test) |
-//! | rename | `(p1, n1)` and `(p2, n2)` | `rename` first if a directory changes parent |
+//! | lookup | none | one `dirent_shard` (read) |
+//! | getattr, access, readlink | none | none (a directory's size is counted without a lock) |
+//! | path walk (`Client`) | none | one `dirent_shard` (read) per component |
+//! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, the creating slot's `index_shard` in the parent, `dirent_shard` (read, then write), `attr` of the parent once per clock tick |
+//! | unlink | `(parent, name)` | `dirent_shard`, `index_shard` of the entry's run, `attr` |
+//! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock |
+//! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent |
 //! | open, release | none | `handles` of a slot |
 //! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared) |
-//! | write, truncate, fallocate | none | `handles`, `file_data` (exclusive), `attr` |
-//! | readdir | none | `handles`, `index_shard`s of the directory's slots, `dirent_shard`s (read) |
+//! | write, truncate, fallocate | none | `handles` (not by inode), `file_data` (exclusive), `attr`; `xattr` if the file has extended attributes |
+//! | readdir | none | `handles`, the `index_shard`s of the directory's runs, `dirent_shard`s (read) |
 //! | setattr, xattrs | none | `attr` / `xattr` of the inode |
 //!
 //! A create or unlink therefore writes nothing that every other name in the same directory
 //! writes: the stripe is chosen by the name, the index shard by the directory and the
-//! creating thread's slot, cookies come from the slot's own sequence, inode numbers from the
-//! slot's own range, and the directory's mtime/ctime is stored only when the coarse clock
-//! ticks (`time.rs`). There is no entry counter and no per-directory lock.
+//! creating thread's slot, cookies come from the slot's own sequence, inode numbers and
+//! generations from the slot's own ranges, and the directory's mtime/ctime is stored only when
+//! the coarse clock ticks (`time.rs`). There is no entry counter and no per-directory lock.
 //!
-//! ## Lookups take no directory lock and no reference (DESIGN §3, seed 000)
+//! An operation that changes an inode it did not find under a stripe (setattr, write,
+//! fallocate, xattrs, an atime update) holds a reference on it for its length
+//! (`Filesystem::hold`), so the inode is not freed, and its `Free` record not appended,
+//! before the operation's own records. That writes the inode's lifecycle word, which the
+//! operation writes anyway; never a parent's.
+//!
+//! ## Lookups take no directory lock and no reference
 //!
 //! `lookup(parent, name)` loads the parent from the inode table (two loads, no reference
 //! count), reads its attributes through the seqlock (no write), and reads the dirent map under
 //! its shard's read lock (one of 4096, picked by the name's hash: the only shared write a
-//! lookup makes, and one that threads working on different names rarely share). The entry gives `ino_gen`; the inode table gives the inode whose
-//! `ino_gen` must match. A mismatch means the entry changed and its old inode was freed and
-//! the number reused between the two reads: the lookup re-reads the entry; after a few such
-//! races it re-reads under the name's stripe, where an entry and its inode are stable (an
-//! inode is installed before its entry is published, and an entry is removed before its inode
-//! can be freed).
+//! lookup makes, one that threads working on different names rarely share). The entry names
+//! an inode by number and generation; the inode table gives the inode whose generation must
+//! match. A mismatch means the entry changed and its old inode was freed and the number
+//! reused between the two reads: the lookup re-reads the entry; after a few such races it
+//! re-reads under the name's stripe, where an entry and its inode are stable (an inode is
+//! installed before its entry is revealed, and an entry is removed before its inode can be
+//! freed).
 //!
-//! ## The rmdir protocol: excluding creates without a per-directory lock
+//! ## The removal protocol: excluding creates without a per-directory lock
 //!
 //! A create in directory D holds the stripe of `(D, name)`; an rmdir of D holds the stripe of
-//! `(parent(D), name(D))`, a different lock. They exclude each other through `D.life` and the
-//! ordered index, as in Dekker's algorithm:
+//! `(parent(D), name(D))`, a different lock. They exclude each other through D's life word
+//! and its runs' counts, as in Dekker's algorithm, with one SeqCst fence on each side; the
+//! protocol, its argument and its loom model are in `dir/life.rs`. It covers every way of
+//! adding an entry (create, mknod, mkdir, symlink, link, rename into D) and every way of
+//! removing a directory (rmdir, a rename over an empty directory). Entries enter the index
+//! before the map and leave the map before the index, so an entry is counted by a removal
+//! whenever a lookup could see it. A readdir reads names from the index and reports only
+//! those the map confirms with the same cookie.
 //!
-//! ```text
-//! creator (Dirents::publish)                 rmdir (Dirents::kill_if_empty)
-//!   C1 set D.slot_mask bit (SeqCst RMW)        R1 D.life := DYING
-//!   C2 insert into the index shard (mutex)     R2 fence(SeqCst)
-//!   C3 fence(SeqCst)                           R3 read D.slot_mask; count entries under
-//!   C4 read D.life                                 the shard mutexes of those slots
-//!      DYING: wait until it changes            R4 D.life := empty ? DEAD : ALIVE
-//!      DEAD:  remove the index entry, ENOENT
-//!      ALIVE: insert into the dirent map (visible)
-//! ```
-//!
-//! *Claim: no entry is ever published in a DEAD directory, and rmdir never declares a
-//! directory empty while a create in it succeeds.* The two fences are ordered in the single
-//! total order of SeqCst operations. If C3 precedes R2, then R3 reads the mask bit set by C1
-//! (sequenced before C3) and, locking the shard after C2's unlock, sees the index entry:
-//! rmdir answers ENOTEMPTY and restores ALIVE. If R2 precedes C3, C4 reads DYING or a later
-//! value: the creator waits for R4, then publishes on ALIVE (rmdir failed; it may have
-//! counted this very entry) or backs out on DEAD (rmdir succeeded without it). A creator that
-//! read ALIVE at C4 is therefore ordered before any rmdir that could miss it, and its entry
-//! stays in the index, so every later rmdir sees it. The window between R1 and R4 takes only
-//! `index_shard` leaves, so waiters are not blocked for long (they spin, then yield).
-//!
-//! The same protocol covers every way of adding an entry (create, mknod, mkdir, symlink,
-//! link, rename into D) and every way of removing a directory (rmdir, a rename over an empty
-//! directory). The check that carries it is C4 *after* C2: publishing to the index after
-//! reading `life` would let an rmdir miss an entry that then becomes visible in a dead
-//! directory.
-//!
-//! Entries enter the index before the map and leave the map before the index, so an entry is
-//! counted by rmdir whenever a lookup could see it. A readdir reads names from the index and
-//! reports only those the map confirms with the same cookie.
+//! A parent's link count moves while the entry causing the move is in its index (`+1` when a
+//! new subdirectory's name is revealed, `-1` while a removed or moved-out subdirectory's name
+//! is still there), so a parent about to lose a link is never found empty: its count never
+//! changes after it is dead.
 //!
 //! ## Rename
 //!
@@ -150,15 +147,29 @@
 //! taken first; it is what makes the loop check sound: under it no directory changes parent,
 //! so walking `..` pointers from the target directory up to the root, looking for the source,
 //! sees a stable chain (`is_ancestor`). That check is the load-bearing one: without it,
-//! `rename(a, a/b/c)` would detach a cycle from the tree. A rename over an existing name
-//! points the target entry at the source inode in place (`Dirents::repoint`), so a lookup of
-//! the target never finds it missing; then it removes the source entry.
+//! `rename(a, a/b/c)` would detach a cycle from the tree; a chain that runs into a removed
+//! directory answers ENOENT, never "not an ancestor". The map changes of a rename (the new
+//! name, the replaced or exchanged target, the removed source), with the link counts and
+//! `..` that go with them, are made while both names' map shards are write-locked, so a
+//! lookup of either name sees the rename entirely or not at all.
+//!
+//! ## Records
+//!
+//! Every change is appended to the store as a record while the locks that order it are held
+//! and before any of it is visible (`fs/apply.rs` says where, kind by kind): the stripes of
+//! the names it changes for namespace records, inside a removal's decision for an rmdir or
+//! a rename over a directory, the data lock for data records, the attribute seqlock for
+//! attribute records, the xattr shard lock for xattr records. Two changes whose order
+//! matters share one of those locks (or one causally follows the other), so the order in
+//! which records are appended is an order in which they can be replayed
+//! (docs/RECORDS.md, "Order").
 //!
 //! ## Memory reclamation
 //!
 //! Inodes are reached through `crossbeam-epoch` guards. The winner of an inode's `DEAD`
 //! transition removes it from the table and defers its destruction past every current guard;
 //! a reader still holding a pointer can read it but cannot take a reference (the transition
-//! fails on `DEAD`). A directory entry's node is owned by the dirent map and freed by its
-//! remover once it has left both tables (`dir.rs`, "A node's life"): no epoch, since every
-//! reader of a node holds the lock of a table that still contains it.
+//! fails on `DEAD`). A directory's runs and run set are freed with it. A directory entry's
+//! node is owned by the dirent map and freed by its remover once it has left both tables
+//! (`dir/node.rs`, "A node's life"): no epoch, since every reader of a node holds the lock of
+//! a table that still contains it.

@@ -1,4 +1,4 @@
-//! A space counter without a global hot spot: the size and inode limits of DESIGN §4 (ENOSPC).
+//! A space counter without a global hot spot: the size and inode limits (ENOSPC).
 //!
 //! Like the kernel's `percpu_counter`, each thread slot keeps a private reserve taken from the
 //! global pool in batches, so a write or create touches the shared pool once per batch. Near

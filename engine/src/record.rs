@@ -955,6 +955,65 @@ mod tests {
         );
     }
 
+    /// docs/RECORDS.md, read at build time: its worked example decodes to the record it
+    /// describes, and its table of kinds lists the tags the encoder writes.
+    #[test]
+    fn the_format_document_matches_the_code() {
+        let doc = include_str!("../../docs/RECORDS.md");
+        let example = doc
+            .split("```text\n")
+            .nth(1)
+            .and_then(|s| s.split("```").next())
+            .expect("the example block");
+        let bytes: Vec<u8> = example
+            .lines()
+            .flat_map(|l| {
+                l.split_whitespace()
+                    .take_while(|w| w.len() == 2 && u8::from_str_radix(w, 16).is_ok())
+                    .map(|w| u8::from_str_radix(w, 16).unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let want = Record::Create {
+            dir: InodeId::ROOT,
+            name: b"f",
+            cookie: FIRST_COOKIE + 1,
+            inode: NewInode {
+                id: id(1025, 7),
+                mode: libc::S_IFREG | 0o644,
+                uid: 1000,
+                gid: 100,
+                rdev: 0,
+                target: b"",
+                time: Timespec::new(1_700_000_000, 500_000_000),
+            },
+        };
+        assert_eq!(Record::decode(&bytes), Ok(want));
+        assert_eq!(want.to_bytes(), bytes);
+        // "| 2 | Create |" rows of the kinds table, against one sample of each kind.
+        let kinds: Vec<(u8, &str)> = doc
+            .lines()
+            .filter_map(|l| {
+                let mut cells = l.split('|').map(str::trim).skip(1);
+                let tag = cells.next()?.parse().ok()?;
+                let kind = cells.next()?;
+                (!kind.contains(' ')).then_some((tag, kind))
+            })
+            .collect();
+        let mut seen: Vec<(u8, String)> = samples()
+            .iter()
+            .map(|r| {
+                let kind = format!("{r:?}");
+                let kind = kind.split([' ', '{']).next().unwrap().to_string();
+                (r.to_bytes()[0], kind)
+            })
+            .collect();
+        seen.sort();
+        seen.dedup();
+        let documented: Vec<(u8, String)> = kinds.iter().map(|&(t, k)| (t, k.into())).collect();
+        assert_eq!(documented, seen);
+    }
+
     #[test]
     fn the_memory_store_keeps_nothing_and_never_fails() {
         let s = MemoryStore;

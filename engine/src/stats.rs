@@ -1,7 +1,7 @@
 //! Statistics: operation counts and per-lock-class contention, kept per thread slot.
 //!
-//! DESIGN §3 asks every lock class to count acquisitions, contended acquisitions and wait time
-//! without a shared counter (which would itself be the hot spot). Each thread slot owns one
+//! Every lock class counts acquisitions, contended acquisitions and wait time (docs/DESIGN.md
+//! §3) without a shared counter (which would itself be the hot spot). Each thread slot owns one
 //! [`SlotStats`] on its own cache lines; a snapshot ([`Stats::snapshot`]) sums the slots.
 //!
 //! Wait time is measured only on the contended path (a failed `try_lock` first), so an

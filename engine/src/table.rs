@@ -3,8 +3,8 @@
 //! Inode numbers are dense (allocated in per-thread batches and recycled, `ids.rs`), so the
 //! table is a two-level array of atomic pointers rather than a hash map: `lookup` of a parent
 //! directory, `getattr` and every path-walk step are two dependent loads, and write nothing
-//! (DESIGN §3: no reference-count bump on a shared parent). Leaf chunks are allocated on first
-//! use and live as long as the table.
+//! (docs/DESIGN.md §3: no reference-count bump on a shared parent). Leaf chunks are allocated
+//! on first use and live as long as the table.
 //!
 //! # Reclamation
 //! Slots hold `crossbeam_epoch::Atomic<Inode>`. Readers load under an epoch guard; removal swaps

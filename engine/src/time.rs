@@ -4,7 +4,7 @@
 //! clock (`CLOCK_REALTIME_COARSE`, one scheduler tick of resolution, read from the vDSO without
 //! a system call). A directory's mtime/ctime is stored only when the coarse value differs from
 //! the stored one, so a burst of creates in one directory writes the directory's attribute line
-//! once per tick instead of once per create (DESIGN §3).
+//! once per tick instead of once per create (docs/DESIGN.md §3).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -492,3 +492,40 @@ fn data_operations_by_inode_match_those_by_handle() {
         Errno::ENOENT
     );
 }
+
+/// `O_NOATIME`: reads through such a handle leave the access time alone (relatime would have
+/// set it: the file was just written); only the owner (or root) may ask for it.
+#[test]
+fn o_noatime_reads_leave_atime_alone_and_need_ownership() {
+    let (fs, c) = new_fs(Config::default());
+    c.create_dir("/d").unwrap();
+    c.set_permissions("/d", 0o777).unwrap();
+    c.write("/d/f", b"data").unwrap();
+    c.set_permissions("/d/f", 0o644).unwrap();
+    let ino = c.metadata("/d/f").unwrap().ino();
+    c.set_times("/d/f", Some(TimeSet::At(Timespec::new(1000, 0))), None)
+        .unwrap();
+    let ctx = Ctx::root();
+    let read = |flags| {
+        let fh = fs.open(&ctx, ino, flags).unwrap();
+        let mut b = [0u8; 4];
+        assert_eq!(fs.read(fh, 0, &mut b).unwrap(), 4);
+        fs.release(fh).unwrap();
+        fs.getattr(ino).unwrap().atime
+    };
+    assert_eq!(
+        read(libc::O_RDONLY | libc::O_NOATIME),
+        Timespec::new(1000, 0)
+    );
+    assert_ne!(
+        read(libc::O_RDONLY),
+        Timespec::new(1000, 0),
+        "relatime updates it"
+    );
+    let other = Ctx::user(1000, 1000);
+    assert_eq!(
+        fs.open(&other, ino, libc::O_RDONLY | libc::O_NOATIME),
+        Err(Errno::EPERM)
+    );
+    assert!(fs.open(&other, ino, libc::O_RDONLY).is_ok());
+}

@@ -1,6 +1,6 @@
 //! Differential tests against the Linux kernel: each case runs the same operations on a kernel
 //! tmpfs directory (plain syscalls) and on lanefs (the path API), as root and as plain users,
-//! and requires the same result or errno at every step (DESIGN §4: tmpfs is the reference).
+//! and requires the same result or errno at every step (docs/DESIGN.md §4: tmpfs is the reference).
 //!
 //! Needs root (to act as other users) and a tmpfs (/dev/shm, or one it mounts).
 

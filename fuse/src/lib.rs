@@ -1,10 +1,11 @@
 //! # lanefs-fuse: the FUSE server
 //!
-//! A thin translation layer (DESIGN §2): each FUSE request is decoded by `fuser`, turned into
-//! exactly one call on the engine's inode API with the caller's credentials, and the result or
-//! errno is encoded back. The server keeps no state of its own: lookup counts, handles,
-//! generations and readdir cookies are the engine's (`Ctx::count_lookups` makes every entry
-//! the engine returns carry one lookup reference, which FORGET drops).
+//! A thin translation layer (docs/DESIGN.md §2): each FUSE request is decoded by `fuser`,
+//! turned into exactly one call on the engine's inode API with the caller's credentials
+//! (`creds.rs`), and the result or errno is encoded back. The server keeps no state of its
+//! own: lookup counts, handles, generations and readdir cookies are the engine's (a
+//! `Via::Kernel` context makes every entry the engine returns carry one lookup reference,
+//! which FORGET drops).
 //!
 //! ## What is negotiated with the kernel, and why
 //! - `FUSE_PARALLEL_DIROPS`: lookups and readdir in one directory run in parallel in the
@@ -33,6 +34,11 @@
 //!   and ctime even on an empty file, so `truncate(path, 0)` of an empty file stamps them
 //!   too, where tmpfs leaves them alone.
 //! - `FUSE_CACHE_SYMLINKS`: symlink targets are cached in the page cache.
+//! - `FUSE_HANDLE_KILLPRIV_V2`: lanefs takes away set-id bits and file capabilities on write,
+//!   truncate and chown itself, as Linux does (`engine/src/fs/file.rs`). Without it the kernel
+//!   asks for that with a SETATTR of the mode on the writer's credentials, which a writer who
+//!   does not own the file may not make (EPERM, and the write refused). A write's
+//!   `FUSE_WRITE_KILL_SUIDGID` flag tells whether the writer lacks `CAP_FSETID`.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)

@@ -95,7 +95,11 @@ impl Filesystem {
         if wants_write {
             mask |= MAY_WRITE;
         }
-        perm::check(ctx, &i.attr.load(), mask)?;
+        let v = i.attr.load();
+        perm::check(ctx, &v, mask)?;
+        if flags & libc::O_NOATIME != 0 && !perm::owner_or_root(ctx, &v) {
+            return Err(Errno::EPERM);
+        }
         if wants_write {
             self.writable()?;
         }
@@ -279,7 +283,9 @@ impl Filesystem {
                 n
             }
         };
-        self.touch_atime(i, &g);
+        if h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
+            self.touch_atime(i, &g);
+        }
         Ok(n)
     }
 
