@@ -29,7 +29,10 @@ pub enum Via {
     /// symlink, link, readdirplus) carries one lookup reference that the kernel drops with
     /// `forget`; changes are not reported to the invalidation sink ([`crate::notify`]: the
     /// kernel made them and updates its own caches); and the checks the kernel applies by
-    /// its own policy before it sends a request (`fs.protected_hardlinks`) are left to it.
+    /// its own policy before it sends a request are left to it: `fs.protected_hardlinks`,
+    /// and the capabilities that writing `security.*` attributes needs (the kernel itself
+    /// sends the removal of a file's capabilities, on the credentials of the writer whose
+    /// change takes them away).
     Kernel,
 }
 

@@ -529,3 +529,109 @@ fn o_noatime_reads_leave_atime_alone_and_need_ownership() {
     );
     assert!(fs.open(&other, ino, libc::O_RDONLY).is_ok());
 }
+
+/// Privileges a change takes away, as the kernel's tmpfs does (checked there with setpriv
+/// and setcap): a non-owner's truncate or write clears set-user-ID, and set-group-ID when
+/// the file is group-executable or the writer is not in its group; capabilities go on any
+/// write, fallocate or chown, root's included; root keeps set-id bits when it writes; a
+/// chown clears set-user-ID even when root makes it. None of these fails with EPERM.
+#[test]
+fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
+    let (fs, c) = new_fs(Config::default());
+    c.create_dir("/d").unwrap();
+    c.set_permissions("/d", 0o777).unwrap();
+    let nobody = Client::new(fs.clone(), Ctx::user(65534, 65534));
+    let member = Client::new(fs.clone(), Ctx::user(65534, 100));
+    let mode = |p: &str| c.metadata(p).unwrap().mode() & 0o7777;
+    let caps = b"\x01\x00\x00\x02\x80\x00\x00\x00\x80\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+    let with_caps = |p: &str| {
+        c.write(p, b"").unwrap();
+        let ino = c.metadata(p).unwrap().ino();
+        fs.setxattr(&Ctx::root(), ino, b"security.capability", caps, 0)
+            .unwrap();
+        ino
+    };
+    let has_caps = |ino| {
+        fs.getxattr(&Ctx::root(), ino, b"security.capability")
+            .is_ok()
+    };
+
+    c.write("/d/a", b"").unwrap();
+    c.set_permissions("/d/a", 0o4777).unwrap();
+    nobody.truncate("/d/a", 1).unwrap();
+    assert_eq!(
+        mode("/d/a"),
+        0o777,
+        "a non-owner's truncate clears set-user-ID"
+    );
+
+    c.write("/d/b", b"").unwrap();
+    c.set_permissions("/d/b", 0o2767).unwrap();
+    nobody
+        .open("/d/b", OpenOptions::new().append(true))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert_eq!(mode("/d/b"), 0o767, "set-group-ID, writer not in the group");
+    c.write("/d/c", b"").unwrap();
+    c.chown("/d/c", None, Some(100)).unwrap();
+    c.set_permissions("/d/c", 0o2767).unwrap();
+    member
+        .open("/d/c", OpenOptions::new().append(true))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert_eq!(
+        mode("/d/c"),
+        0o2767,
+        "kept: not group-executable, writer in the group"
+    );
+    c.set_permissions("/d/c", 0o2777).unwrap();
+    member
+        .open("/d/c", OpenOptions::new().append(true))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert_eq!(
+        mode("/d/c"),
+        0o777,
+        "group-executable: cleared for a member too"
+    );
+
+    let d = with_caps("/d/caps-fallocate");
+    c.set_permissions("/d/caps-fallocate", 0o777).unwrap();
+    let f = nobody
+        .open("/d/caps-fallocate", OpenOptions::new().write(true))
+        .unwrap();
+    fs.fallocate(nobody.ctx(), f.handle(), 0, 0, 4096).unwrap();
+    assert!(!has_caps(d), "capabilities go on a non-owner's fallocate");
+    let e = with_caps("/d/caps-root-write");
+    c.open("/d/caps-root-write", OpenOptions::new().append(true))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert!(!has_caps(e), "and on root's write");
+    let g = with_caps("/d/caps-chown");
+    c.chown("/d/caps-chown", Some(65534), None).unwrap();
+    assert!(!has_caps(g), "and on a chown");
+
+    c.write("/d/f", b"").unwrap();
+    c.set_permissions("/d/f", 0o6777).unwrap();
+    c.open("/d/f", OpenOptions::new().append(true))
+        .unwrap()
+        .write_all(b"x")
+        .unwrap();
+    assert_eq!(
+        mode("/d/f"),
+        0o6777,
+        "root keeps set-id bits when it writes"
+    );
+    c.set_permissions("/d/f", 0o4755).unwrap();
+    c.chown("/d/f", Some(65534), None).unwrap();
+    assert_eq!(
+        mode("/d/f"),
+        0o755,
+        "a chown clears set-user-ID, root's too"
+    );
+    fs.check_invariants().unwrap();
+}

@@ -386,12 +386,17 @@ impl fuser::Filesystem for Server {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write_inode(&ctx(req), node(ino), offset, data) {
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel flags a write whose writer lacks
+        // CAP_FSETID on a file with set-id bits to take away; without the flag there is
+        // nothing the writer must lose.
+        let mut c = ctx(req);
+        c.keeps_setid = !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write_inode(&c, node(ino), offset, data) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }

@@ -775,3 +775,68 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
     eprintln!("{}", summary.unwrap_or("no summary"));
     m.unmount_and_check();
 }
+
+/// A user who does not own a set-user-ID, set-group-ID or file-capability file may still
+/// write, truncate and fallocate it (if its mode allows), and the change takes the
+/// privileges away, as on tmpfs: nothing answers EPERM. (Without FUSE_HANDLE_KILLPRIV_V2 the
+/// kernel asked lanefs for a chmod on the writer's credentials, refused, and the write with
+/// it.)
+#[test]
+fn non_owners_write_set_id_and_capability_files_and_take_the_privileges_away() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(&d, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let as_nobody = |cmd: &str| {
+        let o = sh(&format!(
+            "cd {} && setpriv --reuid=65534 --regid=65534 --clear-groups {cmd}",
+            d.display()
+        ));
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let mode = |n: &str| {
+        std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(d.join(n)).unwrap()) & 0o7777
+    };
+    let set_mode = |n: &str, mode: u32| {
+        std::fs::set_permissions(
+            d.join(n),
+            std::os::unix::fs::PermissionsExt::from_mode(mode),
+        )
+        .unwrap()
+    };
+    std::fs::write(d.join("a"), b"").unwrap();
+    set_mode("a", 0o4777);
+    as_nobody("truncate -s 1 a");
+    assert_eq!(mode("a"), 0o777);
+    std::fs::write(d.join("b"), b"").unwrap();
+    set_mode("b", 0o2767);
+    as_nobody("sh -c 'echo x >> b'");
+    assert_eq!(mode("b"), 0o767);
+    // Capabilities: a version-2 `security.capability` value granting cap_setuid.
+    std::fs::write(d.join("c"), b"").unwrap();
+    set_mode("c", 0o777);
+    let caps = b"\x01\x00\x00\x02\x80\x00\x00\x00\x80\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00";
+    let path = CString::new(d.join("c").as_os_str().as_bytes()).unwrap();
+    let name = CString::new("security.capability").unwrap();
+    // SAFETY: valid C strings and a buffer of the given length.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            caps.as_ptr().cast(),
+            caps.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    as_nobody("fallocate -l 4096 c");
+    // SAFETY: as above, asking only for the size.
+    let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    assert_eq!(r, -1, "capabilities survived a non-owner's fallocate");
+    assert_eq!(std::fs::metadata(d.join("c")).unwrap().len(), 4096);
+    m.unmount_and_check();
+}
