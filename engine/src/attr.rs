@@ -267,6 +267,13 @@ impl AttrCell {
         self.mode.load(Relaxed) & 0xFFFF
     }
 
+    /// The inode flags alone (one load; exact when the caller holds what orders their
+    /// changes, or when none can happen: a dead inode's).
+    #[inline]
+    pub fn flags(&self) -> u32 {
+        self.mode.load(Relaxed) >> 16
+    }
+
     /// The size alone. Exact when the caller holds the file's data lock, which every size
     /// change also holds.
     #[inline]

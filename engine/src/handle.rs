@@ -45,8 +45,9 @@ const GEN_MASK: u32 = (1 << 24) - 1;
 struct Entry {
     generation: u32,
     handle: Option<Handle>,
-    /// Where the current read of a directory handle ends (`dir/mod.rs`).
-    end: Option<ReadEnd>,
+    /// Where the current read of a directory handle ends (`dir/mod.rs`); boxed, so that the
+    /// entries of file handles stay small.
+    end: Option<Box<ReadEnd>>,
 }
 
 #[derive(Default)]
@@ -113,12 +114,12 @@ impl HandleTable {
 
     /// Where the current read of directory handle `fh` ends, if one was started.
     pub fn read_end(&self, fh: Fh, stats: &Stats) -> Result<Option<ReadEnd>> {
-        self.with(fh, stats, |e| e.end.clone())
+        self.with(fh, stats, |e| e.end.as_deref().cloned())
     }
 
     /// Starts a new read of directory handle `fh`, ending at `end`.
     pub fn set_read_end(&self, fh: Fh, end: ReadEnd, stats: &Stats) -> Result<()> {
-        self.with(fh, stats, |e| e.end = Some(end))
+        self.with(fh, stats, |e| e.end = Some(Box::new(end)))
     }
 
     pub fn remove(&self, fh: Fh, stats: &Stats) -> Result<Handle> {

@@ -152,14 +152,16 @@ impl Filesystem {
     }
 
     /// [`Record::Remove`]: `name` in `dir`, which names `victim`, goes (an rmdir when the
-    /// victim is a directory: ENOTEMPTY unless it is empty).
-    pub(super) fn apply_remove(
+    /// victim is a directory: ENOTEMPTY unless it is empty). Returns the victim when this
+    /// removal was its last hold: the caller frees it ([`Filesystem::free_inode`]) once it
+    /// has dropped its locks, which freeing does not need.
+    pub(super) fn apply_remove<'g>(
         &self,
         rec: &Record<'_>,
         (dir, d): (&Inode, &DirBody),
-        victim: &Inode,
+        victim: &'g Inode,
         g: &Guard,
-    ) -> Result<()> {
+    ) -> Result<Option<&'g Inode>> {
         let Record::Remove { name, time, .. } = *rec else {
             unreachable!("apply_remove of {rec:?}")
         };
@@ -185,25 +187,23 @@ impl Filesystem {
         }
         victim.attr.set_c(time, &self.stats);
         dir.attr.set_mc(time, &self.stats);
-        if fate == Fate::Free {
-            self.free_inode(victim, g, true);
-        }
-        Ok(())
+        Ok((fate == Fate::Free).then_some(victim))
     }
 
     /// [`Record::Rename`]: `src` moves from `d1` to `d2` (replacing or exchanging with `dst`
     /// when the target name exists). Every map change, link count and `..` change is made in
-    /// one window in which lookups of either name wait (`Dirents::rename_visible`).
+    /// one window in which lookups of either name wait (`Dirents::rename_visible`). Returns a
+    /// replaced inode whose last hold this was, for the caller to free as `apply_remove`'s.
     #[allow(clippy::too_many_arguments)] // two directories, two inodes, the record, the guard
-    pub(super) fn apply_rename(
+    pub(super) fn apply_rename<'g>(
         &self,
         rec: &Record<'_>,
         (d1, dd1): (&Inode, &DirBody),
         (d2, dd2): (&Inode, &DirBody),
         src: &Inode,
-        dst: Option<&Inode>,
+        dst: Option<&'g Inode>,
         g: &Guard,
-    ) -> Result<()> {
+    ) -> Result<Option<&'g Inode>> {
         let Record::Rename {
             from_name,
             to_name,
@@ -289,10 +289,7 @@ impl Filesystem {
         if cross {
             d2.attr.set_mc(time, &self.stats);
         }
-        if let Some(t) = freed {
-            self.free_inode(t, g, true);
-        }
-        Ok(())
+        Ok(freed)
     }
 
     /// [`Record::SetAttr`] on the values of `inode`, inside its attribute seqlock; `pages` is

@@ -221,6 +221,8 @@ pub struct Filesystem {
     stats: Stats,
     watch: Watch,
     store: Arc<dyn Store>,
+    /// `store.durable()`, read once: a store that keeps nothing is not called per change.
+    durable: bool,
     /// Set while recovery replays records (single-threaded, before any caller): records are
     /// then applied, not appended, and inode numbers are not recycled (`recovery.rs`).
     replaying: AtomicBool,
@@ -292,6 +294,7 @@ impl Filesystem {
             inode_quota: Quota::new(max_inodes, 64),
             stats: Stats::default(),
             watch: Watch::default(),
+            durable: store.durable(),
             store,
             replaying: AtomicBool::new(true),
             cfg,
@@ -393,8 +396,10 @@ impl Filesystem {
         if self.replaying() {
             recovery::observe(self, rec);
             Ok(())
-        } else {
+        } else if self.durable {
             self.store.append(rec)
+        } else {
+            Ok(())
         }
     }
 
@@ -539,7 +544,7 @@ impl Filesystem {
     /// record) unless the inode never became visible (`announce` false).
     fn free_inode(&self, i: &Inode, g: &Guard, announce: bool) {
         debug_assert!(i.is_dead());
-        if announce && !self.replaying() {
+        if announce && self.durable && !self.replaying() {
             // The inode is already dead: a store that cannot take this record loses nothing
             // the recovery of an orphan would not also drop (`recovery.rs`).
             let _ = self.store.append(&Record::Free { inode: i.id() });
@@ -548,7 +553,7 @@ impl Filesystem {
             self.space
                 .give(self.stats.read(LockClass::FileData, data).pages());
         }
-        if i.attr.load().flags & flags::XATTRS != 0 {
+        if i.attr.flags() & flags::XATTRS != 0 {
             self.xattrs.lock(i.ino, &self.stats).remove(&i.ino);
         }
         self.inode_quota.give(1);

@@ -369,8 +369,13 @@ impl Filesystem {
             inode: v.inode.id(),
             time: Timespec::now(),
         };
-        self.apply_remove(&rec, v.dir, v.inode, &g)?;
-        Ok(v.inode.ino)
+        let freed = self.apply_remove(&rec, v.dir, v.inode, &g)?;
+        let ino = v.inode.ino;
+        drop(v);
+        if let Some(i) = freed {
+            self.free_inode(i, &g, true);
+        }
+        Ok(ino)
     }
 
     /// Whether directory `a` is `d` or one of `d`'s ancestors. Parent pointers change only
@@ -492,7 +497,7 @@ impl Filesystem {
                 continue;
             }
             let src = src.ok_or(Errno::ENOENT)?;
-            return self.rename_locked(
+            let freed = self.rename_locked(
                 ctx,
                 (d1, dd1, name),
                 (d2, dd2, newname),
@@ -500,23 +505,28 @@ impl Filesystem {
                 dst,
                 flags,
                 &g,
-            );
+            )?;
+            drop((_s2, _s1, _dl1, _dl2, _r));
+            if let Some(i) = freed {
+                self.free_inode(i, &g, true);
+            }
+            return Ok(());
         }
     }
 
     /// The checks of `rename` with every lock it needs held and both names read, then the
-    /// change.
+    /// change; returns a replaced inode to free once the locks are dropped.
     #[allow(clippy::too_many_arguments)] // two named directories, two inodes, flags, guard
-    fn rename_locked(
+    fn rename_locked<'g>(
         &self,
         ctx: &Ctx,
         (d1, dd1, name): (&Inode, &DirBody, &[u8]),
         (d2, dd2, newname): (&Inode, &DirBody, &[u8]),
         src: &Inode,
-        dst: Option<&Inode>,
+        dst: Option<&'g Inode>,
         flags: u32,
         g: &Guard,
-    ) -> Result<()> {
+    ) -> Result<Option<&'g Inode>> {
         let exchange = flags & RENAME_EXCHANGE != 0;
         let cross = !std::ptr::eq(d1, d2);
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {
@@ -540,7 +550,7 @@ impl Filesystem {
                 });
             }
             if std::ptr::eq(t, src) {
-                return Ok(()); // two names of one inode: POSIX says do nothing
+                return Ok(None); // two names of one inode: POSIX says do nothing
             }
         }
         // may_delete(source), then may_delete(target) or may_create(target dir).

@@ -163,6 +163,7 @@ impl Recovery {
                 let (d, db) = self.dir(dir, &g)?;
                 self.names(d, name, Some(inode))?;
                 fs.apply_remove(rec, (d, db), self.inode(inode, &g)?, &g)
+                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
             }
             Record::Rename {
                 from,
@@ -183,6 +184,7 @@ impl Recovery {
                     None => None,
                 };
                 fs.apply_rename(rec, (d1, dd1), (d2, dd2), src, dst, &g)
+                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
             }
             Record::SetAttr { inode, .. } => fs.replay_setattr(rec, self.inode(inode, &g)?),
             Record::Write { inode, .. }
