@@ -1,14 +1,16 @@
-//! The two adapters every workload runs on: the engine's inode API in-process, and system
-//! calls on a directory of any mounted filesystem (a lanefs mount, tmpfs, ext4). Both resolve
-//! names relative to an already-open directory (an inode number, or a directory fd with
-//! `*at()` calls), so neither pays for a path walk the other does not.
+//! The adapters every workload runs on: the engine's inode API in-process, the engine's path
+//! API (`Client`) in-process, and system calls on a directory of any mounted filesystem (a
+//! lanefs mount, tmpfs, ext4). The inode API and the system calls resolve names relative to
+//! an already-open directory (an inode number, or a directory fd with `*at()` calls), so
+//! neither pays for a path walk the other does not; the path API walks every path from the
+//! root, as a program using it would.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lanefs::{Config, Ctx, Errno, Filesystem, Ino, Locking};
+use lanefs::{Client, Config, Ctx, Errno, Filesystem, Ino, Locking, OpenOptions};
 
 /// A directory the workload works in.
 #[derive(Clone, Copy, Debug)]
@@ -17,6 +19,9 @@ pub enum Dir {
     Ino(Ino),
     /// An open directory file descriptor.
     Fd(i32),
+    /// An absolute path (the path API; leaked, so that a `Dir` stays `Copy`: a run makes a
+    /// few hundred at most).
+    Path(&'static str),
 }
 
 /// Operations the workloads need, on one of the two adapters.
@@ -75,7 +80,7 @@ impl Engine {
     fn ino(d: Dir) -> Ino {
         match d {
             Dir::Ino(i) => i,
-            Dir::Fd(_) => unreachable!("engine dirs are inodes"),
+            _ => unreachable!("engine dirs are inodes"),
         }
     }
 
@@ -165,7 +170,104 @@ fn rc(r: i32) -> Result<i32, Errno> {
 fn fd(d: Dir) -> i32 {
     match d {
         Dir::Fd(f) => f,
-        Dir::Ino(_) => unreachable!("path dirs are fds"),
+        _ => unreachable!("path dirs are fds"),
+    }
+}
+
+/// In-process adapter on the path API: a fresh filesystem (as [`Engine`]'s), used through a
+/// root [`Client`] with absolute paths, as `std::fs` is used.
+pub struct Paths {
+    engine: Engine,
+    client: Client,
+}
+
+thread_local! {
+    static PATH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+impl Paths {
+    /// A new filesystem with `prefill` files, as [`Engine::new`].
+    pub fn new(locking: Locking, prefill: usize) -> Paths {
+        let engine = Engine::new(locking, prefill);
+        let client = Client::root(engine.fs.clone());
+        Paths { engine, client }
+    }
+
+    fn dir(d: Dir) -> &'static str {
+        match d {
+            Dir::Path(p) => p,
+            _ => unreachable!("path-API dirs are paths"),
+        }
+    }
+
+    /// Runs `f` on `dir/name`, built in a per-thread buffer (no allocation per call).
+    fn at<T>(dir: Dir, name: &str, f: impl FnOnce(&str) -> T) -> T {
+        PATH.with(|b| {
+            let mut b = b.borrow_mut();
+            b.clear();
+            b.push_str(Self::dir(dir));
+            b.push('/');
+            b.push_str(name);
+            f(&b)
+        })
+    }
+}
+
+fn io(e: std::io::Error) -> Errno {
+    Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+impl Adapter for Paths {
+    fn base(&self) -> Dir {
+        Dir::Path("")
+    }
+    fn mkdir(&self, parent: Dir, name: &str) -> Result<Dir, Errno> {
+        let p = format!("{}/{name}", Self::dir(parent));
+        self.client.create_dir(&p).map_err(io)?;
+        Ok(Dir::Path(Box::leak(p.into_boxed_str())))
+    }
+    fn create(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        Self::at(dir, name, |p| {
+            self.client
+                .open(p, OpenOptions::new().write(true).create(true))
+                .map(drop)
+                .map_err(io)
+        })
+    }
+    fn create_with(&self, dir: Dir, name: &str, data: &[u8]) -> Result<(), Errno> {
+        Self::at(dir, name, |p| self.client.write(p, data).map_err(io))
+    }
+    fn create_fsync(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        Self::at(dir, name, |p| {
+            self.client
+                .open(p, OpenOptions::new().write(true).create(true))
+                .and_then(|f| f.sync_all())
+                .map_err(io)
+        })
+    }
+    fn unlink(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        Self::at(dir, name, |p| self.client.remove_file(p).map_err(io))
+    }
+    fn rename(&self, dir: Dir, from: &str, to: &str) -> Result<(), Errno> {
+        let to = format!("{}/{to}", Self::dir(dir));
+        Self::at(dir, from, |p| self.client.rename(p, &to).map_err(io))
+    }
+    fn stat(&self, dir: Dir, name: &str) -> Result<(), Errno> {
+        Self::at(dir, name, |p| {
+            self.client.symlink_metadata(p).map(drop).map_err(io)
+        })
+    }
+    fn open_read(&self, dir: Dir, name: &str, buf: &mut [u8]) -> Result<usize, Errno> {
+        Self::at(dir, name, |p| {
+            use std::io::Read;
+            self.client
+                .open(p, OpenOptions::new().read(true))
+                .and_then(|mut f| f.read(buf))
+                .map_err(io)
+        })
+    }
+    fn engine(&self) -> Option<&Filesystem> {
+        Some(&self.engine.fs)
     }
 }
 

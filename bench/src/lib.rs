@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU8, Ordering::*};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use adapter::{Adapter, Dir, Engine, Syscalls};
+use adapter::{Adapter, Dir, Engine, Paths, Syscalls};
 use lanefs::{Errno, Locking};
 use serde::Serialize;
 
@@ -86,8 +86,11 @@ impl std::str::FromStr for Workload {
 /// Where a workload runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// In-process, on a fresh engine with this locking mode.
+    /// In-process, on a fresh engine with this locking mode, through its inode API.
     Engine(Locking),
+    /// In-process, on a fresh engine with this locking mode, through its path API
+    /// (`Client`, absolute paths).
+    Paths(Locking),
     /// System calls under this directory (a lanefs mount, tmpfs, ext4...).
     Path(PathBuf),
     /// No filesystem: each thread inserts and removes its own names in a private hash map.
@@ -100,6 +103,7 @@ impl Target {
     pub fn label(&self) -> String {
         match self {
             Target::Engine(l) => l.name().to_string(),
+            Target::Paths(l) => format!("{}/paths", l.name()),
             Target::Path(p) => p.display().to_string(),
             Target::ShareNothing => "share-nothing".to_string(),
         }
@@ -377,6 +381,14 @@ const STOP: u8 = 2;
 pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Result<Cell, String> {
     let adapter: Option<Arc<dyn Adapter>> = match target {
         Target::Engine(l) => Some(Arc::new(Engine::new(
+            *l,
+            if matches!(w, Workload::Crunl | Workload::Rndrename) {
+                p.prefill
+            } else {
+                0
+            },
+        ))),
+        Target::Paths(l) => Some(Arc::new(Paths::new(
             *l,
             if matches!(w, Workload::Crunl | Workload::Rndrename) {
                 p.prefill

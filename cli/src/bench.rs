@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// on --path.
     #[arg(long, value_delimiter = ',', default_value = "lanes")]
     locking: Vec<String>,
+    /// In-process APIs, comma-separated: `inode` (the inode API a FUSE server speaks: names
+    /// relative to an open directory) and `path` (`Client`: std::fs-style absolute paths,
+    /// walked from the root on every call).
+    #[arg(long, value_delimiter = ',', default_value = "inode")]
+    api: Vec<String>,
     /// Also run with system calls under these directories (a lanefs mount, a tmpfs, ext4).
     #[arg(long)]
     path: Vec<PathBuf>,
@@ -212,7 +217,15 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 }
             }
         }
-        targets.extend(modes.into_iter().map(Target::Engine));
+        for m in modes {
+            for api in &a.api {
+                targets.push(match api.as_str() {
+                    "inode" => Target::Engine(m),
+                    "path" => Target::Paths(m),
+                    other => return Err(format!("--api {other}: expected inode or path")),
+                });
+            }
+        }
         targets.extend(paths.iter().cloned().map(Target::Path));
         if !a.no_baseline {
             targets.push(Target::ShareNothing);

@@ -261,6 +261,42 @@ impl AttrCell {
         }
     }
 
+    /// Mode, owner and group, consistent with each other: what a permission check reads (a
+    /// path walk makes one per component, so it reads three fields, not all of them).
+    #[inline]
+    pub fn access_view(&self) -> AttrVals {
+        let mut round = 0u32;
+        loop {
+            let s1 = self.seq.load(Acquire);
+            if s1 & 1 == 0 {
+                let mode = self.mode.load(Relaxed) & 0xFFFF;
+                let uid = self.uid.load(Relaxed);
+                let gid = self.gid.load(Relaxed);
+                fence(Acquire);
+                if self.seq.load(Relaxed) == s1 {
+                    let t = Timespec::default();
+                    return AttrVals {
+                        mode,
+                        flags: 0,
+                        uid,
+                        gid,
+                        size: 0,
+                        blocks: 0,
+                        atime: t,
+                        mtime: t,
+                        ctime: t,
+                    };
+                }
+            }
+            round += 1;
+            if round < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// The mode alone (type bits never change, so this needs no consistency with other fields).
     #[inline]
     pub fn mode(&self) -> u32 {

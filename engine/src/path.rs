@@ -196,11 +196,12 @@ impl OpenOptions {
     }
 }
 
-/// An open file. Closed (and, if unlinked, freed) when dropped.
+/// An open file of a [`Client`], which it borrows (so that opening a file takes no reference
+/// on anything every thread shares). Closed (and, if unlinked, freed) when dropped.
 #[derive(Debug)]
-pub struct File {
-    fs: Arc<Filesystem>,
-    ctx: Ctx,
+pub struct File<'c> {
+    fs: &'c Filesystem,
+    ctx: &'c Ctx,
     fh: Fh,
     ino: Ino,
     pos: u64,
@@ -266,16 +267,16 @@ impl Client {
     fn walk<'g>(
         &self,
         start: &'g Inode,
-        comps: &[&[u8]],
+        mut comps: Components<'_>,
         follow_last: bool,
         links: &mut u32,
         g: &'g Guard,
     ) -> Result<&'g Inode> {
         let mut cur = start;
-        for (idx, c) in comps.iter().enumerate() {
+        while let Some(c) = comps.next() {
             let dir = cur;
             let next = self.fs.step(&self.ctx, dir, c, g)?;
-            let last = idx + 1 == comps.len();
+            let last = comps.is_done();
             cur = match self.fs.symlink_target(next) {
                 Some(target) if !last || follow_last => {
                     *links += 1;
@@ -306,8 +307,8 @@ impl Client {
         }
         let start = self.start(path, from, g)?;
         let comps = components(path);
-        let trailing = path.ends_with(b"/") && !comps.is_empty();
-        let i = self.walk(start, &comps, follow_last || trailing, links, g)?;
+        let trailing = path.ends_with(b"/") && !comps.is_done();
+        let i = self.walk(start, comps, follow_last || trailing, links, g)?;
         if trailing && !i.is_dir() {
             return Err(Errno::ENOTDIR);
         }
@@ -342,9 +343,8 @@ impl Client {
             return Err(Errno::ENAMETOOLONG);
         }
         let start = self.start(path, from, g)?;
-        let comps = components(path);
         let trailing = path.ends_with(b"/");
-        let Some((last, init)) = comps.split_last() else {
+        let Some((init, last)) = split_last(path) else {
             return Ok((start, b".", true)); // "/" names the root itself
         };
         let dir = self.walk(start, init, true, links, g)?;
@@ -489,7 +489,7 @@ impl Client {
         if p.starts_with(b"/") {
             prefix.push(b'/');
         }
-        for c in components(p) {
+        for c in components(p).collect::<Vec<_>>() {
             if !prefix.is_empty() && !prefix.ends_with(b"/") {
                 prefix.push(b'/');
             }
@@ -543,7 +543,7 @@ impl Client {
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
         let g = epoch::pin();
         let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &g)?;
-        if dir.ino == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_empty() {
+        if dir.ino == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_done() {
             return Err(Errno::EBUSY.into());
         }
         self.fs.rmdir(&self.ctx, dir.id(), name)?;
@@ -577,8 +577,20 @@ impl Client {
         flags: u32,
     ) -> io::Result<()> {
         let g = epoch::pin();
-        let (d1, n1, slash1) = self.resolve_parent(bytes(from.as_ref()), &g)?;
-        let (d2, n2, slash2) = self.resolve_parent(bytes(to.as_ref()), &g)?;
+        let (from, to) = (bytes(from.as_ref()), bytes(to.as_ref()));
+        let (d1, n1, slash1) = self.resolve_parent(from, &g)?;
+        // Within one directory named the same way (the common rename), walk it once.
+        let same_parent = from.starts_with(b"/") == to.starts_with(b"/")
+            && parent_text(from).is_some_and(|p| Some(p) == parent_text(to));
+        let (d2, n2, slash2) = if same_parent {
+            let (n2, slash2) = last_component(to).ok_or(Errno::ENOENT)?;
+            if n2.len() > crate::dir::NAME_MAX {
+                return Err(Errno::ENAMETOOLONG.into());
+            }
+            (d1, n2, slash2)
+        } else {
+            self.resolve_parent(to, &g)?
+        };
         if slash1 || slash2 {
             // A trailing slash is allowed only on directories.
             let a = self.fs.lookup(&self.ctx, d1.id(), n1)?;
@@ -648,7 +660,7 @@ impl Client {
     // ----- contents ---------------------------------------------------------------------------
 
     /// Opens a file.
-    pub fn open(&self, path: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File> {
+    pub fn open(&self, path: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File<'_>> {
         let flags = opts.flags();
         let mut links = 0u32;
         let g = epoch::pin();
@@ -656,6 +668,17 @@ impl Client {
         let mut p: &[u8] = bytes(path.as_ref());
         loop {
             let (dir, name, slash) = self.resolve_parent_from(from, p, &mut links, &g)?;
+            // Creating first saves a lookup of a new name; an existing one (EEXIST, reported
+            // before any write-permission check, as open(O_CREAT) of an existing file needs)
+            // is looked up and opened below, following a symlink.
+            if (opts.create || opts.create_new) && !slash && name != b"." && name != b".." {
+                let excl = flags | libc::O_EXCL;
+                match self.fs.create(&self.ctx, dir.id(), name, opts.mode, excl) {
+                    Ok((a, fh)) => return Ok(self.file(fh, a.ino, opts)),
+                    Err(Errno::EEXIST) if !opts.create_new => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
             match self.fs.step(&self.ctx, dir, name, &g) {
                 Ok(i) => match self.fs.symlink_target(i) {
                     Some(target) if !opts.nofollow && !opts.create_new => {
@@ -694,10 +717,10 @@ impl Client {
         }
     }
 
-    fn file(&self, fh: Fh, ino: Ino, opts: &OpenOptions) -> File {
+    fn file(&self, fh: Fh, ino: Ino, opts: &OpenOptions) -> File<'_> {
         File {
-            fs: self.fs.clone(),
-            ctx: self.ctx.clone(),
+            fs: &self.fs,
+            ctx: &self.ctx,
             fh,
             ino,
             pos: 0,
@@ -729,23 +752,96 @@ impl Client {
     }
 }
 
-/// Path components, empty ones and `.` left out except a final `.` (which names the directory
-/// itself and matters to mkdir, rmdir and rename errors).
-fn components(path: &[u8]) -> Vec<&[u8]> {
-    let parts: Vec<&[u8]> = path
-        .split(|&b| b == b'/')
-        .filter(|c| !c.is_empty())
-        .collect();
-    let n = parts.len();
-    parts
-        .into_iter()
-        .enumerate()
-        .filter(|&(i, c)| c != b"." || i + 1 == n)
-        .map(|(_, c)| c)
-        .collect()
+/// The text before a path's last component, when that component names an entry (not `.` or
+/// `..`). Two paths with the same parent text name the same directory at any one moment, so
+/// a rename resolves it once for both (as if it resolved both at the same instant; Linux
+/// resolves them one after the other, which is no more atomic).
+fn parent_text(path: &[u8]) -> Option<&[u8]> {
+    let trimmed = path.strip_suffix(b"/").unwrap_or(path);
+    let cut = trimmed.iter().rposition(|&b| b == b'/')?;
+    let last = &trimmed[cut + 1..];
+    (!last.is_empty() && last != b"." && last != b"..").then_some(&trimmed[..cut])
 }
 
-impl File {
+/// The last component of a path that has a parent text, and whether a slash follows it.
+fn last_component(path: &[u8]) -> Option<(&[u8], bool)> {
+    let slash = path.ends_with(b"/");
+    let trimmed = path.strip_suffix(b"/").unwrap_or(path);
+    let cut = trimmed.iter().rposition(|&b| b == b'/')?;
+    Some((&trimmed[cut + 1..], slash))
+}
+
+/// A path's components, empty ones and `.` left out except a final `.` (which names the
+/// directory itself and matters to mkdir, rmdir and rename errors). Split as they are walked,
+/// with nothing allocated.
+#[derive(Clone, Copy)]
+struct Components<'a> {
+    path: &'a [u8],
+    at: usize,
+    /// Whether a final `.` is a component (false for the directory part of a path, whose
+    /// last component is not the path's).
+    keep_final_dot: bool,
+}
+
+fn components(path: &[u8]) -> Components<'_> {
+    Components {
+        path,
+        at: 0,
+        keep_final_dot: true,
+    }
+}
+
+/// The directory part of a path and its last component, if it has one.
+fn split_last(path: &[u8]) -> Option<(Components<'_>, &[u8])> {
+    let mut comps = components(path);
+    let mut last = comps.next()?;
+    let mut before = 0;
+    for c in comps {
+        before = last.as_ptr() as usize - path.as_ptr() as usize + last.len();
+        last = c;
+    }
+    let init = Components {
+        path: &path[..before],
+        at: 0,
+        keep_final_dot: false,
+    };
+    Some((init, last))
+}
+
+impl Components<'_> {
+    /// Whether no component is left.
+    fn is_done(&self) -> bool {
+        self.clone().next().is_none()
+    }
+}
+
+impl<'a> Iterator for Components<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let p = self.path;
+        loop {
+            while self.at < p.len() && p[self.at] == b'/' {
+                self.at += 1;
+            }
+            if self.at >= p.len() {
+                return None;
+            }
+            let start = self.at;
+            while self.at < p.len() && p[self.at] != b'/' {
+                self.at += 1;
+            }
+            let c = &p[start..self.at];
+            let more = p[self.at..].iter().any(|&b| b != b'/');
+            if c == b"." && (more || !self.keep_final_dot) {
+                continue;
+            }
+            return Some(c);
+        }
+    }
+}
+
+impl File<'_> {
     /// The file's inode number.
     pub fn ino(&self) -> Ino {
         self.ino
@@ -773,7 +869,7 @@ impl File {
             ..Default::default()
         };
         self.fs
-            .setattr(&self.ctx, self.ino, &set, Some(TruncateBy::Handle(self.fh)))?;
+            .setattr(self.ctx, self.ino, &set, Some(TruncateBy::Handle(self.fh)))?;
         Ok(())
     }
 
@@ -789,11 +885,11 @@ impl File {
 
     /// Writes at an offset without moving the position (`pwrite`).
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<usize> {
-        Ok(self.fs.write(&self.ctx, self.fh, offset, buf)?)
+        Ok(self.fs.write(self.ctx, self.fh, offset, buf)?)
     }
 }
 
-impl Read for File {
+impl Read for File<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.fs.read(self.fh, self.pos, buf)?;
         self.pos += n as u64;
@@ -801,9 +897,9 @@ impl Read for File {
     }
 }
 
-impl Write for File {
+impl Write for File<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.fs.write(&self.ctx, self.fh, self.pos, buf)?;
+        let n = self.fs.write(self.ctx, self.fh, self.pos, buf)?;
         self.pos = if self.append {
             self.fs.getattr(self.ino)?.size
         } else {
@@ -817,7 +913,7 @@ impl Write for File {
     }
 }
 
-impl Seek for File {
+impl Seek for File<'_> {
     fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
         let base = match to {
             SeekFrom::Start(o) => Some(o),
@@ -829,7 +925,7 @@ impl Seek for File {
     }
 }
 
-impl Drop for File {
+impl Drop for File<'_> {
     fn drop(&mut self) {
         let _ = self.fs.release(self.fh);
     }
@@ -841,10 +937,27 @@ mod tests {
 
     #[test]
     fn components_keep_only_a_final_dot() {
-        assert_eq!(components(b"/a//b/./c/"), vec![&b"a"[..], b"b", b"c"]);
-        assert_eq!(components(b"a/."), vec![&b"a"[..], b"."]);
-        assert_eq!(components(b"./a"), vec![&b"a"[..]]);
-        assert!(components(b"/").is_empty());
-        assert_eq!(components(b"a/../b"), vec![&b"a"[..], b"..", b"b"]);
+        let all = |p| components(p).collect::<Vec<_>>();
+        assert_eq!(all(b"/a//b/./c/"), vec![&b"a"[..], b"b", b"c"]);
+        assert_eq!(all(b"a/."), vec![&b"a"[..], b"."]);
+        assert_eq!(all(b"./a"), vec![&b"a"[..]]);
+        assert!(components(b"/").is_done());
+        assert_eq!(all(b"a/../b"), vec![&b"a"[..], b"..", b"b"]);
+        let (init, last) = split_last(b"/a/./b/").unwrap();
+        assert_eq!(
+            (init.collect::<Vec<_>>(), last),
+            (vec![&b"a"[..]], &b"b"[..])
+        );
+        let (init, last) = split_last(b"a/b/.").unwrap();
+        assert_eq!(
+            (init.collect::<Vec<_>>(), last),
+            (vec![&b"a"[..], b"b"], &b"."[..])
+        );
+        let (init, last) = split_last(b"a/./.").unwrap();
+        assert_eq!(
+            (init.collect::<Vec<_>>(), last),
+            (vec![&b"a"[..]], &b"."[..])
+        );
+        assert!(split_last(b"//").is_none());
     }
 }

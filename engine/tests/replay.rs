@@ -190,7 +190,7 @@ fn assert_same(live: &Filesystem, rebuilt: &Filesystem, with_times: bool, seed: 
 }
 
 /// One random operation on a small tree, through the path API as user `uid` or root.
-fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<File>) {
+fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
     let d = rng.random_range(0..3);
     let name = |rng: &mut StdRng| match rng.random_range(0..3) {
         0 => format!("/d{d}/f{}", rng.random_range(0..6)),
@@ -235,16 +235,20 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<File>) {
                 .map_err(Into::into)
         }),
         16 => {
-            // Keep a file open, then unlink it: an orphan until closed.
+            // Keep a file open (its engine handle), so that a later unlink makes it an
+            // orphan until closed.
             c.open(&a, OpenOptions::new().read(true).write(true))
                 .map(|mut f| {
                     use std::io::Write;
                     let _ = f.write_all(b"orphan data");
-                    kept.push(f);
+                    kept.push(f.handle());
+                    std::mem::forget(f);
                 })
         }
         17 => {
-            kept.pop();
+            if let Some(fh) = kept.pop() {
+                c.fs().release(fh).unwrap();
+            }
             Ok(())
         }
         18 => c.open(&a, OpenOptions::new().write(true)).map(|f| {
@@ -262,9 +266,9 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<File>) {
     };
 }
 
-/// Runs the workload; returns the filesystem, its records, and the files still open (some
-/// unlinked: orphans, which the rebuilt filesystem does not have).
-fn run(threads: u64, ops: usize, seed: u64) -> (Arc<Filesystem>, Arc<Recorder>, Vec<File>) {
+/// Runs the workload; returns the filesystem, its records, and the handles still open (some
+/// of unlinked files: orphans, which the rebuilt filesystem does not have).
+fn run(threads: u64, ops: usize, seed: u64) -> (Arc<Filesystem>, Arc<Recorder>, Vec<Fh>) {
     let rec = Arc::new(Recorder::default());
     let fs = Arc::new(Filesystem::recover(cfg(), rec.clone()).finish().unwrap());
     let root = Client::root(fs.clone());
@@ -287,8 +291,11 @@ fn run(threads: u64, ops: usize, seed: u64) -> (Arc<Filesystem>, Arc<Recorder>, 
                     for _ in 0..ops {
                         random_op(&c, &mut rng, &mut kept);
                     }
-                    // Half the files stay open until after the rebuild.
-                    kept.truncate(kept.len() / 2);
+                    // Half the files stay open until after the rebuild; the rest close now.
+                    let half = kept.len() / 2;
+                    for fh in kept.drain(half..) {
+                        c.fs().release(fh).unwrap();
+                    }
                     kept
                 })
             })
@@ -307,7 +314,7 @@ fn one_thread_replays_exactly_including_times() {
     eprintln!("replay seed {seed} (LANEFS_SEED={seed})");
     let (fs, rec, open) = run(1, 3000, seed);
     let rebuilt = rebuild(&rec);
-    drop(open);
+    open.into_iter().for_each(|fh| fs.release(fh).unwrap());
     assert_same(&fs, &rebuilt, true, seed);
 }
 
@@ -318,7 +325,7 @@ fn many_threads_replay_to_the_same_tree() {
     for round in 0..3 {
         let (fs, rec, open) = run(8, 1500, seed.wrapping_add(round));
         let rebuilt = rebuild(&rec);
-        drop(open);
+        open.into_iter().for_each(|fh| fs.release(fh).unwrap());
         assert_same(&fs, &rebuilt, false, seed.wrapping_add(round));
     }
 }

@@ -495,16 +495,22 @@ impl Filesystem {
     ) -> Result<&'g Inode> {
         let _c = self.begin(Op::Lookup);
         let d = dir.dir().ok_or(Errno::ENOTDIR)?;
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, dir)?;
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
         self.child(dir, d, name, g)
     }
 
-    /// Whether `ctx` may search directory `dir` (the last step of resolving a path's parent).
+    /// Whether `ctx` may search directory `dir`: root always may (no attribute read), anyone
+    /// else by mode, owner and group.
+    #[inline]
     pub(crate) fn may_search(&self, ctx: &Ctx, dir: &Inode) -> Result<()> {
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)
+        debug_assert!(dir.is_dir());
+        if ctx.is_root() {
+            return Ok(());
+        }
+        perm::check(ctx, &dir.attr.access_view(), MAY_EXEC)
     }
 
     /// A symlink's target, if `i` is one.
@@ -597,7 +603,7 @@ impl Filesystem {
         let _c = self.begin(Op::Lookup);
         let g = epoch::pin();
         let (dir, d) = self.dir_inode(parent.into(), &g)?;
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, dir)?;
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }

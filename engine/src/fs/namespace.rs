@@ -90,7 +90,7 @@ impl Filesystem {
     ) -> Result<&'g Inode> {
         check_name(name)?;
         let (dir, d) = self.dir_inode(parent, g)?;
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, dir)?;
         if is_dot_or_dotdot(name) {
             return Err(Errno::EEXIST);
         }
@@ -259,7 +259,7 @@ impl Filesystem {
         let g = epoch::pin();
         let src = self.iget(ino, &g)?;
         let (dir, d) = self.dir_inode(newparent, &g)?;
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, dir)?;
         if is_dot_or_dotdot(newname) {
             return Err(Errno::EEXIST);
         }
@@ -314,7 +314,7 @@ impl Filesystem {
     ) -> Result<Victim<'a>> {
         check_name(name)?;
         let (dir, d) = self.dir_inode(parent, g)?;
-        perm::check(ctx, &dir.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, dir)?;
         self.writable()?;
         let dl = self.dirlock(dir);
         let s = self.lock_stripe(self.stripe_of(dir.key(), name));
@@ -441,8 +441,8 @@ impl Filesystem {
         let g = epoch::pin();
         let (d1, dd1) = self.dir_inode(parent, &g)?;
         let (d2, dd2) = self.dir_inode(newparent, &g)?;
-        perm::check(ctx, &d1.attr.load(), MAY_EXEC)?;
-        perm::check(ctx, &d2.attr.load(), MAY_EXEC)?;
+        self.may_search(ctx, d1)?;
+        self.may_search(ctx, d2)?;
         if is_dot_or_dotdot(name) {
             return Err(Errno::EBUSY);
         }
