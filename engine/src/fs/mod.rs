@@ -618,6 +618,19 @@ impl Filesystem {
         Ok(self.attr_of(child, &g))
     }
 
+    /// The attributes of inode `ino`, of any type, with a lookup reference for a
+    /// [`crate::Via::Kernel`] caller: the kernel's LOOKUP of `.` by node id, which it sends to
+    /// find an inode again from an exported file handle (`open_by_handle_at`, NFS) once the
+    /// inode has left its cache. (A lookup of `.` in a directory by a library caller is
+    /// [`Filesystem::lookup`], which requires a directory.)
+    pub fn lookup_inode(&self, ctx: &Ctx, ino: impl Into<InodeRef>) -> Result<Attr> {
+        let _c = self.begin(Op::Lookup);
+        let g = epoch::pin();
+        let i = self.iget(ino, &g)?;
+        self.pin_for(ctx, i)?;
+        Ok(self.attr_of(i, &g))
+    }
+
     /// Drops `n` lookup references taken by a [`crate::Via::Kernel`] caller (FUSE `FORGET`).
     pub fn forget(&self, ino: Ino, n: u64) {
         let _c = self.begin(Op::Forget);
