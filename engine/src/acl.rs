@@ -1,15 +1,18 @@
 //! POSIX access control lists: the `system.posix_acl_access` and `system.posix_acl_default`
 //! attributes, with the semantics of Linux tmpfs (which supports them).
 //!
-//! Not wired into the engine yet: `xattr` still answers EOPNOTSUPP for `system.` names. This
-//! module is what the engine needs to support them, as plain computation on values it is
-//! handed (no locks, and no I/O once the caller's groups are read with
-//! `Ctx::resolve_groups`, so it may run inside the attribute seqlock's write section):
+//! The engine stores an inode's ACLs in its extended attributes, under those two names, and
+//! marks their presence with the inode flags `ACL` and `DEFAULT_ACL`, so a permission check
+//! on an inode without an access ACL reads nothing more than its mode (`fs/mod.rs`,
+//! `Filesystem::permission`). Setting, removing and chmod-ing an ACL is one
+//! `Record::SetAcl`, made under the inode's xattr shard lock and then its attribute seqlock
+//! (`fs/apply.rs`). This module is the computation, on values it is handed (no locks, no
+//! I/O, so it may run inside the attribute seqlock's write section):
 //! - [`Acl`]: a valid ACL, parsed from and rendered to the attribute value format Linux uses
 //!   (a little-endian `u32` version, 2, then one little-endian `{u16 tag, u16 perm, u32 id}`
 //!   per entry);
-//! - [`set_xattr`] / [`remove_xattr`] / [`get_xattr`]: what `setxattr`, `removexattr` and
-//!   `getxattr` of the two names do, errors included and in the kernel's order;
+//! - [`set_xattr`] / [`remove_xattr`]: what `setxattr` and `removexattr` of the two names
+//!   do, errors included and in the kernel's order (`getxattr` returns the stored bytes);
 //! - [`check`] / [`permission`]: the access check for a non-root caller on an inode that has
 //!   an access ACL;
 //! - [`Acl::chmod`]: what `chmod` does to an access ACL;
@@ -93,6 +96,7 @@ impl AclKind {
     }
 
     /// The attribute name of this kind.
+    #[cfg(test)]
     pub(crate) fn name(self) -> &'static [u8] {
         match self {
             AclKind::Access => ACL_ACCESS_NAME,
@@ -151,6 +155,7 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// An entry.
+    #[cfg(test)]
     pub(crate) fn new(tag: Tag, perm: u32) -> Entry {
         Entry { tag, perm }
     }
@@ -280,6 +285,7 @@ impl Acl {
     }
 
     /// The 3-entry ACL equivalent to the permission bits of `mode`.
+    #[cfg(test)]
     pub(crate) fn from_mode(mode: u32) -> Acl {
         Acl {
             entries: Box::new([
@@ -288,11 +294,6 @@ impl Acl {
                 Entry::new(Tag::Other, mode & 7),
             ]),
         }
-    }
-
-    /// The entries, in order.
-    pub(crate) fn entries(&self) -> &[Entry] {
-        &self.entries
     }
 
     /// The attribute value, as `getxattr` returns it: version 2, then the entries in order,
@@ -470,6 +471,7 @@ pub(crate) fn remove_xattr(ctx: &Ctx, a: &AttrVals, kind: AclKind) -> Result<Set
 /// `getxattr` of an ACL name on an inode with mode `mode` whose stored ACL of that kind is
 /// `stored`: EOPNOTSUPP on a symlink, ENODATA when none is stored, else its value. Anyone
 /// who can reach the inode may read its ACLs.
+#[cfg(test)]
 pub(crate) fn get_xattr(mode: u32, stored: Option<&Acl>) -> Result<Vec<u8>> {
     if file_type(mode) == libc::S_IFLNK {
         return Err(Errno::EOPNOTSUPP);

@@ -154,6 +154,10 @@ pub(crate) struct AttrVals {
 pub(crate) mod flags {
     /// The inode has extended attributes in the filesystem's xattr table.
     pub const XATTRS: u32 = 1;
+    /// It has an access ACL (`system.posix_acl_access`), which permission checks consult.
+    pub const ACL: u32 = 2;
+    /// It (a directory) has a default ACL, which new inodes in it inherit.
+    pub const DEFAULT_ACL: u32 = 4;
 }
 
 const BLOCKS_PER_PAGE: u64 = crate::data::PAGE / 512;
@@ -261,23 +265,24 @@ impl AttrCell {
         }
     }
 
-    /// Mode, owner and group, consistent with each other: what a permission check reads (a
-    /// path walk makes one per component, so it reads three fields, not all of them).
+    /// Mode, flags, owner and group, consistent with each other: what a permission check
+    /// reads (a path walk makes one per component, so it reads three words, not all of
+    /// them); the other fields are zero.
     #[inline]
     pub fn access_view(&self) -> AttrVals {
         let mut round = 0u32;
         loop {
             let s1 = self.seq.load(Acquire);
             if s1 & 1 == 0 {
-                let mode = self.mode.load(Relaxed) & 0xFFFF;
+                let mode = self.mode.load(Relaxed);
                 let uid = self.uid.load(Relaxed);
                 let gid = self.gid.load(Relaxed);
                 fence(Acquire);
                 if self.seq.load(Relaxed) == s1 {
                     let t = Timespec::default();
                     return AttrVals {
-                        mode,
-                        flags: 0,
+                        mode: mode & 0xFFFF,
+                        flags: mode >> 16,
                         uid,
                         gid,
                         size: 0,

@@ -44,8 +44,6 @@
 
 #![deny(missing_docs)]
 
-// Not wired in yet: the engine still answers EOPNOTSUPP for `system.` attribute names.
-#[allow(dead_code)]
 mod acl;
 mod attr;
 mod data;

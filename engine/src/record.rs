@@ -35,6 +35,10 @@ pub struct NewInode<'a> {
     pub target: &'a [u8],
     /// Its atime, mtime and ctime, and the parent directory's new mtime and ctime.
     pub time: Timespec,
+    /// The access ACL it inherits (`system.posix_acl_access` bytes; empty: none).
+    pub access_acl: &'a [u8],
+    /// The default ACL a new directory inherits (empty: none).
+    pub default_acl: &'a [u8],
 }
 
 /// Attributes set on an inode; `None` leaves a field alone.
@@ -173,6 +177,20 @@ pub enum Record<'a> {
         /// The inode's new ctime.
         time: Timespec,
     },
+    /// An ACL set or removed, with the mode it implies (setting an access ACL sets the mode's
+    /// permission bits; a chmod of an inode with an access ACL changes both).
+    SetAcl {
+        /// The inode.
+        inode: InodeId,
+        /// The default ACL (true) or the access ACL.
+        default: bool,
+        /// The ACL's bytes; empty removes it.
+        acl: &'a [u8],
+        /// The inode's new mode.
+        mode: u32,
+        /// The inode's new ctime.
+        time: Timespec,
+    },
     /// An extended attribute removed.
     RemoveXattr {
         /// The inode.
@@ -260,6 +278,7 @@ mod tag {
     pub const SET_XATTR: u8 = 10;
     pub const REMOVE_XATTR: u8 = 11;
     pub const FREE: u8 = 12;
+    pub const SET_ACL: u8 = 13;
 }
 
 /// Largest symlink target, xattr name and value a record may carry.
@@ -307,6 +326,8 @@ impl Enc<'_> {
         self.u64(n.rdev);
         self.time(n.time);
         self.bytes(n.target);
+        self.bytes(n.access_acl);
+        self.bytes(n.default_acl);
     }
 }
 
@@ -430,7 +451,21 @@ impl<'a> Dec<'a> {
             rdev: self.u64()?,
             time: self.time()?,
             target: self.bytes(TARGET_MAX)?,
+            access_acl: self.acl()?,
+            default_acl: self.acl()?,
         })
+    }
+    /// An ACL's bytes: empty, or a valid ACL.
+    fn acl(&mut self) -> D<&'a [u8]> {
+        let at = self.at;
+        let b = self.bytes(XATTR_VALUE_MAX)?;
+        if !b.is_empty() && crate::acl::Acl::parse(b).is_err() {
+            return Err(DecodeError {
+                offset: at,
+                what: "invalid ACL",
+            });
+        }
+        Ok(b)
     }
 }
 
@@ -592,6 +627,20 @@ impl Record<'_> {
                 e.bytes(value);
                 e.time(time);
             }
+            Record::SetAcl {
+                inode,
+                default,
+                acl,
+                mode,
+                time,
+            } => {
+                e.u8(tag::SET_ACL);
+                e.id(inode);
+                e.u8(u8::from(default));
+                e.bytes(acl);
+                e.u32(mode);
+                e.time(time);
+            }
             Record::RemoveXattr { inode, name, time } => {
                 e.u8(tag::REMOVE_XATTR);
                 e.id(inode);
@@ -741,6 +790,13 @@ impl<'a> Record<'a> {
                 time: d.time()?,
             },
             tag::FREE => Record::Free { inode: d.id()? },
+            tag::SET_ACL => Record::SetAcl {
+                inode: d.id()?,
+                default: d.flag()?,
+                acl: d.acl()?,
+                mode: d.u32()?,
+                time: d.time()?,
+            },
             _ => {
                 return Err(DecodeError {
                     offset: 0,
@@ -781,6 +837,8 @@ mod tests {
             rdev: 0,
             target: b"",
             time: t(1_700_000_000),
+            access_acl: b"",
+            default_acl: b"",
         };
         let link = NewInode {
             mode: libc::S_IFLNK | 0o777,
@@ -889,8 +947,36 @@ mod tests {
                 time: t(10),
             },
             Record::Free { inode: id(1025, 7) },
+            Record::Create {
+                dir: id(9, 3),
+                name: b"with-acls",
+                cookie: FIRST_COOKIE + 10,
+                inode: NewInode {
+                    mode: libc::S_IFDIR | 0o750,
+                    access_acl: ACL,
+                    default_acl: ACL,
+                    ..file
+                },
+            },
+            Record::SetAcl {
+                inode: id(1025, 7),
+                default: false,
+                acl: ACL,
+                mode: libc::S_IFREG | 0o640,
+                time: t(11),
+            },
+            Record::SetAcl {
+                inode: id(1025, 7),
+                default: true,
+                acl: b"",
+                mode: libc::S_IFDIR | 0o755,
+                time: t(12),
+            },
         ]
     }
+
+    /// `u::rw-,u:1000:r--,g::r--,m::r--,o::---`
+    const ACL: &[u8] = b"\x02\x00\x00\x00\x01\x00\x06\x00\xff\xff\xff\xff\x02\x00\x04\x00\xe8\x03\x00\x00\x04\x00\x04\x00\xff\xff\xff\xff\x10\x00\x04\x00\xff\xff\xff\xff\x20\x00\x00\x00\xff\xff\xff\xff";
 
     #[test]
     fn every_kind_round_trips() {
@@ -986,6 +1072,8 @@ mod tests {
                 rdev: 0,
                 target: b"",
                 time: Timespec::new(1_700_000_000, 500_000_000),
+                access_acl: b"",
+                default_acl: b"",
             },
         };
         assert_eq!(Record::decode(&bytes), Ok(want));

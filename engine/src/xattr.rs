@@ -1,9 +1,10 @@
 //! Extended attributes: the attributes of one inode ([`Xattrs`]), and the filesystem's table
 //! of them ([`XattrTable`]).
 //!
-//! Names carry their namespace prefix (`user.`, `trusted.`, `security.`); `system.` (POSIX ACLs)
-//! is not supported and answers EOPNOTSUPP, as on a tmpfs mounted without ACL support. Limits
-//! follow Linux: names up to 255 bytes (ERANGE beyond), values up to 64 KiB (E2BIG beyond).
+//! Names carry their namespace prefix (`user.`, `trusted.`, `security.`, and in `system.` only
+//! the two POSIX ACL names, `acl.rs`; other `system.` names answer EOPNOTSUPP, as on tmpfs).
+//! Limits follow Linux: names up to 255 bytes (ERANGE beyond), values up to 64 KiB (E2BIG
+//! beyond). ACLs are kept here under their names too, as the bytes `getxattr` returns.
 //!
 //! Most inodes have no extended attributes, so an inode holds none of its own: they live in
 //! a table keyed by inode number, sharded 256 ways, and the inode's `flags::XATTRS` bit says
@@ -36,6 +37,8 @@ pub(crate) enum Namespace {
     User,
     Trusted,
     Security,
+    /// `system.posix_acl_access` or `system.posix_acl_default`.
+    Acl(crate::acl::AclKind),
 }
 
 /// Checks a name and returns its namespace.
@@ -49,6 +52,8 @@ pub(crate) fn namespace(name: &[u8]) -> Result<Namespace> {
         (Namespace::Trusted, r)
     } else if let Some(r) = name.strip_prefix(b"security.") {
         (Namespace::Security, r)
+    } else if let Some(kind) = crate::acl::AclKind::from_name(name) {
+        return Ok(Namespace::Acl(kind));
     } else {
         return Err(Errno::EOPNOTSUPP);
     };
@@ -105,7 +110,8 @@ impl Xattrs {
 
 const NSHARDS: usize = 256;
 
-type Shard = HashMap<Ino, Xattrs, foldhash::fast::RandomState>;
+/// One shard of the table: the extended attributes of the inodes hashing to it.
+pub(crate) type Shard = HashMap<Ino, Xattrs, foldhash::fast::RandomState>;
 
 /// Every inode's extended attributes (see the module doc).
 pub(crate) struct XattrTable {
@@ -161,8 +167,9 @@ mod tests {
         assert_eq!(namespace(b"user.x"), Ok(Namespace::User));
         assert_eq!(
             namespace(b"system.posix_acl_access"),
-            Err(Errno::EOPNOTSUPP)
+            Ok(Namespace::Acl(crate::acl::AclKind::Access))
         );
+        assert_eq!(namespace(b"system.other"), Err(Errno::EOPNOTSUPP));
         assert_eq!(namespace(b"bogus"), Err(Errno::EOPNOTSUPP));
         assert_eq!(namespace(b"user."), Err(Errno::EINVAL));
         assert_eq!(namespace(&[b'u'; 256]), Err(Errno::ERANGE));

@@ -80,6 +80,11 @@ fn extended_attributes() {
     run(cases::extended_attributes());
 }
 
+#[test]
+fn posix_acls() {
+    run(cases::posix_acls());
+}
+
 /// Random operations over a handful of names, as root and as two users, on both sides.
 /// Prints its seed; `LANEFS_SEED=<n>` replays one.
 #[test]

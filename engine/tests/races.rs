@@ -262,3 +262,132 @@ fn lookups_never_see_both_names_of_a_replacing_rename() {
     });
     fs.check_invariants().unwrap();
 }
+
+/// An access ACL's owner, mask and other entries are the mode's permission bits, whatever
+/// races: chmods, ACLs set and removed, chowns and `UTIME_NOW` touches run against each
+/// other, and after each round the stored ACL (if any) must agree with the mode, while a
+/// named user's opens are only ever allowed or refused.
+#[test]
+fn chmod_and_acl_changes_keep_the_acl_and_the_mode_in_step() {
+    const ACCESS: &[u8] = b"system.posix_acl_access";
+    let acl = |p: u16, mask: u16| {
+        let mut v = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (1u16, 6u16, u32::MAX),
+            (2, p, 7),
+            (4, 4, u32::MAX),
+            (0x10, mask, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            v.extend_from_slice(&tag.to_le_bytes());
+            v.extend_from_slice(&perm.to_le_bytes());
+            v.extend_from_slice(&id.to_le_bytes());
+        }
+        v
+    };
+    let fs = fs();
+    let root = Ctx::root();
+    let user = Ctx::user(7, 7);
+    let f = fs
+        .mknod(&root, ROOT_INO, b"f", libc::S_IFREG | 0o640, 0)
+        .unwrap()
+        .ino;
+    for round in 0..300u32 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for k in 0..40u32 {
+                    let mode = (round * 7 + k * 13) & 0o777;
+                    let set = lanefs::SetAttr {
+                        mode: Some(mode),
+                        ..Default::default()
+                    };
+                    fs.setattr(&root, f, &set, None).unwrap();
+                }
+            });
+            s.spawn(|| {
+                for k in 0..40u16 {
+                    let r = match k % 3 {
+                        2 => fs.removexattr(&root, f, ACCESS),
+                        _ => fs.setxattr(&root, f, ACCESS, &acl(k % 8, (k / 8) % 8), 0),
+                    };
+                    assert!(matches!(r, Ok(()) | Err(Errno::ENODATA)), "{r:?}");
+                }
+            });
+            s.spawn(|| {
+                for k in 0..40u32 {
+                    let set = lanefs::SetAttr {
+                        uid: Some(k % 2),
+                        mtime: Some(lanefs::TimeSet::Now),
+                        ..Default::default()
+                    };
+                    fs.setattr(&root, f, &set, None).unwrap();
+                }
+            });
+            s.spawn(|| {
+                for _ in 0..40 {
+                    let set = lanefs::SetAttr {
+                        atime: Some(lanefs::TimeSet::Now),
+                        ..Default::default()
+                    };
+                    match fs.setattr(&user, f, &set, None).map(drop) {
+                        Ok(()) | Err(Errno::EACCES) => {}
+                        r => panic!("touch by a named user: {r:?}"),
+                    }
+                    match fs.open(&user, f, libc::O_RDONLY) {
+                        Ok(fh) => fs.release(fh).unwrap(),
+                        Err(Errno::EACCES) => {}
+                        r => panic!("open by a named user: {r:?}"),
+                    }
+                }
+            });
+        });
+        let mode = fs.getattr(f).unwrap().mode;
+        match fs.getxattr(&root, f, ACCESS) {
+            Err(Errno::ENODATA) => {}
+            Ok(v) => {
+                let entries: Vec<(u16, u16)> = v[4..]
+                    .chunks(8)
+                    .map(|e| {
+                        (
+                            u16::from_le_bytes([e[0], e[1]]),
+                            u16::from_le_bytes([e[2], e[3]]),
+                        )
+                    })
+                    .collect();
+                let perm = |tag| entries.iter().find(|e| e.0 == tag).unwrap().1 as u32;
+                assert_eq!(
+                    perm(1),
+                    (mode >> 6) & 7,
+                    "round {round}: owner entry vs {mode:o}"
+                );
+                assert_eq!(
+                    perm(0x10),
+                    (mode >> 3) & 7,
+                    "round {round}: mask vs {mode:o}"
+                );
+                assert_eq!(
+                    perm(0x20),
+                    mode & 7,
+                    "round {round}: other entry vs {mode:o}"
+                );
+            }
+            r => panic!("{r:?}"),
+        }
+        fs.check_invariants().unwrap();
+        // The ACL still decides: read for the named user through the mask, then not.
+        let chmod = |mode| {
+            let set = lanefs::SetAttr {
+                mode: Some(mode),
+                uid: Some(0),
+                ..Default::default()
+            };
+            fs.setattr(&root, f, &set, None).unwrap();
+        };
+        fs.setxattr(&root, f, ACCESS, &acl(4, 4), 0).unwrap();
+        chmod(0o640);
+        fs.release(fs.open(&user, f, libc::O_RDONLY).unwrap())
+            .unwrap();
+        chmod(0o600);
+        assert_eq!(fs.open(&user, f, libc::O_RDONLY), Err(Errno::EACCES));
+    }
+}

@@ -59,6 +59,12 @@ fn rebuild(rec: &Recorder) -> Filesystem {
     let records = rec.records.lock().unwrap();
     eprintln!("  {} records", records.len());
     assert!(records.len() > 200, "the workload changed almost nothing");
+    let acls = records
+        .iter()
+        .filter(|b| matches!(Record::decode(b), Ok(Record::SetAcl { .. })))
+        .count();
+    eprintln!("  {acls} ACL changes");
+    assert!(acls > 0, "the workload set no ACL");
     for (i, b) in records.iter().enumerate() {
         let record = Record::decode(b).unwrap();
         r.apply(&record)
@@ -203,7 +209,7 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
     };
     let (a, b) = (name(rng), name(rng));
     let flags = [0, RENAME_NOREPLACE, RENAME_EXCHANGE][rng.random_range(0..3)];
-    let _ = match rng.random_range(0..20) {
+    let _ = match rng.random_range(0..23) {
         0 | 1 => c.write(&a, vec![b'a' + d as u8; rng.random_range(0..9000)]),
         2 => c.create_dir(&a),
         3 => c.remove_file(&a),
@@ -262,8 +268,48 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
             ][rng.random_range(0..3)];
             let _ = fs.fallocate(c.ctx(), f.handle(), mode, off, len);
         }),
+        19 | 20 => c.metadata(&a).and_then(|m| {
+            // An access or default ACL with a named user, or one the mode bits express.
+            let p = rng.random_range(0..8u16);
+            let mut e = vec![
+                (1u16, 6u16, u32::MAX),
+                (4, p, u32::MAX),
+                (0x20, 4, u32::MAX),
+            ];
+            if rng.random_bool(0.7) {
+                e.insert(1, (2, p, 1));
+                e.insert(3, (0x10, 7 - p, u32::MAX));
+            }
+            let name: &[u8] = match rng.random_bool(0.5) {
+                true => b"system.posix_acl_access",
+                false => b"system.posix_acl_default",
+            };
+            c.fs()
+                .setxattr(c.ctx(), m.ino(), name, &acl(&e), 0)
+                .map_err(Into::into)
+        }),
+        21 => c.metadata(&a).and_then(|m| {
+            let name: &[u8] = match rng.random_bool(0.5) {
+                true => b"system.posix_acl_access",
+                false => b"system.posix_acl_default",
+            };
+            c.fs()
+                .removexattr(c.ctx(), m.ino(), name)
+                .map_err(Into::into)
+        }),
         _ => c.read(&a).map(drop),
     };
+}
+
+/// An ACL in the attribute value format.
+fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
 }
 
 /// Runs the workload; returns the filesystem, its records, and the handles still open (some

@@ -40,6 +40,23 @@ fn fs(locking: Locking) -> Arc<Filesystem> {
 }
 
 /// Every lanefs error a random operation may legitimately meet.
+/// An ACL value: owner rw-, user 1 with `p`, owning group r--, mask `mask`, other ---.
+fn named_user_acl(p: u16, mask: u16) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, p, 1),
+        (4, 4, u32::MAX),
+        (0x10, mask, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
 fn expected(e: &std::io::Error) -> bool {
     let ok = [
         Errno::ENOENT,
@@ -86,7 +103,7 @@ fn random_operations_from_many_threads_keep_invariants() {
                     };
                     for _ in 0..1500 {
                         let (a, b) = (name(&mut rng), name(&mut rng));
-                        let r = match rng.random_range(0..10) {
+                        let r = match rng.random_range(0..12) {
                             0 | 1 => c
                                 .open(&a, OpenOptions::new().write(true).create_new(true))
                                 .map(drop),
@@ -96,6 +113,19 @@ fn random_operations_from_many_threads_keep_invariants() {
                             5 | 6 => c.rename(&a, &b),
                             7 => c.hard_link(&a, &b),
                             8 => c.write(&a, vec![1u8; rng.random_range(0..9000)]),
+                            // Mode and ACL changes, which must keep the two in step.
+                            9 => c.set_permissions(&a, rng.random_range(0..0o1000)),
+                            10 => c.metadata(&a).and_then(|m| {
+                                let p = rng.random_range(0..8u16);
+                                let v = named_user_acl(p, rng.random_range(0..8));
+                                let name: &[u8] = match m.is_dir() && rng.random_bool(0.5) {
+                                    false => b"system.posix_acl_access",
+                                    true => b"system.posix_acl_default",
+                                };
+                                c.fs()
+                                    .setxattr(c.ctx(), m.ino(), name, &v, 0)
+                                    .map_err(Into::into)
+                            }),
                             _ => c.read_dir(&a).map(drop),
                         };
                         if let Err(e) = r {

@@ -81,7 +81,9 @@ fn groups(pid: u32, uid: u32, gid: u32) -> Groups {
 }
 
 /// The engine context of a request from `(uid, gid, pid)`, made by the kernel on the
-/// caller's behalf ([`lanefs::Via::Kernel`]). The kernel has applied the umask already.
+/// caller's behalf ([`lanefs::Via::Kernel`]), umask 0: a MKNOD or MKDIR sets the umask
+/// the request carries (`FUSE_DONT_MASK`: the engine applies it, or the parent's default ACL
+/// instead).
 pub(crate) fn ctx(uid: u32, gid: u32, pid: u32) -> Ctx {
     Ctx::user(uid, gid)
         .with_groups(&groups(pid, uid, gid))

@@ -39,6 +39,12 @@
 //!   asks for that with a SETATTR of the mode on the writer's credentials, which a writer who
 //!   does not own the file may not make (EPERM, and the write refused). A write's
 //!   `FUSE_WRITE_KILL_SUIDGID` flag tells whether the writer lacks `CAP_FSETID`.
+//! - `FUSE_POSIX_ACL` and `FUSE_DONT_MASK`: the engine stores POSIX ACLs
+//!   (`system.posix_acl_access`, `system.posix_acl_default`) and applies them as tmpfs does:
+//!   the kernel reads an inode's access ACL with a GETXATTR for its own permission checks and
+//!   caches it; setting one, and a chmod, updates the mode and the ACL in one engine change.
+//!   A MKNOD or MKDIR carries the mode unmasked with the caller's umask, which the engine
+//!   applies unless the parent has a default ACL (then the default ACL masks the mode).
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)

@@ -171,7 +171,9 @@ impl fuser::Filesystem for Server {
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
         Ok(())
@@ -259,13 +261,14 @@ impl fuser::Filesystem for Server {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let ctx = ctx(req).with_umask(umask);
         self.entry(
             self.fs
-                .mknod(&ctx(req), node(parent), name.as_bytes(), mode, rdev as u64),
+                .mknod(&ctx, node(parent), name.as_bytes(), mode, rdev as u64),
             reply,
         );
     }
@@ -276,12 +279,12 @@ impl fuser::Filesystem for Server {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
+        let ctx = ctx(req).with_umask(umask);
         self.entry(
-            self.fs
-                .mkdir(&ctx(req), node(parent), name.as_bytes(), mode),
+            self.fs.mkdir(&ctx, node(parent), name.as_bytes(), mode),
             reply,
         );
     }

@@ -29,6 +29,7 @@ use std::ptr;
 use crossbeam_epoch::Guard;
 
 use super::Filesystem;
+use crate::acl::{ACL_ACCESS_NAME, ACL_DEFAULT_NAME};
 use crate::attr::{AttrCell, AttrVals, FileType, flags};
 use crate::data::{FileData, PAGE};
 use crate::dir::RenameMap;
@@ -36,6 +37,7 @@ use crate::errno::{Errno, Result};
 use crate::inode::{Body, DirBody, Fate, Inode};
 use crate::record::{AttrChange, NewInode, Record};
 use crate::time::Timespec;
+use crate::xattr::Shard as XattrShard;
 
 impl Filesystem {
     /// [`Record::Create`]: makes the inode and its name in `dir` (body `d`). `refs` is the
@@ -81,6 +83,20 @@ impl Filesystem {
         if let Err(e) = self.commit(rec) {
             self.dirents.cancel(pending, d, g, &self.stats);
             return undo(e);
+        }
+        if !n.access_acl.is_empty() || !n.default_acl.is_empty() {
+            // Before the inode is in the table, so that no one sees its ACL flags without
+            // the ACLs. (A freed inode's entry goes before its number is recycled.)
+            let mut shard = self.xattrs.lock(n.id.ino, &self.stats);
+            let x = shard.entry(n.id.ino).or_default();
+            for (name, v) in [
+                (ACL_ACCESS_NAME, n.access_acl),
+                (ACL_DEFAULT_NAME, n.default_acl),
+            ] {
+                if !v.is_empty() {
+                    x.set(name, v, 0).expect("ACLs fit the xattr limits");
+                }
+            }
         }
         let inode = self.table.install(new_inode(&n, dir, refs), g);
         let is_dir = inode.is_dir();
@@ -392,6 +408,87 @@ impl Filesystem {
         });
     }
 
+    /// [`Record::SetAcl`] on inode `i`: `change` computes the record from the inode's current
+    /// attributes (the live `setxattr` or `removexattr` makes its checks there; `None`:
+    /// nothing to do), inside the attribute seqlock, itself inside the xattr shard lock, so
+    /// that this record is ordered with every other record that changes the mode (SetAttr,
+    /// appended inside the seqlock) and with every other xattr record.
+    pub(super) fn apply_acl(
+        &self,
+        i: &Inode,
+        change: impl FnOnce(&AttrVals, Option<&crate::xattr::Xattrs>) -> Result<Option<OwnedAcl>>,
+    ) -> Result<()> {
+        let mut shard = self.xattrs.lock(i.ino, &self.stats);
+        i.attr.update(&self.stats, |v| {
+            let Some(a) = change(v, shard.get(&i.ino))? else {
+                return Ok(());
+            };
+            self.commit_acl(i, &mut shard, v, &a)
+        })
+    }
+
+    /// Commits and applies ACL change `a` to inode `i`, whose xattr shard (`shard`) and
+    /// attribute seqlock (`v`: its values) the caller holds.
+    pub(super) fn commit_acl(
+        &self,
+        i: &Inode,
+        shard: &mut XattrShard,
+        v: &mut AttrVals,
+        a: &OwnedAcl,
+    ) -> Result<()> {
+        self.commit(&Record::SetAcl {
+            inode: i.id(),
+            default: a.default,
+            acl: &a.acl,
+            mode: a.mode,
+            time: a.time,
+        })?;
+        let (name, flag) = if a.default {
+            (ACL_DEFAULT_NAME, flags::DEFAULT_ACL)
+        } else {
+            (ACL_ACCESS_NAME, flags::ACL)
+        };
+        let x = shard.entry(i.ino).or_default();
+        if a.acl.is_empty() {
+            let _ = x.remove(name);
+            v.flags &= !flag;
+        } else {
+            x.set(name, &a.acl, 0).expect("ACLs fit the xattr limits");
+            v.flags |= flag;
+        }
+        if x.is_empty() {
+            shard.remove(&i.ino);
+            v.flags &= !flags::XATTRS;
+        } else {
+            v.flags |= flags::XATTRS;
+        }
+        v.mode = a.mode;
+        v.ctime = a.time;
+        Ok(())
+    }
+
+    /// [`Record::SetAcl`] as recovery applies it.
+    pub(super) fn replay_acl(&self, rec: &Record<'_>, i: &Inode) -> Result<()> {
+        let Record::SetAcl {
+            default,
+            acl,
+            mode,
+            time,
+            ..
+        } = *rec
+        else {
+            unreachable!("replay_acl of {rec:?}")
+        };
+        self.apply_acl(i, |_, _| {
+            Ok(Some(OwnedAcl {
+                default,
+                acl: acl.to_vec(),
+                mode,
+                time,
+            }))
+        })
+    }
+
     /// [`Record::SetXattr`] and [`Record::RemoveXattr`] on inode `i`: `check` sees the
     /// inode's current attributes (under the shard lock that orders its xattr changes) and
     /// may refuse before anything is committed.
@@ -439,11 +536,27 @@ impl Filesystem {
     }
 }
 
+/// An ACL change for [`Filesystem::apply_acl`]: the record's fields, owned.
+pub(super) struct OwnedAcl {
+    pub default: bool,
+    /// Empty removes the ACL.
+    pub acl: Vec<u8>,
+    pub mode: u32,
+    pub time: Timespec,
+}
+
 /// The attribute values of a new inode.
 fn new_vals(n: &NewInode<'_>, size: u64) -> AttrVals {
+    let mut f = 0;
+    if !n.access_acl.is_empty() {
+        f |= flags::ACL | flags::XATTRS;
+    }
+    if !n.default_acl.is_empty() {
+        f |= flags::DEFAULT_ACL | flags::XATTRS;
+    }
     AttrVals {
         mode: n.mode,
-        flags: 0,
+        flags: f,
         uid: n.uid,
         gid: n.gid,
         size,
@@ -476,6 +589,8 @@ pub(super) fn new_root(mode: u32, uid: u32, gid: u32, refs: u32) -> Inode {
         rdev: 0,
         target: b"",
         time: Timespec::now(),
+        access_acl: b"",
+        default_acl: b"",
     };
     Inode::new(
         n.id,

@@ -122,10 +122,35 @@ impl Filesystem {
                 errs.push(format!("inode {ino} dead but still in the table"));
                 continue;
             }
-            if i.attr.load().flags & flags::XATTRS != 0 {
+            let v = i.attr.load();
+            let f = v.flags;
+            if f & flags::XATTRS != 0 {
                 with_xattrs += 1;
                 if !self.xattrs.lock(ino, &self.stats).contains_key(&ino) {
                     errs.push(format!("inode {ino} flagged with xattrs it does not have"));
+                }
+            }
+            for (flag, name) in [
+                (flags::ACL, crate::acl::ACL_ACCESS_NAME),
+                (flags::DEFAULT_ACL, crate::acl::ACL_DEFAULT_NAME),
+            ] {
+                let shard = self.xattrs.lock(ino, &self.stats);
+                let stored = shard.get(&ino).and_then(|x| x.get(name));
+                if (f & flag != 0) != stored.is_some() {
+                    errs.push(format!(
+                        "inode {ino}: ACL flag {} but {} stored",
+                        f & flag != 0,
+                        String::from_utf8_lossy(name)
+                    ));
+                }
+                match stored.map(crate::acl::Acl::parse) {
+                    Some(Err(_)) => errs.push(format!("inode {ino}: invalid ACL stored")),
+                    // The owner, group-class and other entries of an access ACL are the
+                    // mode's permission bits.
+                    Some(Ok(a)) if flag == flags::ACL && a.mode_bits() != v.mode & 0o777 => {
+                        errs.push(format!("inode {ino}: access ACL {a} but mode {:o}", v.mode))
+                    }
+                    _ => {}
                 }
             }
             let names = names_of.get(&k).map_or(0, Vec::len) as u32;

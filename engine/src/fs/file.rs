@@ -16,8 +16,10 @@
 
 use crossbeam_epoch::{self as epoch, Guard};
 
+use super::apply::OwnedAcl;
 use super::namespace::NewNode;
 use super::{Filesystem, InodeRef, MAX_FILE_SIZE};
+use crate::acl::{ACL_ACCESS_NAME, Acl};
 use crate::attr::{Attr, AttrVals, SetAttr, TimeSet, flags};
 use crate::data::PAGE;
 use crate::errno::{Errno, Result};
@@ -96,7 +98,7 @@ impl Filesystem {
             mask |= MAY_WRITE;
         }
         let v = i.attr.load();
-        perm::check(ctx, &v, mask)?;
+        self.permission(ctx, i, &v, mask)?;
         if flags & libc::O_NOATIME != 0 && !perm::owner_or_root(ctx, &v) {
             return Err(Errno::EPERM);
         }
@@ -459,7 +461,7 @@ impl Filesystem {
                     return Err(Errno::EINVAL);
                 }
             }
-            TruncateBy::Path => perm::check(ctx, &i.attr.load(), MAY_WRITE)?,
+            TruncateBy::Path => self.permission(ctx, i, &i.attr.load(), MAY_WRITE)?,
         }
         if size > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
@@ -491,37 +493,74 @@ impl Filesystem {
         let now = Timespec::now();
         let owner_change = set.uid.is_some() || set.gid.is_some();
         let size_change = set.size.is_some();
-        let Body::File(data) = &i.body else {
-            if owner_change && !i.is_dir() {
-                self.remove_privs(ctx, i, now, false)?;
-            }
-            return i.attr.update(&self.stats, |v| {
-                let c = attr_change(ctx, v, set, by, false, now)?;
+        let mut data = match &i.body {
+            Body::File(data) => Some(self.stats.write(LockClass::FileData, data)),
+            _ => None,
+        };
+        if size_change || owner_change && !i.is_dir() {
+            self.remove_privs(ctx, i, now, size_change)?;
+        }
+        let kept = match (&data, set.size) {
+            (Some(d), Some(s)) => d.pages_below(s),
+            _ => 0,
+        };
+        let had_pages = data.as_ref().is_some_and(|d| d.pages() > 0);
+        // A chmod rewrites the access ACL (as `posix_acl_chmod`), and a `UTIME_NOW` by a
+        // non-owner may be allowed by it: then the xattr shard is held across the change, so
+        // the ACL is the one the change sees. An ACL that appears after the flag was read
+        // here is seen inside the seqlock, and the change starts again with the shard held.
+        let acl_matters = set.mode.is_some()
+            || !ctx.is_root()
+                && (matches!(set.atime, Some(TimeSet::Now))
+                    || matches!(set.mtime, Some(TimeSet::Now)));
+        loop {
+            let mut shard = (acl_matters && i.attr.access_view().flags & flags::ACL != 0)
+                .then(|| self.xattrs.lock(i.ino, &self.stats));
+            let mut raced = false;
+            i.attr.update(&self.stats, |v| {
+                let acl = match &shard {
+                    _ if !acl_matters || v.flags & flags::ACL == 0 => None,
+                    None => {
+                        raced = true;
+                        return Ok(());
+                    }
+                    Some(x) => {
+                        let bytes = x.get(&i.ino).and_then(|x| x.get(ACL_ACCESS_NAME));
+                        let bytes = bytes.expect("the ACL flag and the table agree");
+                        Some(Acl::parse(bytes).expect("stored ACLs are valid"))
+                    }
+                };
+                let mut c = attr_change(ctx, v, acl.as_ref(), set, by, had_pages, now)?;
+                if let (Some(mut acl), Some(shard), Some(_)) = (acl, shard.as_mut(), set.mode) {
+                    let mode = c.mode.expect("a chmod sets the mode");
+                    acl.chmod(mode);
+                    let a = OwnedAcl {
+                        default: false,
+                        acl: acl.to_xattr(),
+                        mode,
+                        time: c.ctime.unwrap_or(now),
+                    };
+                    self.commit_acl(i, shard, v, &a)?;
+                    c.mode = None;
+                    if c == (AttrChange {
+                        ctime: c.ctime,
+                        ..AttrChange::default()
+                    }) {
+                        return Ok(());
+                    }
+                }
                 self.commit(&Record::SetAttr {
                     inode: i.id(),
                     change: c,
                 })?;
-                Self::apply_attr(v, &c, 0);
+                Self::apply_attr(v, &c, kept);
                 Ok(())
-            });
-        };
-        let mut d = self.stats.write(LockClass::FileData, data);
-        if owner_change || size_change {
-            self.remove_privs(ctx, i, now, size_change)?;
-        }
-        let size = set.size;
-        let kept = size.map_or(0, |s| d.pages_below(s));
-        let had_pages = d.pages() > 0;
-        i.attr.update(&self.stats, |v| {
-            let c = attr_change(ctx, v, set, by, had_pages, now)?;
-            self.commit(&Record::SetAttr {
-                inode: i.id(),
-                change: c,
             })?;
-            Self::apply_attr(v, &c, kept);
-            Ok(())
-        })?;
-        if let Some(size) = size {
+            if !raced {
+                break;
+            }
+        }
+        if let (Some(d), Some(size)) = (data.as_mut(), set.size) {
             // Outside the attribute seqlock (readers must not spin while pages are freed),
             // still under the data lock, so no reader sees bytes beyond the new size.
             self.space.give(d.truncate(size));
@@ -730,6 +769,7 @@ impl Filesystem {
 fn attr_change(
     ctx: &Ctx,
     v: &AttrVals,
+    acl: Option<&Acl>,
     set: &SetAttr,
     by: Option<TruncateBy>,
     had_pages: bool,
@@ -753,7 +793,7 @@ fn attr_change(
         return Err(Errno::EPERM);
     }
     if touch && !explicit && !owner {
-        perm::check(ctx, v, MAY_WRITE)?;
+        super::permission_with(ctx, v, acl, MAY_WRITE)?;
     }
     let is_reg = v.mode & libc::S_IFMT == libc::S_IFREG;
     let mut mode = v.mode;

@@ -34,7 +34,8 @@ pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX};
 pub use readdir::DirEntry;
 pub use recovery::{Recovery, ReplayError};
 
-use crate::attr::{Attr, flags};
+use crate::acl::{ACL_ACCESS_NAME, Acl};
+use crate::attr::{Attr, AttrVals, flags};
 use crate::dir::{Dirent, Dirents, NAME_MAX};
 use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
@@ -503,14 +504,47 @@ impl Filesystem {
     }
 
     /// Whether `ctx` may search directory `dir`: root always may (no attribute read), anyone
-    /// else by mode, owner and group.
+    /// else by mode, owner, group and access ACL.
     #[inline]
     pub(crate) fn may_search(&self, ctx: &Ctx, dir: &Inode) -> Result<()> {
         debug_assert!(dir.is_dir());
         if ctx.is_root() {
             return Ok(());
         }
-        perm::check(ctx, &dir.attr.access_view(), MAY_EXEC)
+        self.permission(ctx, dir, &dir.attr.access_view(), MAY_EXEC)
+    }
+
+    /// May `ctx` access inode `i`, whose attributes are `v`, for `mask` (`MAY_READ`,
+    /// `MAY_WRITE`, `MAY_EXEC` bits)? Mode bits, and the access ACL when the inode has one
+    /// (`acl.rs`; root is decided by `perm::check` alone). Every permission check on an inode
+    /// goes through here, or through [`Filesystem::permission_with`] inside the attribute
+    /// seqlock.
+    pub(crate) fn permission(&self, ctx: &Ctx, i: &Inode, v: &AttrVals, mask: u32) -> Result<()> {
+        let acl = self.access_acl(ctx, i, v)?;
+        permission_with(ctx, v, acl.as_ref(), mask)
+    }
+
+    /// Directory `dir`'s default ACL, if it has one.
+    pub(crate) fn default_acl(&self, dir: &Inode) -> Option<Acl> {
+        let shard = self.xattrs.lock(dir.ino, &self.stats);
+        let bytes = shard.get(&dir.ino)?.get(crate::acl::ACL_DEFAULT_NAME)?;
+        Some(Acl::parse(bytes).expect("stored ACLs are valid"))
+    }
+
+    /// The access ACL a permission check by `ctx` on `i` needs: none for root, or when the
+    /// inode has none (the common case: no lock taken).
+    pub(crate) fn access_acl(&self, ctx: &Ctx, i: &Inode, v: &AttrVals) -> Result<Option<Acl>> {
+        if ctx.is_root() || v.flags & flags::ACL == 0 {
+            return Ok(None);
+        }
+        let shard = self.xattrs.lock(i.ino, &self.stats);
+        let bytes = shard.get(&i.ino).and_then(|x| x.get(ACL_ACCESS_NAME));
+        // The flag and the table change together under the shard lock; a flag read just
+        // before a removal finds no ACL, and the mode bits decide, as they now do.
+        Ok(bytes
+            .map(Acl::parse)
+            .transpose()
+            .expect("stored ACLs are valid"))
     }
 
     /// A symlink's target, if `i` is one.
@@ -658,7 +692,7 @@ impl Filesystem {
         if mask == 0 {
             Ok(())
         } else {
-            perm::check(ctx, &i.attr.load(), mask & 7)
+            self.permission(ctx, i, &i.attr.access_view(), mask & 7)
         }
     }
 
@@ -678,6 +712,16 @@ impl Filesystem {
             namelen: NAME_MAX as u32,
             frsize: crate::data::PAGE as u32,
         }
+    }
+}
+
+/// [`Filesystem::permission`] with the access ACL already read (`acl`: `None` if the inode has
+/// none or the caller is root), for checks made inside the attribute seqlock, where the xattr
+/// shard lock may not be taken.
+pub(crate) fn permission_with(ctx: &Ctx, v: &AttrVals, acl: Option<&Acl>, mask: u32) -> Result<()> {
+    match acl {
+        Some(a) if !ctx.is_root() => crate::acl::check(ctx, v, a, mask),
+        _ => perm::check(ctx, v, mask),
     }
 }
 

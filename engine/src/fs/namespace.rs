@@ -14,7 +14,8 @@ use crossbeam_epoch::{self as epoch, Guard};
 use parking_lot::MutexGuard;
 
 use super::{Filesystem, InodeRef, check_name, is_dot_or_dotdot};
-use crate::attr::{Attr, AttrVals, FileType};
+use crate::acl;
+use crate::attr::{Attr, AttrVals, FileType, flags};
 use crate::errno::{Errno, Result};
 use crate::id::{Ino, MAX_INO};
 use crate::inode::{DirBody, Inode};
@@ -46,16 +47,24 @@ struct Victim<'a> {
     _locks: [Option<MutexGuard<'a, ()>>; 2],
 }
 
-/// Permission bits and group of a new inode, as `inode_init_owner()` and
-/// `vfs_prepare_mode()` give them: the umask applies, a setgid directory passes on its group
-/// (and, to a subdirectory, its setgid bit), and a caller outside that group does not get a
+/// Permission bits and group of a new inode, as `vfs_prepare_mode()`, `posix_acl_create()`
+/// and `inode_init_owner()` give them: the umask applies unless the directory has a default
+/// ACL (`inherited`: the bits that ACL gives, `acl.rs`); a setgid directory passes on its
+/// group (and, to a subdirectory, its setgid bit); a caller outside that group does not get a
 /// group-executable setgid file.
-fn new_owner(ctx: &Ctx, dv: &AttrVals, mode: u32, kind: &NewNode<'_>) -> (u32, u32) {
+fn new_owner(
+    ctx: &Ctx,
+    dv: &AttrVals,
+    mode: u32,
+    kind: &NewNode<'_>,
+    inherited: Option<u32>,
+) -> (u32, u32) {
     let is_dir = matches!(kind, NewNode::Dir);
-    let mut bits = match kind {
-        NewNode::Symlink(_) => 0o777,
-        NewNode::Dir => mode & 0o1777 & !ctx.umask,
-        _ => mode & 0o7777 & !ctx.umask,
+    let keep = if is_dir { 0o1777 } else { 0o7777 };
+    let mut bits = match (kind, inherited) {
+        (NewNode::Symlink(_), _) => 0o777,
+        (_, Some(m)) => m & keep,
+        _ => mode & keep & !ctx.umask,
     };
     let parent_sgid = dv.mode & libc::S_ISGID != 0;
     let gid = if parent_sgid { dv.gid } else { ctx.gid };
@@ -101,7 +110,7 @@ impl Filesystem {
         }
         self.writable()?;
         let dv = dir.attr.load();
-        perm::check(ctx, &dv, MAY_WRITE | MAY_EXEC)?;
+        self.permission(ctx, dir, &dv, MAY_WRITE | MAY_EXEC)?;
         if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
@@ -124,7 +133,39 @@ impl Filesystem {
                 (t, rdev, &b""[..])
             }
         };
-        let (bits, gid) = new_owner(ctx, &dv, mode, &kind);
+        // A directory's default ACL decides the new inode's permission bits and ACLs (not
+        // for symlinks, which have no ACLs).
+        let inherited = match kind {
+            NewNode::Symlink(_) => None,
+            _ if dv.flags & flags::DEFAULT_ACL != 0 => self.default_acl(dir).map(|def| {
+                let keep = if matches!(kind, NewNode::Dir) {
+                    0o1777
+                } else {
+                    0o7777
+                };
+                acl::inherit(
+                    Some(&def),
+                    mode & keep,
+                    ctx.umask,
+                    matches!(kind, NewNode::Dir),
+                )
+            }),
+            _ => None,
+        };
+        let (bits, gid) = new_owner(ctx, &dv, mode, &kind, inherited.as_ref().map(|i| i.mode));
+        let (access_acl, default_acl) = match &inherited {
+            Some(i) => (
+                i.access
+                    .as_ref()
+                    .map(acl::Acl::to_xattr)
+                    .unwrap_or_default(),
+                i.default
+                    .as_ref()
+                    .map(acl::Acl::to_xattr)
+                    .unwrap_or_default(),
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
         let rec = Record::Create {
             dir: dir.id(),
             name,
@@ -137,6 +178,8 @@ impl Filesystem {
                 rdev,
                 target,
                 time: Timespec::now(),
+                access_acl: &access_acl,
+                default_acl: &default_acl,
             },
         };
         let refs = extra_refs + u32::from(ctx.counts_lookups());
@@ -279,12 +322,12 @@ impl Filesystem {
             let safe = sv.mode & libc::S_IFMT == libc::S_IFREG
                 && sv.mode & libc::S_ISUID == 0
                 && sv.mode & sgid_gx != sgid_gx
-                && perm::check(ctx, &sv, MAY_READ | MAY_WRITE).is_ok();
+                && self.permission(ctx, src, &sv, MAY_READ | MAY_WRITE).is_ok();
             if !safe {
                 return Err(Errno::EPERM);
             }
         }
-        perm::check(ctx, &dir.attr.load(), MAY_WRITE | MAY_EXEC)?;
+        self.permission(ctx, dir, &dir.attr.load(), MAY_WRITE | MAY_EXEC)?;
         if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
@@ -321,7 +364,7 @@ impl Filesystem {
         let de = self.dget(dir.key(), name).ok_or(Errno::ENOENT)?;
         let inode = self.iget_named(de, g)?;
         let dv = dir.attr.load();
-        perm::check(ctx, &dv, MAY_WRITE | MAY_EXEC)?;
+        self.permission(ctx, dir, &dv, MAY_WRITE | MAY_EXEC)?;
         perm::check_sticky(ctx, &dv, &inode.attr.load())?;
         Ok(Victim {
             dir: (dir, d),
@@ -555,10 +598,10 @@ impl Filesystem {
         }
         // may_delete(source), then may_delete(target) or may_create(target dir).
         let v1 = d1.attr.load();
-        perm::check(ctx, &v1, MAY_WRITE | MAY_EXEC)?;
+        self.permission(ctx, d1, &v1, MAY_WRITE | MAY_EXEC)?;
         perm::check_sticky(ctx, &v1, &src.attr.load())?;
         let v2 = d2.attr.load();
-        perm::check(ctx, &v2, MAY_WRITE | MAY_EXEC)?;
+        self.permission(ctx, d2, &v2, MAY_WRITE | MAY_EXEC)?;
         match dst {
             Some(t) => {
                 perm::check_sticky(ctx, &v2, &t.attr.load())?;
@@ -576,10 +619,10 @@ impl Filesystem {
         }
         // A directory changing parent rewrites its "..": write permission on it.
         if cross && src_is_dir {
-            perm::check(ctx, &src.attr.load(), MAY_WRITE)?;
+            self.permission(ctx, src, &src.attr.load(), MAY_WRITE)?;
         }
         if let (true, true, Some(t)) = (cross, exchange && dst_is_dir, dst) {
-            perm::check(ctx, &t.attr.load(), MAY_WRITE)?;
+            self.permission(ctx, t, &t.attr.load(), MAY_WRITE)?;
         }
         let rec = Record::Rename {
             from: d1.id(),

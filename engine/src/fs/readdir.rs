@@ -13,7 +13,7 @@ use crate::dir::Name;
 use crate::errno::{Errno, Result};
 use crate::handle::{Fh, Handle};
 use crate::id::Ino;
-use crate::perm::{self, Ctx, MAY_READ};
+use crate::perm::{Ctx, MAY_READ};
 use crate::stats::Op;
 
 /// One directory entry.
@@ -38,7 +38,7 @@ impl Filesystem {
         let _c = self.begin(Op::Opendir);
         let g = epoch::pin();
         let (i, d) = self.dir_inode(ino.into(), &g)?;
-        perm::check(ctx, &i.attr.load(), MAY_READ)?;
+        self.permission(ctx, i, &i.attr.access_view(), MAY_READ)?;
         i.get_ref()?;
         let h = Handle {
             inode: i.key(),

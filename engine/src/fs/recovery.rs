@@ -193,6 +193,7 @@ impl Recovery {
             Record::SetXattr { inode, .. } | Record::RemoveXattr { inode, .. } => {
                 fs.replay_xattr(rec, self.inode(inode, &g)?)
             }
+            Record::SetAcl { inode, .. } => fs.replay_acl(rec, self.inode(inode, &g)?),
             Record::Free { inode } => {
                 let i = self.inode(inode, &g)?;
                 if i.nlink() != 0 {
@@ -229,6 +230,8 @@ impl Recovery {
                     rdev: 0,
                     target: b"",
                     time: Timespec::now(),
+                    access_acl: b"",
+                    default_acl: b"",
                 },
             };
             fs.apply_root(&rec, root)

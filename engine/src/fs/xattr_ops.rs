@@ -1,8 +1,11 @@
-//! Extended attribute operations, with the permission rules of Linux `xattr_permission`.
+//! Extended attribute operations, with the permission rules of Linux `xattr_permission`;
+//! the two POSIX ACL names follow the rules of `acl.rs` instead.
 
 use crossbeam_epoch as epoch;
 
 use super::Filesystem;
+use super::apply::OwnedAcl;
+use crate::acl::{self, AclKind, SetOutcome};
 use crate::attr::flags;
 use crate::errno::{Errno, Result};
 use crate::id::Ino;
@@ -46,9 +49,38 @@ impl Filesystem {
                 {
                     return Err(Errno::EPERM);
                 }
-                perm::check(ctx, &v, if write { MAY_WRITE } else { MAY_READ })
+                self.permission(ctx, i, &v, if write { MAY_WRITE } else { MAY_READ })
             }
+            // Checked by the ACL rules themselves (`acl::set_xattr`); anyone who reaches the
+            // inode may read its ACLs.
+            Namespace::Acl(_) => Ok(()),
         }
+    }
+
+    /// `setxattr` (`value`) or `removexattr` (`None`) of an ACL name.
+    fn set_acl_xattr(
+        &self,
+        ctx: &Ctx,
+        i: &Inode,
+        kind: AclKind,
+        value: Option<&[u8]>,
+    ) -> Result<()> {
+        let time = Timespec::now();
+        self.apply_acl(i, |v, _| {
+            let outcome = match value {
+                Some(value) => acl::set_xattr(ctx, v, kind, value)?,
+                None => acl::remove_xattr(ctx, v, kind)?,
+            };
+            Ok(match outcome {
+                SetOutcome::Nothing => None,
+                SetOutcome::Apply { mode, acl } => Some(OwnedAcl {
+                    default: kind == AclKind::Default,
+                    acl: acl.as_ref().map(acl::Acl::to_xattr).unwrap_or_default(),
+                    mode,
+                    time,
+                }),
+            })
+        })
     }
 
     /// The value of attribute `name`.
@@ -57,7 +89,11 @@ impl Filesystem {
         let g = epoch::pin();
         let i = self.iget(ino, &g)?;
         self.xattr_permission(ctx, i, name, false)?;
-        if i.attr.load().flags & flags::XATTRS == 0 {
+        let v = i.attr.load();
+        if matches!(namespace(name)?, Namespace::Acl(_)) && v.mode & libc::S_IFMT == libc::S_IFLNK {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        if v.flags & flags::XATTRS == 0 {
             return Err(Errno::ENODATA);
         }
         let shard = self.xattrs.lock(i.ino, &self.stats);
@@ -87,6 +123,13 @@ impl Filesystem {
             self.writable()?;
             self.xattr_permission(ctx, i, name, true)?;
             let _held = self.hold(i, &g)?;
+            if let Namespace::Acl(kind) = namespace(name)? {
+                self.set_acl_xattr(ctx, i, kind, Some(value))?;
+                drop(_held);
+                drop(_c);
+                self.report(ctx, |s| s.inode(ino, None));
+                return Ok(());
+            }
             if value.len() > XATTR_SIZE_MAX {
                 return Err(Errno::E2BIG);
             }
@@ -134,6 +177,13 @@ impl Filesystem {
             self.writable()?;
             self.xattr_permission(ctx, i, name, true)?;
             let _held = self.hold(i, &g)?;
+            if let Namespace::Acl(kind) = namespace(name)? {
+                self.set_acl_xattr(ctx, i, kind, None)?;
+                drop(_held);
+                drop(_c);
+                self.report(ctx, |s| s.inode(ino, None));
+                return Ok(());
+            }
             let rec = Record::RemoveXattr {
                 inode: i.id(),
                 name,

@@ -33,6 +33,7 @@ pub fn all() -> Vec<Case> {
         data_and_sizes(),
         timestamps_follow_posix(),
         extended_attributes(),
+        posix_acls(),
     ]
 }
 
@@ -522,4 +523,176 @@ pub fn extended_attributes() -> Case {
         .map(|o| (u1(), o)),
     );
     Case::new("xattr", 0, &steps)
+}
+
+/// An ACL in the attribute value format: version 2, then `(tag, perm, id)` entries.
+pub fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+pub fn posix_acls() -> Case {
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    const NONE: u32 = u32::MAX;
+    let (uo, u, go, m, o) = (1u16, 2u16, 4u16, 0x10u16, 0x20u16);
+    let default = acl(&[
+        (uo, 7, NONE),
+        (u, 5, 1000),
+        (go, 5, NONE),
+        (m, 7, NONE),
+        (o, 0, NONE),
+    ]);
+    let named = acl(&[
+        (uo, 6, NONE),
+        (u, 6, 1000),
+        (go, 4, NONE),
+        (m, 6, NONE),
+        (o, 0, NONE),
+    ]);
+    let search_only = acl(&[
+        (uo, 7, NONE),
+        (u, 1, 1000),
+        (go, 0, NONE),
+        (m, 1, NONE),
+        (o, 0, NONE),
+    ]);
+    let group = acl(&[
+        (uo, 6, NONE),
+        (go, 0, NONE),
+        (8, 4, 3000),
+        (m, 4, NONE),
+        (o, 0, NONE),
+    ]);
+    let mut steps = as_root(vec![
+        // Inheritance: the default ACL masks a new inode's mode instead of the umask (077).
+        Mkdir(s("d"), 0o755),
+        SetXattr(s("d"), s(DEFAULT), default.clone(), 0),
+        GetXattr(s("d"), s(DEFAULT)),
+        ListXattr(s("d")),
+        Stat(s("d")),
+        Create(s("d/f"), 0o666),
+        Stat(s("d/f")),
+        GetXattr(s("d/f"), s(ACCESS)),
+        GetXattr(s("d/f"), s(DEFAULT)),
+        Mkdir(s("d/sub"), 0o777),
+        Stat(s("d/sub")),
+        GetXattr(s("d/sub"), s(ACCESS)),
+        GetXattr(s("d/sub"), s(DEFAULT)),
+        Mknod(s("d/fifo"), libc::S_IFIFO | 0o644, 0),
+        Stat(s("d/fifo")),
+        Symlink(s("f"), s("d/l")),
+        Lstat(s("d/l")),
+        // Outside `d` the umask applies.
+        Create(s("f"), 0o666),
+        Stat(s("f")),
+        // A named user: the mode's group bits become the mask.
+        SetXattr(s("f"), s(ACCESS), named.clone(), 0),
+        Stat(s("f")),
+        GetXattr(s("f"), s(ACCESS)),
+        ListXattr(s("f")),
+        // An ACL the mode bits express is not stored: it sets the mode.
+        Create(s("plain"), 0o600),
+        SetXattr(
+            s("plain"),
+            s(ACCESS),
+            acl(&[(uo, 6, NONE), (go, 4, NONE), (o, 4, NONE)]),
+            0,
+        ),
+        Stat(s("plain")),
+        GetXattr(s("plain"), s(ACCESS)),
+        ListXattr(s("plain")),
+        // Where ACLs do not go, and malformed ones.
+        SetXattr(s("d/l"), s(ACCESS), named.clone(), 0),
+        SetXattr(s("f"), s(DEFAULT), default.clone(), 0),
+        SetXattr(s("f"), s(ACCESS), b"\x02\x00\x00\x00\x01".to_vec(), 0),
+        SetXattr(
+            s("f"),
+            s(ACCESS),
+            acl(&[(uo, 6, NONE), (u, 6, 1000), (go, 4, NONE), (o, 0, NONE)]),
+            0,
+        ),
+        SetXattr(
+            s("f"),
+            s(ACCESS),
+            acl(&[(go, 4, NONE), (uo, 6, NONE), (o, 0, NONE)]),
+            0,
+        ),
+        // Search through a directory only a named user may search.
+        Mkdir(s("priv"), 0o700),
+        Create(s("priv/x"), 0o644),
+        SetXattr(s("priv"), s(ACCESS), search_only, 0),
+        Stat(s("priv")),
+        // A named group (3000 is a supplementary group of u1).
+        Create(s("grp"), 0o600),
+        SetXattr(s("grp"), s(ACCESS), group, 0),
+        Stat(s("grp")),
+    ]);
+    let user = |who: Who, ops: Vec<Op>| ops.into_iter().map(move |o| (who.clone(), o));
+    steps.extend(user(
+        u1(),
+        vec![
+            Read(s("f")),
+            Write(s("f"), 0, b"x".to_vec()),
+            Access(s("f"), 6),
+            Access(s("f"), 1),
+            Utimens(s("f"), T::Now, T::Now),
+            Utimens(s("f"), T::At(1, 0), T::Omit),
+            Chmod(s("f"), 0o600),
+            SetXattr(s("f"), s(ACCESS), named.clone(), 0),
+            GetXattr(s("f"), s(ACCESS)),
+            Stat(s("priv/x")),
+            Read(s("priv/x")),
+            ReadDir(s("priv")),
+            Create(s("priv/y"), 0o644),
+            Read(s("grp")),
+            Write(s("grp"), 0, b"g".to_vec()),
+            Create(s("d/mine"), 0o644),
+            Read(s("d/f")),
+        ],
+    ));
+    steps.extend(user(
+        u2(),
+        vec![
+            Read(s("f")),
+            Access(s("f"), 4),
+            Stat(s("priv/x")),
+            Read(s("grp")),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        // A chmod rewrites the owner, mask and other entries.
+        Chmod(s("f"), 0o640),
+        Stat(s("f")),
+        GetXattr(s("f"), s(ACCESS)),
+        Chown(s("f"), Some(2000), None),
+        GetXattr(s("f"), s(ACCESS)),
+        Chown(s("f"), Some(0), None),
+    ]));
+    steps.extend(user(
+        u1(),
+        vec![Read(s("f")), Write(s("f"), 0, b"y".to_vec())],
+    ));
+    steps.extend(as_root(vec![
+        // Removing: an empty value, removexattr, and a removal of nothing.
+        SetXattr(s("f"), s(ACCESS), Vec::new(), 0),
+        Stat(s("f")),
+        ListXattr(s("f")),
+        RemoveXattr(s("d"), s(DEFAULT)),
+        RemoveXattr(s("d"), s(DEFAULT)),
+        ListXattr(s("d")),
+        Create(s("d/after"), 0o666),
+        Stat(s("d/after")),
+        GetXattr(s("d/sub"), s(DEFAULT)),
+        Create(s("d/sub/deep"), 0o666),
+        Stat(s("d/sub/deep")),
+        GetXattr(s("d/sub/deep"), s(ACCESS)),
+    ]));
+    steps.extend(user(u1(), vec![Read(s("f"))]));
+    Case::new("posix_acl", 0o077, &steps)
 }

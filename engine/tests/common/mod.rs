@@ -538,7 +538,7 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                     .filter(|s| !s.is_empty())
                     .map(<[u8]>::to_vec)
                     .collect();
-                names.retain(|n| !n.starts_with(b"security.") && !n.starts_with(b"system."));
+                names.retain(|n| !n.starts_with(b"security."));
                 names.sort();
                 Ok(Val::Names(names))
             }
