@@ -635,3 +635,50 @@ fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
     );
     fs.check_invariants().unwrap();
 }
+
+/// `fs.protected_hardlinks` for library callers: with the rule on, a user may not link
+/// another's file they cannot read and write, nor a set-id or special file; with it off, as
+/// with the sysctl at 0, they may. Kernel callers are left to the kernel's own setting.
+#[test]
+fn protected_hardlinks_is_a_policy_with_the_sysctls_default() {
+    let default = std::fs::read_to_string("/proc/sys/fs/protected_hardlinks")
+        .map_or(true, |s| s.trim() != "0");
+    assert_eq!(Config::default().protected_hardlinks, default);
+    for protect in [true, false] {
+        let (fs, root) = new_fs(Config {
+            protected_hardlinks: protect,
+            ..Config::default()
+        });
+        root.create_dir("/pub").unwrap();
+        root.set_permissions("/pub", 0o1777).unwrap();
+        root.write("/pub/theirs", b"x").unwrap();
+        root.set_permissions("/pub/theirs", 0o644).unwrap();
+        root.write("/pub/suid", b"x").unwrap();
+        root.set_permissions("/pub/suid", 0o4777).unwrap();
+        root.mknod("/pub/fifo", libc::S_IFIFO | 0o666, 0).unwrap();
+        root.write("/pub/open", b"x").unwrap();
+        root.set_permissions("/pub/open", 0o666).unwrap();
+        let user = Client::new(fs.clone(), Ctx::user(1000, 1000));
+        let kernel = Client::new(fs.clone(), Ctx::user(1000, 1000).via_kernel());
+        for (src, refused) in [
+            ("theirs", protect),
+            ("suid", protect),
+            ("fifo", protect),
+            ("open", false),
+        ] {
+            let r = user.hard_link(format!("/pub/{src}"), format!("/pub/{src}-u"));
+            match refused {
+                true => assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EPERM), "{src}"),
+                false => r.unwrap_or_else(|e| panic!("{src} (protect {protect}): {e}")),
+            }
+            kernel
+                .hard_link(format!("/pub/{src}"), format!("/pub/{src}-k"))
+                .unwrap_or_else(|e| panic!("{src} via the kernel: {e}"));
+        }
+        assert_eq!(
+            root.metadata("/pub/theirs").unwrap().attr.nlink,
+            if protect { 2 } else { 3 }
+        );
+        fs.check_invariants().unwrap();
+    }
+}
