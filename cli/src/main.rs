@@ -21,9 +21,12 @@ enum Cmd {
     Stats(mount::StatsArgs),
     /// Run the seed workloads (crunl, rndrename, fstree, fsmark, orc) in-process and on paths.
     Bench(bench::BenchArgs),
+    /// Check a disk store (exit 0 when consistent); --repair cuts a damaged one back to its
+    /// last consistent prefix.
+    Fsck(mount::FsckArgs),
 }
 
-const SUBCOMMANDS: [&str; 4] = ["mount", "stats", "bench", "help"];
+const SUBCOMMANDS: [&str; 5] = ["mount", "stats", "bench", "fsck", "help"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -37,6 +40,7 @@ fn main() {
             Cmd::Mount(a) => mount::run(a),
             Cmd::Stats(a) => mount::stats(a),
             Cmd::Bench(a) => bench::run(a),
+            Cmd::Fsck(a) => mount::fsck(a),
         }
     };
     if let Err(e) = r {

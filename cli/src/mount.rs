@@ -16,7 +16,8 @@ use lanefs_fuse::MountConfig;
 pub struct MountArgs {
     /// Directory to mount on.
     pub mountpoint: PathBuf,
-    /// Store: `memory` (like tmpfs: gone at unmount).
+    /// Store: `memory` (like tmpfs: gone at unmount), or a directory holding a disk store
+    /// (created if empty or missing; the journal makes every change durable by fsync).
     #[arg(long, default_value = "memory")]
     pub store: String,
     /// Mount options, comma-separated, as `mount -o`: ro, rw, allow_other (the default when
@@ -34,6 +35,16 @@ pub struct MountArgs {
     /// Return once mounted, leaving the server running in the background.
     #[arg(long)]
     pub background: bool,
+}
+
+/// `lanefs fsck [--repair] DIR`.
+#[derive(Args)]
+pub struct FsckArgs {
+    /// The store's directory.
+    pub dir: PathBuf,
+    /// Cut a damaged store back to its last consistent prefix, and say what was dropped.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// `lanefs stats MOUNTPOINT`.
@@ -61,18 +72,21 @@ fn size(v: &str) -> Result<u64, String> {
 struct Plan {
     fs: Config,
     mount: MountConfig,
+    /// The disk store's directory (`None`: memory).
+    store: Option<PathBuf>,
 }
 
 fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
-    if a.store != "memory" {
-        return Err(format!(
-            "store '{}': only the memory store exists so far (the disk store is not built yet)",
-            a.store
-        ));
-    }
+    let store = match a.store.as_str() {
+        "memory" => None,
+        dir => Some(std::path::absolute(dir).map_err(|e| format!("store '{dir}': {e}"))?),
+    };
     let mut fs = Config::default();
     let mut m = MountConfig {
-        source: format!("lanefs:{}", a.store),
+        source: match &store {
+            None => "lanefs:memory".into(),
+            Some(d) => format!("lanefs:{}", d.display()),
+        },
         // Mounted by root, lanefs is for every user, as tmpfs is: the kernel checks every
         // access with `default_permissions`, which is what makes `allow_other` safe. A user's
         // own mount stays private unless asked (it also needs user_allow_other).
@@ -142,7 +156,11 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             _ => return Err(format!("unknown mount option '{o}'")),
         }
     }
-    Ok(Plan { fs, mount: m })
+    Ok(Plan {
+        fs,
+        mount: m,
+        store,
+    })
 }
 
 fn is_root() -> bool {
@@ -225,7 +243,21 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
 
 /// Mounts and serves; `ready` is told once the mount is in place.
 fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
-    let fs = Arc::new(Filesystem::new(plan.fs));
+    let (fs, store) = match &plan.store {
+        None => (Filesystem::new(plan.fs), None),
+        Some(dir) => {
+            let o = lanefs_store::open(dir, plan.fs, lanefs_store::Options::default())
+                .map_err(|e| e.to_string())?;
+            if o.report.torn_tail {
+                eprintln!(
+                    "lanefs: {}: dropped a torn journal tail (a commit cut by a crash, never acknowledged)",
+                    dir.display()
+                );
+            }
+            (o.fs, Some(o.store))
+        }
+    };
+    let fs = Arc::new(fs);
     let mut control = None;
     let fs2 = fs.clone();
     let r = lanefs_fuse::mount(fs, mp, &plan.mount, |mut unmount| {
@@ -254,7 +286,54 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
         ready();
     });
     drop(control);
-    r.map_err(|e| explain(e, mp))
+    let r = r.map_err(|e| explain(e, mp));
+    if let Some(store) = store {
+        // What the last requests changed is committed before the store is released.
+        store
+            .close()
+            .map_err(|e| format!("{}: the store stopped: {e}", store_dir(&plan.store)))?;
+    }
+    r
+}
+
+fn store_dir(s: &Option<PathBuf>) -> String {
+    s.as_ref()
+        .map_or("memory".into(), |d| d.display().to_string())
+}
+
+pub fn fsck(a: FsckArgs) -> Result<(), String> {
+    let opts = lanefs_store::Options::default();
+    if a.repair {
+        let r = lanefs_store::fsck::repair(&a.dir, &opts).map_err(|e| e.to_string())?;
+        match r.cut_at {
+            None => println!(
+                "{}: consistent, nothing to repair ({} records)",
+                a.dir.display(),
+                r.kept
+            ),
+            Some(f) => println!(
+                "{}: cut back to its first {} records (dropped {} bytes of journal) at: {f}",
+                a.dir.display(),
+                r.kept,
+                r.dropped_bytes
+            ),
+        }
+        return Ok(());
+    }
+    let r = lanefs_store::fsck::check(&a.dir, &opts).map_err(|e| e.to_string())?;
+    println!(
+        "{}: consistent: {} records in {} journal segments, {} inodes{}",
+        a.dir.display(),
+        r.records,
+        r.segments,
+        r.inodes,
+        if r.torn_tail {
+            " (ends with a torn tail, which opening drops)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
 }
 
 pub fn run(a: MountArgs) -> Result<(), String> {
@@ -350,7 +429,7 @@ pub fn helper(args: &[String]) -> Result<(), String> {
         }
     }
     let [source, mountpoint] = pos.as_slice() else {
-        return Err("usage: lanefs SOURCE MOUNTPOINT [-o OPTIONS] (SOURCE is 'memory')".into());
+        return Err("usage: lanefs SOURCE MOUNTPOINT [-o OPTIONS] (SOURCE is 'memory' or a store directory)".into());
     };
     if options.iter().any(|o| o == "remount") {
         return remount(Path::new(mountpoint), &options);

@@ -10,8 +10,11 @@
 //!
 //! Seeds are printed; `LANEFS_SEED=<n>` replays a run's random choices.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::{Arc, Mutex};
+
+use common::dump;
 
 use lanefs::*;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -71,88 +74,6 @@ fn rebuild(rec: &Recorder) -> Filesystem {
             .unwrap_or_else(|e| panic!("record {i} ({record:?}): {e}"));
     }
     r.finish().unwrap()
-}
-
-/// Everything a tree shows, keyed by path.
-#[derive(Debug, PartialEq)]
-struct Node {
-    ino: Ino,
-    generation: Generation,
-    cookie: u64,
-    mode: u32,
-    uid: u32,
-    gid: u32,
-    nlink: u32,
-    size: u64,
-    rdev: u64,
-    blocks: u64,
-    times: Option<[Timespec; 3]>,
-    content: Vec<u8>,
-    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
-}
-
-fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
-    let ctx = Ctx::root();
-    let mut out = BTreeMap::new();
-    let mut stack = vec![(b"/".to_vec(), ROOT_INO, 0u64)];
-    while let Some((path, ino, cookie)) = stack.pop() {
-        let a = fs.getattr(ino).unwrap();
-        let content = match a.kind() {
-            FileType::RegularFile => {
-                let fh = fs
-                    .open(&ctx, ino, libc::O_RDONLY | libc::O_NOATIME)
-                    .unwrap();
-                let mut buf = vec![0u8; a.size as usize];
-                let n = fs.read(fh, 0, &mut buf).unwrap();
-                fs.release(fh).unwrap();
-                buf.truncate(n);
-                buf
-            }
-            FileType::Symlink => fs.readlink(ino).unwrap(),
-            _ => Vec::new(),
-        };
-        let names = fs.listxattr(&ctx, ino).unwrap();
-        let xattrs = names
-            .split(|&b| b == 0)
-            .filter(|n| !n.is_empty())
-            .map(|n| (n.to_vec(), fs.getxattr(&ctx, ino, n).unwrap()))
-            .collect();
-        if a.kind() == FileType::Directory {
-            let fh = fs.opendir(&ctx, ino).unwrap();
-            fs.readdir(&ctx, fh, 0, false, |e, _| {
-                if e.name != b"." && e.name != b".." {
-                    let mut p = path.clone();
-                    if p.len() > 1 {
-                        p.push(b'/');
-                    }
-                    p.extend_from_slice(e.name);
-                    stack.push((p, e.ino, e.offset));
-                }
-                true
-            })
-            .unwrap();
-            fs.releasedir(fh).unwrap();
-        }
-        out.insert(
-            path,
-            Node {
-                ino: a.ino,
-                generation: a.generation,
-                cookie,
-                mode: a.mode,
-                uid: a.uid,
-                gid: a.gid,
-                nlink: a.nlink,
-                size: a.size,
-                rdev: a.rdev,
-                blocks: a.blocks,
-                times: with_times.then_some([a.atime, a.mtime, a.ctime]),
-                content,
-                xattrs,
-            },
-        );
-    }
-    out
 }
 
 fn assert_same(live: &Filesystem, rebuilt: &Filesystem, with_times: bool, seed: u64) {

@@ -429,8 +429,8 @@ impl fuser::Filesystem for Server {
         Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
-    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(&ctx(req), node(ino)) {
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir_flags(&ctx(req), node(ino), flags.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(err(e)),
         }

@@ -35,14 +35,25 @@ const BATCH: usize = 64;
 impl Filesystem {
     /// Opens directory `ino` for reading (read permission required).
     pub fn opendir(&self, ctx: &Ctx, ino: impl Into<InodeRef>) -> Result<Fh> {
+        self.opendir_flags(ctx, ino, 0)
+    }
+
+    /// [`Filesystem::opendir`] with `open(2)` flags: `O_NOATIME` (owner or root only, EPERM
+    /// otherwise) keeps reads through the handle from updating the directory's atime; other
+    /// flags are ignored.
+    pub fn opendir_flags(&self, ctx: &Ctx, ino: impl Into<InodeRef>, flags: i32) -> Result<Fh> {
         let _c = self.begin(Op::Opendir);
         let g = epoch::pin();
         let (i, d) = self.dir_inode(ino.into(), &g)?;
-        self.permission(ctx, i, &i.attr.access_view(), MAY_READ)?;
+        let v = i.attr.access_view();
+        self.permission(ctx, i, &v, MAY_READ)?;
+        if flags & libc::O_NOATIME != 0 && !crate::perm::owner_or_root(ctx, &v) {
+            return Err(Errno::EPERM);
+        }
         i.get_ref()?;
         let h = Handle {
             inode: i.key(),
-            flags: libc::O_RDONLY | libc::O_DIRECTORY,
+            flags: libc::O_RDONLY | libc::O_DIRECTORY | (flags & libc::O_NOATIME),
             is_dir: true,
         };
         let fh = self.handles.insert(h, &self.stats);
@@ -168,7 +179,9 @@ impl Filesystem {
                 }
             }
         }
-        self.touch_atime(i, &g);
+        if h.flags & libc::O_NOATIME == 0 {
+            self.touch_atime(i, &g);
+        }
         Ok(())
     }
 }

@@ -11,13 +11,15 @@
 
 pub mod cases;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 
-use lanefs::{Client, Ctx, Filesystem, OpenOptions, TimeSet, Timespec};
+use lanefs::{
+    Client, Ctx, FileType, Filesystem, Generation, Ino, OpenOptions, ROOT_INO, TimeSet, Timespec,
+};
 
 /// Who runs an operation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -816,4 +818,87 @@ pub fn fmt_outcome(o: &Outcome) -> String {
         Ok(v) => format!("Ok({v:?})"),
         Err(e) => format!("Err({})", lanefs::Errno(*e).name().unwrap_or("?")),
     }
+}
+
+/// Everything a tree shows of one name (what `dump` returns, keyed by path): compared by
+/// tests that rebuild a filesystem from its records.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub ino: Ino,
+    pub generation: Generation,
+    pub cookie: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u64,
+    pub blocks: u64,
+    pub times: Option<[Timespec; 3]>,
+    pub content: Vec<u8>,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
+    let ctx = Ctx::root();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(b"/".to_vec(), ROOT_INO, 0u64)];
+    while let Some((path, ino, cookie)) = stack.pop() {
+        let a = fs.getattr(ino).unwrap();
+        let content = match a.kind() {
+            FileType::RegularFile => {
+                let fh = fs
+                    .open(&ctx, ino, libc::O_RDONLY | libc::O_NOATIME)
+                    .unwrap();
+                let mut buf = vec![0u8; a.size as usize];
+                let n = fs.read(fh, 0, &mut buf).unwrap();
+                fs.release(fh).unwrap();
+                buf.truncate(n);
+                buf
+            }
+            FileType::Symlink => fs.readlink(ino).unwrap(),
+            _ => Vec::new(),
+        };
+        let names = fs.listxattr(&ctx, ino).unwrap();
+        let xattrs = names
+            .split(|&b| b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| (n.to_vec(), fs.getxattr(&ctx, ino, n).unwrap()))
+            .collect();
+        if a.kind() == FileType::Directory {
+            let fh = fs.opendir_flags(&ctx, ino, libc::O_NOATIME).unwrap();
+            fs.readdir(&ctx, fh, 0, false, |e, _| {
+                if e.name != b"." && e.name != b".." {
+                    let mut p = path.clone();
+                    if p.len() > 1 {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(e.name);
+                    stack.push((p, e.ino, e.offset));
+                }
+                true
+            })
+            .unwrap();
+            fs.releasedir(fh).unwrap();
+        }
+        out.insert(
+            path,
+            Node {
+                ino: a.ino,
+                generation: a.generation,
+                cookie,
+                mode: a.mode,
+                uid: a.uid,
+                gid: a.gid,
+                nlink: a.nlink,
+                size: a.size,
+                rdev: a.rdev,
+                blocks: a.blocks,
+                times: with_times.then_some([a.atime, a.mtime, a.ctime]),
+                content,
+                xattrs,
+            },
+        );
+    }
+    out
 }

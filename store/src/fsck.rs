@@ -1,0 +1,192 @@
+//! `lanefs fsck`: checking a store, and cutting a damaged one back to its last consistent
+//! prefix.
+//!
+//! [`check`] does what opening does without changing anything: it reads the identity file,
+//! scans the journal (checksums, sequence numbers, segment order) and replays every record
+//! into a scratch filesystem, which must accept each one and end in a state that passes the
+//! engine's invariant check. The first finding is returned as an error naming the file and
+//! byte offset.
+//!
+//! [`repair`] keeps the records up to the first one that is damaged or does not fit the state
+//! before it, and writes them as a new journal, which replaces the old one only once it is
+//! complete and flushed (the old segments are renamed away first, so a crash during repair
+//! leaves either journal whole). It reports what it dropped.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use lanefs::{Config, Filesystem, MemoryStore, Record};
+
+use crate::error::StoreError;
+use crate::{Options, identity, journal};
+
+/// What a check found in a store that is consistent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Journal segments.
+    pub segments: usize,
+    /// Records replayed.
+    pub records: u64,
+    /// Whether the journal ends with a torn tail (a batch cut by a crash, never
+    /// acknowledged), which opening drops.
+    pub torn_tail: bool,
+    /// Inodes in the filesystem the records build.
+    pub inodes: u64,
+}
+
+/// What a repair kept and dropped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RepairReport {
+    /// Records kept.
+    pub kept: u64,
+    /// The finding the journal was cut at (`None`: it was consistent; nothing was changed).
+    pub cut_at: Option<String>,
+    /// Bytes of journal after the cut that were dropped.
+    pub dropped_bytes: u64,
+}
+
+/// Replays the journal into a scratch filesystem; returns the records that fit, in order,
+/// and the first finding, if any.
+type Replayed = (Vec<Vec<u8>>, Result<(CheckReport, Filesystem), StoreError>);
+
+fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError> {
+    let disk = &*opts.disk;
+    let (uuid, created) = identity(disk, dir, false)?;
+    debug_assert!(!created);
+    let segments = journal::segments(disk, dir)?.len();
+    let mut rec = Filesystem::recover(Config::default(), Arc::new(MemoryStore));
+    let mut kept = Vec::new();
+    let scanned = journal::scan(disk, dir, uuid, 1, |_, bytes| {
+        let r = Record::decode(bytes).map_err(|e| e.to_string())?;
+        rec.apply(&r).map_err(|e| e.to_string())?;
+        if keep {
+            kept.push(bytes.to_vec());
+        }
+        Ok(())
+    });
+    let records = rec.records();
+    let outcome = scanned.and_then(|end| {
+        let fs = rec.finish().map_err(|e| {
+            StoreError::damaged(
+                journal::segment_path(dir, end.segment.max(1)),
+                end.offset,
+                format!("the records do not end in a consistent state: {e}"),
+            )
+        })?;
+        fs.check_invariants().map_err(|e| {
+            StoreError::damaged(
+                journal::dir(dir),
+                0,
+                format!("the records build a filesystem that fails its invariant check: {e}"),
+            )
+        })?;
+        let inodes = fs.statfs().files - fs.statfs().ffree;
+        Ok((
+            CheckReport {
+                segments,
+                records,
+                torn_tail: end.torn,
+                inodes,
+            },
+            fs,
+        ))
+    });
+    Ok((kept, outcome))
+}
+
+/// Checks the store in `dir` (see the module doc); the store must not be open elsewhere.
+pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
+    let _lock = crate::lock(&*opts.disk, dir)?;
+    let (_, outcome) = replay(dir, opts, false)?;
+    outcome.map(|(r, _)| r)
+}
+
+/// Cuts the store in `dir` back to its last consistent prefix (see the module doc).
+pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
+    let disk = &*opts.disk;
+    let _lock = crate::lock(disk, dir)?;
+    let (kept, outcome) = replay(dir, opts, true)?;
+    let (path, finding) = match outcome {
+        Ok(_) => {
+            return Ok(RepairReport {
+                kept: kept.len() as u64,
+                cut_at: None,
+                dropped_bytes: 0,
+            });
+        }
+        Err(e @ StoreError::Damaged { .. }) => {
+            let StoreError::Damaged { path, .. } = &e else {
+                unreachable!()
+            };
+            (path.clone(), e.to_string())
+        }
+        Err(e) => return Err(e),
+    };
+    let (uuid, _) = identity(disk, dir, false)?;
+    let seqs = journal::segments(disk, dir)?;
+    let Some(&cut) = seqs
+        .iter()
+        .find(|&&s| journal::segment_path(dir, s) == path)
+    else {
+        return Err(StoreError::NotAStore {
+            path: dir.to_path_buf(),
+            what: format!("cannot repair: the finding is not in a journal segment ({finding})"),
+        });
+    };
+    // The segment the finding is in keeps the records before it; later segments go.
+    let seg_path = journal::segment_path(dir, cut);
+    let seg = disk
+        .open(&seg_path, false)
+        .map_err(StoreError::io(&seg_path, "open"))?;
+    let mut head = [0u8; journal::SEGMENT_HEADER];
+    let n = seg
+        .read_at(&mut head, 0)
+        .map_err(StoreError::io(&seg_path, "read"))?;
+    let first_lsn = match journal::SegmentHeader::decode(&head[..n]) {
+        Ok(Some(h)) => h.first_lsn,
+        _ => kept.len() as u64 + 1,
+    };
+    let mut dropped = 0;
+    let jd = journal::dir(dir);
+    for &s in seqs.iter().filter(|&&s| s > cut) {
+        let p = journal::segment_path(dir, s);
+        dropped += disk.open(&p, false).and_then(|f| f.len()).unwrap_or(0);
+        disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+    }
+    disk.sync_dir(&jd)
+        .map_err(StoreError::io(&jd, "flush directory"))?;
+    let in_cut: Vec<&[u8]> = kept
+        .iter()
+        .skip((first_lsn - 1) as usize)
+        .map(|r| &r[..])
+        .collect();
+    let old_len = seg.len().map_err(StoreError::io(&seg_path, "size"))?;
+    if in_cut.is_empty() {
+        dropped += old_len;
+        disk.remove(&seg_path)
+            .map_err(StoreError::io(&seg_path, "remove"))?;
+    } else {
+        let bytes = journal::encode_segment(uuid, cut, first_lsn, &in_cut);
+        dropped += old_len.saturating_sub(bytes.len() as u64);
+        // Written whole under another name, then renamed over the damaged segment.
+        let tmp = dir.join("repair.tmp");
+        let f = disk
+            .open(&tmp, true)
+            .map_err(StoreError::io(&tmp, "create"))?;
+        f.set_len(0)
+            .and_then(|()| f.write_at(&bytes, 0))
+            .and_then(|()| f.sync_data())
+            .map_err(StoreError::io(&tmp, "write"))?;
+        disk.rename(&tmp, &seg_path)
+            .map_err(StoreError::io(&seg_path, "rename"))?;
+    }
+    disk.sync_dir(&jd)
+        .map_err(StoreError::io(&jd, "flush directory"))?;
+    disk.sync_dir(dir)
+        .map_err(StoreError::io(dir, "flush directory"))?;
+    Ok(RepairReport {
+        kept: kept.len() as u64,
+        cut_at: Some(finding),
+        dropped_bytes: dropped,
+    })
+}

@@ -1,0 +1,776 @@
+//! The journal: segments of checksummed, sequence-numbered batches of records
+//! (docs/STORE.md, "Journal", is the specification; the tests at the bottom keep the two in
+//! step).
+//!
+//! A segment is a file `journal/<seq as 16 hex digits>.seg`, created full of zeros before it
+//! is used, so that writing into it never changes its size and a flush of it is a flush of
+//! data alone. It starts with a 64-byte header; batches follow back to back. A batch is a
+//! 48-byte header (its segment, the sequence number of its first record, the record count,
+//! the payload's length and CRC-32C, and the header's own CRC-32C) and its payload: each
+//! record as a `u32` length and the record's bytes. Records are numbered from 1 without gap
+//! across batches and segments; that number is the record's LSN.
+//!
+//! The committer writes a batch, then flushes its segment, before it writes the next batch
+//! (`commit.rs`), so only the last batch of the journal can be torn by a crash. [`scan`]
+//! reads the journal back: a batch that does not check out is a torn tail, dropped, when
+//! nothing valid follows it; if a valid batch or segment with a later LSN follows, the
+//! journal is damaged there and the scan fails naming the file and offset.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::disk::{Disk, DiskFile};
+use crate::error::StoreError;
+
+/// Magic bytes of a segment header.
+pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"LFSJRNL\x01";
+/// Magic bytes of a batch header.
+pub(crate) const BATCH_MAGIC: [u8; 4] = *b"LFB1";
+/// Size of a segment header.
+pub(crate) const SEGMENT_HEADER: usize = 64;
+/// Size of a batch header.
+pub(crate) const BATCH_HEADER: usize = 48;
+/// The journal format version.
+pub(crate) const VERSION: u32 = 1;
+
+/// The directory of the journal in a store.
+pub(crate) fn dir(store: &Path) -> PathBuf {
+    store.join("journal")
+}
+
+/// The path of segment `seq`.
+pub(crate) fn segment_path(store: &Path, seq: u64) -> PathBuf {
+    dir(store).join(format!("{seq:016x}.seg"))
+}
+
+/// A segment's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    pub uuid: [u8; 16],
+    pub seq: u64,
+    /// LSN of its first record.
+    pub first_lsn: u64,
+}
+
+impl SegmentHeader {
+    pub(crate) fn encode(&self) -> [u8; SEGMENT_HEADER] {
+        let mut b = [0u8; SEGMENT_HEADER];
+        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(SEGMENT_HEADER as u32).to_le_bytes());
+        b[16..32].copy_from_slice(&self.uuid);
+        b[32..40].copy_from_slice(&self.seq.to_le_bytes());
+        b[40..48].copy_from_slice(&self.first_lsn.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..60]);
+        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// `Ok(None)`: all zeros (a segment made but never used).
+    pub(crate) fn decode(b: &[u8]) -> Result<Option<SegmentHeader>, &'static str> {
+        if b.len() < SEGMENT_HEADER {
+            return match b.iter().all(|&x| x == 0) {
+                true => Ok(None),
+                false => Err("segment header cut short"),
+            };
+        }
+        let b = &b[..SEGMENT_HEADER];
+        if b.iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        if b[0..8] != SEGMENT_MAGIC {
+            return Err("not a journal segment (bad magic)");
+        }
+        if crc32c::crc32c(&b[..60]) != u32_at(b, 60) {
+            return Err("segment header checksum mismatch");
+        }
+        if u32_at(b, 8) != VERSION {
+            return Err("unknown journal format version");
+        }
+        Ok(Some(SegmentHeader {
+            uuid: b[16..32].try_into().expect("16 bytes"),
+            seq: u64_at(b, 32),
+            first_lsn: u64_at(b, 40),
+        }))
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// A batch's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BatchHeader {
+    pub segment: u64,
+    pub first_lsn: u64,
+    pub count: u32,
+    pub len: u32,
+    pub crc: u32,
+}
+
+impl BatchHeader {
+    /// Its bytes. The header's checksum is seeded with the store's id, so bytes stored
+    /// inside a record (a file's data) cannot pass for a batch header of this store.
+    pub(crate) fn encode(&self, uuid: &[u8; 16]) -> [u8; BATCH_HEADER] {
+        let mut b = [0u8; BATCH_HEADER];
+        b[0..4].copy_from_slice(&BATCH_MAGIC);
+        b[4..8].copy_from_slice(&1u32.to_le_bytes());
+        b[8..16].copy_from_slice(&self.segment.to_le_bytes());
+        b[16..24].copy_from_slice(&self.first_lsn.to_le_bytes());
+        b[24..28].copy_from_slice(&self.count.to_le_bytes());
+        b[28..32].copy_from_slice(&self.len.to_le_bytes());
+        b[32..36].copy_from_slice(&self.crc.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..44]);
+        b[44..48].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// `None` unless the bytes are a batch header of store `uuid` whose checksum holds.
+    pub(crate) fn decode(b: &[u8], uuid: &[u8; 16]) -> Option<BatchHeader> {
+        if b.len() < BATCH_HEADER || b[0..4] != BATCH_MAGIC || u32_at(b, 4) != 1 {
+            return None;
+        }
+        if crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..44]) != u32_at(b, 44) {
+            return None;
+        }
+        Some(BatchHeader {
+            segment: u64_at(b, 8),
+            first_lsn: u64_at(b, 16),
+            count: u32_at(b, 24),
+            len: u32_at(b, 28),
+            crc: u32_at(b, 32),
+        })
+    }
+}
+
+/// Appends one record (length and bytes) to a batch payload.
+pub(crate) fn push_record(payload: &mut Vec<u8>, rec: &[u8]) {
+    payload.extend_from_slice(&(rec.len() as u32).to_le_bytes());
+    payload.extend_from_slice(rec);
+}
+
+/// Splits a payload into its records; `None` if it does not hold exactly `count` of them.
+pub(crate) fn records(payload: &[u8], count: u32) -> Option<Vec<&[u8]>> {
+    let mut out = Vec::with_capacity(count as usize);
+    let mut at = 0usize;
+    while at < payload.len() {
+        let len = u32_at(payload.get(at..at + 4)?, 0) as usize;
+        at += 4;
+        out.push(payload.get(at..at + len)?);
+        at += len;
+    }
+    (out.len() == count as usize).then_some(out)
+}
+
+/// A whole segment holding `records` (LSNs from `first_lsn`) in one batch (what repair
+/// writes).
+pub(crate) fn encode_segment(
+    uuid: [u8; 16],
+    seq: u64,
+    first_lsn: u64,
+    records: &[&[u8]],
+) -> Vec<u8> {
+    let mut b = SegmentHeader {
+        uuid,
+        seq,
+        first_lsn,
+    }
+    .encode()
+    .to_vec();
+    let mut payload = Vec::new();
+    for r in records {
+        push_record(&mut payload, r);
+    }
+    let h = BatchHeader {
+        segment: seq,
+        first_lsn,
+        count: records.len() as u32,
+        len: payload.len() as u32,
+        crc: crc32c::crc32c(&payload),
+    };
+    b.extend_from_slice(&h.encode(&uuid));
+    b.extend_from_slice(&payload);
+    b
+}
+
+/// Where the journal ends: the segment and offset where the next batch goes, and its LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct End {
+    /// The segment to write into (0: none yet).
+    pub segment: u64,
+    /// Offset of the next batch in it.
+    pub offset: u64,
+    /// LSN of the next record.
+    pub next_lsn: u64,
+    /// Whether a torn tail was dropped.
+    pub torn: bool,
+    /// Whether `segment` has a valid header (false: it is unused, or its header was torn,
+    /// and the next batch starts it afresh).
+    pub started: bool,
+}
+
+/// The journal's segments, by sequence number (other files are refused).
+pub(crate) fn segments(disk: &dyn Disk, store: &Path) -> Result<Vec<u64>, StoreError> {
+    let d = dir(store);
+    let mut seqs = Vec::new();
+    for name in disk.list(&d).map_err(StoreError::io(&d, "list"))? {
+        let name = name.to_string_lossy().into_owned();
+        let seq = name
+            .strip_suffix(".seg")
+            .filter(|s| s.len() == 16)
+            .and_then(|s| u64::from_str_radix(s, 16).ok());
+        match seq {
+            Some(seq) if seq > 0 => seqs.push(seq),
+            _ => {
+                return Err(StoreError::NotAStore {
+                    path: d.join(&name),
+                    what: "unexpected file in the journal directory".into(),
+                });
+            }
+        }
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+/// Reads every record with an LSN from `from_lsn` on, in order, handing each to `apply`
+/// (which may refuse it; its error is reported at the record's place). Returns where the
+/// journal ends. See the module doc for what is a torn tail and what is damage.
+pub(crate) fn scan(
+    disk: &dyn Disk,
+    store: &Path,
+    uuid: [u8; 16],
+    from_lsn: u64,
+    mut apply: impl FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<End, StoreError> {
+    let seqs = segments(disk, store)?;
+    // Each segment's bytes are read once, when the scan reaches it.
+    let read = |seq: u64| -> Result<(PathBuf, Vec<u8>), StoreError> {
+        let p = segment_path(store, seq);
+        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+        let b = f.read_all().map_err(StoreError::io(&p, "read"))?;
+        Ok((p, b))
+    };
+    let mut expected = from_lsn;
+    let mut end = End {
+        segment: 0,
+        offset: SEGMENT_HEADER as u64,
+        next_lsn: from_lsn,
+        torn: false,
+        started: false,
+    };
+    let mut started = false;
+    for (k, &seq) in seqs.iter().enumerate() {
+        let (path, bytes) = read(seq)?;
+        let header = match SegmentHeader::decode(&bytes) {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                // Made but never used: every later segment must be unused too.
+                later_must_be_unused(disk, store, &seqs[k + 1..], uuid, expected)?;
+                if end.segment == 0 || !started {
+                    end.segment = seq;
+                    end.offset = SEGMENT_HEADER as u64;
+                    end.started = false;
+                }
+                end.next_lsn = expected;
+                return Ok(end);
+            }
+            Err(what) => {
+                // A torn header: the segment's first write never completed (the header is
+                // flushed before any batch is written after it), unless batches or a later
+                // segment were written after it.
+                if valid_after(&bytes, SEGMENT_HEADER, seq, 0, &uuid).is_some() {
+                    return Err(StoreError::damaged(&path, 0, what));
+                }
+                later_must_be_unused(disk, store, &seqs[k + 1..], uuid, expected)
+                    .map_err(|_| StoreError::damaged(&path, 0, what))?;
+                end.segment = seq;
+                end.offset = SEGMENT_HEADER as u64;
+                end.torn = true;
+                end.started = false;
+                end.next_lsn = expected;
+                return Ok(end);
+            }
+        };
+        if header.uuid != uuid {
+            return Err(StoreError::damaged(&path, 16, "segment of another store"));
+        }
+        if header.seq != seq {
+            return Err(StoreError::damaged(
+                &path,
+                32,
+                format!("segment number {} in a file named {seq:016x}", header.seq),
+            ));
+        }
+        if started && header.first_lsn != expected {
+            return Err(StoreError::damaged(
+                &path,
+                40,
+                format!(
+                    "segment starts at record {}, expected {expected}",
+                    header.first_lsn
+                ),
+            ));
+        }
+        if !started && header.first_lsn > expected {
+            return Err(StoreError::damaged(
+                &path,
+                40,
+                format!(
+                    "first segment starts at record {}, records from {expected} are missing",
+                    header.first_lsn
+                ),
+            ));
+        }
+        started = true;
+        let mut lsn = header.first_lsn;
+        let mut at = SEGMENT_HEADER;
+        end.segment = seq;
+        end.started = true;
+        loop {
+            end.offset = at as u64;
+            end.next_lsn = lsn.max(expected);
+            let rest = &bytes[at.min(bytes.len())..];
+            let h = BatchHeader::decode(rest, &uuid);
+            let clean_end =
+                rest.len() < BATCH_HEADER || rest[..BATCH_HEADER].iter().all(|&b| b == 0);
+            let ok = h.filter(|h| {
+                h.segment == seq
+                    && h.first_lsn == lsn
+                    && rest.len() >= BATCH_HEADER + h.len as usize
+                    && crc32c::crc32c(&rest[BATCH_HEADER..BATCH_HEADER + h.len as usize]) == h.crc
+            });
+            let Some(h) = ok else {
+                // The end of this segment's batches. Clean (zeros, or a batch of an older
+                // life of the file) or torn, it is the journal's end unless something valid
+                // with a later LSN follows.
+                let stale = h.is_some_and(|h| h.segment != seq || h.first_lsn < lsn);
+                if let Some(off) = valid_after(&bytes, at + 1, seq, lsn, &uuid) {
+                    return Err(StoreError::damaged(
+                        &path,
+                        at as u64,
+                        format!("batch does not check out, but a valid one follows at byte {off}"),
+                    ));
+                }
+                match seqs.get(k + 1) {
+                    Some(&next) if segment_is_used(disk, store, next)? => {
+                        if !(clean_end || stale) {
+                            return Err(StoreError::damaged(
+                                &path,
+                                at as u64,
+                                "batch does not check out, and later segments follow",
+                            ));
+                        }
+                        break;
+                    }
+                    _ => {
+                        end.torn = !(clean_end || stale);
+                        later_must_be_unused(disk, store, &seqs[k + 1..], uuid, lsn)?;
+                        return Ok(end);
+                    }
+                }
+            };
+            let payload = &rest[BATCH_HEADER..BATCH_HEADER + h.len as usize];
+            let Some(recs) = records(payload, h.count) else {
+                return Err(StoreError::damaged(
+                    &path,
+                    at as u64,
+                    "batch payload does not hold its record count",
+                ));
+            };
+            let mut rec_at = at + BATCH_HEADER;
+            for r in recs {
+                if lsn >= expected {
+                    apply(lsn, r).map_err(|what| {
+                        StoreError::damaged(&path, rec_at as u64, format!("record {lsn}: {what}"))
+                    })?;
+                    expected = lsn + 1;
+                }
+                lsn += 1;
+                rec_at += 4 + r.len();
+            }
+            at += BATCH_HEADER + h.len as usize;
+        }
+        expected = expected.max(lsn);
+    }
+    end.next_lsn = expected;
+    Ok(end)
+}
+
+/// The offset of the first valid batch header of segment `seq` with an LSN of at least `lsn`
+/// at or after `from`.
+fn valid_after(bytes: &[u8], from: usize, seq: u64, lsn: u64, uuid: &[u8; 16]) -> Option<usize> {
+    let mut at = from;
+    while at + BATCH_HEADER <= bytes.len() {
+        let next = bytes[at..].windows(4).position(|w| w == BATCH_MAGIC)? + at;
+        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid) {
+            if h.segment == seq && h.first_lsn >= lsn {
+                return Some(next);
+            }
+        }
+        at = next + 1;
+    }
+    None
+}
+
+fn segment_is_used(disk: &dyn Disk, store: &Path, seq: u64) -> Result<bool, StoreError> {
+    let p = segment_path(store, seq);
+    let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+    let mut h = [0u8; SEGMENT_HEADER];
+    let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+    Ok(h[..n].iter().any(|&b| b != 0))
+}
+
+/// Segments after the journal's end must hold nothing valid from this store at or after
+/// `lsn` (they are spares, or torn first writes).
+fn later_must_be_unused(
+    disk: &dyn Disk,
+    store: &Path,
+    seqs: &[u64],
+    uuid: [u8; 16],
+    lsn: u64,
+) -> Result<(), StoreError> {
+    for &seq in seqs {
+        let p = segment_path(store, seq);
+        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+        let mut h = [0u8; SEGMENT_HEADER];
+        let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+        if let Ok(Some(h)) = SegmentHeader::decode(&h[..n]) {
+            if h.uuid == uuid && h.first_lsn >= lsn {
+                return Err(StoreError::damaged(
+                    &p,
+                    0,
+                    format!(
+                        "segment with records from {} follows the end of the journal (record {lsn})",
+                        h.first_lsn
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes batches at the journal's end (only the committer does).
+pub(crate) struct Writer {
+    store: PathBuf,
+    disk: Arc<dyn Disk>,
+    uuid: [u8; 16],
+    segment_size: u64,
+    /// The segment being written, its number, and where the next batch goes.
+    file: Option<Arc<dyn DiskFile>>,
+    seq: u64,
+    offset: u64,
+    next_lsn: u64,
+    /// A zeroed segment made ahead of need, and its number.
+    spare: Option<(u64, Arc<dyn DiskFile>)>,
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    /// A writer continuing the journal at `end`.
+    pub(crate) fn new(
+        disk: Arc<dyn Disk>,
+        store: &Path,
+        uuid: [u8; 16],
+        segment_size: u64,
+        end: End,
+    ) -> Result<Writer, StoreError> {
+        let mut w = Writer {
+            store: store.to_path_buf(),
+            disk,
+            uuid,
+            segment_size,
+            file: None,
+            seq: end.segment,
+            offset: end.offset,
+            next_lsn: end.next_lsn,
+            spare: None,
+            buf: Vec::new(),
+        };
+        if end.segment != 0 {
+            let p = segment_path(store, end.segment);
+            let f = w.disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+            if end.torn {
+                // What a crash left after the end is zeroed, so that no later scan reads it.
+                let len = f.len().map_err(StoreError::io(&p, "size"))?;
+                let from = if end.started { end.offset } else { 0 };
+                let zeros = vec![0u8; len.saturating_sub(from) as usize];
+                f.write_at(&zeros, from)
+                    .and_then(|()| f.sync_data())
+                    .map_err(StoreError::io(&p, "zero the torn tail"))?;
+            }
+            if end.started {
+                w.file = Some(f);
+            } else {
+                // Unused, or with a torn first write: the next batch starts it.
+                w.spare = Some((end.segment, f));
+                w.seq = end.segment - 1;
+            }
+        }
+        Ok(w)
+    }
+
+    /// Makes a zeroed spare segment if there is none (the committer calls this when idle, so
+    /// that switching segments costs no zeroing).
+    pub(crate) fn prepare_spare(&mut self) -> Result<(), StoreError> {
+        if self.spare.is_some() {
+            return Ok(());
+        }
+        let seq = self.seq + 1;
+        let p = segment_path(&self.store, seq);
+        let f = self
+            .disk
+            .open(&p, true)
+            .map_err(StoreError::io(&p, "create"))?;
+        let zeros = vec![0u8; (1 << 20).min(self.segment_size as usize)];
+        let mut at = 0u64;
+        while at < self.segment_size {
+            let n = zeros.len().min((self.segment_size - at) as usize);
+            f.write_at(&zeros[..n], at)
+                .map_err(StoreError::io(&p, "write zeros"))?;
+            at += n as u64;
+        }
+        f.sync_data().map_err(StoreError::io(&p, "flush"))?;
+        let d = dir(&self.store);
+        self.disk
+            .sync_dir(&d)
+            .map_err(StoreError::io(&d, "flush directory"))?;
+        self.spare = Some((seq, f));
+        Ok(())
+    }
+
+    /// Writes `records` as one or more batches and flushes them; returns the LSN of the last.
+    /// Records go to the current segment while they fit, then to the next.
+    pub(crate) fn write(&mut self, records: &[&[u8]]) -> Result<u64, StoreError> {
+        let mut i = 0;
+        while i < records.len() {
+            let room = match self.file {
+                Some(_) => self.segment_size.saturating_sub(self.offset),
+                None => 0,
+            };
+            // As many records as fit (at least one, which may need a segment of its own).
+            let mut len = 0usize;
+            let mut n = 0usize;
+            for r in &records[i..] {
+                let add = 4 + r.len();
+                if (BATCH_HEADER + len + add) as u64 > room && n > 0 {
+                    break;
+                }
+                len += add;
+                n += 1;
+            }
+            if (BATCH_HEADER + len) as u64 > room {
+                self.switch()?;
+            }
+            self.write_batch(&records[i..i + n])?;
+            i += n;
+        }
+        Ok(self.next_lsn - 1)
+    }
+
+    fn write_batch(&mut self, records: &[&[u8]]) -> Result<(), StoreError> {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.resize(BATCH_HEADER, 0);
+        for r in records {
+            push_record(&mut buf, r);
+        }
+        let h = BatchHeader {
+            segment: self.seq,
+            first_lsn: self.next_lsn,
+            count: records.len() as u32,
+            len: (buf.len() - BATCH_HEADER) as u32,
+            crc: crc32c::crc32c(&buf[BATCH_HEADER..]),
+        };
+        buf[..BATCH_HEADER].copy_from_slice(&h.encode(&self.uuid));
+        let p = segment_path(&self.store, self.seq);
+        let f = self.file.as_ref().expect("a segment to write");
+        let r = f
+            .write_at(&buf, self.offset)
+            .map_err(StoreError::io(&p, "write"))
+            .and_then(|()| f.sync_data().map_err(StoreError::io(&p, "flush")));
+        self.buf = buf;
+        r?;
+        self.offset += (BATCH_HEADER + h.len as usize) as u64;
+        self.next_lsn += records.len() as u64;
+        Ok(())
+    }
+
+    /// Starts the next segment (the spare if there is one).
+    fn switch(&mut self) -> Result<(), StoreError> {
+        self.prepare_spare()?;
+        let (seq, f) = self.spare.take().expect("a spare segment");
+        let h = SegmentHeader {
+            uuid: self.uuid,
+            seq,
+            first_lsn: self.next_lsn,
+        };
+        let p = segment_path(&self.store, seq);
+        // Flushed alone, so that a torn header can only be a segment with nothing after it.
+        f.write_at(&h.encode(), 0)
+            .map_err(StoreError::io(&p, "write header"))?;
+        f.sync_data().map_err(StoreError::io(&p, "flush"))?;
+        self.file = Some(f);
+        self.seq = seq;
+        self.offset = SEGMENT_HEADER as u64;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::{SimDisk, Unflushed};
+
+    const UUID: [u8; 16] = [7; 16];
+
+    fn writer(disk: &SimDisk, seg: u64) -> Writer {
+        let store = Path::new("/s");
+        disk.create_dir_all(&dir(store)).unwrap();
+        let end = scan(disk, store, UUID, 1, |_, _| Ok(())).unwrap();
+        Writer::new(Arc::new(disk.clone()), store, UUID, seg, end).unwrap()
+    }
+
+    fn all(disk: &SimDisk) -> Result<(Vec<Vec<u8>>, End), StoreError> {
+        let mut v = Vec::new();
+        let end = scan(disk, Path::new("/s"), UUID, 1, |lsn, r| {
+            assert_eq!(lsn, v.len() as u64 + 1);
+            v.push(r.to_vec());
+            Ok(())
+        })?;
+        Ok((v, end))
+    }
+
+    fn recs(n: usize, size: usize) -> Vec<Vec<u8>> {
+        (0..n).map(|i| vec![i as u8; size + i % 7]).collect()
+    }
+
+    #[test]
+    fn records_come_back_in_order_across_segments_and_reopens() {
+        let d = SimDisk::new();
+        let mut w = writer(&d, 4096);
+        let rs = recs(300, 40);
+        for chunk in rs.chunks(17) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|r| &r[..]).collect();
+            w.write(&refs).unwrap();
+        }
+        let (got, end) = all(&d).unwrap();
+        assert_eq!(got, rs);
+        assert_eq!(end.next_lsn, 301);
+        assert!(!end.torn);
+        assert!(segments(&d, Path::new("/s")).unwrap().len() > 3);
+        // Reopened, the journal continues where it ended.
+        let mut w = writer(&d, 4096);
+        w.write(&[b"after".as_slice()]).unwrap();
+        let (got, _) = all(&d).unwrap();
+        assert_eq!(got.len(), 301);
+        assert_eq!(got[300], b"after");
+    }
+
+    #[test]
+    fn a_record_larger_than_a_segment_gets_one_of_its_own() {
+        let d = SimDisk::new();
+        let mut w = writer(&d, 1024);
+        let big = vec![9u8; 5000];
+        w.write(&[b"a".as_slice(), &big, b"b"]).unwrap();
+        let (got, _) = all(&d).unwrap();
+        assert_eq!(got, vec![b"a".to_vec(), big, b"b".to_vec()]);
+    }
+
+    /// A power cut at any flush leaves a prefix of the batches written, every flushed batch
+    /// included, and the journal opens without error.
+    #[test]
+    fn power_cuts_leave_a_prefix_with_every_flushed_batch() {
+        let d = SimDisk::new();
+        let images = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let flushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut w = writer(&d, 2048);
+        {
+            let images = images.clone();
+            let flushed = flushed.clone();
+            d.on_sync(move |disk, _| {
+                let f = flushed.load(std::sync::atomic::Ordering::SeqCst);
+                for u in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(f as u64)] {
+                    images.lock().push((f, disk.crash(u)));
+                }
+            });
+        }
+        let rs = recs(120, 30);
+        for chunk in rs.chunks(5) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|r| &r[..]).collect();
+            w.write(&refs).unwrap();
+            flushed.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+        }
+        d.clear_hook();
+        let images = std::mem::take(&mut *images.lock());
+        assert!(images.len() > 50);
+        for (f, img) in images {
+            let (got, _) = all(&img).unwrap_or_else(|e| panic!("after {f} records: {e}"));
+            assert!(
+                got.len() >= f,
+                "{} records back, {f} were flushed",
+                got.len()
+            );
+            assert_eq!(got[..], rs[..got.len()]);
+        }
+    }
+
+    /// Offsets of the batches in a segment's bytes.
+    fn batch_offsets(bytes: &[u8]) -> Vec<usize> {
+        let mut at = SEGMENT_HEADER;
+        let mut v = Vec::new();
+        while let Some(h) = BatchHeader::decode(&bytes[at..], &UUID) {
+            v.push(at);
+            at += BATCH_HEADER + h.len as usize;
+        }
+        v
+    }
+
+    #[test]
+    fn damage_before_the_tail_names_the_file_and_offset() {
+        let d = SimDisk::new();
+        let mut w = writer(&d, 1 << 16);
+        for r in recs(10, 100) {
+            w.write(&[&r]).unwrap();
+        }
+        let path = segment_path(Path::new("/s"), 1);
+        let (_, bytes) = d.files().into_iter().find(|(p, _)| *p == path).unwrap();
+        let batches = batch_offsets(&bytes);
+        assert_eq!(batches.len(), 10);
+        // A flipped byte in the third batch's payload: damage, reported there.
+        let mut bad = bytes.clone();
+        bad[batches[2] + BATCH_HEADER + 10] ^= 1;
+        d.put(&path, bad);
+        match all(&d) {
+            Err(StoreError::Damaged {
+                path: p, offset, ..
+            }) => {
+                assert_eq!(p, path);
+                assert_eq!(offset, batches[2] as u64);
+            }
+            r => panic!("{r:?}"),
+        }
+        // The same flip in the last batch is a torn tail: dropped.
+        let mut tail = bytes.clone();
+        tail[batches[9] + BATCH_HEADER + 10] ^= 1;
+        d.put(&path, tail);
+        let (got, e) = all(&d).unwrap();
+        assert_eq!(got.len(), 9);
+        assert!(e.torn);
+        assert_eq!(e.offset as usize, batches[9]);
+        // A damaged segment header, with records after it: damage at byte 0.
+        let mut head = bytes.clone();
+        head[20] ^= 1;
+        d.put(&path, head);
+        match all(&d) {
+            Err(StoreError::Damaged { offset: 0, .. }) => {}
+            r => panic!("{r:?}"),
+        }
+    }
+}

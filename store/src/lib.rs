@@ -1,0 +1,319 @@
+//! lanefs's disk store: the engine's records kept in a journal, made durable by group commit,
+//! and replayed when the store is opened again.
+//!
+//! A store is a directory (docs/STORE.md is its specification):
+//! - `lanefs.store`: the store's identity (format version, id), written once;
+//! - `lanefs.lock`: locked by the server that has the store open, so a second is refused;
+//! - `journal/`: the records, in segments (`journal.rs`).
+//!
+//! [`open`] locks the store, replays its journal into a new [`Filesystem`] (a torn tail is
+//! dropped; damage anywhere else fails with the file and byte offset) and starts the
+//! committer (`commit.rs`), which from then on writes the records the engine appends. The
+//! filesystem's `fsync`, `fsyncdir` and `syncfs` wait for group commit. [`StoreHandle`]
+//! commits what is left and releases the store when dropped.
+//!
+//! Every host operation goes through the storage seam ([`disk::Disk`]), so tests cut the
+//! power at every flush ([`disk::SimDisk`]).
+//!
+//! Not built yet: checkpoints (the journal grows without bound, and opening replays all of
+//! it), file data kept outside memory, a reserve that keeps the store usable after ENOSPC.
+
+#![deny(missing_docs)]
+
+pub mod disk;
+pub mod error;
+pub mod fsck;
+
+pub(crate) mod commit;
+pub(crate) mod journal;
+pub(crate) mod stamp;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lanefs::{Config, Filesystem, Record, Store};
+
+use crate::commit::Log;
+use crate::disk::{Disk, RealDisk};
+pub use crate::error::StoreError;
+
+/// The identity file's name.
+const IDENTITY: &str = "lanefs.store";
+/// The lock file's name.
+const LOCK: &str = "lanefs.lock";
+const IDENTITY_MAGIC: [u8; 8] = *b"LANEFSST";
+const IDENTITY_LEN: usize = 64;
+/// The store format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// How a store is opened.
+#[derive(Clone)]
+pub struct Options {
+    /// The host filesystem (the real one unless a test simulates it).
+    pub disk: Arc<dyn Disk>,
+    /// Size of a journal segment.
+    pub segment_size: u64,
+    /// How long records wait for a commit when no one asks for one.
+    pub commit_interval: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            disk: Arc::new(RealDisk),
+            segment_size: 64 << 20,
+            commit_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("segment_size", &self.segment_size)
+            .field("commit_interval", &self.commit_interval)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What opening a store found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpenReport {
+    /// Whether the store was created by this open.
+    pub created: bool,
+    /// Records replayed from the journal.
+    pub replayed: u64,
+    /// Whether a torn tail (a batch cut by a crash, never acknowledged) was dropped.
+    pub torn_tail: bool,
+    /// Whether stamps come from the time-stamp counter (else a shared counter).
+    pub tsc_stamps: bool,
+}
+
+/// An open store and the filesystem it holds.
+pub struct Opened {
+    /// The filesystem; its changes are journaled.
+    pub fs: Filesystem,
+    /// The store: keep it as long as the filesystem is used; dropping it commits what is
+    /// left and releases the store.
+    pub store: StoreHandle,
+    /// What opening found.
+    pub report: OpenReport,
+}
+
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The engine's view of the store: appends go to the log.
+struct DiskStore {
+    log: Arc<Log>,
+}
+
+impl Store for DiskStore {
+    #[inline]
+    fn append(&self, rec: &Record<'_>) -> lanefs::Result<()> {
+        self.log.append(rec)
+    }
+
+    fn sync(&self) -> lanefs::Result<()> {
+        self.log.sync()
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+/// An open store (see [`Opened`]).
+pub struct StoreHandle {
+    log: Arc<Log>,
+    committer: Option<std::thread::JoinHandle<()>>,
+    dir: PathBuf,
+    _lock: Box<dyn Send>,
+}
+
+impl std::fmt::Debug for StoreHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreHandle")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StoreHandle {
+    /// Makes every change so far durable (as `syncfs`).
+    pub fn sync(&self) -> lanefs::Result<()> {
+        self.log.sync()
+    }
+
+    /// Commits what is left, stops the committer and releases the store; returns the error
+    /// that stopped the store, if one did.
+    pub fn close(mut self) -> lanefs::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> lanefs::Result<()> {
+        if let Some(t) = self.committer.take() {
+            self.log.shutdown();
+            let _ = t.join();
+        }
+        match self.log.error() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for StoreHandle {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// Takes the store's lock (see the module doc).
+fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send>, StoreError> {
+    let p = dir.join(LOCK);
+    disk.lock(&p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => StoreError::Locked { path: p.clone() },
+        _ => StoreError::io(&p, "lock")(e),
+    })
+}
+
+/// Reads the identity file, or (with `create`) writes it if the store is new; returns the
+/// store's id and whether it was created.
+fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool), StoreError> {
+    let p = dir.join(IDENTITY);
+    if disk.exists(&p) {
+        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+        let b = f.read_all().map_err(StoreError::io(&p, "read"))?;
+        if b.len() < IDENTITY_LEN || b[..8] != IDENTITY_MAGIC {
+            return Err(StoreError::NotAStore {
+                path: p,
+                what: "bad identity file".into(),
+            });
+        }
+        let crc = u32::from_le_bytes(b[60..64].try_into().expect("4"));
+        if crc32c::crc32c(&b[..60]) != crc {
+            return Err(StoreError::damaged(&p, 60, "identity checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        if version != FORMAT_VERSION {
+            return Err(StoreError::damaged(
+                &p,
+                8,
+                format!("store format {version}, this lanefs reads {FORMAT_VERSION}"),
+            ));
+        }
+        return Ok((b[16..32].try_into().expect("16"), false));
+    }
+    if !create {
+        return Err(StoreError::NotAStore {
+            path: dir.to_path_buf(),
+            what: format!("no {IDENTITY}"),
+        });
+    }
+    let jd = journal::dir(dir);
+    if disk.exists(&jd)
+        && !disk
+            .list(&jd)
+            .map_err(StoreError::io(&jd, "list"))?
+            .is_empty()
+    {
+        return Err(StoreError::damaged(
+            &p,
+            0,
+            "identity file missing, but the journal has segments",
+        ));
+    }
+    let mut uuid = [0u8; 16];
+    getrandom::fill(&mut uuid).map_err(|e| StoreError::Io {
+        path: p.clone(),
+        op: "make an id",
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let mut b = [0u8; IDENTITY_LEN];
+    b[..8].copy_from_slice(&IDENTITY_MAGIC);
+    b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&(IDENTITY_LEN as u32).to_le_bytes());
+    b[16..32].copy_from_slice(&uuid);
+    let crc = crc32c::crc32c(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    // Written under a temporary name and renamed, so that a crash never leaves a torn one.
+    let tmp = dir.join("lanefs.store.tmp");
+    let f = disk
+        .open(&tmp, true)
+        .map_err(StoreError::io(&tmp, "create"))?;
+    f.set_len(0)
+        .and_then(|()| f.write_at(&b, 0))
+        .and_then(|()| f.sync_data())
+        .map_err(StoreError::io(&tmp, "write"))?;
+    disk.rename(&tmp, &p)
+        .map_err(StoreError::io(&p, "rename"))?;
+    disk.sync_dir(dir)
+        .map_err(StoreError::io(dir, "flush directory"))?;
+    Ok((uuid, true))
+}
+
+/// Opens the store in `dir`, creating it if the directory is empty or missing (see the
+/// module doc). `cfg` gives the filesystem's limits and locking mode, and the root's
+/// attributes when the store is new.
+pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError> {
+    let disk = &*opts.disk;
+    let jd = journal::dir(dir);
+    disk.create_dir_all(&jd)
+        .map_err(StoreError::io(&jd, "create"))?;
+    let lock = lock(disk, dir)?;
+    let (uuid, created) = identity(disk, dir, true)?;
+    if created {
+        disk.sync_dir(dir)
+            .map_err(StoreError::io(dir, "flush directory"))?;
+    }
+    let log = Arc::new(Log::new(opts.commit_interval));
+    let store: Arc<dyn Store> = Arc::new(DiskStore { log: log.clone() });
+    let mut rec = Filesystem::recover(cfg, store);
+    let end = journal::scan(disk, dir, uuid, 1, |_, bytes| {
+        let r = Record::decode(bytes).map_err(|e| e.to_string())?;
+        rec.apply(&r).map_err(|e| e.to_string())
+    })?;
+    let replayed = rec.records();
+    let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, opts.segment_size, end)?;
+    let committer = commit::spawn(log.clone(), writer);
+    let handle = StoreHandle {
+        log: log.clone(),
+        committer: Some(committer),
+        dir: dir.to_path_buf(),
+        _lock: lock,
+    };
+    let fs = rec.finish().map_err(|e| StoreError::Damaged {
+        path: jd.clone(),
+        offset: end.offset,
+        what: format!("the journal's records do not end in a consistent state: {e}"),
+    })?;
+    // What finishing appended (a new store's root, the freeing of orphans) is made durable
+    // before the filesystem is handed out.
+    log.sync().map_err(|e| StoreError::Io {
+        path: jd.clone(),
+        op: "commit",
+        source: std::io::Error::from_raw_os_error(e.0),
+    })?;
+    Ok(Opened {
+        fs,
+        store: handle,
+        report: OpenReport {
+            created,
+            replayed,
+            torn_tail: end.torn,
+            tsc_stamps: log.uses_tsc(),
+        },
+    })
+}

@@ -1,0 +1,319 @@
+//! The disk store as a user sees it: what is written comes back after a reopen, one server
+//! at a time, fsyncs share flushes, damage is refused with the file and offset, and host
+//! errors reach the caller.
+
+#[path = "../../engine/tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::time::Duration;
+
+use common::dump;
+use lanefs::{Client, Config, Errno, OpenOptions, RENAME_EXCHANGE};
+use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
+use lanefs_store::{Options, StoreError, open};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+fn sim(disk: &SimDisk) -> Options {
+    Options {
+        disk: Arc::new(disk.clone()),
+        segment_size: 64 << 10,
+        commit_interval: Duration::from_millis(5),
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("LANEFS_SEED")
+        .ok()
+        .map(|s| s.parse().unwrap())
+        .unwrap_or_else(rand::random)
+}
+
+/// Random work from several threads over a few shared directories.
+fn workload(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
+    let c = Client::root(fs.clone());
+    for d in 0..3 {
+        let _ = c.create_dir(format!("/d{d}"));
+    }
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let fs = fs.clone();
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed ^ (t * 0x9E37_79B9));
+                let c = Client::root(fs);
+                for _ in 0..ops {
+                    let p = |rng: &mut StdRng| {
+                        format!("/d{}/n{}", rng.random_range(0..3), rng.random_range(0..20))
+                    };
+                    let (a, b) = (p(&mut rng), p(&mut rng));
+                    let _ = match rng.random_range(0..10) {
+                        0..=2 => c.write(&a, vec![t as u8; rng.random_range(0..6000)]),
+                        3 => c.remove_file(&a),
+                        4 => c.rename(&a, &b),
+                        5 => c.rename_with_flags(&a, &b, RENAME_EXCHANGE),
+                        6 => c.hard_link(&a, &b),
+                        7 => c.create_dir(&a),
+                        8 => c.set_permissions(&a, rng.random_range(0..0o777)),
+                        _ => c.metadata(&a).and_then(|m| {
+                            c.fs()
+                                .setxattr(c.ctx(), m.ino(), b"user.t", &[t as u8], 0)
+                                .map_err(Into::into)
+                        }),
+                    };
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_reopened_store_holds_the_same_tree_on_a_real_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let seed = seed();
+    eprintln!("seed {seed}");
+    let o = open(dir.path(), Config::default(), Options::default()).unwrap();
+    assert!(o.report.created);
+    let fs = Arc::new(o.fs);
+    workload(&fs, 4, 1500, seed);
+    let before = dump(&fs, true);
+    assert!(before.len() > 20);
+    drop(fs);
+    o.store.close().unwrap();
+    let o = open(dir.path(), Config::default(), Options::default()).unwrap();
+    assert!(!o.report.created);
+    assert!(o.report.replayed > 1000, "{:?}", o.report);
+    assert!(!o.report.torn_tail);
+    let after = dump(&o.fs, true);
+    assert!(before == after, "seed {seed}: the reopened tree differs");
+    o.fs.check_invariants().unwrap();
+    // It keeps working, and a second reopen sees both sessions' changes.
+    let fs = Arc::new(o.fs);
+    workload(&fs, 2, 500, seed ^ 1);
+    let before = dump(&fs, true);
+    drop(fs);
+    drop(o.store);
+    let o = open(dir.path(), Config::default(), Options::default()).unwrap();
+    assert!(
+        before == dump(&o.fs, true),
+        "seed {seed}: second reopen differs"
+    );
+}
+
+#[test]
+fn a_second_server_is_refused_until_the_first_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path(), Config::default(), Options::default()).unwrap();
+    match open(dir.path(), Config::default(), Options::default()) {
+        Err(StoreError::Locked { path }) => {
+            assert_eq!(path, dir.path().join("lanefs.lock"));
+        }
+        r => panic!("second open: {r:?}"),
+    }
+    drop(o);
+    open(dir.path(), Config::default(), Options::default()).unwrap();
+}
+
+#[test]
+fn not_a_store_and_unknown_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lanefs.store"), b"something else").unwrap();
+    let e = open(dir.path(), Config::default(), Options::default()).unwrap_err();
+    assert!(matches!(e, StoreError::NotAStore { .. }), "{e}");
+    assert!(e.to_string().contains("lanefs.store"), "{e}");
+}
+
+/// Many threads fsyncing at once are served by fewer flushes than fsyncs, and every fsync
+/// that returned survives a power cut.
+#[test]
+fn concurrent_fsyncs_share_flushes() {
+    let disk = SimDisk::new();
+    let o = open(Path::new("/s"), Config::default(), {
+        let mut s = sim(&disk);
+        s.commit_interval = Duration::from_secs(3600);
+        s
+    })
+    .unwrap();
+    // A flush takes a millisecond, as on a real device.
+    disk.on_sync(|_, at| {
+        if at == SyncPoint::Before {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let fs = Arc::new(o.fs);
+    let before = disk.syncs();
+    let fsyncs = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (fs, fsyncs) = (fs.clone(), &fsyncs);
+            s.spawn(move || {
+                let c = Client::root(fs);
+                for k in 0..40 {
+                    let f = c
+                        .open(
+                            format!("/t{t}-{k}"),
+                            OpenOptions::new().write(true).create_new(true),
+                        )
+                        .unwrap();
+                    f.sync_all().unwrap();
+                    fsyncs.fetch_add(1, SeqCst);
+                }
+            });
+        }
+    });
+    disk.clear_hook();
+    let flushes = disk.syncs() - before;
+    let fsyncs = fsyncs.load(SeqCst);
+    eprintln!("{fsyncs} fsyncs, {flushes} flushes");
+    assert_eq!(fsyncs, 320);
+    assert!(
+        flushes < fsyncs * 3 / 4,
+        "{flushes} flushes for {fsyncs} fsyncs"
+    );
+    let crashed = disk.crash(Unflushed::Lost);
+    drop(fs);
+    drop(o.store);
+    let o = open(Path::new("/s"), Config::default(), sim(&crashed)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    assert_eq!(c.read_dir("/").unwrap().len(), 320);
+}
+
+#[test]
+fn journal_damage_is_refused_naming_the_file_and_offset() {
+    let disk = SimDisk::new();
+    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    for k in 0..50 {
+        c.write(format!("/f{k}"), vec![k as u8; 300]).unwrap();
+        c.fs().sync_all().unwrap();
+    }
+    drop(c);
+    drop(o.store);
+    let (path, mut bytes) = disk
+        .files()
+        .into_iter()
+        .find(|(p, _)| p.ends_with("journal/0000000000000001.seg"))
+        .unwrap();
+    bytes[2000] ^= 0x40;
+    disk.put(&path, bytes);
+    match open(Path::new("/s"), Config::default(), sim(&disk)) {
+        Err(StoreError::Damaged {
+            path: p, offset, ..
+        }) => {
+            assert_eq!(p, path);
+            assert!(offset <= 2000 && offset > 1000, "offset {offset}");
+        }
+        r => panic!("{r:?}"),
+    }
+}
+
+/// ENOSPC and EIO from the host reach the callers as errnos; what was made durable before
+/// survives, and the store opens again once the host works.
+#[test]
+fn host_errors_reach_callers_and_the_durable_prefix_survives() {
+    for (errno, fail) in [
+        (
+            Errno::ENOSPC,
+            &(|d: &SimDisk| d.set_space(Some(d.used()))) as &dyn Fn(&SimDisk),
+        ),
+        (Errno::EIO, &|d: &SimDisk| d.set_failing(true)),
+    ] {
+        let disk = SimDisk::new();
+        let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+        let c = Client::root(Arc::new(o.fs));
+        c.write("/kept", b"durable").unwrap();
+        c.fs().sync_all().unwrap();
+        fail(&disk);
+        let mut seen = None;
+        for k in 0..2000 {
+            if let Err(e) = c.write(format!("/f{k}"), vec![1u8; 1000]) {
+                seen = Some(e);
+                break;
+            }
+            if let Err(e) = c.fs().sync_all() {
+                seen = Some(std::io::Error::from_raw_os_error(e.0));
+                break;
+            }
+        }
+        let e = seen.expect("an error");
+        assert_eq!(e.raw_os_error(), Some(errno.0), "{e}");
+        // Reads still work; changes are refused with the same errno.
+        assert_eq!(c.read("/kept").unwrap(), b"durable");
+        let e = c.write("/later", b"x").unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(errno.0));
+        disk.set_space(None);
+        disk.set_failing(false);
+        drop(c);
+        drop(o.store);
+        let o = open(
+            Path::new("/s"),
+            Config::default(),
+            sim(&disk.crash(Unflushed::Lost)),
+        )
+        .unwrap();
+        let c = Client::root(Arc::new(o.fs));
+        assert_eq!(c.read("/kept").unwrap(), b"durable");
+        c.fs().check_invariants().unwrap();
+        c.write("/after", b"works").unwrap();
+    }
+}
+
+/// `fsck` finds the damage `open` refuses; `--repair` keeps the records before it, which
+/// then open, and a repaired store checks clean.
+#[test]
+fn fsck_finds_damage_and_repair_keeps_the_prefix() {
+    let disk = SimDisk::new();
+    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    for k in 0..50 {
+        c.write(format!("/f{k}"), vec![k as u8; 300]).unwrap();
+        c.fs().sync_all().unwrap();
+    }
+    drop(c);
+    drop(o.store);
+    let clean = lanefs_store::fsck::check(Path::new("/s"), &sim(&disk)).unwrap();
+    assert!(clean.records > 100 && !clean.torn_tail, "{clean:?}");
+    let (path, mut bytes) = disk
+        .files()
+        .into_iter()
+        .find(|(p, _)| p.ends_with("journal/0000000000000001.seg"))
+        .unwrap();
+    bytes[6000] ^= 0x40;
+    disk.put(&path, bytes);
+    let e = lanefs_store::fsck::check(Path::new("/s"), &sim(&disk)).unwrap_err();
+    assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
+    let r = lanefs_store::fsck::repair(Path::new("/s"), &sim(&disk)).unwrap();
+    eprintln!("{r:?}");
+    assert!(r.cut_at.is_some() && r.dropped_bytes > 0);
+    let after = lanefs_store::fsck::check(Path::new("/s"), &sim(&disk)).unwrap();
+    assert_eq!(after.records, r.kept);
+    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    let mut names: Vec<String> = c
+        .read_dir("/")
+        .unwrap()
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).unwrap())
+        .collect();
+    names.sort_by_key(|n| n[1..].parse::<u32>().unwrap());
+    assert!(
+        !names.is_empty() && names.len() < 50,
+        "{} files kept",
+        names.len()
+    );
+    for (k, n) in names.iter().enumerate() {
+        assert_eq!(*n, format!("f{k}"), "the kept files are a prefix");
+        assert_eq!(c.read(format!("/{n}")).unwrap(), vec![k as u8; 300]);
+    }
+    // The repaired store takes new changes and keeps them.
+    c.write("/new", b"after repair").unwrap();
+    c.fs().sync_all().unwrap();
+    drop(c);
+    drop(o.store);
+    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+    assert_eq!(
+        Client::root(Arc::new(o.fs)).read("/new").unwrap(),
+        b"after repair"
+    );
+}
