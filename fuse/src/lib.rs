@@ -39,6 +39,18 @@
 //!   asks for that with a SETATTR of the mode on the writer's credentials, which a writer who
 //!   does not own the file may not make (EPERM, and the write refused). A write's
 //!   `FUSE_WRITE_KILL_SUIDGID` flag tells whether the writer lacks `CAP_FSETID`.
+//! - `FUSE_EXPORT_SUPPORT`: exported file handles (`name_to_handle_at` /
+//!   `open_by_handle_at`, NFS export, fanotify) keep working after the inode has left the
+//!   kernel's cache, as on tmpfs. The kernel then finds the inode again with a LOOKUP of `.`
+//!   in its node id, for any type of inode, answered with
+//!   [`lanefs::Filesystem::lookup_inode`] (which takes the lookup reference the kernel
+//!   expects); a directory's parent is a LOOKUP of `..`, answered by
+//!   [`lanefs::Filesystem::lookup`]. A handle holds the node id and the generation truncated
+//!   to 32 bits; the kernel answers ESTALE when the inode is gone (ENOENT here, also for an
+//!   unlinked inode whose FORGET has not arrived yet) or its number now belongs to another
+//!   inode (another generation: lanefs's 64-bit generations are never reused, so their low
+//!   32 bits repeat only after 2^32 more inodes). Without it the kernel answered ESTALE for
+//!   every inode it had forgotten.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)

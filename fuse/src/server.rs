@@ -148,6 +148,29 @@ impl Server {
         }
     }
 
+    /// LOOKUP of `.` in node `ino`: the kernel never sends one for a path (the VFS resolves
+    /// `.` itself); it sends it, with FUSE_EXPORT_SUPPORT, to find an inode of any type again
+    /// by its node id when an exported file handle (`open_by_handle_at`, NFS) names an inode
+    /// that has left its cache. The kernel then compares the reply's generation, truncated to
+    /// 32 bits, with the handle's: a number freed and reused gives ESTALE. lanefs generations
+    /// are 64-bit and never reused, so a stale handle could be taken for a live one only
+    /// after 2^32 more inodes were created.
+    ///
+    /// An unlinked inode (link count 0) is gone for the kernel: it forgot it when its last
+    /// use ended, and the FORGET may still be on its way here. It is answered ENOENT (the
+    /// kernel's ESTALE), as tmpfs answers for a removed file, and the reference just taken
+    /// is dropped again. (An unlinked file that is still open is in the kernel's cache and
+    /// is opened from there, without a LOOKUP.)
+    fn lookup_dot(&self, req: &Request, ino: INodeNo, reply: ReplyEntry) {
+        match self.fs.lookup_inode(&ctx(req), node(ino)) {
+            Ok(a) if a.nlink == 0 => {
+                self.fs.forget(node(ino), 1);
+                reply.error(FErrno::ENOENT);
+            }
+            r => self.entry(r, reply),
+        }
+    }
+
     fn empty(r: lanefs::Result<()>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -171,13 +194,17 @@ impl fuser::Filesystem for Server {
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO
             | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2;
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
         Ok(())
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.as_bytes() == b"." {
+            return self.lookup_dot(req, parent, reply);
+        }
         match self.fs.lookup(&ctx(req), node(parent), name.as_bytes()) {
             // A negative entry (node id 0) with the entry timeout: the kernel caches the
             // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every

@@ -840,3 +840,136 @@ fn non_owners_write_set_id_and_capability_files_and_take_the_privileges_away() {
     assert_eq!(std::fs::metadata(d.join("c")).unwrap().len(), 4096);
     m.unmount_and_check();
 }
+
+/// A file handle as `name_to_handle_at` fills it (`struct file_handle` with room for
+/// `MAX_HANDLE_SZ` bytes).
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; libc::MAX_HANDLE_SZ as usize],
+}
+
+/// `name_to_handle_at(AT_FDCWD, path, ..., 0)`.
+fn handle_of(path: &Path) -> Handle {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut h = Handle {
+        bytes: libc::MAX_HANDLE_SZ as u32,
+        kind: 0,
+        data: [0; libc::MAX_HANDLE_SZ as usize],
+    };
+    let mut mount_id = 0;
+    // SAFETY: `h` is a `struct file_handle` with `bytes` bytes of room after its header.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (&mut h as *mut Handle).cast(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    h
+}
+
+/// `open_by_handle_at(mount_fd, h, flags)` as a `File`, or the errno.
+fn open_by_handle(mount: &std::fs::File, h: &mut Handle, flags: i32) -> Result<std::fs::File, i32> {
+    use std::os::unix::io::{AsRawFd, FromRawFd};
+    // SAFETY: `h` is a handle `name_to_handle_at` filled; the descriptor returned is owned
+    // by the `File` made from it.
+    let fd =
+        unsafe { libc::open_by_handle_at(mount.as_raw_fd(), (h as *mut Handle).cast(), flags) };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        // SAFETY: a new descriptor nobody else owns.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+}
+
+/// Drops the kernel's unused dentries and inodes (`echo 2 > /proc/sys/vm/drop_caches`), so
+/// that an inode no open file holds leaves the kernel's cache (FUSE sends FORGET for it).
+fn drop_dentries_and_inodes() {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (needs root)");
+}
+
+/// Exported file handles (`name_to_handle_at`, then `open_by_handle_at`, as NFS export and
+/// fanotify users do) open a file and a directory again after their inodes left the kernel's
+/// cache, as on tmpfs; a handle of a removed file is stale (ESTALE), as on tmpfs. (Without
+/// FUSE_EXPORT_SUPPORT the kernel answered ESTALE for every inode it had forgotten.)
+#[test]
+fn exported_handles_open_after_the_kernel_forgot_the_inode() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |root: &Path| {
+        let base = root.join("export");
+        std::fs::create_dir_all(base.join("d/sub")).unwrap();
+        std::fs::write(base.join("d/f"), b"exported bytes").unwrap();
+        std::fs::write(base.join("gone"), b"x").unwrap();
+        std::fs::write(base.join("replaced"), b"old").unwrap();
+        let mut file = handle_of(&base.join("d/f"));
+        let mut dir = handle_of(&base.join("d"));
+        let mut gone = handle_of(&base.join("gone"));
+        let mut replaced = handle_of(&base.join("replaced"));
+        let ino = std::fs::metadata(base.join("d/f")).unwrap().ino();
+        std::fs::remove_file(base.join("gone")).unwrap();
+        std::fs::write(base.join("new"), b"new").unwrap();
+        std::fs::rename(base.join("new"), base.join("replaced")).unwrap();
+        drop_dentries_and_inodes();
+        let mnt = std::fs::File::open(root).unwrap();
+        let mut out = Vec::new();
+        match open_by_handle(&mnt, &mut file, libc::O_RDONLY) {
+            Ok(mut f) => {
+                let mut s = String::new();
+                f.read_to_string(&mut s).unwrap();
+                assert_eq!(f.metadata().unwrap().ino(), ino);
+                out.push(format!("file: {s}"));
+            }
+            Err(e) => out.push(format!("file: errno {e}")),
+        }
+        match open_by_handle(&mnt, &mut dir, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(f) => {
+                let md = f.metadata().unwrap();
+                // Read the directory through the descriptor the handle opened.
+                let names = std::fs::read_dir(format!("/proc/self/fd/{}", {
+                    use std::os::unix::io::AsRawFd;
+                    f.as_raw_fd()
+                }))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect::<std::collections::BTreeSet<_>>();
+                out.push(format!("dir: is_dir {} {names:?}", md.is_dir()));
+            }
+            Err(e) => out.push(format!("dir: errno {e}")),
+        }
+        for (what, h) in [("removed", &mut gone), ("replaced", &mut replaced)] {
+            match open_by_handle(&mnt, h, libc::O_RDONLY) {
+                Ok(_) => out.push(format!("{what}: opened")),
+                Err(e) => out.push(format!("{what}: errno {e}")),
+            }
+        }
+        out
+    };
+    let on_tmpfs = run(shm.path());
+    assert_eq!(
+        on_tmpfs,
+        [
+            "file: exported bytes",
+            "dir: is_dir true {\"f\", \"sub\"}",
+            &format!("removed: errno {}", libc::ESTALE),
+            &format!("replaced: errno {}", libc::ESTALE),
+        ]
+    );
+    assert_eq!(run(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
