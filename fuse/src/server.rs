@@ -610,8 +610,9 @@ impl fuser::Filesystem for Server {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        // Before any data and after no hole: ENXIO, as tmpfs (`shmem_file_llseek`) answers.
         let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(FErrno::EINVAL);
+            return reply.error(FErrno::ENXIO);
         };
         match self.fs.seek_data_hole(node(ino), offset, whence) {
             Ok(o) => reply.offset(o as i64),

@@ -973,3 +973,43 @@ fn exported_handles_open_after_the_kernel_forgot_the_inode() {
     assert_eq!(run(m.path()), on_tmpfs);
     m.unmount_and_check();
 }
+
+/// `lseek(SEEK_DATA / SEEK_HOLE)` with a negative offset answers ENXIO, as tmpfs does (the
+/// offset is past no data and before no hole), not EINVAL.
+#[test]
+fn seek_data_and_hole_with_negative_offsets_match_tmpfs() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let answers = |dir: &Path| {
+        let mut out = Vec::new();
+        for (name, data) in [("empty", &b""[..]), ("data", &b"some data"[..])] {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.write_all_at(data, 0).unwrap();
+            for off in [-1i64, -4096, i64::MIN] {
+                for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+                    // SAFETY: plain syscall on an open descriptor.
+                    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    out.push((name, off, whence, if r < 0 { Err(e) } else { Ok(r) }));
+                }
+            }
+        }
+        out
+    };
+    let on_tmpfs = answers(shm.path());
+    assert!(
+        on_tmpfs.iter().all(|a| a.3 == Err(Some(libc::ENXIO))),
+        "{on_tmpfs:?}"
+    );
+    assert_eq!(answers(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
