@@ -1013,3 +1013,37 @@ fn seek_data_and_hole_with_negative_offsets_match_tmpfs() {
     assert_eq!(answers(m.path()), on_tmpfs);
     m.unmount_and_check();
 }
+
+/// One pass over a directory of 5,000 files, renaming each entry it returns to `TMP` and
+/// back, returns every name exactly once and ends, as on tmpfs (each rename gives the name a
+/// new place in the directory; a read that followed it would never end, and lanefs once
+/// returned 14,529-15,001 entries here).
+#[test]
+fn readdir_ends_while_its_entries_are_renamed_like_tmpfs() {
+    const N: usize = 5000;
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |dir: &Path| {
+        for i in 0..N {
+            std::fs::File::create(dir.join(format!("f{i:05}"))).unwrap();
+        }
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
+        let mut count = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            count += 1;
+            assert!(count <= 3 * N, "readdir does not end: {count} entries");
+            if name != "TMP" {
+                std::fs::rename(dir.join(&name), dir.join("TMP")).unwrap();
+                std::fs::rename(dir.join("TMP"), dir.join(&name)).unwrap();
+            }
+            *seen.entry(name).or_default() += 1;
+        }
+        let once = seen.values().all(|&n| n == 1);
+        (count, seen.len(), once, seen.contains_key("TMP"))
+    };
+    let on_tmpfs = run(shm.path());
+    assert_eq!(on_tmpfs, (N, N, true, false));
+    assert_eq!(run(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
