@@ -77,6 +77,9 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
         // access with `default_permissions`, which is what makes `allow_other` safe. A user's
         // own mount stays private unless asked (it also needs user_allow_other).
         allow_other: is_root(),
+        // The memory store keeps nothing: an fsync has nothing to make durable, and the
+        // kernel is told to send none (a durable store will need them).
+        volatile_store: true,
         ..MountConfig::default()
     };
     for o in a.options.iter().filter(|o| !o.is_empty()) {

@@ -57,7 +57,11 @@
 //! - a missing name is answered with a negative entry cached for the entry timeout, so
 //!   creating a new name costs no LOOKUP;
 //! - opening, reading (from the page cache) and closing a file sends nothing (no-open mode,
-//!   above), and neither does closing a file an `open(O_CREAT)` made.
+//!   above), and neither does closing a file an `open(O_CREAT)` made;
+//! - on a store that keeps nothing ([`MountConfig::volatile_store`], which `lanefs mount`
+//!   sets for the memory store) FSYNC and FSYNCDIR are answered ENOSYS, once each: the kernel
+//!   then sends neither again, still writes dirty pages back at `fsync` and returns 0, as
+//!   tmpfs does. A durable store keeps them.
 //!
 //! What remains per create + close + unlink of one name is six requests: LOOKUP (the kernel
 //! drops the negative dentry an unlink leaves), MKNOD, UNLINK, a FORGET, and two GETATTRs of

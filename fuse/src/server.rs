@@ -33,6 +33,11 @@ pub struct MountConfig {
     pub source: String,
     /// Kernel mount flags (nosuid, nodev, noexec, sync, ...).
     pub flags: Vec<MountOption>,
+    /// The filesystem's store keeps nothing (the memory store): an `fsync` has nothing to
+    /// make durable, so FSYNC and FSYNCDIR are answered ENOSYS, which tells the kernel to
+    /// stop sending them (it still writes dirty pages back first, and `fsync` returns 0).
+    /// Off by default: a durable store needs every FSYNC.
+    pub volatile_store: bool,
 }
 
 impl Default for MountConfig {
@@ -44,6 +49,7 @@ impl Default for MountConfig {
             read_only: false,
             source: "lanefs".into(),
             flags: Vec::new(),
+            volatile_store: false,
         }
     }
 }
@@ -52,6 +58,7 @@ impl Default for MountConfig {
 pub struct Server {
     fs: Arc<Filesystem>,
     ttl: Duration,
+    volatile_store: bool,
 }
 
 fn err(e: Errno) -> FErrno {
@@ -131,7 +138,19 @@ fn ctx(req: &Request) -> Ctx {
 impl Server {
     /// A server for `fs`.
     pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> Server {
-        Server { fs, ttl }
+        Server {
+            fs,
+            ttl,
+            volatile_store: false,
+        }
+    }
+
+    /// A server for `fs` mounted as `cfg` says.
+    pub fn with_config(fs: Arc<Filesystem>, cfg: &MountConfig) -> Server {
+        Server {
+            volatile_store: cfg.volatile_store,
+            ..Server::new(fs, cfg.ttl)
+        }
     }
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
@@ -450,6 +469,10 @@ impl fuser::Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.volatile_store {
+            // Nothing to make durable: ENOSYS, and the kernel sends no FSYNC again.
+            return reply.error(FErrno::ENOSYS);
+        }
         Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
@@ -527,6 +550,10 @@ impl fuser::Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.volatile_store {
+            // As FSYNC: the kernel sends no FSYNCDIR again.
+            return reply.error(FErrno::ENOSYS);
+        }
         Self::empty(self.fs.fsync(fh.0, datasync), reply);
     }
 
@@ -664,7 +691,7 @@ fn new_session(
     mountpoint: &Path,
     cfg: &MountConfig,
 ) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
-    let server = Server::new(fs.clone(), cfg.ttl);
+    let server = Server::with_config(fs.clone(), cfg);
     let opts = options(cfg);
     Ok(match mnt::mount_direct(mountpoint, cfg)? {
         Some((fd, direct)) => {

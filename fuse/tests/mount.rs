@@ -1047,3 +1047,74 @@ fn readdir_ends_while_its_entries_are_renamed_like_tmpfs() {
     assert_eq!(run(m.path()), on_tmpfs);
     m.unmount_and_check();
 }
+
+/// On a mount of a store that keeps nothing (`volatile_store`, what `lanefs mount` sets for
+/// the memory store), `fsync` and `fdatasync` of files and directories succeed without a
+/// request reaching lanefs (the kernel is told once, with ENOSYS, that there is nothing to
+/// sync); on a default mount each reaches the engine. Data written through a shared mapping
+/// is still written back by `fsync`.
+#[test]
+fn fsync_on_a_volatile_store_sends_no_request() {
+    use std::os::unix::io::AsRawFd;
+
+    for volatile in [false, true] {
+        let fs = Arc::new(Filesystem::new(Config::default()));
+        let dir = tempfile::tempdir().unwrap();
+        let mc = MountConfig {
+            volatile_store: volatile,
+            ..MountConfig::default()
+        };
+        let mut mount = Some(lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc).unwrap());
+        for _ in 0..200 {
+            if is_fuse(dir.path()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![b'a'; 4096]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let before = fs.stats();
+        // SAFETY: a shared writable mapping of the file's one page, unmapped below.
+        unsafe {
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            std::ptr::copy_nonoverlapping(b"synced".as_ptr(), m as *mut u8, 6);
+            for _ in 0..3 {
+                f.sync_all().unwrap();
+                f.sync_data().unwrap();
+            }
+            libc::munmap(m, 4096);
+        }
+        // The page reached the engine at the fsync, before the mapping went away.
+        let lib = lanefs::Client::root(fs.clone());
+        assert_eq!(&lib.read("/f").unwrap()[..6], b"synced");
+        let d = std::fs::File::open(dir.path()).unwrap();
+        for _ in 0..3 {
+            d.sync_all().unwrap();
+        }
+        let fsyncs = fs.stats().since(&before).op(lanefs::Op::Fsync);
+        if volatile {
+            assert_eq!(
+                fsyncs, 0,
+                "volatile store: no FSYNC or FSYNCDIR reaches lanefs"
+            );
+        } else {
+            assert_eq!(fsyncs, 9, "six file and three directory syncs");
+        }
+        drop((f, d));
+        unmount(&mut mount).unwrap();
+        fs.check_invariants().unwrap();
+    }
+}
