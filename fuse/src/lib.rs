@@ -45,13 +45,29 @@
 //!   caches it; setting one, and a chmod, updates the mode and the ACL in one engine change.
 //!   A MKNOD or MKDIR carries the mode unmasked with the caller's umask, which the engine
 //!   applies unless the parent has a default ACL (then the default ACL masks the mode).
+//! - `FUSE_EXPORT_SUPPORT`: exported file handles (`name_to_handle_at` /
+//!   `open_by_handle_at`, NFS export, fanotify) keep working after the inode has left the
+//!   kernel's cache, as on tmpfs. The kernel then finds the inode again with a LOOKUP of `.`
+//!   in its node id, for any type of inode, answered with
+//!   [`lanefs::Filesystem::lookup_inode`] (which takes the lookup reference the kernel
+//!   expects); a directory's parent is a LOOKUP of `..`, answered by
+//!   [`lanefs::Filesystem::lookup`]. A handle holds the node id and the generation truncated
+//!   to 32 bits; the kernel answers ESTALE when the inode is gone (ENOENT here, also for an
+//!   unlinked inode whose FORGET has not arrived yet) or its number now belongs to another
+//!   inode (another generation: lanefs's 64-bit generations are never reused, so their low
+//!   32 bits repeat only after 2^32 more inodes). Without it the kernel answered ESTALE for
+//!   every inode it had forgotten.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)
 //! - a missing name is answered with a negative entry cached for the entry timeout, so
 //!   creating a new name costs no LOOKUP;
 //! - opening, reading (from the page cache) and closing a file sends nothing (no-open mode,
-//!   above), and neither does closing a file an `open(O_CREAT)` made.
+//!   above), and neither does closing a file an `open(O_CREAT)` made;
+//! - on a store that keeps nothing (the memory store: [`lanefs::Filesystem::durable`])
+//!   FSYNC and FSYNCDIR are answered ENOSYS, once each: the kernel
+//!   then sends neither again, still writes dirty pages back at `fsync` and returns 0, as
+//!   tmpfs does. A durable store keeps them.
 //!
 //! What remains per create + close + unlink of one name is six requests: LOOKUP (the kernel
 //! drops the negative dentry an unlink leaves), MKNOD, UNLINK, a FORGET, and two GETATTRs of

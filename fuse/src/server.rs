@@ -52,6 +52,10 @@ impl Default for MountConfig {
 pub struct Server {
     fs: Arc<Filesystem>,
     ttl: Duration,
+    /// The filesystem's store keeps nothing (the memory store): an `fsync` has nothing to
+    /// make durable, so FSYNC and FSYNCDIR are answered ENOSYS, which tells the kernel to
+    /// stop sending them (it still writes dirty pages back first, and `fsync` returns 0).
+    volatile_store: bool,
 }
 
 fn err(e: Errno) -> FErrno {
@@ -131,7 +135,16 @@ fn ctx(req: &Request) -> Ctx {
 impl Server {
     /// A server for `fs`.
     pub fn new(fs: Arc<Filesystem>, ttl: Duration) -> Server {
-        Server { fs, ttl }
+        Server {
+            volatile_store: !fs.durable(),
+            fs,
+            ttl,
+        }
+    }
+
+    /// A server for `fs` mounted as `cfg` says.
+    pub fn with_config(fs: Arc<Filesystem>, cfg: &MountConfig) -> Server {
+        Server::new(fs, cfg.ttl)
     }
 
     fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
@@ -145,6 +158,29 @@ impl Server {
         match r {
             Ok(a) => reply.attr(&self.ttl, &fattr(&a)),
             Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// LOOKUP of `.` in node `ino`: the kernel never sends one for a path (the VFS resolves
+    /// `.` itself); it sends it, with FUSE_EXPORT_SUPPORT, to find an inode of any type again
+    /// by its node id when an exported file handle (`open_by_handle_at`, NFS) names an inode
+    /// that has left its cache. The kernel then compares the reply's generation, truncated to
+    /// 32 bits, with the handle's: a number freed and reused gives ESTALE. lanefs generations
+    /// are 64-bit and never reused, so a stale handle could be taken for a live one only
+    /// after 2^32 more inodes were created.
+    ///
+    /// An unlinked inode (link count 0) is gone for the kernel: it forgot it when its last
+    /// use ended, and the FORGET may still be on its way here. It is answered ENOENT (the
+    /// kernel's ESTALE), as tmpfs answers for a removed file, and the reference just taken
+    /// is dropped again. (An unlinked file that is still open is in the kernel's cache and
+    /// is opened from there, without a LOOKUP.)
+    fn lookup_dot(&self, req: &Request, ino: INodeNo, reply: ReplyEntry) {
+        match self.fs.lookup_inode(&ctx(req), node(ino)) {
+            Ok(a) if a.nlink == 0 => {
+                self.fs.forget(node(ino), 1);
+                reply.error(FErrno::ENOENT);
+            }
+            r => self.entry(r, reply),
         }
     }
 
@@ -173,13 +209,17 @@ impl fuser::Filesystem for Server {
             | InitFlags::FUSE_CACHE_SYMLINKS
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_POSIX_ACL
-            | InitFlags::FUSE_DONT_MASK;
+            | InitFlags::FUSE_DONT_MASK
+            | InitFlags::FUSE_EXPORT_SUPPORT;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
         Ok(())
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        if name.as_bytes() == b"." {
+            return self.lookup_dot(req, parent, reply);
+        }
         match self.fs.lookup(&ctx(req), node(parent), name.as_bytes()) {
             // A negative entry (node id 0) with the entry timeout: the kernel caches the
             // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
@@ -426,6 +466,10 @@ impl fuser::Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.volatile_store {
+            // Nothing to make durable: ENOSYS, and the kernel sends no FSYNC again.
+            return reply.error(FErrno::ENOSYS);
+        }
         Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
@@ -503,6 +547,10 @@ impl fuser::Filesystem for Server {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.volatile_store {
+            // As FSYNC: the kernel sends no FSYNCDIR again.
+            return reply.error(FErrno::ENOSYS);
+        }
         Self::empty(self.fs.fsync(fh.0, datasync), reply);
     }
 
@@ -586,8 +634,9 @@ impl fuser::Filesystem for Server {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        // Before any data and after no hole: ENXIO, as tmpfs (`shmem_file_llseek`) answers.
         let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(FErrno::EINVAL);
+            return reply.error(FErrno::ENXIO);
         };
         match self.fs.seek_data_hole(node(ino), offset, whence) {
             Ok(o) => reply.offset(o as i64),
@@ -639,7 +688,7 @@ fn new_session(
     mountpoint: &Path,
     cfg: &MountConfig,
 ) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
-    let server = Server::new(fs.clone(), cfg.ttl);
+    let server = Server::with_config(fs.clone(), cfg);
     let opts = options(cfg);
     Ok(match mnt::mount_direct(mountpoint, cfg)? {
         Some((fd, direct)) => {

@@ -840,3 +840,297 @@ fn non_owners_write_set_id_and_capability_files_and_take_the_privileges_away() {
     assert_eq!(std::fs::metadata(d.join("c")).unwrap().len(), 4096);
     m.unmount_and_check();
 }
+
+/// A file handle as `name_to_handle_at` fills it (`struct file_handle` with room for
+/// `MAX_HANDLE_SZ` bytes).
+#[repr(C)]
+struct Handle {
+    bytes: u32,
+    kind: i32,
+    data: [u8; libc::MAX_HANDLE_SZ as usize],
+}
+
+/// `name_to_handle_at(AT_FDCWD, path, ..., 0)`.
+fn handle_of(path: &Path) -> Handle {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    let mut h = Handle {
+        bytes: libc::MAX_HANDLE_SZ as u32,
+        kind: 0,
+        data: [0; libc::MAX_HANDLE_SZ as usize],
+    };
+    let mut mount_id = 0;
+    // SAFETY: `h` is a `struct file_handle` with `bytes` bytes of room after its header.
+    let r = unsafe {
+        libc::name_to_handle_at(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            (&mut h as *mut Handle).cast(),
+            &mut mount_id,
+            0,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    h
+}
+
+/// `open_by_handle_at(mount_fd, h, flags)` as a `File`, or the errno.
+fn open_by_handle(mount: &std::fs::File, h: &mut Handle, flags: i32) -> Result<std::fs::File, i32> {
+    use std::os::unix::io::{AsRawFd, FromRawFd};
+    // SAFETY: `h` is a handle `name_to_handle_at` filled; the descriptor returned is owned
+    // by the `File` made from it.
+    let fd =
+        unsafe { libc::open_by_handle_at(mount.as_raw_fd(), (h as *mut Handle).cast(), flags) };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    } else {
+        // SAFETY: a new descriptor nobody else owns.
+        Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+    }
+}
+
+/// Drops the kernel's unused dentries and inodes (`echo 2 > /proc/sys/vm/drop_caches`), so
+/// that an inode no open file holds leaves the kernel's cache (FUSE sends FORGET for it).
+fn drop_dentries_and_inodes() {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (needs root)");
+}
+
+/// Exported file handles (`name_to_handle_at`, then `open_by_handle_at`, as NFS export and
+/// fanotify users do) open a file and a directory again after their inodes left the kernel's
+/// cache, as on tmpfs; a handle of a removed file is stale (ESTALE), as on tmpfs. (Without
+/// FUSE_EXPORT_SUPPORT the kernel answered ESTALE for every inode it had forgotten.)
+#[test]
+fn exported_handles_open_after_the_kernel_forgot_the_inode() {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |root: &Path| {
+        let base = root.join("export");
+        std::fs::create_dir_all(base.join("d/sub")).unwrap();
+        std::fs::write(base.join("d/f"), b"exported bytes").unwrap();
+        std::fs::write(base.join("gone"), b"x").unwrap();
+        std::fs::write(base.join("replaced"), b"old").unwrap();
+        let mut file = handle_of(&base.join("d/f"));
+        let mut dir = handle_of(&base.join("d"));
+        let mut gone = handle_of(&base.join("gone"));
+        let mut replaced = handle_of(&base.join("replaced"));
+        let ino = std::fs::metadata(base.join("d/f")).unwrap().ino();
+        std::fs::remove_file(base.join("gone")).unwrap();
+        std::fs::write(base.join("new"), b"new").unwrap();
+        std::fs::rename(base.join("new"), base.join("replaced")).unwrap();
+        drop_dentries_and_inodes();
+        let mnt = std::fs::File::open(root).unwrap();
+        let mut out = Vec::new();
+        match open_by_handle(&mnt, &mut file, libc::O_RDONLY) {
+            Ok(mut f) => {
+                let mut s = String::new();
+                f.read_to_string(&mut s).unwrap();
+                assert_eq!(f.metadata().unwrap().ino(), ino);
+                out.push(format!("file: {s}"));
+            }
+            Err(e) => out.push(format!("file: errno {e}")),
+        }
+        match open_by_handle(&mnt, &mut dir, libc::O_RDONLY | libc::O_DIRECTORY) {
+            Ok(f) => {
+                let md = f.metadata().unwrap();
+                // Read the directory through the descriptor the handle opened.
+                let names = std::fs::read_dir(format!("/proc/self/fd/{}", {
+                    use std::os::unix::io::AsRawFd;
+                    f.as_raw_fd()
+                }))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect::<std::collections::BTreeSet<_>>();
+                out.push(format!("dir: is_dir {} {names:?}", md.is_dir()));
+            }
+            Err(e) => out.push(format!("dir: errno {e}")),
+        }
+        for (what, h) in [("removed", &mut gone), ("replaced", &mut replaced)] {
+            match open_by_handle(&mnt, h, libc::O_RDONLY) {
+                Ok(_) => out.push(format!("{what}: opened")),
+                Err(e) => out.push(format!("{what}: errno {e}")),
+            }
+        }
+        out
+    };
+    let on_tmpfs = run(shm.path());
+    assert_eq!(
+        on_tmpfs,
+        [
+            "file: exported bytes",
+            "dir: is_dir true {\"f\", \"sub\"}",
+            &format!("removed: errno {}", libc::ESTALE),
+            &format!("replaced: errno {}", libc::ESTALE),
+        ]
+    );
+    assert_eq!(run(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
+
+/// `lseek(SEEK_DATA / SEEK_HOLE)` with a negative offset answers ENXIO, as tmpfs does (the
+/// offset is past no data and before no hole), not EINVAL.
+#[test]
+fn seek_data_and_hole_with_negative_offsets_match_tmpfs() {
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::AsRawFd;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let answers = |dir: &Path| {
+        let mut out = Vec::new();
+        for (name, data) in [("empty", &b""[..]), ("data", &b"some data"[..])] {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(dir.join(name))
+                .unwrap();
+            f.write_all_at(data, 0).unwrap();
+            for off in [-1i64, -4096, i64::MIN] {
+                for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
+                    // SAFETY: plain syscall on an open descriptor.
+                    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    out.push((name, off, whence, if r < 0 { Err(e) } else { Ok(r) }));
+                }
+            }
+        }
+        out
+    };
+    let on_tmpfs = answers(shm.path());
+    assert!(
+        on_tmpfs.iter().all(|a| a.3 == Err(Some(libc::ENXIO))),
+        "{on_tmpfs:?}"
+    );
+    assert_eq!(answers(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
+
+/// One pass over a directory of 5,000 files, renaming each entry it returns to `TMP` and
+/// back, returns every name exactly once and ends, as on tmpfs (each rename gives the name a
+/// new place in the directory; a read that followed it would never end, and lanefs once
+/// returned 14,529-15,001 entries here).
+#[test]
+fn readdir_ends_while_its_entries_are_renamed_like_tmpfs() {
+    const N: usize = 5000;
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let run = |dir: &Path| {
+        for i in 0..N {
+            std::fs::File::create(dir.join(format!("f{i:05}"))).unwrap();
+        }
+        let mut seen = std::collections::BTreeMap::<String, usize>::new();
+        let mut count = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            count += 1;
+            assert!(count <= 3 * N, "readdir does not end: {count} entries");
+            if name != "TMP" {
+                std::fs::rename(dir.join(&name), dir.join("TMP")).unwrap();
+                std::fs::rename(dir.join("TMP"), dir.join(&name)).unwrap();
+            }
+            *seen.entry(name).or_default() += 1;
+        }
+        let once = seen.values().all(|&n| n == 1);
+        (count, seen.len(), once, seen.contains_key("TMP"))
+    };
+    let on_tmpfs = run(shm.path());
+    assert_eq!(on_tmpfs, (N, N, true, false));
+    assert_eq!(run(m.path()), on_tmpfs);
+    m.unmount_and_check();
+}
+
+/// A store that says it is durable, and keeps nothing.
+struct SaysDurable;
+
+impl lanefs::Store for SaysDurable {
+    fn append(&self, _: &lanefs::Record<'_>) -> lanefs::Result<()> {
+        Ok(())
+    }
+    fn sync(&self) -> lanefs::Result<()> {
+        Ok(())
+    }
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+/// On a mount of a store that keeps nothing (the memory store), `fsync` and `fdatasync` of
+/// files and directories succeed without a request reaching lanefs (the kernel is told once,
+/// with ENOSYS, that there is nothing to sync); on a durable store each reaches the engine.
+/// Data written through a shared mapping is still written back by `fsync`.
+#[test]
+fn fsync_on_a_volatile_store_sends_no_request() {
+    use std::os::unix::io::AsRawFd;
+
+    for volatile in [false, true] {
+        let fs = Arc::new(match volatile {
+            true => Filesystem::new(Config::default()),
+            false => Filesystem::recover(Config::default(), Arc::new(SaysDurable))
+                .finish()
+                .unwrap(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mc = MountConfig::default();
+        let mut mount = Some(lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc).unwrap());
+        for _ in 0..200 {
+            if is_fuse(dir.path()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let p = dir.path().join("f");
+        std::fs::write(&p, vec![b'a'; 4096]).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        let before = fs.stats();
+        // SAFETY: a shared writable mapping of the file's one page, unmapped below.
+        unsafe {
+            let m = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            );
+            assert_ne!(m, libc::MAP_FAILED);
+            std::ptr::copy_nonoverlapping(b"synced".as_ptr(), m as *mut u8, 6);
+            for _ in 0..3 {
+                f.sync_all().unwrap();
+                f.sync_data().unwrap();
+            }
+            libc::munmap(m, 4096);
+        }
+        // The page reached the engine at the fsync, before the mapping went away.
+        let lib = lanefs::Client::root(fs.clone());
+        assert_eq!(&lib.read("/f").unwrap()[..6], b"synced");
+        let d = std::fs::File::open(dir.path()).unwrap();
+        for _ in 0..3 {
+            d.sync_all().unwrap();
+        }
+        let fsyncs = fs.stats().since(&before).op(lanefs::Op::Fsync);
+        if volatile {
+            assert_eq!(
+                fsyncs, 0,
+                "volatile store: no FSYNC or FSYNCDIR reaches lanefs"
+            );
+        } else {
+            assert_eq!(fsyncs, 9, "six file and three directory syncs");
+        }
+        drop((f, d));
+        unmount(&mut mount).unwrap();
+        fs.check_invariants().unwrap();
+    }
+}

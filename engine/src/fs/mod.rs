@@ -555,6 +555,12 @@ impl Filesystem {
         }
     }
 
+    /// Whether the filesystem's store keeps its changes (false: the memory store, where an
+    /// `fsync` has nothing to do).
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+
     /// The attributes `stat` reports. A directory's size counts its entries without a lock.
     pub(crate) fn attr_of(&self, i: &Inode, g: &Guard) -> Attr {
         let v = i.attr.load();
