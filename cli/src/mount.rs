@@ -225,6 +225,7 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
 
 /// Mounts and serves; `ready` is told once the mount is in place.
 fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
+    crate::start_purging();
     let fs = Arc::new(Filesystem::new(plan.fs));
     let mut control = None;
     let fs2 = fs.clone();
