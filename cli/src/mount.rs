@@ -243,6 +243,7 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
 
 /// Mounts and serves; `ready` is told once the mount is in place.
 fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
+    crate::start_purging();
     let (fs, store) = match &plan.store {
         None => (Filesystem::new(plan.fs), None),
         Some(dir) => {

@@ -4,6 +4,25 @@
 //! memory, as in tmpfs. The caller holds the file's data lock (`Inode::data`), reserves space
 //! for new pages before calling a function that adds them, and credits the space of pages a
 //! function reports as freed.
+//!
+//! # Freeing
+//!
+//! A file's pages are freed when the file is: `Filesystem::free_inode` takes them out under the
+//! data lock and drops them, instead of leaving them to the inode's own drop, which epoch
+//! reclamation defers: crossbeam-epoch runs deferred frees only in later pins, once a thread's
+//! batch of them (64) is full and the epoch has moved on, so on a filesystem left idle after
+//! `rm` the pages of the removed files stayed allocated for good (issue 10, item 8). Nothing
+//! reads a freed file's pages: writes hold a reference, reads come through an open handle or,
+//! by inode number, from a caller that keeps the file open (FUSE's no-open mode, where the
+//! kernel's lookup reference keeps the inode); a caller breaking that contract would read
+//! zeros, not freed memory.
+//!
+//! Pages come from the global allocator, which decides when freed memory goes back to the
+//! system: the `lanefs` binary runs mimalloc and has a thread make it purge (`cli/src/main.rs`,
+//! `start_purging`). A page allocator of this module's own (chunks mapped here, handed back with
+//! `madvise` when freed) would make that independent of the program's allocator, but would pay a
+//! system call per freed run and a page fault per reused page unless it delayed and batched
+//! them, as mimalloc already does, and would put a shared free list on every writer's path.
 
 use std::collections::BTreeMap;
 

@@ -596,8 +596,9 @@ impl Filesystem {
             let _ = self.store.append(&Record::Free { inode: i.id() });
         }
         if let Body::File(data) = &i.body {
-            self.space
-                .give(self.stats.read(LockClass::FileData, data).pages());
+            // The pages go back now, not when the epoch drops the inode (data.rs, "Freeing").
+            let pages = std::mem::take(&mut *self.stats.write(LockClass::FileData, data));
+            self.space.give(pages.pages());
         }
         if i.attr.flags() & flags::XATTRS != 0 {
             self.xattrs.lock(i.ino, &self.stats).remove(&i.ino);
