@@ -50,7 +50,7 @@ pub trait Store: Send + Sync {
     }
 }
 
-pub const ENGINES: &[&str] = &["redb", "redb-qr", "fjall", "lmdb"];
+pub const ENGINES: &[&str] = &["redb", "redb-qr", "fjall", "fjall-ingest", "lmdb"];
 
 /// Opens (creating if needed) the store `engine` in `dir`.
 pub fn open(engine: &str, dir: &Path, cache: usize) -> Result<Box<dyn Store>, String> {
@@ -58,7 +58,8 @@ pub fn open(engine: &str, dir: &Path, cache: usize) -> Result<Box<dyn Store>, St
     match engine {
         "redb" => Redb::open(dir, cache, false).map(|s| Box::new(s) as Box<dyn Store>),
         "redb-qr" => Redb::open(dir, cache, true).map(|s| Box::new(s) as Box<dyn Store>),
-        "fjall" => Fjall::open(dir, cache).map(|s| Box::new(s) as Box<dyn Store>),
+        "fjall" => Fjall::open(dir, cache, false).map(|s| Box::new(s) as Box<dyn Store>),
+        "fjall-ingest" => Fjall::open(dir, cache, true).map(|s| Box::new(s) as Box<dyn Store>),
         "lmdb" => Lmdb::open(dir).map(|s| Box::new(s) as Box<dyn Store>),
         _ => Err(format!("unknown engine {engine}; one of {ENGINES:?}")),
     }
@@ -172,10 +173,13 @@ pub struct Fjall {
     db: fjall::Database,
     meta: fjall::Keyspace,
     data: fjall::Keyspace,
+    /// Apply a batch by sorted ingestion (new tables, fsynced, registered atomically in one new
+    /// version) instead of a journaled write batch.
+    ingest: bool,
 }
 
 impl Fjall {
-    fn open(dir: &Path, cache: usize) -> Result<Self, String> {
+    fn open(dir: &Path, cache: usize, ingest: bool) -> Result<Self, String> {
         let db = fjall::Database::builder(dir)
             .cache_size(cache as u64)
             .open()
@@ -188,7 +192,7 @@ impl Fjall {
                     .with_kv_separation(Some(fjall::KvSeparationOptions::default()))
             })
             .map_err(|e| e.to_string())?;
-        Ok(Fjall { db, meta, data })
+        Ok(Fjall { db, meta, data, ingest })
     }
 
     fn ks(&self, t: Table) -> &fjall::Keyspace {
@@ -203,6 +207,28 @@ impl Store for Fjall {
     fn apply(&self, t: Table, ops: &[Op], before_commit: &mut dyn FnMut()) -> Timing {
         let t0 = Instant::now();
         let ks = self.ks(t);
+        if self.ingest {
+            // Sorted by key; of several ops on one key the last wins.
+            let mut idx: Vec<usize> = (0..ops.len()).collect();
+            let key = |i: usize| match &ops[i] {
+                Op::Put(k, _) | Op::Del(k) => k.as_slice(),
+            };
+            idx.sort_by(|&a, &b| key(a).cmp(key(b)).then(a.cmp(&b)));
+            let mut ing = ks.start_ingestion().unwrap();
+            for (n, &i) in idx.iter().enumerate() {
+                if idx.get(n + 1).is_some_and(|&j| key(j) == key(i)) {
+                    continue;
+                }
+                match &ops[i] {
+                    Op::Put(k, v) => ing.write(k.as_slice(), v.as_slice()).unwrap(),
+                    Op::Del(k) => ing.write_tombstone(k.as_slice()).unwrap(),
+                }
+            }
+            before_commit();
+            let t1 = Instant::now();
+            ing.finish().unwrap();
+            return Timing { total: t0.elapsed(), commit: t1.elapsed() };
+        }
         let mut b = fjall::OwnedWriteBatch::with_capacity(self.db.clone(), ops.len())
             .durability(Some(fjall::PersistMode::SyncAll));
         for op in ops {
