@@ -420,12 +420,13 @@ fn checkpoint(s: &dyn Store, dir: &Path, sizes: &[usize], reps: u64) {
             lg += ops.iter().map(Op::logical_len).sum::<u64>();
             let w0 = write_bytes();
             let t = s.apply(Table::Meta, &ops, &mut || {});
-            wr += write_bytes() - w0;
+            let w = write_bytes() - w0;
+            wr += w;
             tot.push(t.total);
             com.push(t.commit);
             println!(
-                "  batch {} records: {:.0}ms to durable (commit {:.0}ms) = {:.0} rec/s",
-                ops.len(), ms(t.total), ms(t.commit), ops.len() as f64 / t.total.as_secs_f64()
+                "  batch {} records: {:.0}ms to durable (commit {:.0}ms) = {:.0} rec/s, written {:.1} MiB",
+                ops.len(), ms(t.total), ms(t.commit), ops.len() as f64 / t.total.as_secs_f64(), mb(w)
             );
         }
         tot.sort();
