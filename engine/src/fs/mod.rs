@@ -15,6 +15,7 @@
 mod apply;
 mod check;
 mod file;
+mod inode_flags;
 mod namespace;
 mod readdir;
 mod recovery;
