@@ -1286,6 +1286,65 @@ mod tests {
         );
     }
 
+    #[test]
+    fn flags_and_whiteouts_are_checked() {
+        let mut b = Record::SetFlags {
+            inode: id(5, 1),
+            flags: flags::APPEND,
+            time: t(0),
+        }
+        .to_bytes();
+        b[17..21].copy_from_slice(&0x8u32.to_le_bytes()); // FS_SYNC_FL
+        let e = Record::decode(&b).unwrap_err();
+        assert_eq!((e.offset, e.what), (17, "unknown inode flags"));
+        let create = |flags| Record::CreateWithFlags {
+            dir: id(9, 3),
+            name: b"x",
+            cookie: FIRST_COOKIE,
+            inode: whiteout(),
+            flags,
+        };
+        for (f, what) in [
+            (0, "inherited flags empty"),
+            (flags::IMMUTABLE, "unknown inode flags"),
+        ] {
+            assert_eq!(
+                Record::decode(&create(f).to_bytes()).unwrap_err().what,
+                what
+            );
+        }
+        let rw = |whiteout| Record::RenameWhiteout {
+            from: id(9, 3),
+            from_name: b"a",
+            to: id(9, 3),
+            to_name: b"b",
+            inode: id(1025, 7),
+            replaced: None,
+            cookie: FIRST_COOKIE,
+            time: t(0),
+            whiteout,
+            whiteout_cookie: FIRST_COOKIE + 1,
+            whiteout_flags: 0,
+        };
+        for w in [
+            NewInode {
+                rdev: 1,
+                ..whiteout()
+            },
+            NewInode {
+                mode: libc::S_IFREG,
+                ..whiteout()
+            },
+        ] {
+            let e = Record::decode(&rw(w).to_bytes()).unwrap_err();
+            assert_eq!(e.what, "whiteout is not a character device 0/0");
+        }
+        let mut b = rw(whiteout()).to_bytes();
+        let shape = 1 + 16 + 2 + 16 + 2 + 16;
+        b[shape] = 2; // an exchange bit: no such shape for a whiteout
+        assert_eq!(Record::decode(&b).unwrap_err().what, "unknown rename flags");
+    }
+
     /// docs/RECORDS.md, read at build time: its worked example decodes to the record it
     /// describes, and its table of kinds lists the tags the encoder writes.
     #[test]

@@ -659,6 +659,7 @@ mod tests {
             &dd,
             (key, b"b"),
             RenameMap::Exchange,
+            None,
             &g,
             &stats,
             || {},
@@ -670,6 +671,7 @@ mod tests {
             &dd,
             (key, b"b"),
             RenameMap::Replace,
+            None,
             &g,
             &stats,
             || {},
@@ -691,6 +693,7 @@ mod tests {
             &dd,
             (key, b"c"),
             RenameMap::Move(p),
+            None,
             &g,
             &stats,
             || {},
@@ -699,5 +702,30 @@ mod tests {
         assert!(d.get(key, b"c", &stats).is_some());
         assert_eq!(d.count(&dd, &g), 1);
         assert_eq!(read_all(&d, key, &dd, 10).len(), 1);
+        // Move with a whiteout: the source name names the whiteout, with its own cookie.
+        let c = d.get(key, b"c", &stats).unwrap();
+        let wt = InoGen::from_raw(77);
+        let w = d
+            .admit((key, &dd), b"c", wt, d.next_cookie(), &g, &stats)
+            .unwrap();
+        let wcookie = w.cookie();
+        let p = d
+            .admit((key, &dd), b"e", c.target, d.next_cookie(), &g, &stats)
+            .unwrap();
+        d.rename_visible(
+            (key, b"c"),
+            &dd,
+            (key, b"e"),
+            RenameMap::Move(p),
+            Some(w),
+            &g,
+            &stats,
+            || {},
+        );
+        let wd = d.get(key, b"c", &stats).unwrap();
+        assert_eq!((wd.target, wd.cookie), (wt, wcookie));
+        assert_eq!(d.get(key, b"e", &stats).unwrap().target, c.target);
+        assert_eq!(d.count(&dd, &g), 2);
+        assert_eq!(read_all(&d, key, &dd, 10).len(), 2);
     }
 }

@@ -11,8 +11,11 @@
 //! - an rmdir, or a rename over a directory: inside the removal protocol's decision, after the
 //!   directory was found empty and before it is declared dead (a refused record leaves it
 //!   alive);
-//! - attribute, data and xattr changes: under the inode's attribute seqlock, data lock or
-//!   xattr shard lock, which order every change of that state.
+//! - a rename that leaves a whiteout: as a rename, with the whiteout's entry admitted into
+//!   the source directory before the record too, its inode installed after the record, and
+//!   the entry put in the source's place within the rename's visible moment;
+//! - attribute (SetAttr, SetFlags), data and xattr changes: under the inode's attribute
+//!   seqlock, data lock or xattr shard lock, which order every change of that state.
 //!
 //! Timestamps come from the record, never from the clock, so a replay stamps what the live
 //! change stamped.

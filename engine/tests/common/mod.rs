@@ -897,9 +897,13 @@ pub fn compare(
     steps: &[(Who, Op)],
 ) -> usize {
     let mut ok = 0;
+    let show = std::env::var_os("LANEFS_SHOW_STEPS").is_some();
     for (i, (who, op)) in steps.iter().enumerate() {
         let a = k.run(who, op);
         let b = l.run(who, op);
+        if show {
+            eprintln!("{case} {i}: {op:?} as {who:?} -> {}", fmt_outcome(&a));
+        }
         ok += a.is_ok() as usize;
         assert_eq!(
             fmt_outcome(&a),
