@@ -66,6 +66,7 @@ errnos!(
     ESTALE,
     E2BIG,
     ETXTBSY,
+    ENOTTY,
 );
 
 impl Errno {

@@ -66,13 +66,15 @@ mod table;
 mod time;
 mod xattr;
 
-pub use attr::{Attr, FileType, SetAttr, TimeSet};
+pub use attr::{
+    Attr, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, FileType, SetAttr, TimeSet,
+};
 pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
     CheckReport, Config, DirEntry, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, InodeRef,
-    Locking, MAX_FILE_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, Recovery, ReplayError, SYMLINK_MAX,
-    StatFs, TruncateBy,
+    Locking, MAX_FILE_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, Recovery,
+    ReplayError, SYMLINK_MAX, StatFs, TruncateBy,
 };
 pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};

@@ -15,7 +15,7 @@
 //! | `dirent_shard` | 4096 per filesystem (`NMAP`, read-write) | one shard of the dirent map: which `(parent, name)` keys exist in it and the entry nodes they own; read by lookups, written by a reveal, a removal or a rename (each under the name's stripe) |
 //! | `index_shard` | 256 per filesystem | the `words` of the runs whose `(directory, slot)` hashes to it (`dir/index.rs`); an entry node is freed only after its remover took it out of its run under this lock |
 //! | `file_data` | 1 per regular file (`RwLock`) | the file's pages and its size (which also lives in the attributes, written under this lock), and the order of its data records |
-//! | `attr` | 1 per inode (seqlock, writers only) | mode, flags, uid, gid, size, blocks, times, and the order of attribute records |
+//! | `attr` | 1 per inode (seqlock, writers only) | mode, flags (the engine's and the `chattr` ones), uid, gid, size, blocks, times, and the order of attribute records (SetAttr, SetFlags) |
 //! | `xattr` | 256 per filesystem | one shard of the extended-attribute table (`xattr.rs`), and the order of xattr records |
 //! | `ino_alloc` | 1 per thread slot | that slot's free inode numbers, fresh numbers and generations |
 //! | `handles` | 1 per thread slot | that slot's shard of the open-file table |
@@ -91,12 +91,14 @@
 //! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, the creating slot's `index_shard` in the parent, `dirent_shard` (read, then write), `attr` of the parent once per clock tick |
 //! | unlink | `(parent, name)` | `dirent_shard`, `index_shard` of the entry's run, `attr` |
 //! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock |
-//! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent |
+//! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent; with `RENAME_WHITEOUT` also `ino_alloc`, the whiteout's `index_shard` in `p1`, `xattr` of `p1` (read its default ACL) and of the whiteout (an inherited ACL), before the map shards |
 //! | open, release | none | `handles` of a slot |
 //! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared) |
 //! | write, truncate, fallocate | none | `handles` (not by inode), `file_data` (exclusive), `attr`; `xattr` if the file has extended attributes |
 //! | readdir | none | `handles`, the `index_shard`s of the directory's runs, `dirent_shard`s (read) |
 //! | setattr, xattrs | none | `attr` / `xattr` of the inode |
+//! | get_flags | none | none (one load of the flags word) |
+//! | set_flags | none | `attr` of the inode (the checks, the record and the change inside it) |
 //!
 //! A create or unlink therefore writes nothing that every other name in the same directory
 //! writes: the stripe is chosen by the name, the index shard by the directory and the

@@ -467,6 +467,18 @@ impl Client {
         )
     }
 
+    /// The inode flags (`lsattr`, following symlinks): see [`Filesystem::get_flags`].
+    pub fn flags(&self, path: impl AsRef<Path>) -> io::Result<u32> {
+        self.at(path.as_ref(), true, |i, _| self.fs.get_flags(i.id()))
+    }
+
+    /// Sets the inode flags (`chattr`, following symlinks): see [`Filesystem::set_flags`].
+    pub fn set_flags(&self, path: impl AsRef<Path>, flags: u32) -> io::Result<()> {
+        self.at(path.as_ref(), true, |i, _| {
+            self.fs.set_flags(&self.ctx, i.id(), flags).map(drop)
+        })
+    }
+
     // ----- namespace --------------------------------------------------------------------------
 
     /// Creates a directory with mode 0777 less the umask.

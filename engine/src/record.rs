@@ -13,6 +13,7 @@
 //! the argument for why records can be replayed in the order the store keeps them are in
 //! docs/RECORDS.md; the tests below keep that document and this code in step.
 
+use crate::attr::flags;
 use crate::dir::{FIRST_COOKIE, NAME_MAX};
 use crate::errno::Result;
 use crate::id::{Generation, Ino, InodeId};
@@ -206,6 +207,57 @@ pub enum Record<'a> {
         /// The inode.
         inode: InodeId,
     },
+    /// Inode flags set (`FS_IOC_SETFLAGS`: `FS_IMMUTABLE_FL`, `FS_APPEND_FL`,
+    /// `FS_NODUMP_FL`, `FS_NOATIME_FL`).
+    SetFlags {
+        /// The inode.
+        inode: InodeId,
+        /// Its flags from now on (every one of the four, set or clear).
+        flags: u32,
+        /// The inode's new ctime.
+        time: Timespec,
+    },
+    /// A [`Record::Create`] whose new inode starts with inode flags inherited from its
+    /// directory (`FS_NODUMP_FL`, `FS_NOATIME_FL`; a directory with neither makes plain
+    /// Creates).
+    CreateWithFlags {
+        /// The directory.
+        dir: InodeId,
+        /// The name.
+        name: &'a [u8],
+        /// The new entry's readdir cookie.
+        cookie: u64,
+        /// The new inode.
+        inode: NewInode<'a>,
+        /// Its inode flags (not empty).
+        flags: u32,
+    },
+    /// `renameat2` with `RENAME_WHITEOUT`: a [`Record::Rename`] (never an exchange) that
+    /// leaves a whiteout, a new character device 0/0, at the source name, in one change.
+    RenameWhiteout {
+        /// The source directory.
+        from: InodeId,
+        /// The source name, which names the whiteout afterwards.
+        from_name: &'a [u8],
+        /// The target directory.
+        to: InodeId,
+        /// The target name.
+        to_name: &'a [u8],
+        /// The inode the source name named.
+        inode: InodeId,
+        /// The inode the target name named, if it existed (replaced).
+        replaced: Option<InodeId>,
+        /// The target entry's new cookie when the target name did not exist (0 otherwise).
+        cookie: u64,
+        /// New ctime of the inodes, new mtime and ctime of the directories.
+        time: Timespec,
+        /// The whiteout.
+        whiteout: NewInode<'a>,
+        /// The whiteout's entry's readdir cookie.
+        whiteout_cookie: u64,
+        /// The whiteout's inode flags (inherited from the source directory; may be empty).
+        whiteout_flags: u32,
+    },
 }
 
 /// Where the engine's records go: the memory store drops them, a durable store journals
@@ -279,6 +331,9 @@ mod tag {
     pub const REMOVE_XATTR: u8 = 11;
     pub const FREE: u8 = 12;
     pub const SET_ACL: u8 = 13;
+    pub const SET_FLAGS: u8 = 14;
+    pub const CREATE_WITH_FLAGS: u8 = 15;
+    pub const RENAME_WHITEOUT: u8 = 16;
 }
 
 /// Largest symlink target, xattr name and value a record may carry.
@@ -454,6 +509,17 @@ impl<'a> Dec<'a> {
             access_acl: self.acl()?,
             default_acl: self.acl()?,
         })
+    }
+    /// Inode flags, all of them among `allowed`.
+    fn flags(&mut self, allowed: u32) -> D<u32> {
+        let f = self.u32()?;
+        if f & !allowed != 0 {
+            return self.fail_at(self.at - 4, "unknown inode flags");
+        }
+        Ok(f)
+    }
+    fn fail_at<T>(&self, offset: usize, what: &'static str) -> D<T> {
+        Err(DecodeError { offset, what })
     }
     /// An ACL's bytes: empty, or a valid ACL.
     fn acl(&mut self) -> D<&'a [u8]> {
@@ -651,6 +717,55 @@ impl Record<'_> {
                 e.u8(tag::FREE);
                 e.id(inode);
             }
+            Record::SetFlags { inode, flags, time } => {
+                e.u8(tag::SET_FLAGS);
+                e.id(inode);
+                e.u32(flags);
+                e.time(time);
+            }
+            Record::CreateWithFlags {
+                dir,
+                name,
+                cookie,
+                inode,
+                flags,
+            } => {
+                e.u8(tag::CREATE_WITH_FLAGS);
+                e.id(dir);
+                e.name(name);
+                e.u64(cookie);
+                e.new_inode(&inode);
+                e.u32(flags);
+            }
+            Record::RenameWhiteout {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                cookie,
+                time,
+                whiteout,
+                whiteout_cookie,
+                whiteout_flags,
+            } => {
+                e.u8(tag::RENAME_WHITEOUT);
+                e.id(from);
+                e.name(from_name);
+                e.id(to);
+                e.name(to_name);
+                e.id(inode);
+                e.u8(u8::from(replaced.is_some()));
+                if let Some(r) = replaced {
+                    e.id(r);
+                }
+                e.u64(cookie);
+                e.time(time);
+                e.new_inode(&whiteout);
+                e.u64(whiteout_cookie);
+                e.u32(whiteout_flags);
+            }
         }
     }
 
@@ -797,6 +912,76 @@ impl<'a> Record<'a> {
                 mode: d.u32()?,
                 time: d.time()?,
             },
+            tag::SET_FLAGS => Record::SetFlags {
+                inode: d.id()?,
+                flags: d.flags(flags::USER)?,
+                time: d.time()?,
+            },
+            tag::CREATE_WITH_FLAGS => {
+                let (dir, name, cookie, inode) = (d.id()?, d.name()?, d.cookie()?, d.new_inode()?);
+                let at = d.at;
+                let flags = d.flags(flags::INHERITED)?;
+                if flags == 0 {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "inherited flags empty",
+                    });
+                }
+                Record::CreateWithFlags {
+                    dir,
+                    name,
+                    cookie,
+                    inode,
+                    flags,
+                }
+            }
+            tag::RENAME_WHITEOUT => {
+                let (from, from_name, to, to_name, inode) =
+                    (d.id()?, d.name()?, d.id()?, d.name()?, d.id()?);
+                let at = d.at;
+                let replaced = match d.u8()? {
+                    0 => None,
+                    1 => Some(d.id()?),
+                    _ => {
+                        return Err(DecodeError {
+                            offset: at,
+                            what: "unknown rename flags",
+                        });
+                    }
+                };
+                let at = d.at;
+                let cookie = d.u64()?;
+                if (cookie == 0) != replaced.is_some()
+                    || replaced.is_none() && cookie < FIRST_COOKIE
+                {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "rename cookie does not fit its shape",
+                    });
+                }
+                let time = d.time()?;
+                let at = d.at;
+                let whiteout = d.new_inode()?;
+                if whiteout.mode & libc::S_IFMT != libc::S_IFCHR || whiteout.rdev != 0 {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "whiteout is not a character device 0/0",
+                    });
+                }
+                Record::RenameWhiteout {
+                    from,
+                    from_name,
+                    to,
+                    to_name,
+                    inode,
+                    replaced,
+                    cookie,
+                    time,
+                    whiteout,
+                    whiteout_cookie: d.cookie()?,
+                    whiteout_flags: d.flags(flags::INHERITED)?,
+                }
+            }
             _ => {
                 return Err(DecodeError {
                     offset: 0,
@@ -972,7 +1157,67 @@ mod tests {
                 mode: libc::S_IFDIR | 0o755,
                 time: t(12),
             },
+            Record::SetFlags {
+                inode: id(1025, 7),
+                flags: flags::IMMUTABLE | flags::NOATIME,
+                time: t(13),
+            },
+            Record::SetFlags {
+                inode: id(1025, 7),
+                flags: 0,
+                time: t(14),
+            },
+            Record::CreateWithFlags {
+                dir: id(9, 3),
+                name: b"inherits",
+                cookie: FIRST_COOKIE + 11,
+                inode: file,
+                flags: flags::NODUMP,
+            },
+            Record::RenameWhiteout {
+                from: id(9, 3),
+                from_name: b"a",
+                to: id(10, 4),
+                to_name: b"b",
+                inode: id(1025, 7),
+                replaced: None,
+                cookie: FIRST_COOKIE + 12,
+                time: t(15),
+                whiteout: whiteout(),
+                whiteout_cookie: FIRST_COOKIE + 13,
+                whiteout_flags: 0,
+            },
+            Record::RenameWhiteout {
+                from: id(9, 3),
+                from_name: b"a",
+                to: id(9, 3),
+                to_name: b"b",
+                inode: id(1025, 7),
+                replaced: Some(id(1026, 8)),
+                cookie: 0,
+                time: t(16),
+                whiteout: NewInode {
+                    access_acl: ACL,
+                    ..whiteout()
+                },
+                whiteout_cookie: FIRST_COOKIE + 14,
+                whiteout_flags: flags::NODUMP | flags::NOATIME,
+            },
         ]
+    }
+
+    fn whiteout() -> NewInode<'static> {
+        NewInode {
+            id: id(1027, 9),
+            mode: libc::S_IFCHR,
+            uid: 1000,
+            gid: 100,
+            rdev: 0,
+            target: b"",
+            time: t(15),
+            access_acl: b"",
+            default_acl: b"",
+        }
     }
 
     /// `u::rw-,u:1000:r--,g::r--,m::r--,o::---`
@@ -1039,6 +1284,65 @@ mod tests {
             Record::decode(&b).unwrap_err().what,
             "nanoseconds out of range"
         );
+    }
+
+    #[test]
+    fn flags_and_whiteouts_are_checked() {
+        let mut b = Record::SetFlags {
+            inode: id(5, 1),
+            flags: flags::APPEND,
+            time: t(0),
+        }
+        .to_bytes();
+        b[17..21].copy_from_slice(&0x8u32.to_le_bytes()); // FS_SYNC_FL
+        let e = Record::decode(&b).unwrap_err();
+        assert_eq!((e.offset, e.what), (17, "unknown inode flags"));
+        let create = |flags| Record::CreateWithFlags {
+            dir: id(9, 3),
+            name: b"x",
+            cookie: FIRST_COOKIE,
+            inode: whiteout(),
+            flags,
+        };
+        for (f, what) in [
+            (0, "inherited flags empty"),
+            (flags::IMMUTABLE, "unknown inode flags"),
+        ] {
+            assert_eq!(
+                Record::decode(&create(f).to_bytes()).unwrap_err().what,
+                what
+            );
+        }
+        let rw = |whiteout| Record::RenameWhiteout {
+            from: id(9, 3),
+            from_name: b"a",
+            to: id(9, 3),
+            to_name: b"b",
+            inode: id(1025, 7),
+            replaced: None,
+            cookie: FIRST_COOKIE,
+            time: t(0),
+            whiteout,
+            whiteout_cookie: FIRST_COOKIE + 1,
+            whiteout_flags: 0,
+        };
+        for w in [
+            NewInode {
+                rdev: 1,
+                ..whiteout()
+            },
+            NewInode {
+                mode: libc::S_IFREG,
+                ..whiteout()
+            },
+        ] {
+            let e = Record::decode(&rw(w).to_bytes()).unwrap_err();
+            assert_eq!(e.what, "whiteout is not a character device 0/0");
+        }
+        let mut b = rw(whiteout()).to_bytes();
+        let shape = 1 + 16 + 2 + 16 + 2 + 16;
+        b[shape] = 2; // an exchange bit: no such shape for a whiteout
+        assert_eq!(Record::decode(&b).unwrap_err().what, "unknown rename flags");
     }
 
     /// docs/RECORDS.md, read at build time: its worked example decodes to the record it

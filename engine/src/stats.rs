@@ -95,6 +95,8 @@ named_enum! {
         Listxattr => "listxattr",
         Removexattr => "removexattr",
         Access => "access",
+        GetFlags => "get_flags",
+        SetFlags => "set_flags",
     }
 }
 

@@ -682,3 +682,92 @@ fn protected_hardlinks_is_a_policy_with_the_sysctls_default() {
         fs.check_invariants().unwrap();
     }
 }
+
+/// Inode flags where the kernel comparison cannot reach: handles opened before a flag was set
+/// (written to, as on Linux), writes and fallocate by inode (checked each time), a read-only
+/// filesystem, special files, and the whiteout's inode and link counts.
+#[test]
+fn inode_flags_on_open_files_and_by_inode() {
+    let (fs, c) = new_fs(Config::default());
+    let root = Ctx::root();
+    let mut f = c
+        .open("/f", OpenOptions::new().read(true).write(true).create(true))
+        .unwrap();
+    let ino = f.ino();
+    c.set_flags("/f", FS_IMMUTABLE_FL).unwrap();
+    assert_eq!(c.flags("/f").unwrap(), FS_IMMUTABLE_FL);
+    // Opened before: writes and an ftruncate go through (as on Linux), fallocate does not.
+    f.write_all(b"before").unwrap();
+    f.set_len(3).unwrap();
+    assert_eq!(fs.fallocate(&root, f.handle(), 0, 0, 10), Err(Errno::EPERM));
+    // By inode (a FUSE server's open files): refused.
+    assert_eq!(fs.write_inode(&root, ino, 0, b"x"), Err(Errno::EPERM));
+    assert_eq!(
+        fs.write_inode_flags(&root, ino, 0, b"x", libc::O_WRONLY | libc::O_APPEND),
+        Err(Errno::EPERM)
+    );
+    let set = SetAttr {
+        size: Some(0),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        fs.setattr(&root, ino, &set, Some(TruncateBy::OpenFile))
+            .map(drop),
+        Err(Errno::EPERM)
+    );
+    // Append only: by inode, O_APPEND writes only; no truncate, no punch, allocations yes.
+    c.set_flags("/f", FS_APPEND_FL).unwrap();
+    assert_eq!(fs.write_inode(&root, ino, 3, b"x"), Err(Errno::EPERM));
+    let a = fs.write_inode_flags(&root, ino, 3, b"x", libc::O_WRONLY | libc::O_APPEND);
+    assert_eq!(a, Ok(1));
+    assert_eq!(
+        f.set_len(0).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EPERM))
+    );
+    let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    assert_eq!(
+        fs.fallocate_inode(&root, ino, punch, 0, 1),
+        Err(Errno::EPERM)
+    );
+    fs.fallocate_inode(&root, ino, FALLOC_FL_KEEP_SIZE, 0, 8192)
+        .unwrap();
+    assert_eq!(c.read("/f").unwrap(), b"befx");
+    drop(f);
+    c.set_flags("/f", 0).unwrap();
+    // Other inodes have no flags to show; unknown ones are refused after the owner check.
+    c.mknod("/p", libc::S_IFIFO | 0o644, 0).unwrap();
+    assert_eq!(
+        c.flags("/p").map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ENOTTY))
+    );
+    let user = Client::new(fs.clone(), Ctx::user(5, 5));
+    assert_eq!(
+        user.set_flags("/f", 0x8).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EPERM))
+    );
+    assert_eq!(
+        c.set_flags("/f", 0x8).map_err(|e| e.raw_os_error()),
+        Err(Some(libc::EOPNOTSUPP))
+    );
+    // A whiteout: a new inode, nlink 1, the directories' counts unchanged by it.
+    c.create_dir_all("/s/d").unwrap();
+    let before = fs.statfs().ffree;
+    c.rename_with_flags("/s/d", "/moved", RENAME_WHITEOUT)
+        .unwrap();
+    assert_eq!(fs.statfs().ffree, before - 1);
+    let w = c.symlink_metadata("/s/d").unwrap();
+    assert_eq!((w.mode(), w.attr.nlink, w.attr.rdev), (libc::S_IFCHR, 1, 0));
+    assert_eq!(c.metadata("/s").unwrap().attr.nlink, 2);
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 4); // ., .., s, moved
+    fs.check_invariants().unwrap();
+    // Read-only: EROFS first.
+    let ro = Filesystem::new(Config {
+        read_only: true,
+        ..Config::default()
+    });
+    assert_eq!(
+        ro.set_flags(&root, ROOT_INO, 0).map(drop),
+        Err(Errno::EROFS)
+    );
+    assert_eq!(ro.get_flags(ROOT_INO), Ok(0));
+}

@@ -76,6 +76,21 @@ fn timestamps_follow_posix() {
 }
 
 #[test]
+fn inode_flags() {
+    run(cases::inode_flags());
+}
+
+#[test]
+fn inode_flags_at_open() {
+    run(cases::inode_flags_at_open());
+}
+
+#[test]
+fn rename_whiteout() {
+    run(cases::rename_whiteout());
+}
+
+#[test]
 fn extended_attributes() {
     run(cases::extended_attributes());
 }

@@ -68,6 +68,21 @@ fn rebuild(rec: &Recorder) -> Filesystem {
         .count();
     eprintln!("  {acls} ACL changes");
     assert!(acls > 0, "the workload set no ACL");
+    let count = |f: fn(&Record<'_>) -> bool| {
+        records
+            .iter()
+            .filter(|b| Record::decode(b).is_ok_and(|r| f(&r)))
+            .count()
+    };
+    let flags = count(|r| matches!(r, Record::SetFlags { .. }));
+    let inherited = count(|r| matches!(r, Record::CreateWithFlags { .. }));
+    let whiteouts = count(|r| matches!(r, Record::RenameWhiteout { .. }));
+    eprintln!("  {flags} flag changes, {inherited} inheriting creates, {whiteouts} whiteouts");
+    // (A short run may draw no whiteout.)
+    assert!(
+        flags > 0 && (whiteouts > 0 || records.len() < 1000),
+        "the workload set no flag or made no whiteout"
+    );
     for (i, b) in records.iter().enumerate() {
         let record = Record::decode(b).unwrap();
         r.apply(&record)
@@ -129,8 +144,8 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
         ),
     };
     let (a, b) = (name(rng), name(rng));
-    let flags = [0, RENAME_NOREPLACE, RENAME_EXCHANGE][rng.random_range(0..3)];
-    let _ = match rng.random_range(0..23) {
+    let flags = [0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT][rng.random_range(0..4)];
+    let _ = match rng.random_range(0..24) {
         0 | 1 => c.write(&a, vec![b'a' + d as u8; rng.random_range(0..9000)]),
         2 => c.create_dir(&a),
         3 => c.remove_file(&a),
@@ -216,6 +231,23 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
             };
             c.fs()
                 .removexattr(c.ctx(), m.ino(), name)
+                .map_err(Into::into)
+        }),
+        22 => c.metadata(&a).and_then(|m| {
+            // Mostly 'd' and 'A' (which new inodes inherit) or none; sometimes 'i' or 'a',
+            // which stop most changes until cleared.
+            let f = [
+                0,
+                0,
+                0,
+                FS_NODUMP_FL,
+                FS_NOATIME_FL | FS_NODUMP_FL,
+                FS_IMMUTABLE_FL,
+                FS_APPEND_FL,
+            ][rng.random_range(0..7)];
+            c.fs()
+                .set_flags(c.ctx(), m.ino(), f)
+                .map(drop)
                 .map_err(Into::into)
         }),
         _ => c.read(&a).map(drop),

@@ -11,7 +11,7 @@ use std::sync::{Arc, Barrier};
 
 use lanefs::{
     Client, Config, Ctx, Errno, Filesystem, LockClass, Locking, OpenOptions, RENAME_EXCHANGE,
-    RENAME_NOREPLACE, ROOT_INO,
+    RENAME_NOREPLACE, RENAME_WHITEOUT, ROOT_INO,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -502,7 +502,8 @@ fn rename_cost_does_not_grow_with_unrelated_files() {
 }
 
 /// Rounds of namespace races on a small tree: in each round 8 threads run create, mkdir,
-/// link, unlink, rmdir and rename (no flags, RENAME_NOREPLACE, RENAME_EXCHANGE), through the
+/// link, unlink, rmdir and rename (no flags, RENAME_NOREPLACE, RENAME_EXCHANGE,
+/// RENAME_WHITEOUT, whose whiteouts then take part like any name), through the
 /// path API and through the inode API by number (numbers go stale and are reused), then the
 /// round ends and every invariant is checked: the tree is reachable from the root with no
 /// cycle, `..` names the directory holding each directory, every link count equals the
@@ -539,8 +540,8 @@ fn rounds_of_namespace_races_keep_invariants_after_every_round() {
                         };
                         for _ in 0..3000 {
                             let (p, q) = (path(&mut rng), path(&mut rng));
-                            let flags =
-                                [0, RENAME_NOREPLACE, RENAME_EXCHANGE][rng.random_range(0..3)];
+                            let flags = [0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT]
+                                [rng.random_range(0..4)];
                             let r = match rng.random_range(0..9) {
                                 0 => c.write(&p, b"").map(drop),
                                 1 => c.create_dir(&p),

@@ -59,6 +59,27 @@
 //!   every inode it had forgotten.
 //! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
 //!
+//! ## Inode flags (`chattr`, `lsattr`) and whiteouts
+//! The kernel turns `FS_IOC_GETFLAGS`, `FS_IOC_SETFLAGS`, `FS_IOC_FSGETXATTR` and
+//! `FS_IOC_FSSETXATTR` on a regular file or directory into FUSE_IOCTL requests
+//! (`fuse_fileattr_get` / `fuse_fileattr_set`, which open the file for the request: in no-open
+//! mode that sends no OPEN, and an OPEN answered ENOSYS only switches no-open mode on), after
+//! its own owner and `CAP_LINUX_IMMUTABLE` checks; a `chattr` first reads the old flags with
+//! `FS_IOC_FSGETXATTR`. The server answers those four from the engine's flags and every other
+//! ioctl with ENOTTY, as tmpfs does. The kernel never learns that a FUSE inode is immutable or
+//! append-only (it does not set `S_IMMUTABLE` / `S_APPEND` on one), so the engine refuses
+//! every request such an inode forbids: namespace changes, SETATTR (a truncate, and an
+//! `open(O_TRUNC)`, which arrives as one), xattrs, fallocate, and a WRITE to an immutable file
+//! or, without `O_APPEND` among the open flags the WRITE carries, to an append-only one. What
+//! never reaches the server cannot be refused there: `open(O_WRONLY)` of an immutable file,
+//! or without `O_APPEND` of an append-only one, succeeds through the mount (its writes are
+//! then refused, EPERM, where tmpfs refuses the open), `access(W_OK)` of an immutable file is
+//! answered by the kernel's permission check (0 where tmpfs says EPERM), a writable shared
+//! mapping of such a file can be made (its write-back is refused), and `fcntl(F_SETFL)` may
+//! drop `O_APPEND`. Conversely a file opened for writing before it became immutable is written
+//! to on tmpfs but refused here. `RENAME_WHITEOUT` arrives in RENAME2 and is the engine's
+//! (overlayfs on a lanefs upper directory uses it).
+//!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)
 //! - a missing name is answered with a negative entry cached for the entry timeout, so
 //!   creating a new name costs no LOOKUP;

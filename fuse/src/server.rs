@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
-    FileType as FType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    FileType as FType, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
+    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy};
 
@@ -126,6 +126,48 @@ const NEGATIVE: Attr = Attr {
     mtime: Timespec::new(0, 0),
     ctime: Timespec::new(0, 0),
 };
+
+/// The ioctls of inode flags, and how `FS_XFLAG_*` map to `FS_*_FL` (`fileattr_fill_xflags`).
+mod ioctl {
+    /// `FS_IOC_GETFLAGS`, `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`), and their 32-bit
+    /// forms (`int`).
+    pub const GETFLAGS: u32 = 0x8008_6601;
+    pub const SETFLAGS: u32 = 0x4008_6602;
+    pub const GETFLAGS32: u32 = 0x8004_6601;
+    pub const SETFLAGS32: u32 = 0x4004_6602;
+    /// `FS_IOC_FSGETXATTR`, `FS_IOC_FSSETXATTR` (`_IOR/_IOW('X', 31/32, struct fsxattr)`).
+    pub const FSGETXATTR: u32 = 0x801c_581f;
+    pub const FSSETXATTR: u32 = 0x401c_5820;
+    /// `sizeof(struct fsxattr)`: five `u32`s and 8 bytes of padding.
+    pub const FSXATTR_SIZE: usize = 28;
+    /// `FS_XFLAG_COMMON`: the xflags that have an inode flag (sync, immutable, append,
+    /// nodump, noatime, dax, projinherit).
+    pub const XFLAG_COMMON: u32 = 0x20 | 0x8 | 0x10 | 0x80 | 0x40 | 0x8000 | 0x200;
+    /// `(FS_*_FL, FS_XFLAG_*)`.
+    const MAP: [(u32, u32); 7] = [
+        (lanefs::FS_IMMUTABLE_FL, 0x8),
+        (lanefs::FS_APPEND_FL, 0x10),
+        (lanefs::FS_NODUMP_FL, 0x80),
+        (lanefs::FS_NOATIME_FL, 0x40),
+        (0x8, 0x20),           // FS_SYNC_FL
+        (0x0200_0000, 0x8000), // FS_DAX_FL
+        (0x2000_0000, 0x200),  // FS_PROJINHERIT_FL
+    ];
+
+    pub fn xflags_of(flags: u32) -> u32 {
+        MAP.iter()
+            .filter(|(f, _)| flags & f != 0)
+            .map(|(_, x)| x)
+            .sum()
+    }
+
+    pub fn flags_of(xflags: u32) -> u32 {
+        MAP.iter()
+            .filter(|(_, x)| xflags & x != 0)
+            .map(|(f, _)| f)
+            .sum()
+    }
+}
 
 /// The caller's credentials (`creds.rs`).
 fn ctx(req: &Request) -> Ctx {
@@ -430,7 +472,7 @@ impl fuser::Filesystem for Server {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -439,7 +481,13 @@ impl fuser::Filesystem for Server {
         // nothing the writer must lose.
         let mut c = ctx(req);
         c.keeps_setid = !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write_inode(&c, node(ino), offset, data) {
+        // The file's open flags come along: the engine refuses a write the open would have
+        // been refused for had the kernel known the inode flags (immutable, or append-only
+        // without O_APPEND).
+        match self
+            .fs
+            .write_inode_flags(&c, node(ino), offset, data, flags.0)
+        {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -622,6 +670,82 @@ impl fuser::Filesystem for Server {
         reply: ReplyCreate,
     ) {
         reply.error(FErrno::ENOSYS);
+    }
+
+    /// Inode flags: the kernel turns `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` and
+    /// `FS_IOC_FSGETXATTR` / `FS_IOC_FSSETXATTR` on a regular file or directory into these
+    /// (`fuse_fileattr_get` / `fuse_fileattr_set`, after its own owner and
+    /// `CAP_LINUX_IMMUTABLE` checks, and after fetching the old flags with
+    /// `FS_IOC_FSGETXATTR`, which a `chattr` therefore needs too). Every other ioctl is
+    /// ENOTTY, as on tmpfs.
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // The kernel keeps the attributes it cached across an ioctl, and a flag change
+        // stamps the ctime: made as a library caller's change, it is reported to the kernel
+        // as an attribute invalidation (an inode's, never an entry's, which is safe from a
+        // request thread), before this reply.
+        let setter = || {
+            let mut c = ctx(req);
+            c.via = lanefs::Via::Library;
+            c
+        };
+        let word = |b: &[u8], i: usize| {
+            b.get(i * 4..i * 4 + 4)
+                .map(|w| u32::from_ne_bytes(w.try_into().expect("4 bytes")))
+        };
+        match cmd {
+            ioctl::GETFLAGS | ioctl::GETFLAGS32 => match self.fs.get_flags(node(ino)) {
+                Ok(f) => {
+                    let b = f.to_ne_bytes();
+                    reply.ioctl(0, &b[..(out_size as usize).min(b.len())]);
+                }
+                Err(e) => reply.error(err(e)),
+            },
+            ioctl::SETFLAGS | ioctl::SETFLAGS32 => match word(in_data, 0) {
+                Some(f) => match self.fs.set_flags(&setter(), node(ino), f) {
+                    Ok(_) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(err(e)),
+                },
+                None => reply.error(FErrno::EINVAL),
+            },
+            ioctl::FSGETXATTR => match self.fs.get_flags(node(ino)) {
+                Ok(f) => {
+                    let mut b = [0u8; ioctl::FSXATTR_SIZE];
+                    b[..4].copy_from_slice(&ioctl::xflags_of(f).to_ne_bytes());
+                    reply.ioctl(0, &b[..(out_size as usize).min(b.len())]);
+                }
+                Err(e) => reply.error(err(e)),
+            },
+            ioctl::FSSETXATTR => {
+                // tmpfs keeps no extent sizes or project ids, and of the xflags only the
+                // common ones, which map to inode flags (`fileattr_has_fsx`).
+                let fields: Option<Vec<u32>> = (0..5).map(|i| word(in_data, i)).collect();
+                let Some(x) = fields else {
+                    return reply.error(FErrno::EINVAL);
+                };
+                let (xflags, extsize, projid, cowextsize) = (x[0], x[1], x[3], x[4]);
+                if xflags & !ioctl::XFLAG_COMMON != 0 || extsize | projid | cowextsize != 0 {
+                    return reply.error(FErrno::EOPNOTSUPP);
+                }
+                match self
+                    .fs
+                    .set_flags(&setter(), node(ino), ioctl::flags_of(xflags))
+                {
+                    Ok(_) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(err(e)),
+                }
+            }
+            _ => reply.error(FErrno::from_i32(libc::ENOTTY)),
+        }
     }
 
     /// The kernel sends only `SEEK_DATA` and `SEEK_HOLE` here (it moves offsets itself).

@@ -1134,3 +1134,124 @@ fn fsync_on_a_volatile_store_sends_no_request() {
         fs.check_invariants().unwrap();
     }
 }
+
+/// `chattr` and `lsattr` work through the mount (FUSE_IOCTL: the kernel reads the old flags
+/// with FS_IOC_FSGETXATTR before FS_IOC_SETFLAGS), and what the kernel lets through because it
+/// does not know a FUSE inode is immutable or append-only is refused by the server: an open
+/// for writing succeeds, its writes do not (README, the differences; `fuse/src/lib.rs`).
+#[test]
+fn inode_flags_through_the_mount() {
+    use std::io::Write;
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().display();
+    let out = sh(&format!(
+        "set -e; cd {d}; echo data > f; mkdir dir; chattr +i f; chattr +a dir; chattr +dA dir; \
+         lsattr -d f dir | cut -c1-22; rm -f f 2>&1 || true; touch dir/new; rm dir/new 2>&1 || true; \
+         chattr -i f; chattr -a dir; rm f dir/new; lsattr -d dir | cut -c1-22"
+    ));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("----i---"), "{text}");
+    assert!(lines[1].starts_with("-----adA"), "{text}");
+    assert!(text.contains("Operation not permitted"), "{text}");
+    assert!(lines.last().unwrap().starts_with("------dA"), "{text}");
+
+    let f = m.path().join("g");
+    std::fs::write(&f, b"x").unwrap();
+    m.fs.set_flags(
+        &lanefs::Ctx::root(),
+        m.fs.lookup(&lanefs::Ctx::root(), m.fs.root(), b"g")
+            .unwrap()
+            .ino,
+        lanefs::FS_IMMUTABLE_FL,
+    )
+    .unwrap();
+    // The kernel opens it (it never asks the server), the write is refused.
+    let mut w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    let e = w.write_all(b"y").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&f)
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "O_TRUNC is a SETATTR");
+    drop(w);
+    // Append-only: only O_APPEND writes go through.
+    let ino =
+        m.fs.lookup(&lanefs::Ctx::root(), m.fs.root(), b"g")
+            .unwrap()
+            .ino;
+    m.fs.set_flags(&lanefs::Ctx::root(), ino, lanefs::FS_APPEND_FL)
+        .unwrap();
+    let mut w = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    assert_eq!(
+        w.write_all(b"y").unwrap_err().raw_os_error(),
+        Some(libc::EPERM)
+    );
+    let mut a = std::fs::OpenOptions::new().append(true).open(&f).unwrap();
+    a.write_all(b"z").unwrap();
+    drop((w, a));
+    assert_eq!(std::fs::read(&f).unwrap(), b"xz");
+    m.fs.set_flags(&lanefs::Ctx::root(), ino, 0).unwrap();
+    m.unmount_and_check();
+}
+
+/// overlayfs with its upper and work directories on lanefs: removing a lower file leaves a
+/// whiteout (RENAME_WHITEOUT, or a 0/0 device) in the upper directory, and the file is gone
+/// from the overlay. Skipped where overlayfs cannot be mounted (no module, not root, or a
+/// kernel that refuses FUSE as an upper layer).
+#[test]
+fn overlayfs_upper_on_lanefs() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let lower = tempfile::tempdir().unwrap();
+    let merged = tempfile::tempdir().unwrap();
+    std::fs::write(lower.path().join("gone"), b"lower").unwrap();
+    std::fs::write(lower.path().join("kept"), b"lower").unwrap();
+    std::fs::create_dir(lower.path().join("ldir")).unwrap();
+    std::fs::write(lower.path().join("ldir/inner"), b"lower").unwrap();
+    let (up, work) = (m.path().join("upper"), m.path().join("work"));
+    std::fs::create_dir(&up).unwrap();
+    std::fs::create_dir(&work).unwrap();
+    let out = sh(&format!(
+        "mount -t overlay overlay -o lowerdir={},upperdir={},workdir={} {}",
+        lower.path().display(),
+        up.display(),
+        work.display(),
+        merged.path().display()
+    ));
+    if !out.status.success() {
+        eprintln!(
+            "skipped: overlayfs not mountable here: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return;
+    }
+    let mp = merged.path();
+    let r = (|| -> std::io::Result<()> {
+        std::fs::remove_file(mp.join("gone"))?;
+        std::fs::remove_dir_all(mp.join("ldir"))?;
+        std::fs::write(mp.join("kept"), b"upper")?;
+        std::fs::rename(mp.join("kept"), mp.join("moved"))?;
+        Ok(())
+    })();
+    let listing: Vec<String> = std::fs::read_dir(mp)
+        .map(|rd| {
+            let mut v: Vec<String> = rd
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        })
+        .unwrap_or_default();
+    let wh = std::fs::symlink_metadata(up.join("gone"));
+    sh(&format!("umount {}", mp.display()));
+    r.expect("changes through the overlay");
+    assert_eq!(listing, ["moved"], "the overlay shows what is left");
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let wh = wh.expect("a whiteout in the upper directory");
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "{wh:?}");
+    m.unmount_and_check();
+}

@@ -291,9 +291,10 @@ impl Dirents {
 
     /// The visible moment of a rename of `src` (in directory body `src_dir`) to `dst`. Both
     /// names' map shards are write-locked (in shard order), then the map changes as `how`
-    /// says and `inside` runs (link counts, `..`), then the locks go, and a removed source
-    /// entry leaves the index. The caller holds both names' stripes, and both names are as
-    /// it last saw them.
+    /// says (and a `whiteout`, admitted into the source directory under the source's name,
+    /// takes the source's place) and `inside` runs (link counts, `..`), then the locks go,
+    /// and a removed source entry leaves the index. The caller holds both names' stripes,
+    /// and both names are as it last saw them.
     #[allow(clippy::too_many_arguments)] // two keys, two bodies, the change, and the context
     pub fn rename_visible(
         &self,
@@ -301,6 +302,7 @@ impl Dirents {
         src_dir: &DirBody,
         (dp, dn): (InoGen, &[u8]),
         how: RenameMap,
+        whiteout: Option<Pending>,
         g: &Guard,
         stats: &Stats,
         inside: impl FnOnce(),
@@ -314,6 +316,7 @@ impl Dirents {
             Some(s) if is < id => (first, Some(s)),
             Some(s) => (s, Some(first)),
         };
+        let hasher = |e: &Entry| self.hash(e.parent(), e.name());
         let removed = {
             let find = |t: &HashTable<Entry>, h, p, n: &[u8]| {
                 t.find(h, |e| e.is(p, n)).map(|e| e as *const Entry)
@@ -325,6 +328,7 @@ impl Dirents {
             let dst_table = dst_shard.as_deref_mut().unwrap_or(&mut *src_shard);
             match how {
                 RenameMap::Exchange => {
+                    debug_assert!(whiteout.is_none(), "no whiteout with an exchange");
                     let dst = dst_table
                         .find(hd, |e| e.is(dp, dn))
                         .expect("target entry under its stripe");
@@ -342,12 +346,15 @@ impl Dirents {
                 }
                 RenameMap::Move(p) => {
                     debug_assert!(p.parent == dp && p.entry.name() == dn);
-                    let hasher = |e: &Entry| self.hash(e.parent(), e.name());
                     dst_table.insert_unique(hd, p.entry, hasher);
                     Some(take(&mut src_shard, hs, sp, sn))
                 }
             }
         };
+        if let Some(w) = whiteout {
+            debug_assert!(w.parent == sp && w.entry.name() == sn);
+            src_shard.insert_unique(hs, w.entry, hasher);
+        }
         inside();
         drop(src_shard);
         drop(dst_shard);
@@ -652,6 +659,7 @@ mod tests {
             &dd,
             (key, b"b"),
             RenameMap::Exchange,
+            None,
             &g,
             &stats,
             || {},
@@ -663,6 +671,7 @@ mod tests {
             &dd,
             (key, b"b"),
             RenameMap::Replace,
+            None,
             &g,
             &stats,
             || {},
@@ -684,6 +693,7 @@ mod tests {
             &dd,
             (key, b"c"),
             RenameMap::Move(p),
+            None,
             &g,
             &stats,
             || {},
@@ -692,5 +702,30 @@ mod tests {
         assert!(d.get(key, b"c", &stats).is_some());
         assert_eq!(d.count(&dd, &g), 1);
         assert_eq!(read_all(&d, key, &dd, 10).len(), 1);
+        // Move with a whiteout: the source name names the whiteout, with its own cookie.
+        let c = d.get(key, b"c", &stats).unwrap();
+        let wt = InoGen::from_raw(77);
+        let w = d
+            .admit((key, &dd), b"c", wt, d.next_cookie(), &g, &stats)
+            .unwrap();
+        let wcookie = w.cookie();
+        let p = d
+            .admit((key, &dd), b"e", c.target, d.next_cookie(), &g, &stats)
+            .unwrap();
+        d.rename_visible(
+            (key, b"c"),
+            &dd,
+            (key, b"e"),
+            RenameMap::Move(p),
+            Some(w),
+            &g,
+            &stats,
+            || {},
+        );
+        let wd = d.get(key, b"c", &stats).unwrap();
+        assert_eq!((wd.target, wd.cookie), (wt, wcookie));
+        assert_eq!(d.get(key, b"e", &stats).unwrap().target, c.target);
+        assert_eq!(d.count(&dd, &g), 2);
+        assert_eq!(read_all(&d, key, &dd, 10).len(), 2);
     }
 }

@@ -11,8 +11,11 @@
 //! - an rmdir, or a rename over a directory: inside the removal protocol's decision, after the
 //!   directory was found empty and before it is declared dead (a refused record leaves it
 //!   alive);
-//! - attribute, data and xattr changes: under the inode's attribute seqlock, data lock or
-//!   xattr shard lock, which order every change of that state.
+//! - a rename that leaves a whiteout: as a rename, with the whiteout's entry admitted into
+//!   the source directory before the record too, its inode installed after the record, and
+//!   the entry put in the source's place within the rename's visible moment;
+//! - attribute (SetAttr, SetFlags), data and xattr changes: under the inode's attribute
+//!   seqlock, data lock or xattr shard lock, which order every change of that state.
 //!
 //! Timestamps come from the record, never from the clock, so a replay stamps what the live
 //! change stamped.
@@ -32,7 +35,7 @@ use super::Filesystem;
 use crate::acl::{ACL_ACCESS_NAME, ACL_DEFAULT_NAME};
 use crate::attr::{AttrCell, AttrVals, FileType, flags};
 use crate::data::{FileData, PAGE};
-use crate::dir::RenameMap;
+use crate::dir::{Pending, RenameMap};
 use crate::errno::{Errno, Result};
 use crate::inode::{Body, DirBody, Fate, Inode};
 use crate::record::{AttrChange, NewInode, Record};
@@ -49,14 +52,21 @@ impl Filesystem {
         refs: u32,
         g: &'g Guard,
     ) -> Result<&'g Inode> {
-        let Record::Create {
-            name,
-            cookie,
-            inode: n,
-            ..
-        } = *rec
-        else {
-            unreachable!("apply_create of {rec:?}")
+        let (name, cookie, n, inherited) = match *rec {
+            Record::Create {
+                name,
+                cookie,
+                inode,
+                ..
+            } => (name, cookie, inode, 0),
+            Record::CreateWithFlags {
+                name,
+                cookie,
+                inode,
+                flags,
+                ..
+            } => (name, cookie, inode, flags),
+            _ => unreachable!("apply_create of {rec:?}"),
         };
         let give_back = || {
             if !self.replaying() {
@@ -84,21 +94,7 @@ impl Filesystem {
             self.dirents.cancel(pending, d, g, &self.stats);
             return undo(e);
         }
-        if !n.access_acl.is_empty() || !n.default_acl.is_empty() {
-            // Before the inode is in the table, so that no one sees its ACL flags without
-            // the ACLs. (A freed inode's entry goes before its number is recycled.)
-            let mut shard = self.xattrs.lock(n.id.ino, &self.stats);
-            let x = shard.entry(n.id.ino).or_default();
-            for (name, v) in [
-                (ACL_ACCESS_NAME, n.access_acl),
-                (ACL_DEFAULT_NAME, n.default_acl),
-            ] {
-                if !v.is_empty() {
-                    x.set(name, v, 0).expect("ACLs fit the xattr limits");
-                }
-            }
-        }
-        let inode = self.table.install(new_inode(&n, dir, refs), g);
+        let inode = self.install_new(&n, inherited, dir, refs, g);
         let is_dir = inode.is_dir();
         self.dirents.reveal(pending, &self.stats, || {
             if is_dir {
@@ -111,6 +107,32 @@ impl Filesystem {
         Ok(inode)
     }
 
+    /// Installs the inode a create's record describes, with its inherited ACLs (stored
+    /// before the inode is in the table, so that no one sees its ACL flags without the ACLs;
+    /// a freed inode's entry goes before its number is recycled) and inode flags.
+    fn install_new<'g>(
+        &self,
+        n: &NewInode<'_>,
+        inherited: u32,
+        dir: &Inode,
+        refs: u32,
+        g: &'g Guard,
+    ) -> &'g Inode {
+        if !n.access_acl.is_empty() || !n.default_acl.is_empty() {
+            let mut shard = self.xattrs.lock(n.id.ino, &self.stats);
+            let x = shard.entry(n.id.ino).or_default();
+            for (name, v) in [
+                (ACL_ACCESS_NAME, n.access_acl),
+                (ACL_DEFAULT_NAME, n.default_acl),
+            ] {
+                if !v.is_empty() {
+                    x.set(name, v, 0).expect("ACLs fit the xattr limits");
+                }
+            }
+        }
+        self.table.install(new_inode(n, inherited, dir, refs), g)
+    }
+
     /// [`Record::Root`]: a new filesystem's root attributes.
     pub(super) fn apply_root(&self, rec: &Record<'_>, root: &Inode) -> Result<()> {
         let Record::Root { inode: n } = *rec else {
@@ -118,7 +140,7 @@ impl Filesystem {
         };
         self.commit(rec)?;
         let _ = root.attr.update::<(), ()>(&self.stats, |v| {
-            *v = new_vals(&n, 0);
+            *v = new_vals(&n, 0, 0);
             Ok(())
         });
         Ok(())
@@ -220,16 +242,33 @@ impl Filesystem {
         dst: Option<&'g Inode>,
         g: &Guard,
     ) -> Result<Option<&'g Inode>> {
-        let Record::Rename {
-            from_name,
-            to_name,
-            exchange,
-            cookie,
-            time,
-            ..
-        } = *rec
-        else {
-            unreachable!("apply_rename of {rec:?}")
+        let (from_name, to_name, exchange, cookie, time, whiteout) = match *rec {
+            Record::Rename {
+                from_name,
+                to_name,
+                exchange,
+                cookie,
+                time,
+                ..
+            } => (from_name, to_name, exchange, cookie, time, None),
+            Record::RenameWhiteout {
+                from_name,
+                to_name,
+                cookie,
+                time,
+                whiteout,
+                whiteout_cookie,
+                whiteout_flags,
+                ..
+            } => (
+                from_name,
+                to_name,
+                false,
+                cookie,
+                time,
+                Some((whiteout, whiteout_cookie, whiteout_flags)),
+            ),
+            _ => unreachable!("apply_rename of {rec:?}"),
         };
         let cross = !ptr::eq(d1, d2);
         let (k1, k2) = ((d1.key(), from_name), (d2.key(), to_name));
@@ -242,15 +281,66 @@ impl Filesystem {
                 assert_eq!(from.dec_nlink(), Fate::Lives, "a parent keeps its links");
             }
         };
+        // A whiteout is admitted into the source directory beside the source's entry (its
+        // inode counted, its number taken) before the record, installed after it, and takes
+        // the source's place in the map in the rename's visible moment.
+        let give_back = |w: &NewInode<'_>| {
+            if !self.replaying() {
+                self.ids.free(w.id.ino, &self.stats);
+            }
+        };
+        let mut wo = match whiteout {
+            None => None,
+            Some((w, wcookie, wflags)) => {
+                if let Err(e) = self.inode_quota.take(1) {
+                    give_back(&w);
+                    return Err(e);
+                }
+                match self.dirents.admit(
+                    (d1.key(), dd1),
+                    from_name,
+                    w.id.key(),
+                    wcookie,
+                    g,
+                    &self.stats,
+                ) {
+                    Ok(p) => Some((w, wflags, p)),
+                    Err(e) => {
+                        self.inode_quota.give(1);
+                        give_back(&w);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let undo = |wo: &mut Option<(NewInode<'_>, u32, Pending)>| {
+            if let Some((w, _, p)) = wo.take() {
+                self.dirents.cancel(p, dd1, g, &self.stats);
+                self.inode_quota.give(1);
+                give_back(&w);
+            }
+        };
+        let commit = |wo: &mut Option<(NewInode<'_>, u32, Pending)>| {
+            self.commit(rec).inspect_err(|_| undo(wo))
+        };
+        // The whiteout's inode, in the table once the record is committed, and its entry.
+        let install = |wo: Option<(NewInode<'_>, u32, Pending)>| {
+            wo.map(|(w, wflags, p)| {
+                self.install_new(&w, wflags, d1, u32::from(self.replaying()), g);
+                p
+            })
+        };
         let mut freed = None;
         match dst {
             Some(t) if exchange => {
-                self.commit(rec)?;
+                debug_assert!(wo.is_none(), "no whiteout with an exchange");
+                commit(&mut wo)?;
                 self.dirents.rename_visible(
                     k1,
                     dd1,
                     k2,
                     RenameMap::Exchange,
+                    None,
                     g,
                     &self.stats,
                     || {
@@ -261,15 +351,21 @@ impl Filesystem {
                 t.attr.set_c(time, &self.stats);
             }
             Some(t) => {
-                match t.dir() {
-                    Some(td) => self.dirents.decide_removal(td, g, || self.commit(rec))?,
-                    None => self.commit(rec)?,
+                let r = match t.dir() {
+                    Some(td) => self.dirents.decide_removal(td, g, || commit(&mut wo)),
+                    None => commit(&mut wo),
+                };
+                if let Err(e) = r {
+                    undo(&mut wo);
+                    return Err(e);
                 }
+                let wp = install(wo);
                 self.dirents.rename_visible(
                     k1,
                     dd1,
                     k2,
                     RenameMap::Replace,
+                    wp,
                     g,
                     &self.stats,
                     || {
@@ -288,16 +384,30 @@ impl Filesystem {
                 t.attr.set_c(time, &self.stats);
             }
             None => {
-                let pending =
-                    self.dirents
-                        .admit((k2.0, dd2), to_name, src.key(), cookie, g, &self.stats)?;
-                if let Err(e) = self.commit(rec) {
+                let pending = match self.dirents.admit(
+                    (k2.0, dd2),
+                    to_name,
+                    src.key(),
+                    cookie,
+                    g,
+                    &self.stats,
+                ) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        undo(&mut wo);
+                        return Err(e);
+                    }
+                };
+                if let Err(e) = commit(&mut wo) {
                     self.dirents.cancel(pending, dd2, g, &self.stats);
                     return Err(e);
                 }
+                let wp = install(wo);
                 let how = RenameMap::Move(pending);
                 self.dirents
-                    .rename_visible(k1, dd1, k2, how, g, &self.stats, || moves_dir(src, d1, d2));
+                    .rename_visible(k1, dd1, k2, how, wp, g, &self.stats, || {
+                        moves_dir(src, d1, d2)
+                    });
             }
         }
         src.attr.set_c(time, &self.stats);
@@ -352,6 +462,25 @@ impl Filesystem {
             }
         }
         Ok(())
+    }
+
+    /// [`Record::SetFlags`] on the values `v` of an inode, inside its attribute seqlock (the
+    /// live path makes its checks there first; [`Filesystem::replay_flags`] does not).
+    pub(super) fn apply_flags(v: &mut AttrVals, rec: &Record<'_>) {
+        let Record::SetFlags { flags: f, time, .. } = *rec else {
+            unreachable!("apply_flags of {rec:?}")
+        };
+        v.flags = (v.flags & !flags::USER) | f;
+        v.ctime = time;
+    }
+
+    /// [`Record::SetFlags`] as recovery applies it.
+    pub(super) fn replay_flags(&self, rec: &Record<'_>, i: &Inode) -> Result<()> {
+        i.attr.update(&self.stats, |v| {
+            self.commit(rec)?;
+            Self::apply_flags(v, rec);
+            Ok(())
+        })
     }
 
     /// [`Record::Write`] into the locked data `d` of file `i`, whose pages the caller has
@@ -545,9 +674,9 @@ pub(super) struct OwnedAcl {
     pub time: Timespec,
 }
 
-/// The attribute values of a new inode.
-fn new_vals(n: &NewInode<'_>, size: u64) -> AttrVals {
-    let mut f = 0;
+/// The attribute values of a new inode with inode flags `inherited`.
+fn new_vals(n: &NewInode<'_>, size: u64, inherited: u32) -> AttrVals {
+    let mut f = inherited;
     if !n.access_acl.is_empty() {
         f |= flags::ACL | flags::XATTRS;
     }
@@ -567,8 +696,9 @@ fn new_vals(n: &NewInode<'_>, size: u64) -> AttrVals {
     }
 }
 
-/// The inode a [`NewInode`] describes, created in directory `dir` with `refs` references.
-fn new_inode(n: &NewInode<'_>, dir: &Inode, refs: u32) -> Inode {
+/// The inode a [`NewInode`] describes, with inode flags `inherited`, created in directory
+/// `dir` with `refs` references.
+fn new_inode(n: &NewInode<'_>, inherited: u32, dir: &Inode, refs: u32) -> Inode {
     let kind = FileType::from_mode(n.mode).expect("records carry valid types");
     let (body, size, nlink) = match kind {
         FileType::RegularFile => (Body::File(Default::default()), 0, 1),
@@ -576,7 +706,13 @@ fn new_inode(n: &NewInode<'_>, dir: &Inode, refs: u32) -> Inode {
         FileType::Symlink => (Body::Symlink(n.target.into()), n.target.len() as u64, 1),
         _ => (Body::Special { rdev: n.rdev }, 0, 1),
     };
-    Inode::new(n.id, nlink, refs, AttrCell::new(new_vals(n, size)), body)
+    Inode::new(
+        n.id,
+        nlink,
+        refs,
+        AttrCell::new(new_vals(n, size, inherited)),
+        body,
+    )
 }
 
 /// The root directory a new filesystem starts with, before any record.
@@ -596,7 +732,7 @@ pub(super) fn new_root(mode: u32, uid: u32, gid: u32, refs: u32) -> Inode {
         n.id,
         2,
         refs,
-        AttrCell::new(new_vals(&n, 0)),
+        AttrCell::new(new_vals(&n, 0, 0)),
         Body::Dir(DirBody::new(crate::id::InoGen::ROOT)),
     )
 }

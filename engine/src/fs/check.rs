@@ -40,7 +40,8 @@ impl Filesystem {
     /// (directories: 2 + subdirectories); every directory but the root has exactly one name,
     /// in the directory its `..` names; no entry lives in a removed directory; every linked
     /// inode is reachable from the root and the tree has no cycle; unlinked inodes are kept
-    /// only by references; the inode, space and xattr bookkeeping matches what exists.
+    /// only by references; the inode, space and xattr bookkeeping matches what exists; the
+    /// flags word holds known flags only, and 'i' or 'a' only on a regular file or directory.
     pub fn check_invariants(&self) -> Result<CheckReport, String> {
         let g = epoch::pin();
         let mut errs: Vec<String> = Vec::new();
@@ -124,6 +125,15 @@ impl Filesystem {
             }
             let v = i.attr.load();
             let f = v.flags;
+            let known = flags::XATTRS | flags::ACL | flags::DEFAULT_ACL | flags::USER;
+            if f & !known != 0 {
+                errs.push(format!("inode {ino}: unknown flag bits {:#x}", f & !known));
+            }
+            // 'i' and 'a' are set only by `set_flags`, which takes regular files and
+            // directories; other inodes inherit only 'd' and 'A'.
+            if f & flags::FROZEN != 0 && !matches!(i.body, Body::File(_) | Body::Dir(_)) {
+                errs.push(format!("inode {ino}: 'i' or 'a' on a {:?}", i.kind()));
+            }
             if f & flags::XATTRS != 0 {
                 with_xattrs += 1;
                 if !self.xattrs.lock(ino, &self.stats).contains_key(&ino) {

@@ -5,6 +5,15 @@
 //! changes is held: the data lock for writes, truncates and fallocate, the attribute seqlock
 //! for attribute changes (the record is built inside it, from the values it replaces).
 //!
+//! # Inode flags
+//! As the VFS: an immutable file is not opened for writing (its write permission check fails,
+//! EPERM), an append-only one only with `O_APPEND` and never with `O_TRUNC` (`may_open`);
+//! neither has its mode, owner or times set (a touch to "now" is allowed on an append-only
+//! file), its size changed, nor is punched (`may_setattr`, `vfs_truncate`, `vfs_fallocate`).
+//! A file opened for writing before it became immutable or append-only may still be written
+//! through that handle, as on Linux; one the caller opened itself ([`Filesystem::write_inode_flags`])
+//! is checked at each write instead. 'A' stops reads' access-time updates.
+//!
 //! # Privileges a change takes away
 //! As Linux's `file_remove_privs` and `chown`: a write, truncate or fallocate by a caller
 //! without `CAP_FSETID` ([`Ctx::keeps_setid`]) clears set-user-ID, and set-group-ID when the
@@ -20,6 +29,7 @@ use super::apply::OwnedAcl;
 use super::namespace::NewNode;
 use super::{Filesystem, InodeRef, MAX_FILE_SIZE};
 use crate::acl::{ACL_ACCESS_NAME, Acl};
+use crate::attr::flags::{self as attr_flags};
 use crate::attr::{Attr, AttrVals, SetAttr, TimeSet, flags};
 use crate::data::PAGE;
 use crate::errno::{Errno, Result};
@@ -70,8 +80,9 @@ fn setid_killed(ctx: &Ctx, v: &AttrVals) -> u32 {
 enum FileRef {
     /// An open handle from `open` or `create`: its access mode and `O_APPEND` apply.
     Handle(Fh),
-    /// The inode, for a caller that keeps open files itself and has checked the access.
-    Inode(Ino),
+    /// The inode, for a caller that keeps open files itself and has checked the access;
+    /// with the `open(2)` flags of the file, where they matter (a write: `O_APPEND`).
+    Inode(Ino, i32),
 }
 
 impl Filesystem {
@@ -99,6 +110,12 @@ impl Filesystem {
         }
         let v = i.attr.load();
         self.permission(ctx, i, &v, mask)?;
+        // `may_open`: an append-only file is written only through O_APPEND, never truncated.
+        if v.flags & attr_flags::APPEND != 0
+            && (acc != libc::O_RDONLY && flags & libc::O_APPEND == 0 || flags & libc::O_TRUNC != 0)
+        {
+            return Err(Errno::EPERM);
+        }
         if flags & libc::O_NOATIME != 0 && !perm::owner_or_root(ctx, &v) {
             return Err(Errno::EPERM);
         }
@@ -211,7 +228,7 @@ impl Filesystem {
     fn file_inode<'g>(&self, f: FileRef, g: &'g Guard) -> Result<(Option<Handle>, &'g Inode)> {
         match f {
             FileRef::Handle(fh) => self.handle_inode(fh, g).map(|(h, i)| (Some(h), i)),
-            FileRef::Inode(ino) => self.iget(ino, g).map(|i| (None, i)),
+            FileRef::Inode(ino, _) => self.iget(ino, g).map(|i| (None, i)),
         }
     }
 
@@ -230,13 +247,16 @@ impl Filesystem {
         let v = i.attr.load();
         let now = Timespec::now();
         let stale = v.atime <= v.mtime || v.atime <= v.ctime || now.sec - v.atime.sec >= 86_400;
-        if self.cfg.read_only || !stale || v.atime == now {
+        if self.cfg.read_only || !stale || v.atime == now || v.flags & flags::NOATIME != 0 {
             return;
         }
         let Ok(_held) = self.hold(i, g) else {
             return; // freed meanwhile: no atime to keep
         };
         let _ = i.attr.update(&self.stats, |v| {
+            if v.flags & flags::NOATIME != 0 {
+                return Ok(()); // set since the check above
+            }
             let change = AttrChange {
                 atime: Some(now),
                 ..AttrChange::default()
@@ -259,7 +279,7 @@ impl Filesystem {
     /// reading: the FUSE server in FUSE's no-open mode, where the kernel keeps open files and
     /// sends reads by inode.
     pub fn read_inode(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.read_from(FileRef::Inode(ino), offset, buf)
+        self.read_from(FileRef::Inode(ino, libc::O_RDONLY), offset, buf)
     }
 
     fn read_from(&self, f: FileRef, offset: u64, buf: &mut [u8]) -> Result<usize> {
@@ -298,10 +318,27 @@ impl Filesystem {
     }
 
     /// `write` of an open file that the caller tracks itself and has checked is open for
-    /// writing (see [`Filesystem::read_inode`]); `offset` is final (the caller applies
-    /// `O_APPEND`).
+    /// writing (see [`Filesystem::read_inode`]), opened without `O_APPEND`; `offset` is
+    /// final. [`Filesystem::write_inode_flags`] with `O_WRONLY`.
     pub fn write_inode(&self, ctx: &Ctx, ino: Ino, offset: u64, data: &[u8]) -> Result<usize> {
-        self.write_to(ctx, FileRef::Inode(ino), offset, data)
+        self.write_inode_flags(ctx, ino, offset, data, libc::O_WRONLY)
+    }
+
+    /// [`Filesystem::write_inode`] of a file opened with the `open(2)` flags `open_flags`;
+    /// `offset` is final (the caller applies `O_APPEND`). Since the engine did not see the
+    /// open, this refuses what the open would have been refused for: a write to an
+    /// immutable file, or to an append-only one without `O_APPEND` (EPERM). (A file opened
+    /// through [`Filesystem::open`] before it became immutable or append-only may still be
+    /// written, as on Linux.)
+    pub fn write_inode_flags(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        offset: u64,
+        data: &[u8],
+        open_flags: i32,
+    ) -> Result<usize> {
+        self.write_to(ctx, FileRef::Inode(ino, open_flags), offset, data)
     }
 
     fn write_to(&self, ctx: &Ctx, f: FileRef, offset: u64, data: &[u8]) -> Result<usize> {
@@ -370,6 +407,14 @@ impl Filesystem {
             return Err(Errno::EINVAL);
         };
         self.writable()?;
+        if let FileRef::Inode(_, open_flags) = f {
+            let fl = i.attr.flags();
+            if fl & flags::IMMUTABLE != 0
+                || fl & flags::APPEND != 0 && open_flags & libc::O_APPEND == 0
+            {
+                return Err(Errno::EPERM);
+            }
+        }
         if data.is_empty() {
             return Ok((i.ino, offset, 0));
         }
@@ -584,7 +629,7 @@ impl Filesystem {
         offset: u64,
         len: u64,
     ) -> Result<()> {
-        self.fallocate_at(ctx, FileRef::Inode(ino), mode, offset, len)
+        self.fallocate_at(ctx, FileRef::Inode(ino, libc::O_WRONLY), mode, offset, len)
     }
 
     fn fallocate_at(&self, ctx: &Ctx, f: FileRef, mode: i32, offset: u64, len: u64) -> Result<()> {
@@ -624,6 +669,12 @@ impl Filesystem {
             .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(Errno::EFBIG)?;
+        // `vfs_fallocate`: only a plain allocation on an append-only file, nothing on an
+        // immutable one.
+        let fl = i.attr.flags();
+        if punch && fl & flags::APPEND != 0 || fl & flags::IMMUTABLE != 0 {
+            return Err(Errno::EPERM);
+        }
         self.writable()?;
         let _held = self.hold(i, &g)?;
         let mut d = self.stats.write(LockClass::FileData, data);
@@ -776,6 +827,20 @@ fn attr_change(
     now: Timespec,
 ) -> Result<AttrChange> {
     let owner = perm::owner_or_root(ctx, v);
+    // Times: both to now is a "touch" (`ATTR_TOUCH`: write permission will do); an mtime of
+    // now beside a size change is the truncate's own stamp (an `open(O_TRUNC)`); anything
+    // else sets times (`ATTR_TIMES_SET`: the owner only).
+    let now_both = set.atime == Some(TimeSet::Now) && set.mtime == Some(TimeSet::Now);
+    let stamp = set.size.is_some() && set.atime.is_none() && set.mtime == Some(TimeSet::Now);
+    let explicit = (set.atime.is_some() || set.mtime.is_some()) && !now_both && !stamp;
+    // `may_setattr`: no new mode, owner or explicit times for an immutable or append-only
+    // inode, not even to "now" for an immutable one.
+    let frozen = v.flags & flags::FROZEN != 0;
+    if frozen && (set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || explicit)
+        || now_both && v.flags & flags::IMMUTABLE != 0
+    {
+        return Err(Errno::EPERM);
+    }
     if let Some(uid) = set.uid {
         if !(ctx.is_root() || ctx.uid == v.uid && uid == v.uid) {
             return Err(Errno::EPERM);
@@ -786,14 +851,20 @@ fn attr_change(
             return Err(Errno::EPERM);
         }
     }
-    let explicit =
-        matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
-    let touch = matches!(set.atime, Some(TimeSet::Now)) || matches!(set.mtime, Some(TimeSet::Now));
     if (set.mode.is_some() || explicit) && !owner {
         return Err(Errno::EPERM);
     }
-    if touch && !explicit && !owner {
+    if now_both && !owner {
         super::permission_with(ctx, v, acl, MAY_WRITE)?;
+    }
+    // A size change: never of an append-only file; of an immutable one, only through a
+    // file the engine saw opened for writing before the flag was set (as Linux lets an
+    // `ftruncate` through such a file; a path's write permission check refused it already).
+    if set.size.is_some()
+        && (v.flags & flags::APPEND != 0
+            || v.flags & flags::IMMUTABLE != 0 && !matches!(by, Some(TruncateBy::Handle(_))))
+    {
+        return Err(Errno::EPERM);
     }
     let is_reg = v.mode & libc::S_IFMT == libc::S_IFREG;
     let mut mode = v.mode;

@@ -15,6 +15,7 @@
 mod apply;
 mod check;
 mod file;
+mod inode_flags;
 mod namespace;
 mod readdir;
 mod recovery;
@@ -30,7 +31,7 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
-pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_MAX};
+pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SYMLINK_MAX};
 pub use readdir::DirEntry;
 pub use recovery::{Recovery, ReplayError};
 
@@ -515,8 +516,9 @@ impl Filesystem {
     }
 
     /// May `ctx` access inode `i`, whose attributes are `v`, for `mask` (`MAY_READ`,
-    /// `MAY_WRITE`, `MAY_EXEC` bits)? Mode bits, and the access ACL when the inode has one
-    /// (`acl.rs`; root is decided by `perm::check` alone). Every permission check on an inode
+    /// `MAY_WRITE`, `MAY_EXEC` bits)? Never to write an immutable inode (EPERM); otherwise
+    /// mode bits, and the access ACL when the inode has one (`acl.rs`; root is decided by
+    /// `perm::check` alone). Every permission check on an inode
     /// goes through here, or through [`Filesystem::permission_with`] inside the attribute
     /// seqlock.
     pub(crate) fn permission(&self, ctx: &Ctx, i: &Inode, v: &AttrVals, mask: u32) -> Result<()> {
@@ -726,6 +728,10 @@ impl Filesystem {
 /// none or the caller is root), for checks made inside the attribute seqlock, where the xattr
 /// shard lock may not be taken.
 pub(crate) fn permission_with(ctx: &Ctx, v: &AttrVals, acl: Option<&Acl>, mask: u32) -> Result<()> {
+    // `inode_permission`: nobody, root included, may write to an immutable inode.
+    if mask & perm::MAY_WRITE != 0 && v.flags & flags::IMMUTABLE != 0 {
+        return Err(Errno::EPERM);
+    }
     match acl {
         Some(a) if !ctx.is_root() => crate::acl::check(ctx, v, a, mask),
         _ => perm::check(ctx, v, mask),

@@ -1,8 +1,16 @@
 //! Namespace mutations: mknod, mkdir, symlink, create (the creating half), link, unlink,
-//! rmdir, rename. Each resolves its directories, takes the stripe of every name it changes
-//! (`locking.rs`), re-reads the names under the stripes, checks what Linux checks in the
-//! order Linux checks it (so errnos match tmpfs), describes the change as a record and makes
-//! it through `apply.rs`.
+//! rmdir, rename (with `RENAME_WHITEOUT` too). Each resolves its directories, takes the stripe
+//! of every name it changes (`locking.rs`), re-reads the names under the stripes, checks what
+//! Linux checks in the order Linux checks it (so errnos match tmpfs), describes the change as
+//! a record and makes it through `apply.rs`.
+//!
+//! Inode flags, as the VFS applies them: an immutable directory refuses every new or removed
+//! name (its write permission check fails, EPERM), an append-only one every removed name
+//! (`may_delete`); an immutable or append-only inode is not removed, renamed, replaced or
+//! given another name (`may_delete`, `vfs_link`); a new inode inherits its directory's 'd' and
+//! 'A' (a CreateWithFlags record). A whiteout is made as `shmem_whiteout` makes it, by a
+//! `mknod(S_IFCHR, 0)` in the source directory on the caller's behalf, in the rename's own
+//! record, so the source name never names nothing.
 //!
 //! Directories are resolved by number before their stripes are taken, so one may be removed,
 //! and its number taken by a new directory, before the stripes are held. That cannot mix two
@@ -31,6 +39,9 @@ pub const SYMLINK_MAX: usize = 4095;
 pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 /// `rename` flag: atomically exchange source and target (both must exist).
 pub const RENAME_EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+/// `rename` flag: leave a whiteout (a character device 0/0) at the source name, in the same
+/// change (overlayfs's way of hiding a lower file). Not with [`RENAME_EXCHANGE`].
+pub const RENAME_WHITEOUT: u32 = libc::RENAME_WHITEOUT;
 
 /// What kind of inode to create.
 pub(crate) enum NewNode<'a> {
@@ -45,6 +56,19 @@ struct Victim<'a> {
     dir: (&'a Inode, &'a DirBody),
     inode: &'a Inode,
     _locks: [Option<MutexGuard<'a, ()>>; 2],
+}
+
+/// The device number of a whiteout (`WHITEOUT_DEV`): a character device 0/0.
+pub(crate) const WHITEOUT_DEV: u64 = 0;
+
+/// What `may_delete` checks once the directory's permission is granted: not from an
+/// append-only directory (EPERM), and not a victim the sticky rule protects or that is
+/// append-only or immutable (EPERM).
+fn may_delete(ctx: &Ctx, dir: &AttrVals, victim: &AttrVals) -> Result<()> {
+    if dir.flags & flags::APPEND != 0 || victim.flags & flags::FROZEN != 0 {
+        return Err(Errno::EPERM);
+    }
+    perm::check_sticky(ctx, dir, victim)
 }
 
 /// Permission bits and group of a new inode, as `vfs_prepare_mode()`, `posix_acl_create()`
@@ -127,7 +151,13 @@ impl Filesystem {
                 (FileType::Symlink, 0, t)
             }
             NewNode::Special(t, rdev) => {
-                if matches!(t, FileType::CharDevice | FileType::BlockDevice) && !ctx.is_root() {
+                // CAP_MKNOD, except for a whiteout (a character device 0/0), which anyone may
+                // make (`vfs_mknod`).
+                let whiteout = t == FileType::CharDevice && rdev == WHITEOUT_DEV;
+                if matches!(t, FileType::CharDevice | FileType::BlockDevice)
+                    && !whiteout
+                    && !ctx.is_root()
+                {
                     return Err(Errno::EPERM);
                 }
                 (t, rdev, &b""[..])
@@ -166,20 +196,31 @@ impl Filesystem {
             ),
             None => (Vec::new(), Vec::new()),
         };
-        let rec = Record::Create {
-            dir: dir.id(),
-            name,
-            cookie: self.dirents.next_cookie(),
-            inode: NewInode {
-                id: self.ids.alloc(&self.stats)?,
-                mode: ftype.mode_bits() | bits,
-                uid: ctx.uid,
-                gid,
-                rdev,
-                target,
-                time: Timespec::now(),
-                access_acl: &access_acl,
-                default_acl: &default_acl,
+        let inode = NewInode {
+            id: self.ids.alloc(&self.stats)?,
+            mode: ftype.mode_bits() | bits,
+            uid: ctx.uid,
+            gid,
+            rdev,
+            target,
+            time: Timespec::now(),
+            access_acl: &access_acl,
+            default_acl: &default_acl,
+        };
+        let (dir_id, cookie) = (dir.id(), self.dirents.next_cookie());
+        let rec = match dv.flags & flags::INHERITED {
+            0 => Record::Create {
+                dir: dir_id,
+                name,
+                cookie,
+                inode,
+            },
+            inherited => Record::CreateWithFlags {
+                dir: dir_id,
+                name,
+                cookie,
+                inode,
+                flags: inherited,
             },
         };
         let refs = extra_refs + u32::from(ctx.counts_lookups());
@@ -331,7 +372,8 @@ impl Filesystem {
         if d.life.is_dead() {
             return Err(Errno::ENOENT);
         }
-        if src.is_dir() {
+        // `vfs_link`: no new name for an append-only or immutable inode.
+        if src.attr.flags() & flags::FROZEN != 0 || src.is_dir() {
             return Err(Errno::EPERM);
         }
         let rec = Record::Link {
@@ -365,7 +407,7 @@ impl Filesystem {
         let inode = self.iget_named(de, g)?;
         let dv = dir.attr.load();
         self.permission(ctx, dir, &dv, MAY_WRITE | MAY_EXEC)?;
-        perm::check_sticky(ctx, &dv, &inode.attr.load())?;
+        may_delete(ctx, &dv, &inode.attr.load())?;
         Ok(Victim {
             dir: (dir, d),
             inode,
@@ -445,7 +487,8 @@ impl Filesystem {
     }
 
     /// Renames `name` in `parent` to `newname` in `newparent`; `flags` may hold
-    /// [`RENAME_NOREPLACE`] or [`RENAME_EXCHANGE`].
+    /// [`RENAME_NOREPLACE`], [`RENAME_EXCHANGE`] or [`RENAME_WHITEOUT`] (which, as on Linux
+    /// since 5.8, needs no privilege: a whiteout is the one device anyone may make).
     pub fn rename(
         &self,
         ctx: &Ctx,
@@ -474,8 +517,8 @@ impl Filesystem {
         flags: u32,
     ) -> Result<()> {
         let _c = self.begin(Op::Rename);
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 && flags & RENAME_EXCHANGE != 0
         {
             return Err(Errno::EINVAL);
         }
@@ -599,12 +642,12 @@ impl Filesystem {
         // may_delete(source), then may_delete(target) or may_create(target dir).
         let v1 = d1.attr.load();
         self.permission(ctx, d1, &v1, MAY_WRITE | MAY_EXEC)?;
-        perm::check_sticky(ctx, &v1, &src.attr.load())?;
+        may_delete(ctx, &v1, &src.attr.load())?;
         let v2 = d2.attr.load();
         self.permission(ctx, d2, &v2, MAY_WRITE | MAY_EXEC)?;
         match dst {
             Some(t) => {
-                perm::check_sticky(ctx, &v2, &t.attr.load())?;
+                may_delete(ctx, &v2, &t.attr.load())?;
                 if !exchange {
                     if src_is_dir && !dst_is_dir {
                         return Err(Errno::ENOTDIR);
@@ -624,20 +667,69 @@ impl Filesystem {
         if let (true, true, Some(t)) = (cross, exchange && dst_is_dir, dst) {
             self.permission(ctx, t, &t.attr.load(), MAY_WRITE)?;
         }
-        let rec = Record::Rename {
+        let cookie = if dst.is_none() {
+            self.dirents.next_cookie()
+        } else {
+            0
+        };
+        let time = Timespec::now();
+        if flags & RENAME_WHITEOUT == 0 {
+            let rec = Record::Rename {
+                from: d1.id(),
+                from_name: name,
+                to: d2.id(),
+                to_name: newname,
+                inode: src.id(),
+                replaced: dst.map(Inode::id),
+                exchange,
+                cookie,
+                time,
+            };
+            return self.apply_rename(&rec, (d1, dd1), (d2, dd2), src, dst, g);
+        }
+        // The whiteout, made as `shmem_whiteout` makes it: `mknod(S_IFCHR | 0, 0)` in the
+        // source directory by the caller (so its group, ACL and inode flags are what such
+        // a mknod would give), after the target was found removable.
+        if let Some(td) = dst.and_then(Inode::dir) {
+            if self.dirents.count(td, g) != 0 {
+                return Err(Errno::ENOTEMPTY); // checked again, exactly, in the removal
+            }
+        }
+        let kind = NewNode::Special(FileType::CharDevice, WHITEOUT_DEV);
+        let inherited = match v1.flags & flags::DEFAULT_ACL {
+            0 => None,
+            _ => self
+                .default_acl(d1)
+                .map(|def| acl::inherit(Some(&def), 0, 0, false)),
+        };
+        let (bits, gid) = new_owner(ctx, &v1, 0, &kind, inherited.as_ref().map(|i| i.mode));
+        let access_acl = inherited
+            .as_ref()
+            .and_then(|i| i.access.as_ref())
+            .map(acl::Acl::to_xattr)
+            .unwrap_or_default();
+        let rec = Record::RenameWhiteout {
             from: d1.id(),
             from_name: name,
             to: d2.id(),
             to_name: newname,
             inode: src.id(),
             replaced: dst.map(Inode::id),
-            exchange,
-            cookie: if dst.is_none() {
-                self.dirents.next_cookie()
-            } else {
-                0
+            cookie,
+            time,
+            whiteout: NewInode {
+                id: self.ids.alloc(&self.stats)?,
+                mode: libc::S_IFCHR | bits,
+                uid: ctx.uid,
+                gid,
+                rdev: WHITEOUT_DEV,
+                target: b"",
+                time,
+                access_acl: &access_acl,
+                default_acl: b"",
             },
-            time: Timespec::now(),
+            whiteout_cookie: self.dirents.next_cookie(),
+            whiteout_flags: v1.flags & flags::INHERITED,
         };
         self.apply_rename(&rec, (d1, dd1), (d2, dd2), src, dst, g)
     }

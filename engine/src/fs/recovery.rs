@@ -69,9 +69,21 @@ impl Filesystem {
 /// Notes the ids and cookie a replayed record carries, so that fresh ones come after them.
 pub(super) fn observe(fs: &Filesystem, rec: &Record<'_>) {
     match *rec {
-        Record::Create { cookie, inode, .. } => {
+        Record::Create { cookie, inode, .. } | Record::CreateWithFlags { cookie, inode, .. } => {
             fs.ids.observe(inode.id);
             fs.dirents.observe_cookie(cookie);
+        }
+        Record::RenameWhiteout {
+            cookie,
+            whiteout,
+            whiteout_cookie,
+            ..
+        } => {
+            if cookie != 0 {
+                fs.dirents.observe_cookie(cookie);
+            }
+            fs.ids.observe(whiteout.id);
+            fs.dirents.observe_cookie(whiteout_cookie);
         }
         Record::Link { cookie, .. } => fs.dirents.observe_cookie(cookie),
         Record::Rename { cookie, .. } if cookie != 0 => fs.dirents.observe_cookie(cookie),
@@ -140,6 +152,9 @@ impl Recovery {
             }
             Record::Create {
                 dir, name, inode, ..
+            }
+            | Record::CreateWithFlags {
+                dir, name, inode, ..
             } => {
                 let (d, db) = self.dir(dir, &g)?;
                 self.names(d, name, None)?;
@@ -173,7 +188,22 @@ impl Recovery {
                 inode,
                 replaced,
                 ..
+            }
+            | Record::RenameWhiteout {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                ..
             } => {
+                if let Record::RenameWhiteout { whiteout, .. } = rec {
+                    self.new_inode_ok(whiteout, &g)?;
+                    if replaced == Some(inode) {
+                        return err(format!("rename of inode {inode} over itself"));
+                    }
+                }
                 let (d1, dd1) = self.dir(from, &g)?;
                 let (d2, dd2) = self.dir(to, &g)?;
                 self.names(d1, from_name, Some(inode))?;
@@ -194,6 +224,7 @@ impl Recovery {
                 fs.replay_xattr(rec, self.inode(inode, &g)?)
             }
             Record::SetAcl { inode, .. } => fs.replay_acl(rec, self.inode(inode, &g)?),
+            Record::SetFlags { inode, .. } => fs.replay_flags(rec, self.inode(inode, &g)?),
             Record::Free { inode } => {
                 let i = self.inode(inode, &g)?;
                 if i.nlink() != 0 {

@@ -1,5 +1,6 @@
-//! Extended attribute operations, with the permission rules of Linux `xattr_permission`;
-//! the two POSIX ACL names follow the rules of `acl.rs` instead.
+//! Extended attribute operations, with the permission rules of Linux `xattr_permission`
+//! (no change at all to an immutable or append-only inode); the two POSIX ACL names follow
+//! the rules of `acl.rs` beyond that.
 
 use crossbeam_epoch as epoch;
 
@@ -20,6 +21,10 @@ impl Filesystem {
     fn xattr_permission(&self, ctx: &Ctx, i: &Inode, name: &[u8], write: bool) -> Result<()> {
         let denied = if write { Errno::EPERM } else { Errno::ENODATA };
         let v = i.attr.load();
+        // No attribute of an immutable or append-only inode changes, ACLs included.
+        if write && v.flags & flags::FROZEN != 0 {
+            return Err(Errno::EPERM);
+        }
         match namespace(name)? {
             Namespace::Security => {
                 // Through a mount the kernel has checked already (CAP_SETFCAP for file

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use super::{Op, Op::*, T, Who};
+use lanefs::{FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL};
 
 /// A named list of steps with the umask they run under.
 pub struct Case {
@@ -34,6 +35,8 @@ pub fn all() -> Vec<Case> {
         timestamps_follow_posix(),
         extended_attributes(),
         posix_acls(),
+        inode_flags(),
+        rename_whiteout(),
     ]
 }
 
@@ -695,4 +698,380 @@ pub fn posix_acls() -> Case {
     ]));
     steps.extend(user(u1(), vec![Read(s("f"))]));
     Case::new("posix_acl", 0o077, &steps)
+}
+
+fn user(who: Who, ops: Vec<Op>) -> Vec<(Who, Op)> {
+    ops.into_iter().map(|o| (who.clone(), o)).collect()
+}
+
+const IMM: u32 = FS_IMMUTABLE_FL;
+const APP: u32 = FS_APPEND_FL;
+const NODUMP: u32 = FS_NODUMP_FL;
+const NOATIME: u32 = FS_NOATIME_FL;
+/// `FS_SYNC_FL` and `FS_CASEFOLD_FL`: flags tmpfs does not keep (EOPNOTSUPP).
+const SYNC: u32 = 0x8;
+const CASEFOLD: u32 = 0x4000_0000;
+
+/// `chattr` / `lsattr` flags: who may set which, what tmpfs refuses, what an immutable or
+/// append-only file or directory refuses, inheritance, and no atime under 'A'. Only steps
+/// that a mount answers as tmpfs does (an open for writing of an immutable file succeeds
+/// through a mount, whose kernel does not know the flag: `inode_flags_at_open`).
+pub fn inode_flags() -> Case {
+    let ms = 30;
+    let mut steps = as_root(vec![
+        Mkdir(s("d"), 0o777),
+        Create(s("d/f"), 0o666),
+        Write(s("d/f"), 0, b"hello".to_vec()),
+        Chown(s("d/f"), Some(1000), Some(1000)),
+        Mkdir(s("d/sub"), 0o777),
+        Create(s("d/sub/x"), 0o666),
+        Create(s("d/g"), 0o666),
+        Mknod(s("d/fifo"), libc::S_IFIFO | 0o666, 0),
+        Symlink(s("f"), s("d/l")),
+        Chmod(s("d"), 0o777),
+        Chmod(s("d/sub"), 0o777),
+        Chmod(s("d/f"), 0o666),
+        Chmod(s("d/g"), 0o666),
+        Chmod(s("d/sub/x"), 0o666),
+        GetFlags(s("d/f")),
+        GetFlags(s("d")),
+        GetFlags(s("d/fifo")),
+        SetFlags(s("d/fifo"), NODUMP),
+        GetFlags(s("d/l")),
+        SetFlags(s("d/f"), 0x1),
+        SetFlags(s("d/f"), SYNC),
+        SetFlags(s("d/f"), CASEFOLD),
+        SetFlags(s("d/sub"), CASEFOLD),
+        GetXflags(s("d/f")),
+    ]);
+    steps.extend(user(
+        u1(),
+        vec![
+            Stamp("f", s("d/f")),
+            SleepMs(ms),
+            SetFlags(s("d/f"), NODUMP),
+            Changed("f", s("d/f")),
+            GetFlags(s("d/f")),
+            SetFlags(s("d/f"), NODUMP | NOATIME),
+            SetFlags(s("d/f"), APP),
+            SetFlags(s("d/f"), IMM | NODUMP),
+            SetFlags(s("d/f"), SYNC),
+            SetFlags(s("d/f"), SYNC | APP),
+            GetXflags(s("d/f")),
+        ],
+    ));
+    steps.extend(user(
+        u2(),
+        vec![
+            GetFlags(s("d/f")),
+            SetFlags(s("d/f"), 0),
+            SetFlags(s("d/f"), SYNC),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        // FS_IOC_FSSETXATTR: the four flags as xflags; anything else is refused.
+        SetXflags(s("d/f"), 0x80),
+        GetFlags(s("d/f")),
+        SetXflags(s("d/f"), 0x20),
+        SetXflags(s("d/f"), 0x1),
+        SetXflags(s("d/f"), 0),
+        GetFlags(s("d/f")),
+        // Immutable: the owner may keep 'i' while changing the others, not drop it.
+        SetFlags(s("d/f"), IMM | NODUMP),
+    ]));
+    steps.extend(user(
+        u1(),
+        vec![
+            SetFlags(s("d/f"), IMM),
+            GetFlags(s("d/f")),
+            SetFlags(s("d/f"), 0),
+            Write(s("d/f"), 0, b"x".to_vec()),
+            Append(s("d/f"), b"x".to_vec()),
+            Truncate(s("d/f"), 1),
+            Chmod(s("d/f"), 0o600),
+            Chown(s("d/f"), Some(1000), None),
+            Utimens(s("d/f"), T::Now, T::Now),
+            Utimens(s("d/f"), T::At(1, 0), T::Omit),
+            SetXattr(s("d/f"), s("user.k"), b"v".to_vec(), 0),
+            RemoveXattr(s("d/f"), s("user.k")),
+            GetXattr(s("d/f"), s("user.k")),
+            Access(s("d/f"), 4),
+            Read(s("d/f")),
+            Unlink(s("d/f")),
+            Rename(s("d/f"), s("d/f2"), 0),
+            Rename(s("d/g"), s("d/f"), 0),
+            Link(s("d/f"), s("d/f3")),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        Chmod(s("d/f"), 0o600),
+        Unlink(s("d/f")),
+        Truncate(s("d/f"), 0),
+        Write(s("d/f"), 0, b"x".to_vec()),
+        SetXattr(s("d/f"), s("trusted.k"), b"v".to_vec(), 0),
+        Rename(s("d/f"), s("d/f"), 0),
+        Stat(s("d/f")),
+        // Append only.
+        SetFlags(s("d/f"), APP),
+    ]));
+    steps.extend(user(
+        u1(),
+        vec![
+            Write(s("d/f"), 0, b"x".to_vec()),
+            Append(s("d/f"), b"!".to_vec()),
+            Read(s("d/f")),
+            Truncate(s("d/f"), 1),
+            Chmod(s("d/f"), 0o600),
+            Utimens(s("d/f"), T::Now, T::Now),
+            Utimens(s("d/f"), T::Now, T::Omit),
+            Utimens(s("d/f"), T::At(1, 0), T::Omit),
+            Access(s("d/f"), 2),
+            Unlink(s("d/f")),
+            Rename(s("d/f"), s("d/f2"), 0),
+            Link(s("d/f"), s("d/f3")),
+            SetXattr(s("d/f"), s("user.k"), b"v".to_vec(), 0),
+        ],
+    ));
+    steps.extend(user(
+        u2(),
+        vec![
+            Utimens(s("d/f"), T::Now, T::Now),
+            Append(s("d/f"), b"?".to_vec()),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        Stat(s("d/f")),
+        SetFlags(s("d/f"), 0),
+        Write(s("d/f"), 0, b"X".to_vec()),
+        Read(s("d/f")),
+        // An immutable directory.
+        SetFlags(s("d/sub"), IMM),
+    ]));
+    steps.extend(user(
+        u1(),
+        vec![
+            Create(s("d/sub/y"), 0o644),
+            Mkdir(s("d/sub/z"), 0o755),
+            Symlink(s("x"), s("d/sub/s")),
+            Mknod(s("d/sub/p"), libc::S_IFIFO | 0o644, 0),
+            Unlink(s("d/sub/x")),
+            Rename(s("d/sub/x"), s("d/sub/x2"), 0),
+            Rename(s("d/g"), s("d/sub/g"), 0),
+            Rename(s("d/sub/x"), s("d/x"), 0),
+            Link(s("d/g"), s("d/sub/g")),
+            Write(s("d/sub/x"), 0, b"in".to_vec()),
+            ReadDir(s("d/sub")),
+            Unlink(s("d/sub/nothing")),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        Chmod(s("d/sub/x"), 0o600),
+        Rmdir(s("d/sub")),
+        Rename(s("d/sub"), s("d/sub2"), 0),
+        Chmod(s("d/sub"), 0o755),
+        Open(s("d/sub/x"), libc::O_RDONLY | libc::O_CREAT, 0o644),
+        Mkdir(s("d/sub/x"), 0o755),
+        Rename(s("d/sub/x"), s("d/sub/x"), 0),
+        // An append-only directory: entries come, none go.
+        SetFlags(s("d/sub"), APP),
+    ]));
+    steps.extend(user(
+        u1(),
+        vec![
+            Create(s("d/sub/y"), 0o666),
+            Unlink(s("d/sub/y")),
+            Rename(s("d/sub/x"), s("d/sub/x2"), 0),
+            Rename(s("d/g"), s("d/sub/g"), 0),
+            Rename(s("d/sub/g"), s("d/g"), 0),
+            Create(s("d/h"), 0o644),
+            Rename(s("d/h"), s("d/sub/y"), 0),
+            Mkdir(s("d/sub/m"), 0o755),
+            Rmdir(s("d/sub/m")),
+            ReadDir(s("d/sub")),
+        ],
+    ));
+    steps.extend(as_root(vec![
+        Rmdir(s("d/sub")),
+        Chmod(s("d/sub"), 0o755),
+        SetXattr(s("d/sub"), s("user.k"), b"v".to_vec(), 0),
+        // New inodes inherit 'd' and 'A' (not 'a' or 'i').
+        SetFlags(s("d/sub"), APP | NODUMP | NOATIME),
+        Create(s("d/sub/inh"), 0o644),
+        Create(s("d/sub/inh2"), 0o644),
+        Mkdir(s("d/sub/inhd"), 0o755),
+        Symlink(s("inh"), s("d/sub/inhl")),
+        SetFlags(s("d/sub"), NODUMP | NOATIME),
+        GetFlags(s("d/sub/inh")),
+        GetFlags(s("d/sub/inhd")),
+        GetFlags(s("d/sub/inhl")),
+        Create(s("d/sub/inhd/deep"), 0o644),
+        GetFlags(s("d/sub/inhd/deep")),
+        // 'A': reads leave the access time alone. (Each file is read once: through a mount
+        // a second read comes from the kernel's page cache, whatever the flags.)
+        Write(s("d/sub/inh"), 0, b"data".to_vec()),
+        Write(s("d/sub/inh2"), 0, b"data".to_vec()),
+        Utimens(s("d/sub/inh"), T::At(1000, 0), T::At(1000, 0)),
+        Utimens(s("d/sub/inh2"), T::At(1000, 0), T::At(1000, 0)),
+        Stamp("a", s("d/sub/inh")),
+        SleepMs(ms),
+        Read(s("d/sub/inh")),
+        Changed("a", s("d/sub/inh")),
+        SetFlags(s("d/sub/inh2"), 0),
+        Stamp("a", s("d/sub/inh2")),
+        SleepMs(ms),
+        Read(s("d/sub/inh2")),
+        Changed("a", s("d/sub/inh2")),
+        SetFlags(s("d/sub"), 0),
+        Rmdir(s("d/sub/inhd")),
+    ]));
+    Case::new("inode_flags", 0o022, &steps)
+}
+
+/// What an open and `access` see of 'i' and 'a' (kernel comparison only: through a mount the
+/// kernel decides them itself, not knowing the flags, and the writes are refused instead).
+pub fn inode_flags_at_open() -> Case {
+    Case::new(
+        "inode_flags_at_open",
+        0o022,
+        &as_root(vec![
+            Create(s("f"), 0o666),
+            SetFlags(s("f"), IMM),
+            Access(s("f"), 2),
+            Access(s("f"), 4),
+            Open(s("f"), libc::O_WRONLY, 0),
+            Open(s("f"), libc::O_RDWR, 0),
+            Open(s("f"), libc::O_RDONLY, 0),
+            Open(s("f"), libc::O_RDONLY | libc::O_TRUNC, 0),
+            SetFlags(s("f"), APP),
+            Open(s("f"), libc::O_WRONLY, 0),
+            Open(s("f"), libc::O_RDWR, 0),
+            Open(s("f"), libc::O_WRONLY | libc::O_APPEND, 0),
+            Open(s("f"), libc::O_RDWR | libc::O_APPEND, 0),
+            Open(s("f"), libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC, 0),
+            Open(s("f"), libc::O_RDONLY | libc::O_TRUNC, 0),
+            SetFlags(s("f"), 0),
+            Open(s("f"), libc::O_WRONLY | libc::O_TRUNC, 0),
+        ]),
+    )
+}
+
+/// `renameat2(RENAME_WHITEOUT)`: the source name is left naming a new character device 0/0
+/// (mode 0, the caller's owner and the directory's setgid group, an inherited ACL), link
+/// counts, directories, refusals, and plain users (no capability needed).
+pub fn rename_whiteout() -> Case {
+    const W: u32 = libc::RENAME_WHITEOUT;
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    let named = acl(&[
+        (0x01, 6, u32::MAX),
+        (0x02, 7, 1234),
+        (0x04, 5, u32::MAX),
+        (0x10, 7, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ]);
+    let mut steps = as_root(vec![
+        Mkdir(s("s"), 0o755),
+        Mkdir(s("t"), 0o755),
+        Create(s("s/a"), 0o644),
+        Write(s("s/a"), 0, b"x".to_vec()),
+        Stat(s("s")),
+        Rename(s("s/a"), s("s/b"), W),
+        Lstat(s("s/a")),
+        Lstat(s("s/b")),
+        Stat(s("s")),
+        ReadDir(s("s")),
+        Rename(s("s/b"), s("t/b"), W),
+        Lstat(s("s/b")),
+        Stat(s("t")),
+        // Over an existing name (a whiteout), and back.
+        Rename(s("t/b"), s("s/a"), W),
+        Lstat(s("t/b")),
+        Read(s("s/a")),
+        Rename(s("s/a"), s("s/x"), W | libc::RENAME_EXCHANGE),
+        Rename(s("s/a"), s("s/b"), W | libc::RENAME_NOREPLACE),
+        Rename(s("s/a"), s("s/n"), W | libc::RENAME_NOREPLACE),
+        Rename(s("s/nothing"), s("s/q"), W),
+        Rename(s("s/n"), s("s/n"), W),
+        Link(s("s/n"), s("s/n2")),
+        Rename(s("s/n"), s("s/n2"), W),
+        Lstat(s("s/n")),
+        Rename(s("s/n"), s("s/n"), 0x10),
+        // Directories.
+        Mkdir(s("s/dir"), 0o755),
+        Create(s("s/dir/in"), 0o644),
+        Stat(s("s")),
+        Rename(s("s/dir"), s("t/dir"), W),
+        Stat(s("s")),
+        Stat(s("t")),
+        Lstat(s("s/dir")),
+        Stat(s("t/dir/in")),
+        Mkdir(s("t/full"), 0o755),
+        Create(s("t/full/x"), 0o644),
+        Mkdir(s("s/d2"), 0o755),
+        Rename(s("s/d2"), s("t/full"), W),
+        Lstat(s("s/d2")),
+        Mkdir(s("t/empty"), 0o755),
+        Rename(s("s/d2"), s("t/empty"), W),
+        Lstat(s("s/d2")),
+        Stat(s("t/empty")),
+        Stat(s("t")),
+        Mkdir(s("t/dir/sub"), 0o755),
+        Rename(s("t/dir"), s("t/dir/sub/y"), W),
+        ReadDir(s("s")),
+        ReadDir(s("t")),
+        // The whiteout is unlinked and renamed like any device.
+        Unlink(s("s/b")),
+        Rename(s("s/dir"), s("s/w"), 0),
+        Lstat(s("s/w")),
+        // A setgid directory, a sticky one, and one with a default ACL.
+        Mkdir(s("g"), 0o777),
+        Chmod(s("g"), 0o2777),
+        Chown(s("g"), None, Some(3000)),
+        Mkdir(s("st"), 0o777),
+        Chmod(s("st"), 0o1777),
+        Mkdir(s("acl"), 0o777),
+        SetXattr(s("acl"), s(DEFAULT), named, 0),
+        Create(s("acl/x"), 0o644),
+        Rename(s("acl/x"), s("acl/y"), W),
+        Lstat(s("acl/x")),
+        GetXattr(s("acl/x"), s(ACCESS)),
+        // Flags of the directories still apply.
+        Create(s("s/c"), 0o644),
+        SetFlags(s("s"), APP),
+        Rename(s("s/c"), s("s/c2"), W),
+        SetFlags(s("s"), IMM),
+        Rename(s("s/c"), s("s/c2"), W),
+        SetFlags(s("s"), 0),
+        SetFlags(s("s/c"), IMM),
+        Rename(s("s/c"), s("s/c2"), W),
+        SetFlags(s("s/c"), 0),
+    ]);
+    steps.extend(user(
+        u1(),
+        vec![
+            Create(s("g/f"), 0o644),
+            Rename(s("g/f"), s("g/h"), W),
+            Lstat(s("g/f")),
+            Lstat(s("g/h")),
+            Create(s("st/m"), 0o644),
+            Rename(s("s/c"), s("s/z"), W),
+            Mknod(s("g/w"), libc::S_IFCHR, 0),
+            Mknod(s("g/w2"), libc::S_IFCHR | 0o644, 0),
+            Mknod(s("g/w3"), libc::S_IFCHR | 0o644, 0x0103),
+            Mknod(s("g/w4"), libc::S_IFBLK, 0),
+            Lstat(s("g/w")),
+            Lstat(s("g/w2")),
+        ],
+    ));
+    steps.extend(user(
+        u2(),
+        vec![
+            Rename(s("st/m"), s("st/n"), W),
+            Create(s("st/o"), 0o644),
+            Rename(s("st/o"), s("st/p"), W),
+            Lstat(s("st/o")),
+            ReadDir(s("g")),
+        ],
+    ));
+    Case::new("rename_whiteout", 0o022, &steps)
 }

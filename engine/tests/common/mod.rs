@@ -94,7 +94,43 @@ pub enum Op {
     Changed(&'static str, String),
     SameIno(String, String),
     SleepMs(u64),
+    /// open(O_RDONLY|O_NONBLOCK) + ioctl(FS_IOC_GETFLAGS) + close (`lsattr`)
+    GetFlags(String),
+    /// open(O_RDONLY|O_NONBLOCK) + ioctl(FS_IOC_SETFLAGS) + close (`chattr`)
+    SetFlags(String, u32),
+    /// open(O_RDONLY|O_NONBLOCK) + ioctl(FS_IOC_FSGETXATTR) + close: the `fsx_xflags`
+    GetXflags(String),
+    /// open(O_RDONLY|O_NONBLOCK) + ioctl(FS_IOC_FSSETXATTR) + close, with these
+    /// `fsx_xflags` and the other fields 0
+    SetXflags(String, u32),
 }
+
+/// `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` (`_IOR/_IOW('X', 31/32, struct fsxattr)`).
+pub const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+pub const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `FS_IOC_GETFLAGS` and `FS_IOC_SETFLAGS` (`_IOR/_IOW('f', 1/2, long)`).
+pub const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+pub const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+
+/// `struct fsxattr`.
+#[repr(C)]
+#[derive(Default)]
+struct FsXattr {
+    xflags: u32,
+    extsize: u32,
+    nextents: u32,
+    projid: u32,
+    cowextsize: u32,
+    pad: [u8; 8],
+}
+
+/// The `FS_XFLAG_*` of the four `chattr` flags, as `fileattr_fill_flags` maps them.
+pub const XFLAGS: [(u32, u32); 4] = [
+    (lanefs::FS_IMMUTABLE_FL, 0x8),
+    (lanefs::FS_APPEND_FL, 0x10),
+    (lanefs::FS_NODUMP_FL, 0x80),
+    (lanefs::FS_NOATIME_FL, 0x40),
+];
 
 /// What `stat` shows that must match tmpfs (inode numbers and times are compared by
 /// `SameIno` and `Changed` instead).
@@ -118,6 +154,7 @@ pub enum Val {
     Names(Vec<Vec<u8>>),
     Times(bool, bool, bool),
     Bool(bool),
+    Flags(u32),
 }
 
 pub type Outcome = Result<Val, i32>;
@@ -381,6 +418,36 @@ fn ts(t: T) -> libc::timespec {
     }
 }
 
+/// open(O_RDONLY|O_NONBLOCK), one of the four flag ioctls with `v`, close.
+fn flags_ioctl(path: &CString, cmd: u32, v: u32) -> Outcome {
+    // SAFETY: a valid C string, and ioctl arguments that live through the call and have the
+    // size the command's number encodes.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_NONBLOCK);
+        check(fd as i64)?;
+        let mut flags = v as libc::c_int;
+        let mut x = FsXattr {
+            xflags: v,
+            ..FsXattr::default()
+        };
+        let arg: *mut libc::c_void = match cmd {
+            FS_IOC_GETFLAGS | FS_IOC_SETFLAGS => (&raw mut flags).cast(),
+            _ => (&raw mut x).cast(),
+        };
+        let r = libc::ioctl(fd, cmd as _, arg);
+        let e = errno();
+        libc::close(fd);
+        if r < 0 {
+            return Err(e);
+        }
+        Ok(match cmd {
+            FS_IOC_GETFLAGS => Val::Flags(flags as u32),
+            FS_IOC_FSGETXATTR => Val::Flags(x.xflags),
+            _ => Val::Unit,
+        })
+    }
+}
+
 fn kernel_op(base: &Path, op: Op) -> Outcome {
     let p = |r: &str| cstr(&base.join(r));
     // SAFETY: each call gets valid C strings and buffers owned by this frame.
@@ -562,6 +629,10 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(Val::Unit)
             }
+            Op::GetFlags(a) => flags_ioctl(&p(&a), FS_IOC_GETFLAGS, 0),
+            Op::SetFlags(a, f) => flags_ioctl(&p(&a), FS_IOC_SETFLAGS, f),
+            Op::GetXflags(a) => flags_ioctl(&p(&a), FS_IOC_FSGETXATTR, 0),
+            Op::SetXflags(a, x) => flags_ioctl(&p(&a), FS_IOC_FSSETXATTR, x),
             Op::Stamp(..) | Op::Changed(..) => unreachable!("handled by the executor"),
         }
     }
@@ -785,6 +856,36 @@ impl Executor for Lanes {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(Val::Unit)
             }
+            // As the kernel's side: the open(O_RDONLY) needs read permission, then the
+            // ioctl is the inode API's flags call (the FS_IOC_FS*XATTR forms translate the
+            // four flags, and refuse the rest, as the FUSE server does).
+            Op::GetFlags(a) | Op::SetFlags(a, _) | Op::GetXflags(a) | Op::SetXflags(a, _) => {
+                let m = c.metadata(p(&a)).map_err(io_errno)?;
+                c.access(p(&a), libc::R_OK as u32).map_err(io_errno)?;
+                let fs = &self.fs;
+                let r = match op {
+                    Op::GetFlags(_) => fs.get_flags(m.ino()).map(Val::Flags),
+                    Op::SetFlags(_, f) => fs.set_flags(c.ctx(), m.ino(), *f).map(|_| Val::Unit),
+                    Op::GetXflags(_) => fs.get_flags(m.ino()).map(|f| {
+                        let x = XFLAGS.iter().filter(|(fl, _)| f & fl != 0);
+                        Val::Flags(x.map(|(_, x)| x).sum())
+                    }),
+                    Op::SetXflags(_, x) => {
+                        let f: u32 = XFLAGS
+                            .iter()
+                            .filter(|(_, xf)| x & xf != 0)
+                            .map(|(f, _)| f)
+                            .sum();
+                        let known: u32 = XFLAGS.iter().map(|(_, xf)| xf).sum();
+                        // Other common xflags (sync 0x20, dax 0x8000, projinherit 0x200)
+                        // become flags tmpfs refuses.
+                        let other = if x & !known != 0 { 0x8 } else { 0 };
+                        fs.set_flags(c.ctx(), m.ino(), f | other).map(|_| Val::Unit)
+                    }
+                    _ => unreachable!(),
+                };
+                r.map_err(|e| e.0)
+            }
         }
     }
 }
@@ -798,9 +899,13 @@ pub fn compare(
     steps: &[(Who, Op)],
 ) -> usize {
     let mut ok = 0;
+    let show = std::env::var_os("LANEFS_SHOW_STEPS").is_some();
     for (i, (who, op)) in steps.iter().enumerate() {
         let a = k.run(who, op);
         let b = l.run(who, op);
+        if show {
+            eprintln!("{case} {i}: {op:?} as {who:?} -> {}", fmt_outcome(&a));
+        }
         ok += a.is_ok() as usize;
         assert_eq!(
             fmt_outcome(&a),
@@ -835,6 +940,8 @@ pub struct Node {
     pub rdev: u64,
     pub blocks: u64,
     pub times: Option<[Timespec; 3]>,
+    /// `chattr` flags.
+    pub flags: Option<u32>,
     pub content: Vec<u8>,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
@@ -895,6 +1002,7 @@ pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
                 rdev: a.rdev,
                 blocks: a.blocks,
                 times: with_times.then_some([a.atime, a.mtime, a.ctime]),
+                flags: fs.get_flags(ino).ok(),
                 content,
                 xattrs,
             },
