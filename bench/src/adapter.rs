@@ -50,31 +50,68 @@ pub trait Adapter: Send + Sync {
     }
 }
 
-/// In-process adapter: a fresh lanefs filesystem with the given locking mode.
+/// In-process adapter: a fresh lanefs filesystem with the given locking mode, on the memory
+/// store or on a fresh disk store.
 pub struct Engine {
     pub fs: Arc<Filesystem>,
     ctx: Ctx,
+    /// The disk store and its directory (removed when the adapter is dropped).
+    store: Option<(lanefs_store::StoreHandle, PathBuf)>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some((store, dir)) = self.store.take() {
+            drop(store);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl Engine {
     /// A new filesystem, with `prefill` empty files in a directory of their own so that the
-    /// global tables are not measured empty (notes/prototype-crunl.md, note (c)).
+    /// global tables are not measured empty (the prefill note in docs/BENCHMARKS.md).
     pub fn new(locking: Locking, prefill: usize) -> Engine {
+        Engine::with_store(locking, prefill, None).expect("a memory store")
+    }
+
+    /// [`Engine::new`], on a fresh disk store in a new directory under `store` if given.
+    pub fn with_store(
+        locking: Locking,
+        prefill: usize,
+        store: Option<&Path>,
+    ) -> Result<Engine, String> {
         // As many inodes as the table holds: fsmark creates about a million files a second.
-        let fs = Arc::new(Filesystem::new(Config {
+        let cfg = Config {
             locking,
             max_inodes: Some(1 << 27),
             ..Config::default()
-        }));
+        };
+        let (fs, store) = match store {
+            None => (Filesystem::new(cfg), None),
+            Some(parent) => {
+                static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let dir = parent.join(format!("lanefs-bench-store-{}-{n}", std::process::id()));
+                let _ = std::fs::remove_dir_all(&dir);
+                let o = lanefs_store::open(&dir, cfg, lanefs_store::Options::default())
+                    .map_err(|e| e.to_string())?;
+                (o.fs, Some((o.store, dir)))
+            }
+        };
         let ctx = Ctx::root();
-        let e = Engine { fs, ctx };
+        let e = Engine {
+            fs: Arc::new(fs),
+            ctx,
+            store,
+        };
         if prefill > 0 {
             let d = e.mkdir(e.base(), "prefill").expect("prefill dir");
             for i in 0..prefill {
                 e.create(d, &format!("p{i:08}")).expect("prefill");
             }
         }
-        e
+        Ok(e)
     }
 
     fn ino(d: Dir) -> Ino {

@@ -91,6 +91,8 @@ pub enum Target {
     /// In-process, on a fresh engine with this locking mode, through its path API
     /// (`Client`, absolute paths).
     Paths(Locking),
+    /// In-process, through the inode API, on a fresh disk store under this directory.
+    Store(Locking, PathBuf),
     /// System calls under this directory (a lanefs mount, tmpfs, ext4...).
     Path(PathBuf),
     /// No filesystem: each thread inserts and removes its own names in a private hash map.
@@ -104,6 +106,7 @@ impl Target {
         match self {
             Target::Engine(l) => l.name().to_string(),
             Target::Paths(l) => format!("{}/paths", l.name()),
+            Target::Store(l, _) => format!("{}/disk", l.name()),
             Target::Path(p) => p.display().to_string(),
             Target::ShareNothing => "share-nothing".to_string(),
         }
@@ -388,6 +391,15 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
                 0
             },
         ))),
+        Target::Store(l, dir) => Some(Arc::new(Engine::with_store(
+            *l,
+            if matches!(w, Workload::Crunl | Workload::Rndrename) {
+                p.prefill
+            } else {
+                0
+            },
+            Some(dir),
+        )?)),
         Target::Paths(l) => Some(Arc::new(Paths::new(
             *l,
             if matches!(w, Workload::Crunl | Workload::Rndrename) {

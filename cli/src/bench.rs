@@ -35,12 +35,16 @@ pub struct BenchArgs {
     locking: Vec<String>,
     /// In-process APIs, comma-separated: `inode` (the inode API a FUSE server speaks: names
     /// relative to an open directory) and `path` (`Client`: std::fs-style absolute paths,
-    /// walked from the root on every call).
+    /// walked from the root on every call); `none` for only --store and --path runs.
     #[arg(long, value_delimiter = ',', default_value = "inode")]
     api: Vec<String>,
     /// Also run with system calls under these directories (a lanefs mount, a tmpfs, ext4).
     #[arg(long)]
     path: Vec<PathBuf>,
+    /// Also run in-process (inode API, each locking mode) on a fresh disk store in a new
+    /// directory under this one, removed afterwards.
+    #[arg(long)]
+    store: Option<PathBuf>,
     /// Run each seed's "before" and "after" side by side (crunl, rndrename: dirlock vs lanes;
     /// fstree: coarse vs lanes, cold; orc: coarse vs lanes; fsmark: lanes only, the memory
     /// store has no commit to compare) and print a table shaped like the seed's.
@@ -222,8 +226,12 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 targets.push(match api.as_str() {
                     "inode" => Target::Engine(m),
                     "path" => Target::Paths(m),
-                    other => return Err(format!("--api {other}: expected inode or path")),
+                    "none" => continue,
+                    other => return Err(format!("--api {other}: expected inode, path or none")),
                 });
+            }
+            if let Some(dir) = &a.store {
+                targets.push(Target::Store(m, dir.clone()));
             }
         }
         targets.extend(paths.iter().cloned().map(Target::Path));

@@ -103,7 +103,8 @@ fn random_operations_from_many_threads_keep_invariants() {
                     };
                     for _ in 0..1500 {
                         let (a, b) = (name(&mut rng), name(&mut rng));
-                        let r = match rng.random_range(0..12) {
+                        let op = rng.random_range(0..12);
+                        let r = match op {
                             0 | 1 => c
                                 .open(&a, OpenOptions::new().write(true).create_new(true))
                                 .map(drop),
@@ -129,8 +130,11 @@ fn random_operations_from_many_threads_keep_invariants() {
                             _ => c.read_dir(&a).map(drop),
                         };
                         if let Err(e) = r {
+                            // A directory found by `metadata` may be replaced by a file
+                            // before the default ACL is set: EACCES, as Linux says.
+                            let raced_acl = op == 10 && e.raw_os_error() == Some(libc::EACCES);
                             assert!(
-                                expected(&e),
+                                expected(&e) || raced_acl,
                                 "[{}] unexpected error {e:?} on {a} {b}",
                                 locking.name()
                             );

@@ -8,16 +8,21 @@
 //!
 //! **Committing** is one thread's job (the committer). A round: read a stamp `t`; take from
 //! every thread's buffer each record stamped below `t` (records stamped later stay for the
-//! next round); merge them by stamp; write them to the journal as batches and flush
-//! (`journal.rs`); then every record stamped below `t` is durable. Every record stamped
-//! below `t` has been appended before its buffer is taken: its thread read the stamp while
-//! holding the buffer's mutex, which the committer takes after reading `t`.
+//! next round); merge them by stamp (a heap over the buffers, each already in stamp order);
+//! write them to the journal as batches (`journal.rs`); and, if anyone waits, flush: then
+//! every record stamped below `t` is durable. Every record stamped below `t` has been
+//! appended before its buffer is taken: its thread read the stamp while holding the
+//! buffer's mutex, which the committer takes after reading `t`.
 //!
 //! **Group commit**: [`Log::sync`] reads a stamp `s` and waits until the durable stamp
-//! passes it; the committer starts a round as soon as anyone waits (or every commit
-//! interval, or when a buffer grows large), so every thread waiting when a round starts is
-//! served by that round's one flush, and those arriving during it by the next. An fsync
-//! costs the records written since the last round, whatever the number of files.
+//! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
+//! when a round starts is served by that round's one flush, and those arriving during it by
+//! the next. An fsync costs the records written since the last round, whatever the number
+//! of files. Without waiters a round runs every commit interval, or when a buffer grows
+//! past 256 KiB, and writes without flushing (the host writes back in its own time), so
+//! that records do not pile up in memory and a killed process loses at most an interval.
+//! The buffers the committer takes are given back to the threads, so their memory is
+//! reused rather than faulted in afresh.
 //!
 //! **Errors**: a journal write or flush that fails stops the store: the error is kept, every
 //! waiting and later `sync` returns it, and every later append is refused with it, so that
@@ -38,16 +43,28 @@ use parking_lot::{Condvar, Mutex};
 use thread_local::ThreadLocal;
 
 use crate::error::StoreError;
-use crate::journal::Writer;
+use crate::journal::{Payload, Writer};
 use crate::stamp::Clock;
 
 /// A buffer wakes the committer early once it holds this many bytes.
-const WAKE_BYTES: usize = 1 << 20;
+const WAKE_BYTES: usize = 2 << 20;
+/// Records are buffered in chunks of this size, which are never reallocated: a full chunk is
+/// followed by another, and the committer gives them back for reuse.
+const CHUNK: usize = 256 << 10;
+/// Chunks kept for reuse.
+const POOL_CHUNKS: usize = 64;
+/// A record is encoded straight into its thread's chunk when the chunk has this much room.
+const ROOM: usize = 4 << 10;
+/// A round is written in pieces of about this many bytes.
+const PIECE: usize = 4 << 20;
 
-/// One thread's records: `[stamp u64][len u32][record]` each, in stamp order.
+/// One thread's records: `[stamp u64][len u32][record]` each, in stamp order, across its
+/// chunks in order.
 #[derive(Default)]
 struct Buf {
-    bytes: Vec<u8>,
+    chunks: Vec<Vec<u8>>,
+    /// Bytes in `chunks`.
+    bytes: usize,
     /// The committer was woken for this buffer and has not taken it yet.
     kicked: bool,
 }
@@ -79,6 +96,8 @@ pub(crate) struct Log {
     interval: Duration,
     /// Set while the committer runs.
     running: AtomicBool,
+    /// Chunks given back by the committer (threads take one per `CHUNK` bytes appended).
+    free: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Log {
@@ -92,7 +111,18 @@ impl Log {
             stopped: AtomicU32::new(0),
             interval,
             running: AtomicBool::new(false),
+            free: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A chunk with room for `need` bytes.
+    fn chunk(&self, need: usize) -> Vec<u8> {
+        if need <= CHUNK {
+            if let Some(c) = self.free.lock().pop() {
+                return c;
+            }
+        }
+        Vec::with_capacity(need.max(CHUNK))
     }
 
     /// Whether stamps come from the time-stamp counter (else a shared counter).
@@ -108,19 +138,30 @@ impl Log {
             return Err(Errno(stopped as i32));
         }
         let cell = self.bufs.get_or(Default::default);
-        let mut b = cell.lock();
+        let mut guard = cell.lock();
+        let b = &mut *guard;
         let stamp = self.clock.now();
-        let start = b.bytes.len();
-        b.bytes.extend_from_slice(&stamp.to_le_bytes());
-        b.bytes.extend_from_slice(&[0; 4]);
-        rec.encode(&mut b.bytes);
-        let len = (b.bytes.len() - start - 12) as u32;
-        b.bytes[start + 8..start + 12].copy_from_slice(&len.to_le_bytes());
-        let kick = b.bytes.len() >= WAKE_BYTES && !b.kicked;
+        // Encoded in place: a chunk with less than `ROOM` bytes left is followed by a new
+        // one first; a larger record grows its chunk (which then leaves the pool).
+        if b.chunks
+            .last()
+            .is_none_or(|c| c.capacity() - c.len() < ROOM)
+        {
+            b.chunks.push(self.chunk(ROOM));
+        }
+        let c = b.chunks.last_mut().expect("a chunk with room");
+        let start = c.len();
+        c.extend_from_slice(&stamp.to_le_bytes());
+        c.extend_from_slice(&[0; 4]);
+        rec.encode(c);
+        let len = c.len() - start - 12;
+        c[start + 8..start + 12].copy_from_slice(&(len as u32).to_le_bytes());
+        b.bytes += 12 + len;
+        let kick = b.bytes >= WAKE_BYTES && !b.kicked;
         if kick {
             b.kicked = true;
         }
-        drop(b);
+        drop(guard);
         if kick {
             self.state.lock().kicked = true;
             self.work.notify_one();
@@ -153,83 +194,69 @@ impl Log {
 
     /// Runs the committer until [`Log::shutdown`]; then commits what is left and returns.
     pub(crate) fn run(&self, mut writer: Writer) {
-        let mut carry: Vec<(u64, Vec<u8>)> = Vec::new();
-        let mut taken: Vec<Vec<u8>> = Vec::new();
-        let mut spare_bufs: Vec<Vec<u8>> = Vec::new();
+        // Records stamped at or after a round's `t`, kept for the next round, each source
+        // still in stamp order.
+        let mut carry: Vec<Src> = Vec::new();
+        let mut payload = Payload::new();
         loop {
-            let pending = |s: &State| s.requested > s.durable || s.kicked || s.shutdown;
-            let shutdown = {
+            let (flush, shutdown) = {
                 let mut s = self.state.lock();
+                let pending = |s: &State| s.requested > s.durable || s.kicked || s.shutdown;
                 if !pending(&s) {
-                    let timed_out = self.work.wait_for(&mut s, self.interval).timed_out();
-                    if timed_out && !pending(&s) {
-                        // A quiet interval: a commit of what may be buffered, and time to
-                        // prepare the next segment.
-                        drop(s);
-                        if let Err(e) = writer.prepare_spare() {
-                            self.stop(&e);
-                            break;
-                        }
-                        s = self.state.lock();
-                    }
+                    self.work.wait_for(&mut s, self.interval);
                 }
                 s.kicked = false;
-                s.shutdown
+                (s.requested > s.durable || s.shutdown, s.shutdown)
             };
             let t = self.clock.now();
-            // Take every buffer (a thread's records are in stamp order; those stamped at or
-            // after `t` go to `carry` for the next round).
+            let mut srcs = std::mem::take(&mut carry);
             for cell in self.bufs.iter() {
                 let mut b = cell.lock();
-                if b.bytes.is_empty() {
+                if b.bytes == 0 {
                     continue;
                 }
-                let fresh = spare_bufs.pop().unwrap_or_default();
-                taken.push(std::mem::replace(&mut b.bytes, fresh));
+                srcs.push(Src::new(std::mem::take(&mut b.chunks)));
+                b.bytes = 0;
                 b.kicked = false;
             }
-            let mut recs: Vec<(u64, &[u8])> = Vec::new();
-            let mut later: Vec<(u64, Vec<u8>)> = Vec::new();
-            for (stamp, r) in &carry {
-                match *stamp < t {
-                    true => recs.push((*stamp, r)),
-                    false => later.push((*stamp, r.clone())),
+            // Written in pieces of at most `PIECE` bytes, so that the memory a round touches
+            // stays bounded (and warm) however far the committer fell behind.
+            let done = loop {
+                let finished = merge(&mut srcs, t, &mut payload, PIECE);
+                if let Err(e) = writer.write_payload(&mut payload) {
+                    break Err(e);
                 }
-            }
-            for bytes in &taken {
-                let mut at = 0;
-                while at < bytes.len() {
-                    let stamp = u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
-                    let len = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4"));
-                    let r = &bytes[at + 12..at + 12 + len as usize];
-                    match stamp < t {
-                        true => recs.push((stamp, r)),
-                        false => later.push((stamp, r.to_vec())),
-                    }
-                    at += 12 + len as usize;
+                if finished {
+                    break match flush {
+                        true => writer.flush(),
+                        false => Ok(()),
+                    };
                 }
-            }
-            recs.sort_by_key(|&(stamp, _)| stamp);
-            let slices: Vec<&[u8]> = recs.iter().map(|&(_, r)| r).collect();
-            let written = match slices.is_empty() {
-                true => Ok(()),
-                false => writer.write(&slices).map(drop),
             };
-            drop(slices);
-            drop(recs);
-            carry = later;
-            for mut b in taken.drain(..) {
-                b.clear();
-                if b.capacity() <= 4 * WAKE_BYTES {
-                    spare_bufs.push(b);
+            // What is left of each source (stamped at or after `t`) waits for the next
+            // round; the chunks consumed go back to the threads.
+            let mut spent = Vec::new();
+            for src in srcs {
+                if let Some(rest) = src.rest(|n| self.chunk(n), &mut spent) {
+                    carry.push(rest);
                 }
             }
-            match written {
-                Ok(()) => {
+            {
+                let mut free = self.free.lock();
+                for mut c in spent {
+                    if free.len() < POOL_CHUNKS && c.capacity() == CHUNK {
+                        c.clear();
+                        free.push(c);
+                    }
+                }
+            }
+            match done {
+                Ok(()) if flush => {
                     let mut s = self.state.lock();
                     s.durable = s.durable.max(t);
                     self.done.notify_all();
                 }
+                Ok(()) => {}
                 Err(e) => {
                     self.stop(&e);
                     break;
@@ -276,6 +303,124 @@ impl Log {
     pub(crate) fn error(&self) -> Option<Errno> {
         self.state.lock().error
     }
+}
+
+/// The stamp and record length of the entry at `at`.
+#[inline]
+fn entry(run: &[u8], at: usize) -> (u64, usize) {
+    let stamp = u64::from_le_bytes(run[at..at + 8].try_into().expect("8 bytes"));
+    let len = u32::from_le_bytes(run[at + 8..at + 12].try_into().expect("4 bytes"));
+    (stamp, len as usize)
+}
+
+/// One thread's records (or those carried from a round before), in stamp order across its
+/// chunks, with a cursor.
+struct Src {
+    chunks: Vec<Vec<u8>>,
+    ci: usize,
+    at: usize,
+}
+
+impl Src {
+    fn new(chunks: Vec<Vec<u8>>) -> Src {
+        Src {
+            chunks,
+            ci: 0,
+            at: 0,
+        }
+    }
+
+    /// The next record's stamp, if any.
+    #[inline]
+    fn head(&mut self) -> Option<u64> {
+        while self.ci < self.chunks.len() {
+            if self.at < self.chunks[self.ci].len() {
+                return Some(entry(&self.chunks[self.ci], self.at).0);
+            }
+            self.ci += 1;
+            self.at = 0;
+        }
+        None
+    }
+
+    /// Moves the next record to `out`.
+    #[inline]
+    fn take(&mut self, out: &mut Payload) {
+        let c = &self.chunks[self.ci];
+        let (_, len) = entry(c, self.at);
+        out.push(&c[self.at + 12..self.at + 12 + len]);
+        self.at += 12 + len;
+    }
+
+    /// The records not taken, as a source of their own (`chunk` gives a chunk for the rest
+    /// of a partly taken one); the chunks wholly taken go to `spent`.
+    fn rest(
+        mut self,
+        chunk: impl FnOnce(usize) -> Vec<u8>,
+        spent: &mut Vec<Vec<u8>>,
+    ) -> Option<Src> {
+        self.head()?;
+        let mut chunks = Vec::new();
+        let mut it = self.chunks.into_iter().enumerate();
+        for (i, c) in it.by_ref() {
+            if i < self.ci {
+                spent.push(c);
+            } else if self.at == 0 {
+                chunks.push(c);
+                break;
+            } else {
+                let mut r = chunk(c.len() - self.at);
+                r.extend_from_slice(&c[self.at..]);
+                chunks.push(r);
+                spent.push(c);
+                break;
+            }
+        }
+        chunks.extend(it.map(|(_, c)| c));
+        Some(Src::new(chunks))
+    }
+}
+
+/// Moves records stamped below `t` from `srcs` (each in stamp order) to `out`, in one
+/// stamp order: the smallest head first, found by a scan over a few sources or a heap over
+/// many. Stops once `out` holds `limit` bytes; returns whether every such record was moved.
+fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
+    let below = |s: Option<u64>| s.filter(|&x| x < t);
+    if srcs.len() <= 8 {
+        loop {
+            if out.len() >= limit {
+                return false;
+            }
+            let mut best: Option<(u64, usize)> = None;
+            for (i, s) in srcs.iter_mut().enumerate() {
+                if let Some(x) = below(s.head()) {
+                    if best.is_none_or(|(b, _)| x < b) {
+                        best = Some((x, i));
+                    }
+                }
+            }
+            match best {
+                Some((_, i)) => srcs[i].take(out),
+                None => return true,
+            }
+        }
+    }
+    let mut heap = std::collections::BinaryHeap::with_capacity(srcs.len());
+    for (i, s) in srcs.iter_mut().enumerate() {
+        if let Some(x) = below(s.head()) {
+            heap.push(std::cmp::Reverse((x, i)));
+        }
+    }
+    while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
+        if out.len() >= limit {
+            return false;
+        }
+        srcs[i].take(out);
+        if let Some(x) = below(srcs[i].head()) {
+            heap.push(std::cmp::Reverse((x, i)));
+        }
+    }
+    true
 }
 
 /// Runs `log`'s committer on a thread of its own.

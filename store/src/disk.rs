@@ -43,7 +43,7 @@ pub trait Disk: Send + Sync + 'static {
     fn exists(&self, path: &Path) -> bool;
     /// Takes the exclusive lock of `path` (creating the file), held until the returned guard
     /// is dropped; `WouldBlock` if someone holds it.
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send>>;
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>>;
 }
 
 /// An open file of a [`Disk`].
@@ -59,6 +59,21 @@ pub trait DiskFile: Send + Sync {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Makes its contents and size durable.
     fn sync_data(&self) -> io::Result<()>;
+    /// [`DiskFile::write_at`] of whole blocks: `buf`'s address, its length and `off` are
+    /// multiples of [`BLOCK`]. The real disk writes these around the host's page cache
+    /// (`O_DIRECT`, where the host supports it), so that appending to the journal costs no
+    /// copy into, and no zeroing of, cache pages that are never read again.
+    fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        self.write_at(buf, off)
+    }
+    /// Reserves space for its first `len` bytes, reading as zeros where nothing was written
+    /// (`fallocate`; where the host cannot, the same as extending it with zeros).
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        if self.len()? < len {
+            self.set_len(len)?;
+        }
+        Ok(())
+    }
 }
 
 impl dyn DiskFile {
@@ -92,12 +107,16 @@ impl Disk for RealDisk {
     }
 
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn DiskFile>> {
-        let f = OpenOptions::new()
+        let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(create)
             .open(path)?;
-        Ok(Arc::new(f))
+        Ok(Arc::new(RealFile {
+            file,
+            path: path.to_path_buf(),
+            direct: std::sync::OnceLock::new(),
+        }))
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -122,7 +141,7 @@ impl Disk for RealDisk {
         path.exists()
     }
 
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send>> {
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
         use std::os::fd::AsRawFd;
         let f = OpenOptions::new()
             .read(true)
@@ -140,21 +159,72 @@ impl Disk for RealDisk {
     }
 }
 
-impl DiskFile for File {
+/// The unit of [`DiskFile::write_blocks`]: the largest logical block size of common
+/// devices, so that direct writes are aligned for any of them.
+pub const BLOCK: usize = 4096;
+
+/// A file of the host, and (opened at its first block write) a second descriptor of it that
+/// writes around the page cache.
+struct RealFile {
+    file: File,
+    path: PathBuf,
+    /// `None` where the host refuses `O_DIRECT` (tmpfs, some network filesystems).
+    direct: std::sync::OnceLock<Option<File>>,
+}
+
+impl DiskFile for RealFile {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
-        FileExt::read_at(self, buf, off)
+        FileExt::read_at(&self.file, buf, off)
     }
     fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        FileExt::write_all_at(self, buf, off)
+        FileExt::write_all_at(&self.file, buf, off)
+    }
+    fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        use std::os::unix::fs::OpenOptionsExt;
+        debug_assert!(
+            buf.as_ptr() as usize % BLOCK == 0 && buf.len() % BLOCK == 0 && off % BLOCK as u64 == 0
+        );
+        let direct = self.direct.get_or_init(|| {
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.path)
+                .ok()
+        });
+        match direct {
+            Some(d) => match FileExt::write_all_at(d, buf, off) {
+                // A host that takes O_DIRECT at open but not for this write.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.write_at(buf, off),
+                r => r,
+            },
+            None => self.write_at(buf, off),
+        }
     }
     fn len(&self) -> io::Result<u64> {
-        Ok(self.metadata()?.len())
+        Ok(self.file.metadata()?.len())
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
-        File::set_len(self, len)
+        self.file.set_len(len)
     }
     fn sync_data(&self) -> io::Result<()> {
-        File::sync_data(self)
+        self.file.sync_data()
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid descriptor; fallocate with mode 0 only allocates.
+        let r = unsafe { libc::fallocate(self.file.as_raw_fd(), 0, 0, len as libc::off_t) };
+        match r {
+            0 => Ok(()),
+            _ => match io::Error::last_os_error() {
+                e if e.raw_os_error() == Some(libc::EOPNOTSUPP) => {
+                    if self.len()? < len {
+                        self.file.set_len(len)?;
+                    }
+                    Ok(())
+                }
+                e => Err(e),
+            },
+        }
     }
 }
 
@@ -551,7 +621,7 @@ impl Disk for SimDisk {
         s.names.contains_key(path) || s.has_dir(path)
     }
 
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send>> {
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
         let mut s = self.shared.state.lock();
         if s.locked.iter().any(|p| p == path) {
             return Err(io::ErrorKind::WouldBlock.into());

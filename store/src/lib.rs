@@ -134,7 +134,7 @@ pub struct StoreHandle {
     log: Arc<Log>,
     committer: Option<std::thread::JoinHandle<()>>,
     dir: PathBuf,
-    _lock: Box<dyn Send>,
+    _lock: Box<dyn Send + Sync>,
 }
 
 impl std::fmt::Debug for StoreHandle {
@@ -181,7 +181,7 @@ impl Drop for StoreHandle {
 }
 
 /// Takes the store's lock (see the module doc).
-fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send>, StoreError> {
+fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send + Sync>, StoreError> {
     let p = dir.join(LOCK);
     disk.lock(&p).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock => StoreError::Locked { path: p.clone() },
