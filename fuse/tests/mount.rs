@@ -21,15 +21,28 @@ struct Mounted {
     fs: Arc<Filesystem>,
     dir: tempfile::TempDir,
     mount: Option<lanefs_fuse::Mount>,
+    /// The disk store the filesystem lives in, if not memory (closed after the unmount).
+    store: Option<lanefs_store::StoreHandle>,
 }
 
 impl Mounted {
     fn new(cfg: Config, ttl: Duration) -> Mounted {
+        Mounted::serve(Filesystem::new(cfg), None, ttl)
+    }
+
+    /// Mounts the filesystem of the disk store in `store` (made if new).
+    fn on_store(store: &Path, ttl: Duration) -> Mounted {
+        let o = lanefs_store::open(store, Config::default(), lanefs_store::Options::default())
+            .unwrap_or_else(|e| panic!("open the store {}: {e}", store.display()));
+        Mounted::serve(o.fs, Some(o.store), ttl)
+    }
+
+    fn serve(fs: Filesystem, store: Option<lanefs_store::StoreHandle>, ttl: Duration) -> Mounted {
         assert!(
             Path::new("/dev/fuse").exists(),
             "/dev/fuse is missing: these tests need FUSE"
         );
-        let fs = Arc::new(Filesystem::new(cfg));
+        let fs = Arc::new(fs);
         let dir = tempfile::tempdir().unwrap();
         let mc = MountConfig {
             ttl,
@@ -55,6 +68,7 @@ impl Mounted {
             fs,
             dir,
             mount: Some(mount),
+            store,
         }
     }
 
@@ -69,6 +83,9 @@ impl Mounted {
         self.fs
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
+        if let Some(s) = self.store.take() {
+            s.close().expect("close the store");
+        }
     }
 }
 
@@ -138,7 +155,32 @@ fn differential_cases_through_the_mount() {
 fn copy_a_tree_in_and_compare() {
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let src = tempfile::tempdir().unwrap();
-    let s = src.path().display();
+    copy_tree_in(src.path(), m.path());
+    compare_copies(src.path(), m.path());
+    m.unmount_and_check();
+}
+
+/// The same on a disk store, then again after an unmount, the store closed and reopened, and
+/// a new mount: the tree is still identical, bytes and metadata.
+#[test]
+fn a_disk_store_keeps_a_copied_tree_across_remounts() {
+    let store = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let m = Mounted::on_store(store.path(), Duration::from_secs(60));
+    copy_tree_in(src.path(), m.path());
+    compare_copies(src.path(), m.path());
+    m.unmount_and_check();
+    for _ in 0..2 {
+        let m = Mounted::on_store(store.path(), Duration::from_secs(60));
+        compare_copies(src.path(), m.path());
+        m.unmount_and_check();
+    }
+}
+
+/// Makes a tree of every kind of file in `src`, and copies it into `mnt`'s `cp` (with
+/// `cp -a`) and `tar` (with tar).
+fn copy_tree_in(src: &Path, mnt: &Path) {
+    let s = src.display();
     let out = sh(&format!(
         "set -e; cd {s}; mkdir -p a/b/c 'sp ace' x; echo one > a/f; head -c 200000 /dev/urandom > a/b/big; \
          ln a/f a/hard; ln -s ../f a/b/rel; ln -s /nonexistent dangling; chmod 640 a/f; chmod 1777 x; \
@@ -150,7 +192,7 @@ fn copy_a_tree_in_and_compare() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let dst = m.path().display();
+    let dst = mnt.display();
     let out = sh(&format!(
         "cp -a {s}/. {dst}/cp && cd {s} && tar --format=posix -cf - . | (mkdir {dst}/tar && cd {dst}/tar && tar xpf -)"
     ));
@@ -159,6 +201,11 @@ fn copy_a_tree_in_and_compare() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `mnt`'s `cp` and `tar` copies of `src` are identical to it, bytes and metadata.
+fn compare_copies(src: &Path, mnt: &Path) {
+    let (s, dst) = (src.display(), mnt.display());
     for sub in ["cp", "tar"] {
         // diff cannot compare FIFOs; the metadata listing below covers the one here.
         let out = sh(&format!(
@@ -194,7 +241,6 @@ fn copy_a_tree_in_and_compare() {
             .join("\n");
         assert_eq!(want, got, "{sub}: metadata differs");
     }
-    m.unmount_and_check();
 }
 
 /// Many processes create, write, rename and remove in one mount at once.
@@ -697,6 +743,27 @@ fn library_changes_invalidate_the_kernel_caches() {
 /// cases are left out (they remount through `mount(8)`, which needs lanefs on the system PATH).
 #[test]
 fn pjdfstest_passes() {
+    let Some(bin) = pjdfstest() else { return };
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    run_pjdfstest(&bin, m.path());
+    m.unmount_and_check();
+}
+
+/// pjdfstest on a disk store, and again on the same store after an unmount, the store closed
+/// and reopened, and a new mount.
+#[test]
+fn pjdfstest_passes_on_a_disk_store_across_remounts() {
+    let Some(bin) = pjdfstest() else { return };
+    let store = tempfile::tempdir().unwrap();
+    for _ in 0..2 {
+        let m = Mounted::on_store(store.path(), Duration::from_secs(60));
+        run_pjdfstest(&bin, m.path());
+        m.unmount_and_check();
+    }
+}
+
+/// The pjdfstest binary; `None` (having said so) where it is not installed and not required.
+fn pjdfstest() -> Option<PathBuf> {
     let bin = std::env::var_os("LANEFS_PJDFSTEST")
         .map(PathBuf::from)
         .or_else(|| {
@@ -716,9 +783,13 @@ fn pjdfstest_passes() {
             "pjdfstest is required here but not installed"
         );
         eprintln!("pjdfstest not installed (cargo install pjdfstest): NOT RUN");
-        return;
+        return None;
     };
-    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    Some(bin)
+}
+
+/// Runs pjdfstest in the mounted directory `mnt`; fails with its failures.
+fn run_pjdfstest(bin: &Path, mnt: &Path) {
     let work = tempfile::tempdir().unwrap();
     let conf = work.path().join("pjdfstest.toml");
     std::fs::write(
@@ -745,10 +816,10 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
         .arg("-c")
         .arg(&conf)
         .arg("-p")
-        .arg(m.path())
+        .arg(mnt)
         .arg("-s")
         .arg(&secondary)
-        .current_dir(m.path())
+        .current_dir(mnt)
         .output()
         .expect("pjdfstest runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -773,7 +844,6 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
         String::from_utf8_lossy(&out.stderr)
     );
     eprintln!("{}", summary.unwrap_or("no summary"));
-    m.unmount_and_check();
 }
 
 /// A user who does not own a set-user-ID, set-group-ID or file-capability file may still
