@@ -812,7 +812,7 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
     .unwrap();
     let secondary = work.path().join("secondary");
     std::fs::create_dir(&secondary).unwrap();
-    let out = Command::new(&bin)
+    let out = Command::new(bin)
         .arg("-c")
         .arg(&conf)
         .arg("-p")
