@@ -18,7 +18,10 @@
 //! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
 //! when a round starts is served by that round's one flush, and those arriving during it by
 //! the next. An fsync costs the records written since the last round, whatever the number
-//! of files. Without waiters a round runs every commit interval, or when a buffer grows
+//! of files. When syncs overlap (one arrived while the last flush was under way), a round
+//! waits for one more `sync` call, at most the last flush's duration (and 200 µs), before it
+//! starts: otherwise two threads that fsync in turn each get a flush of their own, the one
+//! served by a round arriving just after the next has begun. Without waiters a round runs every commit interval, or when a buffer grows
 //! past 256 KiB, and writes without flushing (the host writes back in its own time), so
 //! that records do not pile up in memory and a killed process loses at most an interval.
 //! The buffers the committer takes are given back to the threads, so their memory is
@@ -35,7 +38,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use lanefs::{Errno, Record};
@@ -55,6 +58,8 @@ const CHUNK: usize = 256 << 10;
 const POOL_CHUNKS: usize = 64;
 /// A record is encoded straight into its thread's chunk when the chunk has this much room.
 const ROOM: usize = 4 << 10;
+/// The longest a flush waits for one more `sync` when syncs overlap.
+const GATHER_MAX: Duration = Duration::from_micros(200);
 /// A round is written in pieces of about this many bytes.
 const PIECE: usize = 4 << 20;
 
@@ -80,6 +85,8 @@ struct State {
     shutdown: bool,
     /// Why the store stopped.
     error: Option<Errno>,
+    /// `sync` calls so far (the committer compares counts to see whether syncs overlap).
+    calls: u64,
 }
 
 /// The record log of a store (see the module doc).
@@ -173,6 +180,7 @@ impl Log {
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
         let t = self.clock.now();
         let mut s = self.state.lock();
+        s.calls += 1;
         loop {
             if let Some(e) = s.error {
                 return Err(e);
@@ -198,15 +206,29 @@ impl Log {
         // still in stamp order.
         let mut carry: Vec<Src> = Vec::new();
         let mut payload = Payload::new();
+        // Whether a sync arrived while the last flush was under way, and how long it took.
+        let (mut overlapped, mut last_flush) = (false, Duration::ZERO);
         loop {
-            let (flush, shutdown) = {
+            let (flush, shutdown, calls) = {
                 let mut s = self.state.lock();
                 let pending = |s: &State| s.requested > s.durable || s.kicked || s.shutdown;
                 if !pending(&s) {
                     self.work.wait_for(&mut s, self.interval);
                 }
+                let flush = s.requested > s.durable || s.shutdown;
+                if flush && overlapped && !s.shutdown {
+                    // Syncs overlap: the threads the last round served are coming back. Wait
+                    // for one more of them (at most a flush's time), so that one flush
+                    // serves them too rather than each getting a round of its own.
+                    let (seen, until) = (s.calls, Instant::now() + last_flush.min(GATHER_MAX));
+                    while s.calls == seen && !s.shutdown {
+                        if self.work.wait_until(&mut s, until).timed_out() {
+                            break;
+                        }
+                    }
+                }
                 s.kicked = false;
-                (s.requested > s.durable || s.shutdown, s.shutdown)
+                (flush, s.shutdown, s.calls)
             };
             let t = self.clock.now();
             let mut srcs = std::mem::take(&mut carry);
@@ -221,6 +243,7 @@ impl Log {
             }
             // Written in pieces of at most `PIECE` bytes, so that the memory a round touches
             // stays bounded (and warm) however far the committer fell behind.
+            let began = Instant::now();
             let done = loop {
                 let finished = merge(&mut srcs, t, &mut payload, PIECE);
                 if let Err(e) = writer.write_payload(&mut payload) {
@@ -254,6 +277,8 @@ impl Log {
                 Ok(()) if flush => {
                     let mut s = self.state.lock();
                     s.durable = s.durable.max(t);
+                    overlapped = s.calls > calls;
+                    last_flush = began.elapsed();
                     self.done.notify_all();
                 }
                 Ok(()) => {}
