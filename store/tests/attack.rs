@@ -290,7 +290,8 @@ struct Run {
 }
 
 /// Runs `threads` threads doing `ops` random operations each on a store on `disk`, taking
-/// crash images at every flush (`modes`, Before and After) if `images` is set.
+/// crash images at every flush (`modes`, Before and After), at most `max_images`.
+#[allow(clippy::too_many_arguments)]
 fn run_workload(
     seed: u64,
     disk: &SimDisk,
@@ -348,7 +349,8 @@ fn run_workload(
                     let own = format!("/t{t}");
                     let prefix = format!("t{t}_");
                     let mut h = History::default();
-                    h.states.push(snapshot(&c, &own, Some(("/shared", &prefix))));
+                    h.states
+                        .push(snapshot(&c, &own, Some(("/shared", &prefix))));
                     h.start.push(0);
                     h.end.push(0);
                     h.labels.push("initial".into());
@@ -374,7 +376,6 @@ fn run_workload(
     disk.clear_hook();
     let final_acked = acked.load(SeqCst);
     drop(c);
-    let fs = Arc::try_unwrap(fs).ok().expect("no other references");
     fs.check_invariants().expect("live filesystem consistent");
     drop(fs);
     o.store.close().expect("clean close");
@@ -390,7 +391,12 @@ fn run_workload(
 /// after some prefix of its operations, every operation that ended before an acknowledged
 /// fsync started is included, and operations that ended before an included one started are
 /// included too (real time order).
-fn check_prefix(fs: Arc<Filesystem>, run: &Run, acked: u64, what: &str) -> Result<Vec<usize>, String> {
+fn check_prefix(
+    fs: Arc<Filesystem>,
+    run: &Run,
+    acked: u64,
+    what: &str,
+) -> Result<Vec<usize>, String> {
     fs.check_invariants()
         .map_err(|e| format!("{what}: invariants: {e}"))?;
     let c = Client::root(fs.clone());
@@ -420,9 +426,13 @@ fn check_prefix(fs: Arc<Filesystem>, run: &Run, acked: u64, what: &str) -> Resul
     }
     // Least fixpoint of the requirements.
     let need_before = |h: &History, tick: u64| -> usize {
-        (0..h.end.len()).rev().find(|&j| h.end[j] < tick).unwrap_or(0)
+        (0..h.end.len())
+            .rev()
+            .find(|&j| h.end[j] < tick)
+            .unwrap_or(0)
     };
     let mut k: Vec<usize> = Vec::with_capacity(n);
+    #[allow(clippy::needless_range_loop)]
     for t in 0..n {
         let req = need_before(&run.histories[t], acked);
         match matches[t].iter().find(|&&x| x >= req) {
@@ -434,7 +444,11 @@ fn check_prefix(fs: Arc<Filesystem>, run: &Run, acked: u64, what: &str) -> Resul
                      ({}) but the recovered state is after op(s) {:?} ({})",
                     h.labels[req],
                     matches[t],
-                    matches[t].iter().map(|&i| h.labels[i].clone()).collect::<Vec<_>>().join("; ")
+                    matches[t]
+                        .iter()
+                        .map(|&i| h.labels[i].clone())
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 ));
             }
         }
@@ -513,8 +527,9 @@ fn short(n: &Node) -> String {
 }
 
 fn crc(d: &[u8]) -> u64 {
-    d.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    d.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 /// Recovers `img` twice (the second open must find exactly what the first left) and checks
@@ -555,9 +570,18 @@ fn recover_and_check(run: &Run, img: &Image, segment_size: u64, what: &str) -> R
     Ok(())
 }
 
-fn crash_attack(base: u64, rounds: u64, threads: usize, ops: usize, segment_size: u64, sync_p: f64) {
+fn crash_attack(
+    base: u64,
+    rounds: u64,
+    threads: usize,
+    ops: usize,
+    segment_size: u64,
+    sync_p: f64,
+) {
     for seed in seeds(rounds, base) {
-        eprintln!("crash attack: ATTACK_SEED={seed} threads={threads} ops={ops} segment_size={segment_size}");
+        eprintln!(
+            "crash attack: ATTACK_SEED={seed} threads={threads} ops={ops} segment_size={segment_size}"
+        );
         let disk = SimDisk::new();
         let modes = [
             Unflushed::Lost,
@@ -583,12 +607,20 @@ fn crash_attack(base: u64, rounds: u64, threads: usize, ops: usize, segment_size
             failures.push(e);
         }
         let _ = run.final_acked;
-        eprintln!("  {} images checked, {} failures", run.images.len() + 1, failures.len());
+        eprintln!(
+            "  {} images checked, {} failures",
+            run.images.len() + 1,
+            failures.len()
+        );
         if !failures.is_empty() {
             for f in failures.iter().take(5) {
                 eprintln!("FAIL {f}");
             }
-            panic!("seed {seed}: {} failures, first: {}", failures.len(), failures[0]);
+            panic!(
+                "seed {seed}: {} failures, first: {}",
+                failures.len(),
+                failures[0]
+            );
         }
     }
 }
@@ -611,4 +643,601 @@ fn power_cut_many_threads_group_commit() {
 #[test]
 fn power_cut_tiny_segments() {
     crash_attack(3000, 2, 3, 50, 8 << 10, 0.15);
+}
+
+/// Reads directory `dir` from `offset`, at most `max` entries (not `.`/`..`); returns the
+/// names and the cookie of the last.
+fn read_some(fs: &Filesystem, dir: Ino, offset: u64, max: usize) -> (Vec<Vec<u8>>, u64) {
+    let ctx = Ctx::root();
+    let fh = fs.opendir(&ctx, dir).expect("opendir");
+    let mut names = Vec::new();
+    let mut last = offset;
+    fs.readdir(&ctx, fh, offset, false, |e, _| {
+        if names.len() >= max {
+            return false;
+        }
+        last = e.offset;
+        if e.name != b"." && e.name != b".." {
+            names.push(e.name.to_vec());
+        }
+        true
+    })
+    .expect("readdir");
+    fs.releasedir(fh).expect("releasedir");
+    (names, last)
+}
+
+/// Attack 3: open, mutate, close cleanly, reopen, 20 times: the state survives exactly;
+/// (ino, generation) never names two different files; a readdir continued after a restart
+/// with a cookie from before it returns the rest, each entry once.
+#[test]
+fn reopen_cycles_keep_state_identity_and_cookies() {
+    for seed in seeds(2, 4000) {
+        eprintln!("reopen attack: ATTACK_SEED={seed}");
+        let disk = SimDisk::new();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut ids: BTreeMap<(u64, u64), String> = BTreeMap::new();
+        let mut expected: Option<Snap> = None;
+        let mut cookie: Option<(Vec<Vec<u8>>, u64)> = None;
+        let mut next_tag = 0u64;
+        for cycle in 0..20 {
+            let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10))
+                .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: open: {e}"));
+            assert_eq!(o.report.created, cycle == 0);
+            let fs = Arc::new(o.fs);
+            fs.check_invariants()
+                .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: {e}"));
+            let c = Client::root(fs.clone());
+            if cycle == 0 {
+                c.create_dir("/t0").unwrap();
+                c.create_dir("/t0/d0").unwrap();
+                c.create_dir("/shared").unwrap();
+                c.create_dir("/tags").unwrap();
+            }
+            let now = snapshot(&c, "/t0", Some(("/shared", "t0_")));
+            if let Some(want) = &expected {
+                assert!(
+                    &now == want,
+                    "seed {seed} cycle {cycle}: state after reopen differs: {:?}",
+                    diff(want, &now)
+                );
+            }
+            // Cookie continued across the restart: the names before it, then the rest, once
+            // each, are exactly the directory's names (it did not change).
+            let tags = c.metadata("/tags").unwrap().ino();
+            if let Some((first, off)) = cookie.take() {
+                let (rest, _) = read_some(&fs, tags, off, usize::MAX);
+                let mut all: Vec<Vec<u8>> = first.iter().chain(rest.iter()).cloned().collect();
+                let n = all.len();
+                all.sort();
+                all.dedup();
+                assert_eq!(
+                    n,
+                    all.len(),
+                    "seed {seed} cycle {cycle}: entry returned twice"
+                );
+                let mut want: Vec<Vec<u8>> = c
+                    .read_dir("/tags")
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.name)
+                    .collect();
+                want.sort();
+                assert_eq!(
+                    all, want,
+                    "seed {seed} cycle {cycle}: readdir across a restart"
+                );
+            }
+            // Identity: tagged files, some removed and some renamed, inode numbers reused.
+            for _ in 0..rng.random_range(1..12) {
+                let names: Vec<Vec<u8>> = c
+                    .read_dir("/tags")
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.name)
+                    .collect();
+                match rng.random_range(0..3) {
+                    0 if !names.is_empty() => {
+                        let n = &names[rng.random_range(0..names.len())];
+                        c.remove_file(format!("/tags/{}", String::from_utf8_lossy(n)))
+                            .unwrap();
+                    }
+                    1 if !names.is_empty() => {
+                        let n = &names[rng.random_range(0..names.len())];
+                        c.rename(
+                            format!("/tags/{}", String::from_utf8_lossy(n)),
+                            format!("/tags/r{next_tag}"),
+                        )
+                        .unwrap();
+                        next_tag += 1;
+                    }
+                    _ => {
+                        let tag = format!("id-{next_tag}");
+                        next_tag += 1;
+                        c.write(format!("/tags/{tag}"), tag.as_bytes()).unwrap();
+                    }
+                }
+            }
+            for e in c.read_dir("/tags").unwrap() {
+                let p = format!("/tags/{}", String::from_utf8_lossy(&e.name));
+                let a = fs.getattr(c.metadata(&p).unwrap().ino()).unwrap();
+                let tag = String::from_utf8(c.read(&p).unwrap()).unwrap();
+                let key = (a.ino.0, a.generation.0);
+                if let Some(old) = ids.insert(key, tag.clone()) {
+                    assert_eq!(
+                        old, tag,
+                        "seed {seed} cycle {cycle}: (ino, generation) {key:?} names two files"
+                    );
+                }
+            }
+            for _ in 0..rng.random_range(5..40) {
+                random_op(&c, 0, &mut rng, 0.05);
+            }
+            expected = Some(snapshot(&c, "/t0", Some(("/shared", "t0_"))));
+            if rng.random_bool(0.7) {
+                cookie = Some(read_some(&fs, tags, 0, rng.random_range(0..6)));
+            }
+            drop(c);
+            fs.check_invariants().unwrap();
+            drop(fs);
+            o.store.close().expect("clean close");
+            // Sometimes the clean close is followed by a power cut: nothing may be lost.
+            if rng.random_bool(0.3) {
+                let d = disk.crash(Unflushed::Lost);
+                let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10))
+                    .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: open after cut: {e}"));
+                let c = Client::root(Arc::new(o.fs));
+                let got = snapshot(&c, "/t0", Some(("/shared", "t0_")));
+                let want = expected.as_ref().unwrap();
+                assert!(
+                    &got == want,
+                    "seed {seed} cycle {cycle}: a clean close was not durable: {:?}",
+                    diff(want, &got)
+                );
+            }
+        }
+    }
+}
+
+/// Attack 4: EIO or ENOSPC at a random point while threads work: no panic, every error is an
+/// errno, and after the failure is over, reopening finds every acknowledged operation.
+#[test]
+fn injected_errors_lose_nothing_acknowledged() {
+    for seed in seeds(8, 5000) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let enospc = rng.random_bool(0.5);
+        let fail_after = rng.random_range(0..60);
+        eprintln!("error attack: ATTACK_SEED={seed} enospc={enospc} after {fail_after} ops");
+        let disk = SimDisk::new();
+        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+        let fs = Arc::new(o.fs);
+        let c = Client::root(fs.clone());
+        c.create_dir("/shared").unwrap();
+        for t in 0..3 {
+            c.create_dir(format!("/t{t}")).unwrap();
+            c.create_dir(format!("/t{t}/d0")).unwrap();
+        }
+        fs.sync_all().unwrap();
+        let done = AtomicU64::new(0);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let errors = Mutex::new(Vec::<String>::new());
+        let histories: Vec<(History, u64)> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..3)
+                .map(|t| {
+                    let (fs, disk, done, failed, errors) =
+                        (fs.clone(), disk.clone(), &done, &failed, &errors);
+                    s.spawn(move || {
+                        let c = Client::root(fs);
+                        let mut rng = StdRng::seed_from_u64(seed * 100 + t as u64);
+                        let prefix = format!("t{t}_");
+                        let own = format!("/t{t}");
+                        let mut h = History::default();
+                        let mut acked = 0;
+                        h.states
+                            .push(snapshot(&c, &own, Some(("/shared", &prefix))));
+                        h.start.push(0);
+                        h.end.push(0);
+                        h.labels.push("initial".into());
+                        for _ in 0..80 {
+                            if done.fetch_add(1, SeqCst) == fail_after && !failed.swap(true, SeqCst)
+                            {
+                                if enospc {
+                                    disk.set_space(Some(disk.used() + rng.random_range(0..20_000)));
+                                } else {
+                                    disk.set_failing(true);
+                                }
+                            }
+                            let st = tick();
+                            let (label, synced) = random_op(&c, t, &mut rng, 0.2);
+                            let en = tick();
+                            if synced == Some(true) {
+                                acked = st;
+                            }
+                            if label.contains("os error")
+                                && !label.contains("os error 2)")
+                                && !label.contains("os error 39)")
+                                && !label.contains("os error 17)")
+                                && !label.contains("os error 20)")
+                                && !label.contains("os error 21)")
+                                && !label.contains("os error 22)")
+                                && !label.contains("os error 61)")
+                            {
+                                errors.lock().push(label.clone());
+                            }
+                            h.states
+                                .push(snapshot(&c, &own, Some(("/shared", &prefix))));
+                            h.start.push(st);
+                            h.end.push(en);
+                            h.labels.push(label);
+                        }
+                        (h, acked)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let errs = errors.lock().clone();
+        for e in &errs {
+            assert!(
+                e.contains("os error 5)") || e.contains("os error 28)"),
+                "seed {seed}: unexpected error {e}"
+            );
+        }
+        let acked = histories.iter().map(|h| h.1).max().unwrap();
+        drop(c);
+        drop(fs);
+        let _ = o.store.close();
+        disk.set_failing(false);
+        disk.set_space(None);
+        let run = Run {
+            histories: histories.into_iter().map(|h| h.0).collect(),
+            images: Vec::new(),
+            final_acked: acked,
+        };
+        for (what, d) in [
+            ("same disk", disk.clone()),
+            ("power cut", disk.crash(Unflushed::Lost)),
+            ("torn", disk.crash(Unflushed::Torn(seed))),
+        ] {
+            let img = Image {
+                label: what.into(),
+                disk: d,
+                acked,
+            };
+            recover_and_check(&run, &img, 16 << 10, &format!("seed {seed} {what}"))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        eprintln!("  {} I/O errors reached callers", errs.len());
+    }
+}
+
+/// Attack: a power cut during recovery itself (while it zeroes a torn tail or commits what
+/// finishing appended), then recovery again: still a prefix with everything acknowledged.
+#[test]
+fn power_cut_during_recovery() {
+    for seed in seeds(2, 6000) {
+        eprintln!("nested crash attack: ATTACK_SEED={seed}");
+        let disk = SimDisk::new();
+        let modes = [Unflushed::Kept, Unflushed::Torn(seed)];
+        let run = run_workload(seed, &disk, 3, 40, 8 << 10, 0.15, &modes, 200);
+        let mut checked = 0;
+        for img in run.images.iter().step_by(3) {
+            let nested = Arc::new(Mutex::new(Vec::<(String, SimDisk)>::new()));
+            {
+                let nested = nested.clone();
+                let mut n = 0;
+                img.disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
+                    n += 1;
+                    for m in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(n)] {
+                        nested
+                            .lock()
+                            .push((format!("recovery flush #{n} {at:?} {m:?}"), d.crash(m)));
+                    }
+                });
+            }
+            let o = open(Path::new(STORE), cfg(), opts(&img.disk, 8 << 10))
+                .unwrap_or_else(|e| panic!("seed {seed} {}: open: {e}", img.label));
+            img.disk.clear_hook();
+            drop(o);
+            for (label, d) in nested.lock().drain(..) {
+                let what = format!("seed {seed} {} then {label}", img.label);
+                let nimg = Image {
+                    label: what.clone(),
+                    disk: d,
+                    acked: img.acked,
+                };
+                recover_and_check(&run, &nimg, 8 << 10, &what).unwrap_or_else(|e| panic!("{e}"));
+                checked += 1;
+            }
+        }
+        eprintln!("  {checked} nested images checked");
+    }
+}
+
+type Step = Box<dyn Fn(&Client, &mut Vec<lanefs::Fh>) -> std::io::Result<bool>>;
+
+/// Runs `steps` on one thread (each returns whether it was an acknowledged sync), with crash
+/// images at every flush, and checks each image against the states after each step.
+fn scripted(name: &str, segment_size: u64, steps: Vec<Step>) {
+    let disk = SimDisk::new();
+    let o = open(Path::new(STORE), cfg(), opts(&disk, segment_size)).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    c.create_dir("/t0").unwrap();
+    c.create_dir("/shared").unwrap();
+    fs.sync_all().unwrap();
+    let acked = Arc::new(AtomicU64::new(0));
+    let images = Arc::new(Mutex::new(Vec::<Image>::new()));
+    {
+        let (acked, images) = (acked.clone(), images.clone());
+        let mut n = 0u64;
+        let name = name.to_string();
+        disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
+            n += 1;
+            for m in [
+                Unflushed::Lost,
+                Unflushed::Kept,
+                Unflushed::Torn(n),
+                Unflushed::Torn(!n),
+            ] {
+                images.lock().push(Image {
+                    label: format!("{name}: flush #{n} {at:?} {m:?}"),
+                    disk: d.crash(m),
+                    acked: acked.load(SeqCst),
+                });
+            }
+        });
+    }
+    let mut h = History::default();
+    let snap = |c: &Client| snapshot(c, "/t0", Some(("/shared", "t0_")));
+    h.states.push(snap(&c));
+    h.start.push(0);
+    h.end.push(0);
+    h.labels.push("initial".into());
+    let mut handles = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let st = tick();
+        let r = step(&c, &mut handles);
+        let en = tick();
+        match r {
+            Ok(true) => {
+                acked.fetch_max(st, SeqCst);
+            }
+            Ok(false) => {}
+            Err(e) => panic!("{name}: step {i} failed: {e}"),
+        }
+        h.states.push(snap(&c));
+        h.start.push(st);
+        h.end.push(en);
+        h.labels.push(format!("step {i}"));
+    }
+    disk.clear_hook();
+    let run = Run {
+        histories: vec![h],
+        images: std::mem::take(&mut *images.lock()),
+        final_acked: acked.load(SeqCst),
+    };
+    let mut failures = Vec::new();
+    for img in &run.images {
+        if let Err(e) = recover_and_check(&run, img, segment_size, &img.label) {
+            failures.push(e);
+        }
+    }
+    // Open handles still held at the cut: recovery frees the orphans.
+    drop(handles);
+    drop(c);
+    drop(fs);
+    o.store.close().unwrap();
+    let fin = Image {
+        label: format!("{name}: clean close"),
+        disk: disk.crash(Unflushed::Lost),
+        acked: u64::MAX,
+    };
+    if let Err(e) = recover_and_check(&run, &fin, segment_size, &fin.label) {
+        failures.push(e);
+    }
+    eprintln!(
+        "{name}: {} images, {} failures",
+        run.images.len() + 1,
+        failures.len()
+    );
+    for f in failures.iter().take(5) {
+        eprintln!("FAIL {f}");
+    }
+    assert!(failures.is_empty(), "{}", failures[0]);
+}
+
+fn ino(c: &Client, p: &str) -> Ino {
+    c.symlink_metadata(p).unwrap().ino()
+}
+
+/// Creates an empty file (one record).
+fn mk(c: &Client, p: &str) -> std::io::Result<bool> {
+    c.open(p, OpenOptions::new().write(true).create_new(true))
+        .map(|_| false)
+}
+
+/// One write (one record).
+fn put(c: &Client, p: &str, off: u64, data: &[u8]) -> std::io::Result<bool> {
+    c.fs()
+        .write_inode(&Ctx::root(), ino(c, p), off, data)
+        .map(|_| false)
+        .map_err(Into::into)
+}
+
+fn fsync(c: &Client, p: &str) -> std::io::Result<bool> {
+    c.fs().fsync_inode(ino(c, p), false)?;
+    Ok(true)
+}
+
+/// Attack 5: an unlinked file still open, written and fsynced; a file truncated down after
+/// an fsync; records larger than a segment; the longest name; hard links across
+/// directories; a directory renamed over an empty one; zero-length files.
+#[test]
+fn power_cut_edge_cases() {
+    let long = "x".repeat(255);
+    let long2 = long.clone();
+    let steps: Vec<Step> = vec![
+        Box::new(|c, _| mk(c, "/t0/a")),
+        Box::new(|c, _| put(c, "/t0/a", 0, &[7u8; 20_000])),
+        Box::new(|c, _| fsync(c, "/t0/a")),
+        Box::new(|c, _| c.truncate("/t0/a", 100).map(|()| false)),
+        Box::new(|c, _| c.truncate("/t0/a", 5000).map(|()| false)),
+        Box::new(|c, _| fsync(c, "/t0/a")),
+        Box::new(|c, h| {
+            let fs = c.fs();
+            let (_, fh) = fs
+                .create(&Ctx::root(), ino(c, "/t0"), b"orphan", 0o644, libc::O_RDWR)
+                .map_err(std::io::Error::from)?;
+            h.push(fh);
+            Ok(false)
+        }),
+        Box::new(|c, h| {
+            c.fs()
+                .write(&Ctx::root(), h[0], 0, &[1u8; 3000])
+                .map(|_| false)
+                .map_err(Into::into)
+        }),
+        Box::new(|c, _| c.hard_link("/t0/orphan", "/shared/t0_link").map(|()| false)),
+        Box::new(|c, _| c.remove_file("/t0/orphan").map(|()| false)),
+        Box::new(|c, _| c.remove_file("/shared/t0_link").map(|()| false)),
+        Box::new(|c, h| c.fs().fsync(h[0], false).map(|()| true).map_err(Into::into)),
+        // A record much larger than a segment.
+        Box::new(|c, _| mk(c, "/t0/big")),
+        Box::new(|c, _| {
+            let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+            put(c, "/t0/big", 0, &data)
+        }),
+        Box::new(|c, _| c.fs().sync_all().map(|()| true).map_err(Into::into)),
+        Box::new(move |c, _| mk(c, &format!("/t0/{long}"))),
+        Box::new(move |c, _| {
+            c.hard_link(format!("/t0/{long2}"), "/shared/t0_l2")
+                .map(|()| false)
+        }),
+        Box::new(|c, _| {
+            let too_long = "y".repeat(256);
+            match c.write(format!("/t0/{too_long}"), b"") {
+                Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => Ok(false),
+                other => panic!("a 256-byte name: {other:?}"),
+            }
+        }),
+        Box::new(|c, _| c.create_dir("/t0/d1").map(|()| false)),
+        Box::new(|c, _| c.create_dir("/t0/d2").map(|()| false)),
+        Box::new(|c, _| mk(c, "/t0/d1/in")),
+        Box::new(|c, _| put(c, "/t0/d1/in", 0, b"inside")),
+        Box::new(|c, _| c.rename("/t0/d1", "/t0/d2").map(|()| false)),
+        Box::new(|c, _| fsync(c, "/t0/d2/in")),
+        Box::new(|c, _| c.truncate("/t0/big", 10).map(|()| false)),
+        Box::new(|c, _| {
+            c.fs()
+                .write_inode(&Ctx::root(), ino(c, "/t0/big"), 1 << 20, b"far")
+                .map(|_| false)
+                .map_err(Into::into)
+        }),
+        Box::new(|c, _| fsync(c, "/t0/big")),
+        Box::new(|c, _| c.rename("/t0/big", "/shared/t0_big").map(|()| false)),
+        Box::new(|c, _| fsync(c, "/shared/t0_big")),
+    ];
+    scripted("edge cases", 8 << 10, steps);
+}
+
+/// Attack: operations of different threads ordered only by the test's own lock (a token
+/// passed around): the recovered files must be a prefix of that order.
+#[test]
+fn power_cut_respects_cross_thread_order() {
+    for seed in seeds(2, 7000) {
+        eprintln!("cross-thread order attack: ATTACK_SEED={seed}");
+        let disk = SimDisk::new();
+        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+        let fs = Arc::new(o.fs);
+        let c = Client::root(fs.clone());
+        c.create_dir("/seq").unwrap();
+        c.write("/counter", b"0").unwrap();
+        fs.sync_all().unwrap();
+        let acked = Arc::new(AtomicU64::new(0));
+        let images = Arc::new(Mutex::new(Vec::<(String, SimDisk, u64)>::new()));
+        {
+            let (acked, images) = (acked.clone(), images.clone());
+            let mut n = 0u64;
+            disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
+                n += 1;
+                for m in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(n ^ seed)] {
+                    images.lock().push((
+                        format!("flush #{n} {at:?} {m:?}"),
+                        d.crash(m),
+                        acked.load(SeqCst),
+                    ));
+                }
+            });
+        }
+        let token = Mutex::new(0u64);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (fs, token, acked) = (fs.clone(), &token, acked.clone());
+                s.spawn(move || {
+                    let c = Client::root(fs.clone());
+                    let mut rng = StdRng::seed_from_u64(seed * 10 + t);
+                    for _ in 0..40 {
+                        let mut v = token.lock();
+                        *v += 1;
+                        // create /seq/<v>, then the counter says v.
+                        c.write(format!("/seq/{}", *v), b"").unwrap();
+                        fs.write_inode(
+                            &Ctx::root(),
+                            ino(&c, "/counter"),
+                            0,
+                            format!("{:08}", *v).as_bytes(),
+                        )
+                        .unwrap();
+                        let mine = *v;
+                        drop(v);
+                        if rng.random_bool(0.2) {
+                            fs.sync_all().unwrap();
+                            acked.fetch_max(mine, SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        disk.clear_hook();
+        let imgs = std::mem::take(&mut *images.lock());
+        let n = imgs.len();
+        for (label, d, acked) in imgs {
+            let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10))
+                .unwrap_or_else(|e| panic!("seed {seed} {label}: {e}"));
+            let c = Client::root(Arc::new(o.fs));
+            c.fs().check_invariants().unwrap();
+            let mut got: Vec<u64> = c
+                .read_dir("/seq")
+                .unwrap()
+                .into_iter()
+                .map(|e| String::from_utf8(e.name).unwrap().parse().unwrap())
+                .collect();
+            got.sort();
+            let k = got.len() as u64;
+            assert_eq!(
+                got,
+                (1..=k).collect::<Vec<_>>(),
+                "seed {seed} {label}: not a prefix"
+            );
+            let counter = c.read("/counter").unwrap();
+            let cv: u64 = std::str::from_utf8(&counter)
+                .unwrap()
+                .trim_end_matches('\0')
+                .parse()
+                .unwrap_or(0);
+            assert!(
+                cv == k || cv + 1 == k,
+                "seed {seed} {label}: counter {cv} with {k} files"
+            );
+            assert!(
+                cv >= acked,
+                "seed {seed} {label}: acknowledged {acked}, recovered {cv}"
+            );
+        }
+        eprintln!("  {n} images checked");
+        drop(c);
+        drop(fs);
+        o.store.close().unwrap();
+    }
 }
