@@ -18,10 +18,11 @@
 //! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
 //! when a round starts is served by that round's one flush, and those arriving during it by
 //! the next. An fsync costs the records written since the last round, whatever the number
-//! of files. When syncs overlap (one arrived while the last flush was under way), a round
-//! waits for one more `sync` call, at most the last flush's duration (and 200 µs), before it
-//! starts: otherwise two threads that fsync in turn each get a flush of their own, the one
-//! served by a round arriving just after the next has begun. Without waiters a round runs every commit interval, or when a buffer grows
+//! of files. A round that flushes first waits, at most the last flush's duration (and
+//! 200 µs), until as many threads wait in `sync` as waited when the last flush ended (those
+//! it served are likely coming back): otherwise threads that fsync in turn each get a flush
+//! of their own, each arriving just after the next round has begun. A lone thread never
+//! waits. Without waiters a round runs every commit interval, or when a buffer grows
 //! past 256 KiB, and writes without flushing (the host writes back in its own time), so
 //! that records do not pile up in memory and a killed process loses at most an interval.
 //! The buffers the committer takes are given back to the threads, so their memory is
@@ -85,8 +86,8 @@ struct State {
     shutdown: bool,
     /// Why the store stopped.
     error: Option<Errno>,
-    /// `sync` calls so far (the committer compares counts to see whether syncs overlap).
-    calls: u64,
+    /// Threads waiting in `sync`.
+    waiting: u32,
 }
 
 /// The record log of a store (see the module doc).
@@ -180,24 +181,26 @@ impl Log {
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
         let t = self.clock.now();
         let mut s = self.state.lock();
-        s.calls += 1;
-        loop {
+        s.waiting += 1;
+        let r = loop {
             if let Some(e) = s.error {
-                return Err(e);
+                break Err(e);
             }
             if s.durable > t {
-                return Ok(());
+                break Ok(());
             }
             if !self.running.load(Relaxed) {
                 // No committer (not started yet, or shut down): nothing can become durable.
-                return Err(Errno::EIO);
+                break Err(Errno::EIO);
             }
             if s.requested <= t {
                 s.requested = t + 1;
                 self.work.notify_one();
             }
             self.done.wait(&mut s);
-        }
+        };
+        s.waiting -= 1;
+        r
     }
 
     /// Runs the committer until [`Log::shutdown`]; then commits what is left and returns.
@@ -206,29 +209,29 @@ impl Log {
         // still in stamp order.
         let mut carry: Vec<Src> = Vec::new();
         let mut payload = Payload::new();
-        // Whether a sync arrived while the last flush was under way, and how long it took.
-        let (mut overlapped, mut last_flush) = (false, Duration::ZERO);
+        // Threads waiting in `sync` when the last flush ended, and how long it took.
+        let (mut expected, mut last_flush) = (0u32, Duration::ZERO);
         loop {
-            let (flush, shutdown, calls) = {
+            let (flush, shutdown) = {
                 let mut s = self.state.lock();
                 let pending = |s: &State| s.requested > s.durable || s.kicked || s.shutdown;
                 if !pending(&s) {
                     self.work.wait_for(&mut s, self.interval);
                 }
                 let flush = s.requested > s.durable || s.shutdown;
-                if flush && overlapped && !s.shutdown {
-                    // Syncs overlap: the threads the last round served are coming back. Wait
-                    // for one more of them (at most a flush's time), so that one flush
-                    // serves them too rather than each getting a round of its own.
-                    let (seen, until) = (s.calls, Instant::now() + last_flush.min(GATHER_MAX));
-                    while s.calls == seen && !s.shutdown {
+                if flush && s.waiting < expected && !s.shutdown {
+                    // The threads the last flush served are likely coming back with syncs of
+                    // their own: wait for as many as waited then (at most a flush's time), so
+                    // that one flush serves them all rather than each a round of its own.
+                    let until = Instant::now() + last_flush.min(GATHER_MAX);
+                    while s.waiting < expected && !s.shutdown {
                         if self.work.wait_until(&mut s, until).timed_out() {
                             break;
                         }
                     }
                 }
                 s.kicked = false;
-                (flush, s.shutdown, s.calls)
+                (flush, s.shutdown)
             };
             let t = self.clock.now();
             let mut srcs = std::mem::take(&mut carry);
@@ -277,7 +280,7 @@ impl Log {
                 Ok(()) if flush => {
                     let mut s = self.state.lock();
                     s.durable = s.durable.max(t);
-                    overlapped = s.calls > calls;
+                    expected = s.waiting;
                     last_flush = began.elapsed();
                     self.done.notify_all();
                 }
