@@ -361,6 +361,9 @@ impl Log {
                     false
                 }
                 Err(e) if out_of_space(&e) && !shutdown => {
+                    // Appends are refused before anyone hears of the failure.
+                    self.budget.store(i64::MIN / 2, Relaxed);
+                    self.mode.fetch_or(LOW, Relaxed);
                     let mut s = self.state.lock();
                     if !s.held {
                         eprintln!(

@@ -721,8 +721,10 @@ impl Writer {
     /// The spare segment, waiting for the one being made, or making it now.
     fn take_spare(&mut self) -> Result<(u64, Arc<dyn DiskFile>), StoreError> {
         if let Some(job) = self.making.take() {
-            let made = job.join().expect("the segment maker does not panic")?;
-            self.spare.get_or_insert(made);
+            // A failed attempt is made again below (space may be back since).
+            if let Ok(made) = job.join().expect("the segment maker does not panic") {
+                self.spare.get_or_insert(made);
+            }
         }
         match self.spare.take() {
             Some(s) => Ok(s),
