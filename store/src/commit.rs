@@ -39,7 +39,9 @@
 //!   those hosts, nothing is dropped in between: the records stay held). What a `sync` waits
 //!   for is durable when it returns `Ok`, never otherwise.
 //! - Space runs short before writes fail: segments are made ahead of need (`journal.rs`),
-//!   and when the next one cannot be made the store is **low** on space. The room left in
+//!   and when the next one cannot be made the store is **low** on space (the committer
+//!   learns it after a round, and waits for the segment being made once the one being
+//!   written has less than twice the reserve left). The room left in
 //!   the segment being written is then a budget: ordinary records may take all of it but
 //!   a **reserve** (an eighth of a segment, at most 4 MiB), and once they have, appends are
 //!   refused with ENOSPC. Records that give space back ([`frees_space`]: unlink and rmdir,
@@ -385,8 +387,10 @@ impl Log {
                     break;
                 }
             };
-            // Whether the next segment can be made decides whether the store is low.
-            match writer.poll_spare() {
+            // Whether the next segment can be made decides whether the store is low. Near the
+            // end of the segment, the committer waits to know.
+            let near_end = writer.room() < 2 * reserve + payload.len() as u64;
+            match writer.poll_spare(near_end) {
                 Spare::Ready => short = false,
                 Spare::Making => {}
                 Spare::Missing => writer.prepare_spare(),

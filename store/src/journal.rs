@@ -689,10 +689,11 @@ impl Writer {
         );
     }
 
-    /// Where the spare segment stands; collects the maker's result if it has finished. After
-    /// [`Spare::Failed`] nothing is being made: [`Writer::prepare_spare`] tries again.
-    pub(crate) fn poll_spare(&mut self) -> Spare {
-        if let Some(job) = self.making.take_if(|j| j.is_finished()) {
+    /// Where the spare segment stands; collects the maker's result if it has finished (or,
+    /// with `wait`, once it has). After [`Spare::Failed`] nothing is being made:
+    /// [`Writer::prepare_spare`] tries again.
+    pub(crate) fn poll_spare(&mut self, wait: bool) -> Spare {
+        if let Some(job) = self.making.take_if(|j| wait || j.is_finished()) {
             match job.join().expect("the segment maker does not panic") {
                 Ok(made) => self.spare = Some(made),
                 Err(e) => return Spare::Failed(e),
