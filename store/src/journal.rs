@@ -1021,6 +1021,42 @@ mod tests {
         }
     }
 
+    /// A write that fails for lack of space leaves the records it did not write in the
+    /// payload, and writing them again once there is room puts every record in the journal
+    /// once, in order.
+    #[test]
+    fn records_not_written_for_lack_of_space_are_written_by_a_later_try() {
+        let d = SimDisk::new();
+        let mut w = writer(&d, 4096);
+        w.write(&[b"first".as_slice()]).unwrap();
+        assert!(matches!(w.poll_spare(true), Spare::Ready));
+        d.set_space(Some(d.used()));
+        // More than the room left in the segment and its spare.
+        let rs = recs(100, 100);
+        let mut p = Payload::new();
+        for r in &rs {
+            p.push(r);
+        }
+        let e = w.write_payload(&mut p).unwrap_err();
+        assert!(out_of_space(&e), "{e}");
+        let left = p.count as usize;
+        assert!(left > 0 && left < rs.len(), "{left} left");
+        let (got, _) = all(&d).unwrap();
+        assert_eq!(got[1..], rs[..rs.len() - left]);
+        // Still no room: the next try fails too, and loses nothing.
+        assert!(out_of_space(&w.write_payload(&mut p).unwrap_err()));
+        assert_eq!(p.count as usize, left);
+        assert!(matches!(w.poll_spare(false), Spare::Missing));
+        d.set_space(None);
+        w.write_payload(&mut p).unwrap();
+        assert_eq!(p.count, 0);
+        w.flush().unwrap();
+        let (got, end) = all(&d).unwrap();
+        assert_eq!(got.len(), rs.len() + 1);
+        assert_eq!(got[1..], rs[..]);
+        assert!(!end.torn);
+    }
+
     /// Offsets of the batches in a segment's bytes.
     fn batch_offsets(bytes: &[u8]) -> Vec<usize> {
         let mut at = SEGMENT_HEADER;
