@@ -772,7 +772,10 @@ fn a_store_in_use_is_refused_in_one_line_after_a_short_wait() {
         stderr(&o)
     );
     assert_eq!(stderr(&o).lines().count(), 1, "one line: {}", stderr(&o));
-    assert!(waited >= Duration::from_millis(4500), "refused after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(4500),
+        "refused after {waited:?}"
+    );
     assert!(!mounted(&mp));
 }
 

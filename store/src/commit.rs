@@ -434,9 +434,7 @@ impl Log {
         } else {
             let buffered: usize = self.bufs.iter().map(|c| c.lock().bytes).sum();
             let carried: usize = carry.iter().map(Src::bytes).sum();
-            writer.room() as i64
-                - reserve as i64
-                - (payload.len() + buffered + carried) as i64
+            writer.room() as i64 - reserve as i64 - (payload.len() + buffered + carried) as i64
         };
         self.budget.store(budget, Relaxed);
         self.mode.fetch_or(LOW, Relaxed);

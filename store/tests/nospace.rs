@@ -112,7 +112,10 @@ fn a_full_disk_refuses_changes_before_they_show_and_the_store_goes_on_when_space
     let c = Client::root(Arc::new(o.fs));
     c.write("/kept", b"durable").unwrap();
     let mut big = c
-        .open("/big", OpenOptions::new().write(true).create(true).append(true))
+        .open(
+            "/big",
+            OpenOptions::new().write(true).create(true).append(true),
+        )
         .unwrap();
     sync(&c).unwrap();
     wait_for_spare(&disk);
@@ -368,9 +371,7 @@ fn a_store_on_a_full_tmpfs_goes_on_once_space_is_freed() {
     let mut acked = Vec::new();
     let mut failed = None;
     for k in 0..2000 {
-        let r = c
-            .write(format!("/f{k}"), data(k))
-            .and_then(|()| sync(&c));
+        let r = c.write(format!("/f{k}"), data(k)).and_then(|()| sync(&c));
         match r {
             Ok(()) => acked.push(k),
             Err(e) => {
