@@ -241,14 +241,40 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
     }
 }
 
+/// How long `mount --store` waits for a store another server holds: an unmount returns
+/// before the old server has closed the store and released its lock.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the store in `dir`, waiting up to [`LOCK_WAIT`] while another server holds it; the
+/// refusal is one line.
+fn open_store(dir: &Path, cfg: Config) -> Result<lanefs_store::Opened, String> {
+    let start = std::time::Instant::now();
+    loop {
+        match lanefs_store::open(dir, cfg.clone(), lanefs_store::Options::default()) {
+            Err(lanefs_store::StoreError::Locked { .. }) if start.elapsed() < LOCK_WAIT => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(lanefs_store::StoreError::Locked { path }) => {
+                return Err(format!(
+                    "{}: the store is in use by another lanefs server (its lock, {}, was \
+                     still held after {} s); unmount it first",
+                    dir.display(),
+                    path.display(),
+                    LOCK_WAIT.as_secs()
+                ));
+            }
+            r => return r.map_err(|e| e.to_string()),
+        }
+    }
+}
+
 /// Mounts and serves; `ready` is told once the mount is in place.
 fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     crate::start_purging();
     let (fs, store) = match &plan.store {
         None => (Filesystem::new(plan.fs), None),
         Some(dir) => {
-            let o = lanefs_store::open(dir, plan.fs, lanefs_store::Options::default())
-                .map_err(|e| e.to_string())?;
+            let o = open_store(dir, plan.fs)?;
             if o.report.torn_tail {
                 eprintln!(
                     "lanefs: {}: dropped a torn journal tail (a commit cut by a crash, never acknowledged)",

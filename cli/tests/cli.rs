@@ -729,3 +729,85 @@ fn a_killed_servers_socket_is_removed_by_the_next_server() {
     unmount(&live);
     unmount(&dead);
 }
+
+/// Takes the lock a store's server holds (`lanefs.lock` in the store's directory), as a
+/// server still closing would; released when the file is dropped.
+fn hold_store_lock(store: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(store).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(store.join("lanefs.lock"))
+        .unwrap();
+    // SAFETY: `f` is an open descriptor for the duration of the call.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(r, 0, "flock: {}", std::io::Error::last_os_error());
+    f
+}
+
+/// A store another server keeps holding is refused after a short wait, in one line that
+/// says why.
+#[test]
+fn a_store_in_use_is_refused_in_one_line_after_a_short_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let _held = hold_store_lock(&store);
+    let start = std::time::Instant::now();
+    let o = lanefs(&[
+        "mount",
+        "--store",
+        store.to_str().unwrap(),
+        mp.to_str().unwrap(),
+    ]);
+    let waited = start.elapsed();
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("in use by another lanefs server"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stderr(&o).lines().count(), 1, "one line: {}", stderr(&o));
+    assert!(
+        waited >= Duration::from_millis(4500),
+        "refused after {waited:?}"
+    );
+    assert!(!mounted(&mp));
+}
+
+/// Mounting a store right after its previous server unmounted waits for that server to
+/// release the store's lock, then mounts.
+#[test]
+fn mounting_waits_for_a_store_being_released() {
+    if !can_mount("mounting_waits_for_a_store_being_released") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let held = hold_store_lock(&store);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        drop(held);
+    });
+    let start = std::time::Instant::now();
+    let o = lanefs(&[
+        "mount",
+        "--background",
+        "--store",
+        store.to_str().unwrap(),
+        mp.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _m = Mounted(mp.clone());
+    assert!(start.elapsed() >= Duration::from_millis(900));
+    release.join().unwrap();
+    std::fs::write(mp.join("hello"), b"world").unwrap();
+    assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
+    unmount(&mp);
+}

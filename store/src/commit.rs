@@ -28,17 +28,50 @@
 //! The buffers the committer takes are given back to the threads, so their memory is
 //! reused rather than faulted in afresh.
 //!
-//! **Errors**: a journal write or flush that fails stops the store: the error is kept, every
-//! waiting and later `sync` returns it, and every later append is refused with it, so that
-//! no change the store could not keep becomes visible after it. (The engine already made the
-//! changes appended before; they stay in memory, and what survives a restart is the journal's
-//! prefix.)
+//! **Errors**: the host's errors are of two kinds (`journal::out_of_space` tells them apart).
+//!
+//! *Out of space* (ENOSPC or EDQUOT writing a batch or making a segment) is not fatal, and
+//! no change is lost to it:
+//! - Records the committer could not write are **held** in memory, in order, and written
+//!   again, first, by every later round: every [`RETRY`] while nothing asks, at once for a
+//!   `sync` and at shutdown. When space is back they are written and the store goes on as if
+//!   nothing happened; a reopen finds them (the journal stays a prefix of the record order).
+//! - While records are held, appends are refused with ENOSPC, *before* the engine makes the
+//!   change visible (`Store::append`), so that nothing new piles up; a `sync` that asks for a
+//!   round which fails for lack of space returns ENOSPC (as `fsync` does on ext4 or xfs when
+//!   writeback fails), and a later one succeeds once the held records are written (unlike
+//!   those hosts, nothing is dropped in between: the records stay held). What a `sync` waits
+//!   for is durable when it returns `Ok`, never otherwise.
+//! - Space runs short before writes fail: segments are made ahead of need (`journal.rs`),
+//!   and when the next one cannot be made the store is **low** on space (the committer
+//!   learns it after a round, and waits for the segment being made once the one being
+//!   written has less than twice the reserve left). The room left in
+//!   the segment being written is then a budget: ordinary records may take all of it but
+//!   a **reserve** (an eighth of a segment, at most 4 MiB), and once they have, appends are
+//!   refused with ENOSPC. Records that give space back ([`frees_space`]: unlink and rmdir,
+//!   the freeing of an inode, truncate, hole punching) are never refused for space, so that
+//!   a user can clean up a full lanefs (as ext4's reserved blocks keep root working); while
+//!   the reserve lasts they are written and durable as ever. The committer tries to make the
+//!   segment again every round; once one is made, the store is no longer low.
+//! - The reserve is a bound, not a promise: records appended before the committer notices
+//!   the shortage are not metered, and records larger than what is left fail their round
+//!   and are held (above).
+//! - At shutdown held records get one last try; if it fails for lack of space they are
+//!   lost (none was acknowledged by a `sync`), and `close` returns ENOSPC.
+//!
+//! *Anything else* (EIO, and any failed flush of the journal, which may have lost pages the
+//! host could not write back) **stops** the store, as ext4's errors=remount-ro does: EIO is
+//! kept, every waiting and later `sync` returns it, and every later append is refused with
+//! it, so that no change the store could not keep becomes visible after it. (The engine made
+//! the changes appended before; they stay in memory, and what survives a restart is the
+//! journal's prefix, which holds every change a `sync` acknowledged.)
 //!
 //! Lock order: a thread's buffer mutex, then nothing; the committer's state mutex, then
-//! nothing. The committer never holds the state mutex while taking buffers or writing.
+//! nothing; the free-chunk pool's mutex, then nothing. The committer never holds the state
+//! mutex while taking buffers or writing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering::*};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -47,8 +80,30 @@ use parking_lot::{Condvar, Mutex};
 use thread_local::ThreadLocal;
 
 use crate::error::StoreError;
-use crate::journal::{Payload, Writer};
+use crate::journal::{Payload, Spare, Writer, out_of_space};
 use crate::stamp::Clock;
+
+/// How often held records are written again while no one asks (module doc, "Errors"); a
+/// shorter commit interval is used instead.
+pub(crate) const RETRY: Duration = Duration::from_millis(50);
+/// The bit of [`Log::mode`] that says the store is low on space (the other bits are the
+/// errno of a stopped store).
+const LOW: u32 = 1 << 31;
+
+/// The reserve kept for records that free space when segments cannot be made (module doc).
+fn reserve(segment_size: u64) -> u64 {
+    (segment_size / 8).min(4 << 20)
+}
+
+/// Whether `rec` is one the reserve is kept for: a change that gives space back, which a
+/// store low on space still takes (module doc, "Errors").
+pub(crate) fn frees_space(rec: &Record<'_>) -> bool {
+    match rec {
+        Record::Remove { .. } | Record::Free { .. } | Record::Punch { .. } => true,
+        Record::SetAttr { change, .. } => change.size.is_some(),
+        _ => false,
+    }
+}
 
 /// A buffer wakes the committer early once it holds this many bytes.
 const WAKE_BYTES: usize = 2 << 20;
@@ -86,6 +141,12 @@ struct State {
     shutdown: bool,
     /// Why the store stopped.
     error: Option<Errno>,
+    /// Records are held: the last round failed for lack of space (module doc, "Errors").
+    held: bool,
+    /// Rounds that failed for lack of space so far.
+    failures: u64,
+    /// Calls of `sync` so far (each one asks for a round, even while records are held).
+    asks: u64,
     /// Threads waiting in `sync`.
     waiting: u32,
 }
@@ -99,8 +160,11 @@ pub(crate) struct Log {
     work: Condvar,
     /// Waiters in `sync` wait here for rounds.
     done: Condvar,
-    /// The errno of a stopped store (0: running), read by every append.
-    stopped: AtomicU32,
+    /// The errno of a stopped store, or [`LOW`] (0: neither), read by every append.
+    mode: AtomicU32,
+    /// While the store is low on space: bytes that records other than those that free space
+    /// may still take (module doc, "Errors").
+    budget: AtomicI64,
     interval: Duration,
     /// Set while the committer runs.
     running: AtomicBool,
@@ -116,7 +180,8 @@ impl Log {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             done: Condvar::new(),
-            stopped: AtomicU32::new(0),
+            mode: AtomicU32::new(0),
+            budget: AtomicI64::new(0),
             interval,
             running: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
@@ -138,12 +203,13 @@ impl Log {
         self.clock.uses_tsc()
     }
 
-    /// Buffers `rec` (see the module doc). Refused once the store has stopped.
+    /// Buffers `rec` (see the module doc). Refused once the store has stopped, and for lack
+    /// of space while it is low (module doc, "Errors").
     #[inline]
     pub(crate) fn append(&self, rec: &Record<'_>) -> lanefs::Result<()> {
-        let stopped = self.stopped.load(Relaxed);
-        if stopped != 0 {
-            return Err(Errno(stopped as i32));
+        let mode = self.mode.load(Relaxed);
+        if mode & !LOW != 0 {
+            return Err(Errno((mode & !LOW) as i32));
         }
         let cell = self.bufs.get_or(Default::default);
         let mut guard = cell.lock();
@@ -163,6 +229,16 @@ impl Log {
         c.extend_from_slice(&[0; 4]);
         rec.encode(c);
         let len = c.len() - start - 12;
+        if mode & LOW != 0 && !frees_space(rec) {
+            // Charged to the budget the committer set; refused (and taken back out of the
+            // buffer) if it does not fit.
+            let size = (12 + len) as i64;
+            if self.budget.fetch_sub(size, Relaxed) < size {
+                self.budget.fetch_add(size, Relaxed);
+                c.truncate(start);
+                return Err(Errno::ENOSPC);
+            }
+        }
         c[start + 8..start + 12].copy_from_slice(&(len as u32).to_le_bytes());
         b.bytes += 12 + len;
         let kick = b.bytes >= WAKE_BYTES && !b.kicked;
@@ -178,10 +254,13 @@ impl Log {
     }
 
     /// Waits until every record appended before the call is durable (see the module doc).
+    /// ENOSPC if a round fails for lack of space meanwhile (module doc, "Errors").
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
         let t = self.clock.now();
         let mut s = self.state.lock();
         s.waiting += 1;
+        let failures = s.failures;
+        let mut asked = false;
         let r = loop {
             if let Some(e) = s.error {
                 break Err(e);
@@ -189,9 +268,19 @@ impl Log {
             if s.durable > t {
                 break Ok(());
             }
+            if s.failures != failures {
+                break Err(Errno::ENOSPC);
+            }
             if !self.running.load(Relaxed) {
                 // No committer (not started yet, or shut down): nothing can become durable.
                 break Err(Errno::EIO);
+            }
+            if !asked {
+                asked = true;
+                s.asks += 1;
+                if s.held {
+                    self.work.notify_one();
+                }
             }
             if s.requested <= t {
                 s.requested = t + 1;
@@ -208,18 +297,27 @@ impl Log {
         // Records stamped at or after a round's `t`, kept for the next round, each source
         // still in stamp order.
         let mut carry: Vec<Src> = Vec::new();
+        // Records of a round that failed for lack of space (held), then those of this round.
         let mut payload = Payload::new();
         // Threads waiting in `sync` when the last flush ended, and how long it took.
         let (mut expected, mut last_flush) = (0u32, Duration::ZERO);
+        let reserve = reserve(writer.segment_size());
+        // `sync` calls seen, and whether the next segment could not be made.
+        let mut asks = 0;
+        let mut short = false;
         loop {
             let (flush, shutdown) = {
                 let mut s = self.state.lock();
-                let pending = |s: &State| s.requested > s.durable || s.kicked || s.shutdown;
-                if !pending(&s) {
+                if s.held {
+                    // Written again every `RETRY`, or at once when someone asks.
+                    if s.asks == asks && !s.shutdown {
+                        self.work.wait_for(&mut s, self.interval.min(RETRY));
+                    }
+                } else if !(s.requested > s.durable || s.kicked || s.shutdown) {
                     self.work.wait_for(&mut s, self.interval);
                 }
                 let flush = s.requested > s.durable || s.shutdown;
-                if flush && s.waiting < expected && !s.shutdown {
+                if flush && !s.held && s.waiting < expected && !s.shutdown {
                     // The threads the last flush served are likely coming back with syncs of
                     // their own: wait for as many as waited then (at most a flush's time), so
                     // that one flush serves them all rather than each a round of its own.
@@ -230,6 +328,7 @@ impl Log {
                         }
                     }
                 }
+                asks = s.asks;
                 s.kicked = false;
                 (flush, s.shutdown)
             };
@@ -276,19 +375,69 @@ impl Log {
                     }
                 }
             }
-            match done {
-                Ok(()) if flush => {
+            let held = match done {
+                Ok(()) => {
                     let mut s = self.state.lock();
-                    s.durable = s.durable.max(t);
-                    expected = s.waiting;
-                    last_flush = began.elapsed();
-                    self.done.notify_all();
+                    if s.held {
+                        eprintln!("lanefs: the journal has room again; held records written");
+                    }
+                    s.held = false;
+                    if flush {
+                        s.durable = s.durable.max(t);
+                        expected = s.waiting;
+                        last_flush = began.elapsed();
+                        self.done.notify_all();
+                    }
+                    false
                 }
-                Ok(()) => {}
+                Err(e) if out_of_space(&e) && !shutdown => {
+                    // Appends are refused before anyone hears of the failure.
+                    self.budget.store(i64::MIN / 2, Relaxed);
+                    self.mode.fetch_or(LOW, Relaxed);
+                    let mut s = self.state.lock();
+                    if !s.held {
+                        eprintln!(
+                            "lanefs: the journal is out of space, records are held and \
+                             changes refused until there is room: {e}"
+                        );
+                    }
+                    s.held = true;
+                    s.failures += 1;
+                    self.done.notify_all();
+                    true
+                }
                 Err(e) => {
-                    self.stop(&e);
+                    let errno = match out_of_space(&e) {
+                        true => Errno::ENOSPC,
+                        false => Errno::EIO,
+                    };
+                    self.stop(&e, errno);
                     break;
                 }
+            };
+            // Whether the next segment can be made decides whether the store is low. Near the
+            // end of the segment, the committer waits to know.
+            let near_end = writer.room() < 2 * reserve + payload.len() as u64;
+            match writer.poll_spare(near_end) {
+                Spare::Ready => short = false,
+                Spare::Making => {}
+                Spare::Missing => writer.prepare_spare(),
+                Spare::Failed(e) if out_of_space(&e) => {
+                    if !short {
+                        eprintln!("lanefs: no room for the next journal segment: {e}");
+                    }
+                    short = true;
+                    writer.prepare_spare();
+                }
+                Spare::Failed(e) => {
+                    self.stop(&e, Errno::EIO);
+                    break;
+                }
+            }
+            if held || short {
+                self.set_low(held, &writer, reserve, &payload, &carry);
+            } else {
+                self.mode.fetch_and(!LOW, Relaxed);
             }
             if shutdown && carry.is_empty() {
                 break;
@@ -304,18 +453,25 @@ impl Log {
         self.running.store(true, Relaxed);
     }
 
-    /// Stops the store after a journal error (see the module doc).
-    fn stop(&self, e: &StoreError) {
-        let errno = match e {
-            StoreError::Io { source, .. } => match source.raw_os_error() {
-                Some(libc::ENOSPC) => Errno::ENOSPC,
-                Some(libc::EDQUOT) => Errno::ENOSPC,
-                _ => Errno::EIO,
-            },
-            _ => Errno::EIO,
+    /// Meters appends while the store is low on space: the budget is the room left in the
+    /// segment being written, less the reserve and what is buffered or held (nothing while
+    /// records are held).
+    fn set_low(&self, held: bool, writer: &Writer, reserve: u64, payload: &Payload, carry: &[Src]) {
+        let budget = if held {
+            i64::MIN / 2
+        } else {
+            let buffered: usize = self.bufs.iter().map(|c| c.lock().bytes).sum();
+            let carried: usize = carry.iter().map(Src::bytes).sum();
+            writer.room() as i64 - reserve as i64 - (payload.len() + buffered + carried) as i64
         };
+        self.budget.store(budget, Relaxed);
+        self.mode.fetch_or(LOW, Relaxed);
+    }
+
+    /// Stops the store after a journal error (see the module doc).
+    fn stop(&self, e: &StoreError, errno: Errno) {
         eprintln!("lanefs: the store stopped: {e}");
-        self.stopped.store(errno.0 as u32, Relaxed);
+        self.mode.store(errno.0 as u32, Relaxed);
         let mut s = self.state.lock();
         s.error.get_or_insert(errno);
         self.done.notify_all();
@@ -369,6 +525,14 @@ impl Src {
             self.at = 0;
         }
         None
+    }
+
+    /// Bytes of records not yet taken (about: the part of a chunk already taken counts).
+    fn bytes(&self) -> usize {
+        self.chunks[self.ci.min(self.chunks.len())..]
+            .iter()
+            .map(Vec::len)
+            .sum()
     }
 
     /// Moves the next record to `out`.

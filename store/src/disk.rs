@@ -265,7 +265,8 @@ struct SimState {
     locked: Vec<PathBuf>,
     /// Flushes so far.
     syncs: u64,
-    /// Error injection: writes fail with ENOSPC once more than this many bytes are stored.
+    /// Error injection: writes and allocations fail with ENOSPC once more than this many
+    /// bytes would be stored.
     space: Option<u64>,
     /// Error injection: every operation fails with EIO.
     failing: bool,
@@ -363,8 +364,8 @@ impl SimDisk {
         self.shared.state.lock().syncs
     }
 
-    /// From now on, writes that would store more than `bytes` in all fail with ENOSPC
-    /// (`None`: no limit).
+    /// From now on, writes and allocations that would store more than `bytes` in all fail
+    /// with ENOSPC (`None`: no limit).
     pub fn set_space(&self, bytes: Option<u64>) {
         self.shared.state.lock().space = bytes;
     }
@@ -697,6 +698,25 @@ impl DiskFile for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.disk.with(|s| {
+            let f = s.files.get_mut(&self.id).expect("open file");
+            f.data.resize(len as usize, 0);
+            f.pending.push(Change::SetLen(len));
+            Ok(())
+        })
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.disk.with(|s| {
+            let grow = len.saturating_sub(s.files[&self.id].data.len() as u64);
+            if grow == 0 {
+                return Ok(());
+            }
+            if let Some(space) = s.space {
+                let used: u64 = s.files.values().map(|f| f.data.len() as u64).sum();
+                if used + grow > space {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+            }
             let f = s.files.get_mut(&self.id).expect("open file");
             f.data.resize(len as usize, 0);
             f.pending.push(Change::SetLen(len));

@@ -25,6 +25,13 @@
 //!
 //! Before a batch goes into a new segment the previous segment is flushed, so that a flush
 //! of the newest segment covers every earlier one.
+//!
+//! **Errors**: a failed write leaves the [`Writer`] where it was, and the records not written
+//! with its caller, so that it can try again: the next try writes the batch at the same place
+//! (what the failed write left after it is overwritten, or is a torn tail to a scan, never
+//! acknowledged). A segment that cannot be made (its allocation failed) is removed and made
+//! again by a later try. [`out_of_space`] tells the errors that are worth retrying from
+//! those that are not.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -579,6 +586,32 @@ impl Blocks {
 
 type SpareJob = std::thread::JoinHandle<Result<(u64, Arc<dyn DiskFile>), StoreError>>;
 
+/// Where the next segment stands ([`Writer::poll_spare`]).
+#[derive(Debug)]
+pub(crate) enum Spare {
+    /// Made, waiting to be used.
+    Ready,
+    /// Being made.
+    Making,
+    /// Neither (the last attempt failed and was reported).
+    Missing,
+    /// Making it failed (a partly made file is removed).
+    Failed(StoreError),
+}
+
+/// Whether `e` is the host running out of space (or quota) in an operation that can simply
+/// be tried again: a write, or the making of a segment. A failed flush of the segment being
+/// written is never retryable, whatever its errno: after a failed `fsync` the host may have
+/// dropped the pages it could not write, so that a later `fsync` succeeds without them.
+pub(crate) fn out_of_space(e: &StoreError) -> bool {
+    match e {
+        StoreError::Io { op, source, .. } => {
+            matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) && *op != "flush"
+        }
+        _ => false,
+    }
+}
+
 impl Writer {
     /// A writer continuing the journal at `end`.
     pub(crate) fn new(
@@ -656,11 +689,43 @@ impl Writer {
         );
     }
 
+    /// Where the spare segment stands; collects the maker's result if it has finished (or,
+    /// with `wait`, once it has). After [`Spare::Failed`] nothing is being made:
+    /// [`Writer::prepare_spare`] tries again.
+    pub(crate) fn poll_spare(&mut self, wait: bool) -> Spare {
+        if let Some(job) = self.making.take_if(|j| wait || j.is_finished()) {
+            match job.join().expect("the segment maker does not panic") {
+                Ok(made) => self.spare = Some(made),
+                Err(e) => return Spare::Failed(e),
+            }
+        }
+        match (&self.spare, &self.making) {
+            (Some(_), _) => Spare::Ready,
+            (None, Some(_)) => Spare::Making,
+            (None, None) => Spare::Missing,
+        }
+    }
+
+    /// Bytes left for batches in the segment being written (0: none yet).
+    pub(crate) fn room(&self) -> u64 {
+        match self.file {
+            Some(_) => self.segment_size.saturating_sub(self.offset),
+            None => 0,
+        }
+    }
+
+    /// The size of a segment.
+    pub(crate) fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
     /// The spare segment, waiting for the one being made, or making it now.
     fn take_spare(&mut self) -> Result<(u64, Arc<dyn DiskFile>), StoreError> {
         if let Some(job) = self.making.take() {
-            let made = job.join().expect("the segment maker does not panic")?;
-            self.spare.get_or_insert(made);
+            // A failed attempt is made again below (space may be back since).
+            if let Ok(made) = job.join().expect("the segment maker does not panic") {
+                self.spare.get_or_insert(made);
+            }
         }
         match self.spare.take() {
             Some(s) => Ok(s),
@@ -698,7 +763,10 @@ impl Writer {
     /// Writes the records of `p` as one or more batches (not flushed: see
     /// [`Writer::flush`]), and empties it; returns the LSN of the last record. Records go to
     /// the current segment while they fit, then to the next; a record larger than a segment
-    /// gets one of its own, grown to hold it.
+    /// gets one of its own, grown to hold it. On an error `p` keeps the records not written
+    /// (whole batches are written or not: a batch that failed part way is written again, at
+    /// the same place, by the next call), so that the caller can retry (module doc,
+    /// "Errors").
     pub(crate) fn write_payload(&mut self, p: &mut Payload) -> Result<u64, StoreError> {
         let room = |w: &Writer| match w.file {
             Some(_) => w.segment_size.saturating_sub(w.offset) as usize,
@@ -707,6 +775,7 @@ impl Writer {
         if p.count > 0 && p.buf.len() > room(self) {
             // Whole records up to the room left, then the rest into new segments.
             let mut at = BATCH_HEADER;
+            let mut written = 0u32;
             while at < p.buf.len() {
                 let mut end = at;
                 let mut n = 0u32;
@@ -718,16 +787,24 @@ impl Writer {
                     end += 4 + len;
                     n += 1;
                 }
-                if BATCH_HEADER + (end - at) > room(self) {
-                    self.switch()?;
-                }
                 let mut part = std::mem::take(&mut self.buf);
                 part.clear();
                 part.resize(BATCH_HEADER, 0);
                 part.extend_from_slice(&p.buf[at..end]);
-                let r = self.write_batch(&mut part, n);
+                let r = if BATCH_HEADER + (end - at) > room(self) {
+                    self.switch()
+                } else {
+                    Ok(())
+                }
+                .and_then(|()| self.write_batch(&mut part, n));
                 self.buf = part;
-                r?;
+                if let Err(e) = r {
+                    // What was written leaves `p`; the rest stays for the caller to retry.
+                    p.buf.drain(BATCH_HEADER..at);
+                    p.count -= written;
+                    return Err(e);
+                }
+                written += n;
                 at = end;
             }
         } else if p.count > 0 {
@@ -784,8 +861,11 @@ impl Writer {
         let p = segment_path(&self.store, seq);
         // Flushed alone, so that a torn header can only be a segment with nothing after it.
         let header = h.encode();
-        f.write_at(&header, 0)
-            .map_err(StoreError::io(&p, "write header"))?;
+        if let Err(e) = f.write_at(&header, 0) {
+            // Kept for the next try.
+            self.spare = Some((seq, f));
+            return Err(StoreError::io(&p, "write header")(e));
+        }
         f.sync_data().map_err(StoreError::io(&p, "flush"))?;
         self.tail.clear();
         self.tail.extend_from_slice(&header);
@@ -817,11 +897,25 @@ fn make_segment(
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
     let p = segment_path(store, seq);
     let f = disk.open(&p, true).map_err(StoreError::io(&p, "create"))?;
-    f.allocate(size).map_err(StoreError::io(&p, "allocate"))?;
-    f.sync_data().map_err(StoreError::io(&p, "flush"))?;
-    let d = dir(store);
-    disk.sync_dir(&d)
-        .map_err(StoreError::io(&d, "flush directory"))?;
+    let made = f
+        .allocate(size)
+        .map_err(StoreError::io(&p, "allocate"))
+        .and_then(|()| {
+            f.sync_data()
+                .map_err(StoreError::io(&p, "flush new segment"))
+        })
+        .and_then(|()| {
+            let d = dir(store);
+            disk.sync_dir(&d)
+                .map_err(StoreError::io(&d, "flush directory"))
+        });
+    if let Err(e) = made {
+        // Whatever was allocated goes back to the host; the file is unused (all zeros) in
+        // any case, which a scan takes for a spare if the removal does not happen.
+        drop(f);
+        let _ = disk.remove(&p);
+        return Err(e);
+    }
     Ok(f)
 }
 
@@ -925,6 +1019,42 @@ mod tests {
             );
             assert_eq!(got[..], rs[..got.len()]);
         }
+    }
+
+    /// A write that fails for lack of space leaves the records it did not write in the
+    /// payload, and writing them again once there is room puts every record in the journal
+    /// once, in order.
+    #[test]
+    fn records_not_written_for_lack_of_space_are_written_by_a_later_try() {
+        let d = SimDisk::new();
+        let mut w = writer(&d, 4096);
+        w.write(&[b"first".as_slice()]).unwrap();
+        assert!(matches!(w.poll_spare(true), Spare::Ready));
+        d.set_space(Some(d.used()));
+        // More than the room left in the segment and its spare.
+        let rs = recs(100, 100);
+        let mut p = Payload::new();
+        for r in &rs {
+            p.push(r);
+        }
+        let e = w.write_payload(&mut p).unwrap_err();
+        assert!(out_of_space(&e), "{e}");
+        let left = p.count as usize;
+        assert!(left > 0 && left < rs.len(), "{left} left");
+        let (got, _) = all(&d).unwrap();
+        assert_eq!(got[1..], rs[..rs.len() - left]);
+        // Still no room: the next try fails too, and loses nothing.
+        assert!(out_of_space(&w.write_payload(&mut p).unwrap_err()));
+        assert_eq!(p.count as usize, left);
+        assert!(matches!(w.poll_spare(false), Spare::Missing));
+        d.set_space(None);
+        w.write_payload(&mut p).unwrap();
+        assert_eq!(p.count, 0);
+        w.flush().unwrap();
+        let (got, end) = all(&d).unwrap();
+        assert_eq!(got.len(), rs.len() + 1);
+        assert_eq!(got[1..], rs[..]);
+        assert!(!end.torn);
     }
 
     /// Offsets of the batches in a segment's bytes.

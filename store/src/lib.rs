@@ -15,8 +15,15 @@
 //! Every host operation goes through the storage seam ([`disk::Disk`]), so tests cut the
 //! power at every flush ([`disk::SimDisk`]).
 //!
+//! The host's errors reach the engine's callers as errnos (`commit.rs`, "Errors"): when the
+//! host runs out of space, changes are refused with ENOSPC before they become visible
+//! (those that free space excepted, within a reserve), records not yet written are held and
+//! written once there is room, and the store goes on; any other error (EIO) stops it for
+//! good, keeping what was acknowledged.
+//!
 //! Not built yet: checkpoints (the journal grows without bound, and opening replays all of
-//! it), file data kept outside memory, a reserve that keeps the store usable after ENOSPC.
+//! it; so removing files inside lanefs gives the host no space back yet), file data kept
+//! outside memory.
 
 #![deny(missing_docs)]
 
@@ -152,7 +159,8 @@ impl StoreHandle {
     }
 
     /// Commits what is left, stops the committer and releases the store; returns the error
-    /// that stopped the store, if one did.
+    /// that stopped the store, if one did (ENOSPC: records held for lack of space could not
+    /// be written even then, and are lost; no `sync` had acknowledged them).
     pub fn close(mut self) -> lanefs::Result<()> {
         self.stop()
     }

@@ -208,54 +208,51 @@ fn journal_damage_is_refused_naming_the_file_and_offset() {
     }
 }
 
-/// ENOSPC and EIO from the host reach the callers as errnos; what was made durable before
-/// survives, and the store opens again once the host works.
+/// EIO from the host stops the store for good (as ext4's errors=remount-ro): the error
+/// reaches the callers, every later change and sync gets EIO even once the host works again,
+/// `close` reports it, and what was made durable before survives. (Running out of space is
+/// not fatal: tests/nospace.rs.)
 #[test]
-fn host_errors_reach_callers_and_the_durable_prefix_survives() {
-    for (errno, fail) in [
-        (
-            Errno::ENOSPC,
-            &(|d: &SimDisk| d.set_space(Some(d.used()))) as &dyn Fn(&SimDisk),
-        ),
-        (Errno::EIO, &|d: &SimDisk| d.set_failing(true)),
-    ] {
-        let disk = SimDisk::new();
-        let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
-        let c = Client::root(Arc::new(o.fs));
-        c.write("/kept", b"durable").unwrap();
-        c.fs().sync_all().unwrap();
-        fail(&disk);
-        let mut seen = None;
-        for k in 0..2000 {
-            if let Err(e) = c.write(format!("/f{k}"), vec![1u8; 1000]) {
-                seen = Some(e);
-                break;
-            }
-            if let Err(e) = c.fs().sync_all() {
-                seen = Some(std::io::Error::from_raw_os_error(e.0));
-                break;
-            }
+fn an_io_error_stops_the_store_and_the_durable_prefix_survives() {
+    let disk = SimDisk::new();
+    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    c.write("/kept", b"durable").unwrap();
+    c.fs().sync_all().unwrap();
+    disk.set_failing(true);
+    let mut seen = None;
+    for k in 0..2000 {
+        if let Err(e) = c.write(format!("/f{k}"), vec![1u8; 1000]) {
+            seen = Some(e);
+            break;
         }
-        let e = seen.expect("an error");
-        assert_eq!(e.raw_os_error(), Some(errno.0), "{e}");
-        // Reads still work; changes are refused with the same errno.
-        assert_eq!(c.read("/kept").unwrap(), b"durable");
-        let e = c.write("/later", b"x").unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(errno.0));
-        disk.set_space(None);
-        disk.set_failing(false);
-        drop(c);
-        drop(o.store);
-        let o = open(
-            Path::new("/s"),
-            Config::default(),
-            sim(&disk.crash(Unflushed::Lost)),
-        )
-        .unwrap();
+        if let Err(e) = c.fs().sync_all() {
+            seen = Some(std::io::Error::from_raw_os_error(e.0));
+            break;
+        }
+    }
+    let e = seen.expect("an error");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // Reads still work; changes are refused with the same errno.
+    assert_eq!(c.read("/kept").unwrap(), b"durable");
+    let e = c.write("/later", b"x").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert!(!c.exists("/later"));
+    // The host working again does not restart the store.
+    disk.set_failing(false);
+    let e = c.create_dir("/later").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert_eq!(c.fs().sync_all(), Err(Errno::EIO));
+    drop(c);
+    assert_eq!(o.store.close(), Err(Errno::EIO));
+    for d in [disk.crash(Unflushed::Lost), disk] {
+        let o = open(Path::new("/s"), Config::default(), sim(&d)).unwrap();
         let c = Client::root(Arc::new(o.fs));
         assert_eq!(c.read("/kept").unwrap(), b"durable");
+        assert!(!c.exists("/later"));
         c.fs().check_invariants().unwrap();
         c.write("/after", b"works").unwrap();
+        c.fs().sync_all().unwrap();
     }
 }
 
