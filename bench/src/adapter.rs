@@ -48,6 +48,10 @@ pub trait Adapter: Send + Sync {
     fn engine(&self) -> Option<&Filesystem> {
         None
     }
+    /// What the disk store's committer has done, for runs on one.
+    fn store_counters(&self) -> Option<lanefs_store::Counters> {
+        None
+    }
 }
 
 /// In-process adapter: a fresh lanefs filesystem with the given locking mode, on the memory
@@ -185,6 +189,9 @@ impl Adapter for Engine {
     }
     fn engine(&self) -> Option<&Filesystem> {
         Some(&self.fs)
+    }
+    fn store_counters(&self) -> Option<lanefs_store::Counters> {
+        self.store.as_ref().map(|(s, _)| s.counters())
     }
 }
 

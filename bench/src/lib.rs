@@ -209,6 +209,17 @@ pub struct Cell {
     pub cold: bool,
     /// Whether the kernel's caches were dropped before the pass.
     pub caches_dropped: bool,
+    /// On a disk store: its journal's flushes and records during the run.
+    pub commits: Option<Commits>,
+}
+
+/// A disk store's commits during a cell.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Commits {
+    /// Journal flushes.
+    pub flushes: u64,
+    /// Records written.
+    pub records: u64,
 }
 
 fn thread_cpu_ns() -> u64 {
@@ -478,10 +489,12 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         })
         .collect();
     barrier.wait();
-    let (snap, t0) = if fixed.is_some() {
-        (before, Instant::now())
+    let commits = || adapter.as_ref().and_then(|a| a.store_counters());
+    let (snap, t0, commits0) = if fixed.is_some() {
+        (before, Instant::now(), commits())
     } else {
         std::thread::sleep(Duration::from_secs_f64(p.warmup));
+        let commits0 = commits();
         let snap = adapter
             .as_ref()
             .and_then(|a| a.engine().map(|e| e.stats()))
@@ -490,7 +503,7 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         let t0 = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(p.seconds));
         phase.store(STOP, Relaxed);
-        (snap, t0)
+        (snap, t0, commits0)
     };
     let (mut ops, mut cpu, mut lat) = (0u64, 0u64, Vec::new());
     let (mut first_start, mut last_end) = (None::<Instant>, None::<Instant>);
@@ -553,6 +566,13 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         p50_ns: pct(0.5),
         p99_ns: pct(0.99),
         locks,
+        commits: match (commits0, commits()) {
+            (Some(a), Some(b)) => Some(Commits {
+                flushes: b.flushes - a.flushes,
+                records: b.lsn - a.lsn,
+            }),
+            _ => None,
+        },
     })
 }
 

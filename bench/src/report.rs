@@ -139,6 +139,26 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
                 }
             }
         }
+        if cs.iter().any(|c| c.commits.is_some_and(|k| k.flushes > 0)) {
+            let _ = writeln!(out, "  disk store: journal records per flush, flushes/s");
+            for tg in &targets {
+                let row: Vec<String> = threads
+                    .iter()
+                    .filter_map(|t| {
+                        let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
+                        let k = c.commits.filter(|k| k.flushes > 0)?;
+                        Some(format!(
+                            "T={t}: {:.1}, {}",
+                            k.records as f64 / k.flushes as f64,
+                            human(k.flushes as f64 / c.seconds)
+                        ))
+                    })
+                    .collect();
+                if !row.is_empty() {
+                    let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
+                }
+            }
+        }
         let tmax = *threads.last().unwrap_or(&1);
         let _ = writeln!(out, "  latency at T={tmax} (sampled): p50 / p99");
         for tg in &targets {
@@ -249,6 +269,7 @@ mod tests {
             p50_ns: 10,
             p99_ns: 20,
             locks: vec![],
+            commits: None,
             cold: false,
             caches_dropped: false,
         }

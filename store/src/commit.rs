@@ -71,7 +71,7 @@
 //! mutex while taking buffers or writing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -170,6 +170,20 @@ pub(crate) struct Log {
     running: AtomicBool,
     /// Chunks given back by the committer (threads take one per `CHUNK` bytes appended).
     free: Mutex<Vec<Vec<u8>>>,
+    /// Journal flushes made (each serving every `sync` waiting when its round began).
+    flushes: AtomicU64,
+    /// The LSN of the last record written.
+    written: AtomicU64,
+}
+
+/// What a store's committer has done since it started ([`crate::StoreHandle::counters`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Journal flushes (device cache flushes, each serving every sync waiting for it).
+    pub flushes: u64,
+    /// The LSN of the last record written (records are numbered from 1 over the store's
+    /// life, so differences count records).
+    pub lsn: u64,
 }
 
 impl Log {
@@ -182,9 +196,19 @@ impl Log {
             done: Condvar::new(),
             mode: AtomicU32::new(0),
             budget: AtomicI64::new(0),
+            flushes: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             interval,
             running: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// What the committer has done so far.
+    pub(crate) fn counters(&self) -> Counters {
+        Counters {
+            flushes: self.flushes.load(Relaxed),
+            lsn: self.written.load(Relaxed),
         }
     }
 
@@ -348,12 +372,15 @@ impl Log {
             let began = Instant::now();
             let done = loop {
                 let finished = merge(&mut srcs, t, &mut payload, PIECE);
-                if let Err(e) = writer.write_payload(&mut payload) {
-                    break Err(e);
+                match writer.write_payload(&mut payload) {
+                    Ok(lsn) => self.written.store(lsn, Relaxed),
+                    Err(e) => break Err(e),
                 }
                 if finished {
                     break match flush {
-                        true => writer.flush(),
+                        true => writer.flush().inspect(|()| {
+                            self.flushes.fetch_add(1, Relaxed);
+                        }),
                         false => Ok(()),
                     };
                 }

@@ -41,6 +41,7 @@ use std::time::Duration;
 
 use lanefs::{Config, Filesystem, Record, Store};
 
+pub use crate::commit::Counters;
 use crate::commit::Log;
 use crate::disk::{Disk, RealDisk};
 pub use crate::error::StoreError;
@@ -174,6 +175,11 @@ impl StoreHandle {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// What the store's committer has done since the store was opened.
+    pub fn counters(&self) -> Counters {
+        self.log.counters()
     }
 
     /// The store's directory.
