@@ -726,7 +726,6 @@ impl Writer {
 
     /// Writes `records` as one or more batches (not flushed: see [`Writer::flush`]); returns
     /// the LSN of the last.
-    #[cfg(test)]
     pub(crate) fn write(&mut self, records: &[&[u8]]) -> Result<u64, StoreError> {
         let mut p = Payload::new();
         for r in records {

@@ -23,6 +23,8 @@
 pub mod disk;
 pub mod error;
 pub mod fsck;
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub(crate) mod commit;
 pub(crate) mod journal;
