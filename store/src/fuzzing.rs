@@ -251,4 +251,23 @@ mod tests {
             std::fs::write(Path::new(&dir).join(format!("seed{k}")), s).unwrap();
         }
     }
+
+    /// Inputs the fuzzer found failing, kept in `fuzz/regressions/` (named by target).
+    #[test]
+    fn the_fuzzers_past_findings_hold() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let data = std::fs::read(&p).unwrap();
+            match name.split('-').next() {
+                Some("journal_scan") => scan_image(&data),
+                Some("record_decode") => decode_record(&data),
+                _ => panic!("{name}: which target?"),
+            }
+            n += 1;
+        }
+        assert!(n > 0);
+    }
 }

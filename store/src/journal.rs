@@ -539,8 +539,8 @@ fn contiguous(store: &Path, seqs: &[u64]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Segments after the journal's end must hold nothing valid from this store at or after
-/// `lsn` (they are spares, or torn first writes).
+/// Segments after the journal's end must be unused (zeros where the header goes): they are
+/// spares. `lsn` is the journal's next LSN, for the message.
 fn later_must_be_unused(
     disk: &dyn Disk,
     store: &Path,
@@ -553,18 +553,18 @@ fn later_must_be_unused(
         let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
         let mut h = [0u8; SEGMENT_HEADER];
         let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
-        if let Ok(Some(h)) = SegmentHeader::decode(&h[..n]) {
-            if h.uuid == uuid && h.first_lsn >= lsn {
-                return Err(StoreError::damaged(
-                    &p,
-                    0,
-                    format!(
-                        "segment with records from {} follows the end of the journal (record {lsn})",
-                        h.first_lsn
-                    ),
-                ));
-            }
-        }
+        let what = match SegmentHeader::decode(&h[..n]) {
+            Ok(None) => continue,
+            Ok(Some(h)) if h.uuid == uuid && h.first_lsn >= lsn => format!(
+                "segment with records from {} follows the end of the journal (record {lsn})",
+                h.first_lsn
+            ),
+            // A segment gets a header only once every earlier one is flushed and whole, so
+            // none can follow the journal's end: this is no spare, whatever it holds (and a
+            // writer reusing it as one would leave its bytes behind its batches).
+            _ => format!("segment after the end of the journal (record {lsn}) is not empty"),
+        };
+        return Err(StoreError::damaged(&p, 0, what));
     }
     Ok(())
 }
