@@ -339,7 +339,15 @@ pub(crate) fn scan(
         let header = match SegmentHeader::decode(&bytes) {
             Ok(Some(h)) => h,
             Ok(None) => {
-                // Made but never used: every later segment must be unused too.
+                // Made but never used, so zeros throughout (the header is flushed before
+                // anything is written after it); every later segment must be unused too.
+                if let Some(at) = bytes.iter().position(|&b| b != 0) {
+                    return Err(StoreError::damaged(
+                        &path,
+                        0,
+                        format!("segment header is zeros, but the segment holds data at byte {at}"),
+                    ));
+                }
                 contiguous(store, &seqs[k..])?;
                 later_must_be_unused(disk, store, &seqs[k + 1..], uuid, expected)?;
                 if end.segment == 0 || !started {
@@ -539,8 +547,23 @@ fn contiguous(store: &Path, seqs: &[u64]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Segments after the journal's end must be unused (zeros where the header goes): they are
-/// spares. `lsn` is the journal's next LSN, for the message.
+/// The offset of the first byte of `f` from `from` on that is not zero.
+fn first_nonzero(f: &dyn DiskFile, from: u64) -> std::io::Result<Option<u64>> {
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = from;
+    loop {
+        let n = f.read_at(&mut buf, at)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if let Some(i) = buf[..n].iter().position(|&b| b != 0) {
+            return Ok(Some(at + i as u64));
+        }
+        at += n as u64;
+    }
+}
+
+/// Segments after the journal's end must be unused (zeros throughout): they are spares. `lsn` is the journal's next LSN, for the message.
 fn later_must_be_unused(
     disk: &dyn Disk,
     store: &Path,
@@ -554,7 +577,12 @@ fn later_must_be_unused(
         let mut h = [0u8; SEGMENT_HEADER];
         let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
         let what = match SegmentHeader::decode(&h[..n]) {
-            Ok(None) => continue,
+            Ok(None) => match first_nonzero(&*f, n as u64).map_err(StoreError::io(&p, "read"))? {
+                None => continue,
+                Some(at) => format!(
+                    "segment after the end of the journal (record {lsn}) holds data at byte {at}"
+                ),
+            },
             Ok(Some(h)) if h.uuid == uuid && h.first_lsn >= lsn => format!(
                 "segment with records from {} follows the end of the journal (record {lsn})",
                 h.first_lsn
@@ -1131,5 +1159,34 @@ mod regressions {
     fn a_huge_record_count_allocates_nothing() {
         assert_eq!(records(&[1, 0, 0, 0, 9], u32::MAX), None);
         assert_eq!(records(&[1, 0, 0, 0, 9], 1), Some(vec![&[9u8][..]]));
+    }
+
+    /// A zeroed header does not make a segment that holds batches pass for an unused one
+    /// (which would drop every record in it, acknowledged or not); found by the fuzzer.
+    #[test]
+    fn a_zeroed_header_of_the_last_segment_in_use_is_damage() {
+        let d = SimDisk::new();
+        let store = Path::new("/s");
+        d.create_dir_all(&dir(store)).unwrap();
+        let end = scan(&d, store, UUID, 1, |_, _| Ok(())).unwrap();
+        let mut w = Writer::new(Arc::new(d.clone()), store, UUID, 4096, end).unwrap();
+        for k in 0..30u8 {
+            w.write(&[&[k; 300][..]]).unwrap();
+            w.flush().unwrap();
+        }
+        drop(w);
+        let seqs = segments(&d, store).unwrap();
+        let last = seqs[seqs.len() - 2];
+        assert!(segment_is_used(&d, store, last).unwrap());
+        let p = segment_path(store, last);
+        let (_, mut bytes) = d.files().into_iter().find(|(q, _)| *q == p).unwrap();
+        bytes[..SEGMENT_HEADER].fill(0);
+        d.put(&p, bytes);
+        match scan_all(&d) {
+            Err(StoreError::Damaged {
+                path, offset: 0, ..
+            }) => assert_eq!(path, p),
+            r => panic!("{:?}", r.map(|(v, e)| (v.len(), e))),
+        }
     }
 }
