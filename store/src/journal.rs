@@ -1,6 +1,5 @@
 //! The journal: segments of checksummed, sequence-numbered batches of records
-//! (docs/STORE.md, "Journal", is the specification; the tests at the bottom keep the two in
-//! step).
+//! (docs/STORE.md, "The journal", is the specification; `spec.rs` keeps the two in step).
 //!
 //! A segment is a file `journal/<seq as 16 hex digits>.seg`, allocated at its full size
 //! (reading as zeros) before it is used, by a thread of its own, so that writing into it
@@ -24,7 +23,10 @@
 //!   there, and the scan fails naming the file and offset.
 //!
 //! Before a batch goes into a new segment the previous segment is flushed, so that a flush
-//! of the newest segment covers every earlier one.
+//! of the newest segment covers every earlier one. Segment numbers start at 1 and have no
+//! gap, and a segment after the journal's end reads as zeros throughout: anything else is
+//! damage. A writer continuing the journal first zeroes whatever follows the end in its
+//! segment, so that no bytes of an earlier life of the file are read after new batches.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -397,6 +399,9 @@ pub(crate) fn scan(
                 ),
             ));
         }
+        if header.first_lsn == 0 {
+            return Err(StoreError::damaged(&path, 40, "segment starts at record 0"));
+        }
         if !started && header.first_lsn > expected {
             return Err(StoreError::damaged(
                 &path,
@@ -452,6 +457,17 @@ pub(crate) fn scan(
                         break;
                     }
                     _ => {
+                        if lsn < expected {
+                            // The journal ends before the records wanted start: the writer
+                            // could not continue it (its next batch would not follow on).
+                            return Err(StoreError::damaged(
+                                &path,
+                                at as u64,
+                                format!(
+                                    "the journal ends at record {lsn}, before record {expected}"
+                                ),
+                            ));
+                        }
                         end.torn = !(clean_end || stale);
                         end.dirty = bytes[at.min(bytes.len())..].iter().any(|&b| b != 0);
                         contiguous(store, &seqs[k..])?;
