@@ -8,9 +8,10 @@
 //! byte offset.
 //!
 //! [`repair`] keeps the records up to the first one that is damaged or does not fit the state
-//! before it, and writes them as a new journal, which replaces the old one only once it is
-//! complete and flushed (the old segments are renamed away first, so a crash during repair
-//! leaves either journal whole). It reports what it dropped.
+//! before it: it removes the segments after the finding's, and rewrites the finding's
+//! segment with the records kept from it (written whole under another name, flushed, then
+//! renamed over it), so that a crash during repair leaves the store either still damaged at
+//! the same place or repaired (docs/STORE.md, "fsck"). It reports what it dropped.
 
 use std::path::Path;
 use std::sync::Arc;

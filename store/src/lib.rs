@@ -30,6 +30,8 @@
 pub mod disk;
 pub mod error;
 pub mod fsck;
+#[doc(hidden)]
+pub mod fuzzing;
 
 pub(crate) mod commit;
 pub(crate) mod journal;
@@ -203,6 +205,41 @@ fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send + Sync>, StoreError>
     })
 }
 
+/// The identity file's bytes for store `uuid` (docs/STORE.md, "The identity file").
+pub(crate) fn encode_identity(uuid: &[u8; 16]) -> [u8; IDENTITY_LEN] {
+    let mut b = [0u8; IDENTITY_LEN];
+    b[..8].copy_from_slice(&IDENTITY_MAGIC);
+    b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    b[12..16].copy_from_slice(&(IDENTITY_LEN as u32).to_le_bytes());
+    b[16..32].copy_from_slice(uuid);
+    let crc = crc32c::crc32c(&b[..60]);
+    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// The store id in the bytes `b` of the identity file at `p`, or why they are refused.
+pub(crate) fn decode_identity(b: &[u8], p: &Path) -> Result<[u8; 16], StoreError> {
+    if b.len() < IDENTITY_LEN || b[..8] != IDENTITY_MAGIC {
+        return Err(StoreError::NotAStore {
+            path: p.to_path_buf(),
+            what: "bad identity file".into(),
+        });
+    }
+    let crc = u32::from_le_bytes(b[60..64].try_into().expect("4"));
+    if crc32c::crc32c(&b[..60]) != crc {
+        return Err(StoreError::damaged(p, 60, "identity checksum mismatch"));
+    }
+    let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+    if version != FORMAT_VERSION {
+        return Err(StoreError::damaged(
+            p,
+            8,
+            format!("store format {version}, this lanefs reads {FORMAT_VERSION}"),
+        ));
+    }
+    Ok(b[16..32].try_into().expect("16"))
+}
+
 /// Reads the identity file, or (with `create`) writes it if the store is new; returns the
 /// store's id and whether it was created.
 fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool), StoreError> {
@@ -210,25 +247,7 @@ fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool
     if disk.exists(&p) {
         let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
         let b = f.read_all().map_err(StoreError::io(&p, "read"))?;
-        if b.len() < IDENTITY_LEN || b[..8] != IDENTITY_MAGIC {
-            return Err(StoreError::NotAStore {
-                path: p,
-                what: "bad identity file".into(),
-            });
-        }
-        let crc = u32::from_le_bytes(b[60..64].try_into().expect("4"));
-        if crc32c::crc32c(&b[..60]) != crc {
-            return Err(StoreError::damaged(&p, 60, "identity checksum mismatch"));
-        }
-        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-        if version != FORMAT_VERSION {
-            return Err(StoreError::damaged(
-                &p,
-                8,
-                format!("store format {version}, this lanefs reads {FORMAT_VERSION}"),
-            ));
-        }
-        return Ok((b[16..32].try_into().expect("16"), false));
+        return decode_identity(&b, &p).map(|uuid| (uuid, false));
     }
     if !create {
         return Err(StoreError::NotAStore {
@@ -255,13 +274,7 @@ fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool
         op: "make an id",
         source: std::io::Error::other(e.to_string()),
     })?;
-    let mut b = [0u8; IDENTITY_LEN];
-    b[..8].copy_from_slice(&IDENTITY_MAGIC);
-    b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    b[12..16].copy_from_slice(&(IDENTITY_LEN as u32).to_le_bytes());
-    b[16..32].copy_from_slice(&uuid);
-    let crc = crc32c::crc32c(&b[..60]);
-    b[60..64].copy_from_slice(&crc.to_le_bytes());
+    let b = encode_identity(&uuid);
     // Written under a temporary name and renamed, so that a crash never leaves a torn one.
     let tmp = dir.join("lanefs.store.tmp");
     let f = disk
@@ -331,3 +344,5 @@ pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError
         },
     })
 }
+#[cfg(test)]
+mod spec;
