@@ -23,7 +23,7 @@
 //! it served are likely coming back): otherwise threads that fsync in turn each get a flush
 //! of their own, each arriving just after the next round has begun. A lone thread never
 //! waits. Without waiters a round runs every commit interval, or when a buffer grows
-//! past 256 KiB, and writes without flushing (the host writes back in its own time), so
+//! past 2 MiB, and writes without flushing (the host writes back in its own time), so
 //! that records do not pile up in memory and a killed process loses at most an interval.
 //! The buffers the committer takes are given back to the threads, so their memory is
 //! reused rather than faulted in afresh.
