@@ -372,6 +372,9 @@ impl lanefs::notify::Invalidate for Recorder {
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) {
         self.0.lock().unwrap().push(format!("inode {ino} {data:?}"));
     }
+    fn listing(&self, dir: Ino) {
+        self.0.lock().unwrap().push(format!("listing {dir}"));
+    }
 }
 
 impl Recorder {
@@ -420,6 +423,40 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
     assert!(c.remove_file("/d/nothing").is_err());
     assert!(c.create_dir("/d").is_err());
     assert_eq!(rec.take(), Vec::<String>::new());
+
+    // A directory moved to another parent: its own listing (`..`) changed too; moved within
+    // its parent, or a file moved, it did not.
+    c.create_dir("/m").unwrap();
+    let m = c.metadata("/m").unwrap().ino();
+    rec.take();
+    c.rename("/m", "/d/m").unwrap();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {root} m"),
+            format!("entry {d} m"),
+            format!("listing {m}")
+        ]
+    );
+    c.rename("/d/m", "/d/m2").unwrap();
+    assert_eq!(rec.take(), [format!("entry {d} m"), format!("entry {d} m2")]);
+    c.create_dir("/x").unwrap();
+    let x = c.metadata("/x").unwrap().ino();
+    rec.take();
+    c.rename_with_flags("/x", "/d/m2", lanefs::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {root} x"),
+            format!("entry {d} m2"),
+            format!("listing {x}"),
+            format!("listing {m}")
+        ]
+    );
+    c.remove_dir("/x").unwrap();
+    c.remove_dir("/d/m2").unwrap();
+    rec.take();
 
     // The kernel keeps its own caches: nothing it does is reported.
     let kernel = Ctx::root().via_kernel();

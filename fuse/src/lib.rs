@@ -100,6 +100,30 @@
 //!   library is safe on its own); the two use the same POSIX rules. File data requests come
 //!   only for files the kernel has opened, its access check done.
 //!
+//! ## Directory listings
+//! OPENDIR is answered with `FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE`: the kernel keeps what a full
+//! read of a directory returned (names, inode numbers, types and cookies, not attributes) in
+//! the directory inode's page cache and serves later reads from there, for any open of the
+//! directory, with no READDIR (the OPENDIR and RELEASEDIR remain; a walk still needs the
+//! entries' attributes cached, as READDIRPLUS and LOOKUP leave them). The first read of an
+//! uncached directory still uses READDIRPLUS when the kernel asks for it, and only its
+//! entries go into the cache. The kernel checks the cache at every read from offset 0
+//! (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its mtime
+//! changed, or when a page of it is gone. Each change of a listing reaches it so:
+//! - a name created, removed, linked or renamed through this mount: the kernel bumps the
+//!   `i_version` of each directory whose names it changed (`fuse_dir_changed`, on MKNOD,
+//!   MKDIR, SYMLINK, LINK, UNLINK, RMDIR and RENAME of both parents);
+//! - a directory moved to another parent through this mount: its own `..` changed, which the
+//!   kernel does not count as a change of it; the server drops its cached pages before it
+//!   answers the RENAME (`Server::moved_dirs`);
+//! - a change made through the library while mounted: the engine reports the names (and the
+//!   directories moved to another parent, [`lanefs::notify::Invalidate::listing`]) and the
+//!   server drops the directory's pages after an entry invalidation that waits out every
+//!   listing in flight (`mnt.rs`, `KernelCache`).
+//!
+//! Nothing else changes a listing: attributes are not in it, and a directory's inode number
+//! and type never change.
+//!
 //! ## Timeouts
 //! Entries and attributes are cached by the kernel for [`MountConfig::ttl`] (default 60 s).
 //! That is safe because lanefs is the only writer: changes through the mount are made by the

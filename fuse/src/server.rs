@@ -4,7 +4,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -56,6 +56,9 @@ pub struct Server {
     /// make durable, so FSYNC and FSYNCDIR are answered ENOSYS, which tells the kernel to
     /// stop sending them (it still writes dirty pages back first, and `fsync` returns 0).
     volatile_store: bool,
+    /// The session's notifier, once the session exists: a RENAME that moves a directory to
+    /// another parent drops that directory's cached listing (its `..` changed).
+    notifier: Arc<OnceLock<mnt::KernelCache>>,
 }
 
 fn err(e: Errno) -> FErrno {
@@ -181,6 +184,7 @@ impl Server {
             volatile_store: !fs.durable(),
             fs,
             ttl,
+            notifier: Arc::default(),
         }
     }
 
@@ -230,6 +234,41 @@ impl Server {
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// After a RENAME between two directories: drops the cached listing of each directory it
+    /// moved (now `newname` in `newparent`, and with `RENAME_EXCHANGE` also `name` in
+    /// `parent`), whose `..` changed, a change the kernel does not see as one of that
+    /// directory. Sent before the reply, while the kernel holds the moved directories'
+    /// `i_rwsem` (`vfs_rename` locks a directory it moves to another parent), so no `getdents`
+    /// of them is in flight to put the old `..` back. An inode invalidation takes no inode
+    /// lock, so it is safe from a request thread.
+    fn moved_dirs(
+        &self,
+        req: &Request,
+        newparent: INodeNo,
+        newname: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
+        flags: RenameFlags,
+    ) {
+        let Some(kc) = self.notifier.get() else {
+            return;
+        };
+        // A library caller's lookup: it takes no lookup reference for the kernel.
+        let mut c = ctx(req);
+        c.via = lanefs::Via::Library;
+        let mut at = vec![(newparent, newname)];
+        if flags.bits() & lanefs::RENAME_EXCHANGE != 0 {
+            at.push((parent, name));
+        }
+        for (dir, n) in at {
+            if let Ok(a) = self.fs.lookup(&c, node(dir), n.as_bytes())
+                && a.kind() == FileType::Directory
+            {
+                kc.drop_listing(a.ino);
+            }
         }
     }
 
@@ -420,6 +459,9 @@ impl fuser::Filesystem for Server {
             newname.as_bytes(),
             flags.bits(),
         );
+        if r.is_ok() && parent != newparent {
+            self.moved_dirs(req, newparent, newname, parent, name, flags);
+        }
         Self::empty(r, reply);
     }
 
@@ -523,7 +565,12 @@ impl fuser::Filesystem for Server {
 
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.opendir_flags(&ctx(req), node(ino), flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // The kernel keeps the listing it reads in the directory's page cache, and keeps
+            // it across opens (module doc, "Directory listings").
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -813,15 +860,18 @@ fn new_session(
     cfg: &MountConfig,
 ) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
     let server = Server::with_config(fs.clone(), cfg);
+    let notifier = server.notifier.clone();
     let opts = options(cfg);
-    Ok(match mnt::mount_direct(mountpoint, cfg)? {
+    let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
         Some((fd, direct)) => {
             let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
                 .inspect_err(|_| drop(direct.unmount(true)))?;
             (s, Some(direct))
         }
         None => (fuser::Session::new(server, mountpoint, &opts)?, None),
-    })
+    };
+    let _ = notifier.set(mnt::KernelCache(session.notifier()));
+    Ok((session, direct))
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
