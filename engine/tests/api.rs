@@ -439,7 +439,10 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
         ]
     );
     c.rename("/d/m", "/d/m2").unwrap();
-    assert_eq!(rec.take(), [format!("entry {d} m"), format!("entry {d} m2")]);
+    assert_eq!(
+        rec.take(),
+        [format!("entry {d} m"), format!("entry {d} m2")]
+    );
     c.create_dir("/x").unwrap();
     let x = c.metadata("/x").unwrap().ino();
     rec.take();

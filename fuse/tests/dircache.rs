@@ -108,7 +108,9 @@ fn list_mount(dir: &Path) -> std::io::Result<Listing> {
         // SAFETY: readdir returned a valid entry, alive until the next readdir on `d`.
         let (name, ino, ty) = unsafe {
             let e = &*e;
-            let name = std::ffi::CStr::from_ptr(e.d_name.as_ptr()).to_bytes().to_vec();
+            let name = std::ffi::CStr::from_ptr(e.d_name.as_ptr())
+                .to_bytes()
+                .to_vec();
             (name, e.d_ino, e.d_type)
         };
         assert!(out.insert(name, (ino, ty)).is_none(), "a name listed twice");
@@ -215,7 +217,10 @@ fn random_change(m: &Mounted, lib: &lanefs::Client, rng: &mut StdRng) -> String 
         }
     };
     let via = if via_mount { "mount" } else { "library" };
-    format!("{via} op {op} {a} {b}: {:?}", r.map_err(|e| e.raw_os_error()))
+    format!(
+        "{via} op {op} {a} {b}: {:?}",
+        r.map_err(|e| e.raw_os_error())
+    )
 }
 
 /// A listing read twice with no change in between is read from the kernel's cache the second
@@ -238,7 +243,10 @@ fn a_listing_is_served_from_the_kernel_cache() {
     assert_eq!(readdirs(), before, "cached listings sent READDIR");
     std::fs::File::create(d.join("new")).unwrap();
     let after = list_mount(&d).unwrap();
-    assert!(readdirs() > before, "a changed directory was not read again");
+    assert!(
+        readdirs() > before,
+        "a changed directory was not read again"
+    );
     assert_eq!(after.len(), 53);
     m.unmount_and_check();
 }
