@@ -85,6 +85,8 @@
 //!   creating a new name costs no LOOKUP;
 //! - opening, reading (from the page cache) and closing a file sends nothing (no-open mode,
 //!   above), and neither does closing a file an `open(O_CREAT)` made;
+//! - opening, listing (from the cached listing) and closing a directory sends nothing
+//!   (no-opendir mode, "Directory listings" above);
 //! - on a store that keeps nothing (the memory store: [`lanefs::Filesystem::durable`])
 //!   FSYNC and FSYNCDIR are answered ENOSYS, once each: the kernel
 //!   then sends neither again, still writes dirty pages back at `fsync` and returns 0, as
@@ -101,15 +103,26 @@
 //!   only for files the kernel has opened, its access check done.
 //!
 //! ## Directory listings
-//! OPENDIR is answered with `FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE`: the kernel keeps what a full
-//! read of a directory returned (names, inode numbers, types and cookies, not attributes) in
-//! the directory inode's page cache and serves later reads from there, for any open of the
-//! directory, with no READDIR (the OPENDIR and RELEASEDIR remain; a walk still needs the
-//! entries' attributes cached, as READDIRPLUS and LOOKUP leave them). The first read of an
-//! uncached directory still uses READDIRPLUS when the kernel asks for it, and only its
-//! entries go into the cache. The kernel checks the cache at every read from offset 0
-//! (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its mtime
-//! changed, or when a page of it is gone. Each change of a listing reaches it so:
+//! **no-opendir mode** for directories: OPENDIR is answered ENOSYS (the kernel says it
+//! understands that with `FUSE_NO_OPENDIR_SUPPORT`), which tells the kernel, once, to open
+//! directories by itself from then on, with no OPENDIR or RELEASEDIR, and to keep their
+//! listings: `FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens. The kernel
+//! keeps what a full read of a directory returned (names, inode numbers, types and cookies,
+//! not attributes) in the directory inode's page cache and serves later reads from there, for
+//! any open, with no request at all (a walk still needs the entries' attributes cached, as
+//! READDIRPLUS and LOOKUP leave them). READDIR(PLUS) comes with handle 0 and is read by inode
+//! ([`lanefs::Filesystem::readdir_inode`]); where a read ends is kept per directory by the
+//! server (`Server::dir_end`), so every read ends, as through a handle. The kernel checks
+//! read permission at the open itself (`default_permissions`) and `O_NOATIME` ownership; the
+//! directory's atime is touched by every read that reaches lanefs (whatever `O_NOATIME`
+//! says), and not by a read served from the cache, which with relatime semantics (lanefs's)
+//! would mostly not change it either. A kernel without no-opendir support gets an engine
+//! handle from OPENDIR, with those two flags set.
+//!
+//! The first read of an uncached directory still uses READDIRPLUS when the kernel asks for
+//! it; only its entries go into the cache. The kernel checks the cache at every read from
+//! offset 0 (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its
+//! mtime changed, or when a page of it is gone. Each change of a listing reaches it so:
 //! - a name created, removed, linked or renamed through this mount: the kernel bumps the
 //!   `i_version` of each directory whose names it changed (`fuse_dir_changed`, on MKNOD,
 //!   MKDIR, SYMLINK, LINK, UNLINK, RMDIR and RENAME of both parents);

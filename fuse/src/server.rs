@@ -1,10 +1,11 @@
 //! Request translation.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -14,7 +15,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy};
+use lanefs::{
+    Attr, Ctx, DirEnd, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy,
+};
 
 use crate::{creds, mnt};
 
@@ -59,7 +62,16 @@ pub struct Server {
     /// The session's notifier, once the session exists: a RENAME that moves a directory to
     /// another parent drops that directory's cached listing (its `..` changed).
     notifier: Arc<OnceLock<mnt::KernelCache>>,
+    /// The kernel opens directories by itself (`FUSE_NO_OPENDIR_SUPPORT`, so OPENDIR is
+    /// answered ENOSYS): READDIR comes with handle 0 and is read by inode.
+    no_opendir: bool,
+    /// Where the latest read from offset 0 of each directory (by node id) ends, for the reads
+    /// from later offsets that follow it without a handle. Sharded by node id; an entry goes
+    /// when the kernel forgets the directory.
+    read_ends: [Mutex<HashMap<u64, DirEnd>>; READ_END_SHARDS],
 }
+
+const READ_END_SHARDS: usize = 16;
 
 fn err(e: Errno) -> FErrno {
     FErrno::from_i32(e.code())
@@ -185,6 +197,8 @@ impl Server {
             fs,
             ttl,
             notifier: Arc::default(),
+            no_opendir: false,
+            read_ends: Default::default(),
         }
     }
 
@@ -234,6 +248,53 @@ impl Server {
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read_ends(&self, ino: INodeNo) -> std::sync::MutexGuard<'_, HashMap<u64, DirEnd>> {
+        self.read_ends[ino.0 as usize % READ_END_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the
+    /// directory's end now and records it (under the shard's lock, so the recorded end is
+    /// always the latest taken); a read from a later offset continues to the recorded one.
+    /// The kernel reads a directory from offset 0 whenever it has no valid cached listing,
+    /// so the recorded end is never older than the latest change of the directory the
+    /// kernel knew of when the read began; a read that started earlier may end later than
+    /// where it started (names created meanwhile may be returned, as POSIX allows), but a
+    /// name renamed away and back while one read runs is not returned twice, so every read
+    /// ends.
+    fn dir_end(&self, ino: INodeNo, offset: u64) -> lanefs::Result<DirEnd> {
+        let mut ends = self.read_ends(ino);
+        match ends.get(&ino.0) {
+            Some(end) if offset != 0 => Ok(end.clone()),
+            _ => {
+                let end = self.fs.read_end(node(ino))?;
+                ends.insert(ino.0, end.clone());
+                Ok(end)
+            }
+        }
+    }
+
+    /// READDIR and READDIRPLUS: by inode without a handle (`fh` 0, no-opendir mode), or
+    /// through the engine handle OPENDIR made.
+    fn read_dir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        plus: bool,
+        f: impl FnMut(lanefs::DirEntry<'_>, Option<&Attr>) -> bool,
+    ) -> lanefs::Result<()> {
+        if fh.0 == 0 {
+            let end = self.dir_end(ino, offset)?;
+            self.fs
+                .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
+        } else {
+            self.fs.readdir(&ctx(req), fh.0, offset, plus, f)
         }
     }
 
@@ -294,6 +355,9 @@ impl fuser::Filesystem for Server {
             | InitFlags::FUSE_EXPORT_SUPPORT;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
+        self.no_opendir = config
+            .capabilities()
+            .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
@@ -315,6 +379,8 @@ impl fuser::Filesystem for Server {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // The kernel forgets an inode once, when it evicts it: no read of it is running.
+        self.read_ends(ino).remove(&ino.0);
         self.fs.forget(node(ino), nlookup);
     }
 
@@ -563,7 +629,14 @@ impl fuser::Filesystem for Server {
         Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
+    /// With `FUSE_NO_OPENDIR_SUPPORT` (Linux 5.1 on): ENOSYS, once, and the kernel opens
+    /// directories by itself from then on, with no OPENDIR or RELEASEDIR, and keeps their
+    /// listings (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens); READDIR
+    /// then comes with handle 0. An older kernel gets an engine handle and those two flags.
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir {
+            return reply.error(FErrno::ENOSYS);
+        }
         match self.fs.opendir_flags(&ctx(req), node(ino), flags.0) {
             // The kernel keeps the listing it reads in the directory's page cache, and keeps
             // it across opens (module doc, "Directory listings").
@@ -578,12 +651,12 @@ impl fuser::Filesystem for Server {
     fn readdir(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(&ctx(req), fh.0, offset, false, |e, _| {
+        let r = self.read_dir(req, ino, fh, offset, false, |e, _| {
             !reply.add(
                 INodeNo(e.ino.get()),
                 e.offset,
@@ -600,13 +673,13 @@ impl fuser::Filesystem for Server {
     fn readdirplus(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.ttl;
-        let r = self.fs.readdir(&ctx(req), fh.0, offset, true, |e, a| {
+        let r = self.read_dir(req, ino, fh, offset, true, |e, a| {
             let a = a.expect("readdirplus gives attributes");
             !reply.add(
                 INodeNo(e.ino.get()),
@@ -637,7 +710,7 @@ impl fuser::Filesystem for Server {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
@@ -645,6 +718,10 @@ impl fuser::Filesystem for Server {
         if self.volatile_store {
             // As FSYNC: the kernel sends no FSYNCDIR again.
             return reply.error(FErrno::ENOSYS);
+        }
+        if fh.0 == 0 {
+            // A directory the kernel opened by itself (no-opendir mode).
+            return Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
         }
         Self::empty(self.fs.fsync(fh.0, datasync), reply);
     }

@@ -225,6 +225,7 @@ fn random_change(m: &Mounted, lib: &lanefs::Client, rng: &mut StdRng) -> String 
 
 /// A listing read twice with no change in between is read from the kernel's cache the second
 /// time: no READDIR reaches the engine. A change through the mount makes the next read ask.
+/// The kernel opens directories by itself: no OPENDIR reaches the engine either.
 #[test]
 fn a_listing_is_served_from_the_kernel_cache() {
     let m = Mounted::new();
@@ -234,6 +235,8 @@ fn a_listing_is_served_from_the_kernel_cache() {
         std::fs::File::create(d.join(format!("f{i}"))).unwrap();
     }
     let readdirs = || m.fs.stats().op(lanefs::Op::Readdir);
+    let opendirs = || m.fs.stats().op(lanefs::Op::Opendir);
+    let opened = opendirs();
     let first = list_mount(&d).unwrap();
     assert_eq!(first.len(), 52);
     let before = readdirs();
@@ -248,6 +251,7 @@ fn a_listing_is_served_from_the_kernel_cache() {
         "a changed directory was not read again"
     );
     assert_eq!(after.len(), 53);
+    assert_eq!(opendirs(), opened, "OPENDIR reached the engine");
     m.unmount_and_check();
 }
 
