@@ -6,7 +6,8 @@
 //! changes the tree through this library while it is mounted needs the kernel told: the FUSE
 //! server installs an [`Invalidate`] sink, and every successful mutation made by a library
 //! caller ([`Via::Library`], anyone but the kernel) reports the names and inodes it changed to
-//! it.
+//! it, and the directories whose listing changed without a name in them changing (a directory
+//! moved to another parent lists another `..`).
 //!
 //! A report is made after the operation has released every engine lock, including the
 //! `coarse` one: the kernel's handling of an invalidation may wait for requests in flight in

@@ -40,7 +40,11 @@ pub const FS_TYPE: &str = "fuse.lanefs";
 /// until the reply is in the cache. So when the entry invalidation returns, no listing read
 /// before the change is still on its way into the cache, and the `FUSE_NOTIFY_INVAL_INODE`
 /// that follows drops every page such a read left; the next read of the directory finds a
-/// page missing and reads the directory again.
+/// page missing and reads the directory again. (Kernels after 6.18 look the name up without
+/// the lock first and return at once when they hold no dentry for it; there a listing read
+/// before the change and put into the cache after the pages were dropped is caught only by
+/// the kernel's mtime check, which misses it when the change left the directory's mtime
+/// where it was, within one tick of the coarse clock.)
 pub(crate) struct KernelCache(pub(crate) Notifier);
 
 impl KernelCache {
