@@ -811,3 +811,50 @@ fn inode_flags_on_open_files_and_by_inode() {
     );
     assert_eq!(ro.get_flags(ROOT_INO), Ok(0));
 }
+
+/// `readdir_inode` reads without a handle up to the end it is given: names created after the
+/// end was taken are left out (so a read that keeps its end ends), a fresh end includes them,
+/// reading resumes after any returned cookie, and it needs a live directory.
+#[test]
+fn readdir_by_inode_stops_at_the_end_it_is_given() {
+    let (fs, c) = new_fs(Config::default());
+    let ctx = Ctx::root();
+    c.create_dir("/d").unwrap();
+    for i in 0..100 {
+        c.write(format!("/d/f{i}"), b"").unwrap();
+    }
+    let d = c.metadata("/d").unwrap().ino();
+    let read = |from: u64, end: &DirEnd| {
+        let mut out = Vec::new();
+        fs.readdir_inode(&ctx, d, from, end, false, |e, _| {
+            out.push((String::from_utf8(e.name.to_vec()).unwrap(), e.offset));
+            true
+        })
+        .unwrap();
+        out
+    };
+    let end = fs.read_end(d).unwrap();
+    let all = read(0, &end);
+    assert_eq!(all.len(), 102);
+    assert_eq!(&all[0].0, ".");
+    assert_eq!(&all[1].0, "..");
+    // A name renamed away and back gets a new cookie: past the old end, not read again.
+    c.rename("/d/f5", "/d/tmp").unwrap();
+    c.rename("/d/tmp", "/d/f5").unwrap();
+    c.write("/d/new", b"").unwrap();
+    let (cut_name, cut) = all[50].clone();
+    let rest = read(cut, &end);
+    let names: Vec<&str> = rest.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(rest.len(), 51, "{names:?}");
+    assert!(!names.contains(&"new") && !names.contains(&cut_name.as_str()));
+    // A fresh end sees both.
+    let again = read(0, &fs.read_end(d).unwrap());
+    assert_eq!(again.len(), 103);
+    assert!(again.iter().any(|(n, _)| n == "new"));
+    assert_eq!(again.iter().filter(|(n, _)| n == "f5").count(), 1);
+    c.remove_dir_all("/d").unwrap();
+    assert_eq!(
+        fs.readdir_inode(&ctx, d, 0, &end, false, |_, _| true),
+        Err(Errno::ENOENT)
+    );
+}
