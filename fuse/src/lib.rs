@@ -120,7 +120,11 @@
 //! handle from OPENDIR, with those two flags set.
 //!
 //! The first read of an uncached directory still uses READDIRPLUS when the kernel asks for
-//! it; only its entries go into the cache. The kernel checks the cache at every read from
+//! it; only its entries go into the cache, so a listing served from the cache refreshes no
+//! entry or attribute. Once the entries have expired (the entry timeout, [`MountConfig::ttl`]),
+//! a walk through a cached listing would revalidate every name with a LOOKUP; so the server
+//! drops each directory's cached listing once the read that filled it is older than the
+//! timeout (checked every quarter of it), and the next read is a READDIRPLUS again. The kernel checks the cache at every read from
 //! offset 0 (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its
 //! mtime changed, or when a page of it is gone. Each change of a listing reaches it so:
 //! - a name created, removed, linked or renamed through this mount: the kernel bumps the

@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
@@ -66,12 +66,53 @@ pub struct Server {
     /// answered ENOSYS): READDIR comes with handle 0 and is read by inode.
     no_opendir: bool,
     /// Where the latest read from offset 0 of each directory (by node id) ends, for the reads
-    /// from later offsets that follow it without a handle. Sharded by node id; an entry goes
-    /// when the kernel forgets the directory.
-    read_ends: [Mutex<HashMap<u64, DirEnd>>; READ_END_SHARDS],
+    /// from later offsets that follow it without a handle, and when it was made (see
+    /// [`expire_listings`]). Sharded by node id; an entry goes when the kernel forgets the
+    /// directory.
+    read_ends: Arc<ReadEnds>,
 }
 
 const READ_END_SHARDS: usize = 16;
+
+/// Per directory: where its latest read from offset 0 ends, and when that read was made while
+/// its listing has not been dropped since.
+type ReadEnds = [Mutex<HashMap<u64, (DirEnd, Option<Instant>)>>; READ_END_SHARDS];
+
+/// Drops the kernel's cached listing of each directory read from offset 0 more than `ttl`
+/// ago, every `ttl / 4`, until the server is gone. A listing served from the cache comes
+/// without attributes, so once the entries it names have expired (the entry timeout is
+/// `ttl`), a walk through it would revalidate each with a LOOKUP; read again, the directory
+/// comes with READDIRPLUS, which refreshes every entry in one request per page. Only speed
+/// depends on this: a listing is right however old it is (module doc, "Directory listings").
+fn expire_listings(
+    ends: std::sync::Weak<ReadEnds>,
+    kc: Arc<OnceLock<mnt::KernelCache>>,
+    ttl: Duration,
+) {
+    let period = (ttl / 4).max(Duration::from_millis(100));
+    loop {
+        std::thread::sleep(period);
+        let Some(ends) = ends.upgrade() else {
+            return;
+        };
+        let Some(kc) = kc.get() else {
+            continue;
+        };
+        let mut old = Vec::new();
+        for shard in ends.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (ino, (_, at)) in shard.iter_mut() {
+                if at.is_some_and(|t| t.elapsed() >= ttl) {
+                    *at = None; // until the directory is read from offset 0 again
+                    old.push(*ino);
+                }
+            }
+        }
+        for ino in old {
+            kc.drop_listing(Ino(ino));
+        }
+    }
+}
 
 fn err(e: Errno) -> FErrno {
     FErrno::from_i32(e.code())
@@ -251,7 +292,10 @@ impl Server {
         }
     }
 
-    fn read_ends(&self, ino: INodeNo) -> std::sync::MutexGuard<'_, HashMap<u64, DirEnd>> {
+    fn read_ends(
+        &self,
+        ino: INodeNo,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
         self.read_ends[ino.0 as usize % READ_END_SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -269,10 +313,10 @@ impl Server {
     fn dir_end(&self, ino: INodeNo, offset: u64) -> lanefs::Result<DirEnd> {
         let mut ends = self.read_ends(ino);
         match ends.get(&ino.0) {
-            Some(end) if offset != 0 => Ok(end.clone()),
+            Some((end, _)) if offset != 0 => Ok(end.clone()),
             _ => {
                 let end = self.fs.read_end(node(ino))?;
-                ends.insert(ino.0, end.clone());
+                ends.insert(ino.0, (end.clone(), Some(Instant::now())));
                 Ok(end)
             }
         }
@@ -938,6 +982,12 @@ fn new_session(
 ) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
     let server = Server::with_config(fs.clone(), cfg);
     let notifier = server.notifier.clone();
+    if !cfg.ttl.is_zero() {
+        let (ends, kc, ttl) = (Arc::downgrade(&server.read_ends), notifier.clone(), cfg.ttl);
+        std::thread::Builder::new()
+            .name("lanefs-listings".into())
+            .spawn(move || expire_listings(ends, kc, ttl))?;
+    }
     let opts = options(cfg);
     let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
         Some((fd, direct)) => {

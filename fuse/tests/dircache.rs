@@ -26,10 +26,14 @@ struct Mounted {
 
 impl Mounted {
     fn new() -> Mounted {
+        Mounted::with_ttl(Duration::from_secs(60))
+    }
+
+    fn with_ttl(ttl: Duration) -> Mounted {
         let fs = Arc::new(Filesystem::new(Config::default()));
         let dir = tempfile::tempdir().unwrap();
         let mc = MountConfig {
-            ttl: Duration::from_secs(60),
+            ttl,
             ..MountConfig::default()
         };
         let mount = lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc)
@@ -252,6 +256,41 @@ fn a_listing_is_served_from_the_kernel_cache() {
     );
     assert_eq!(after.len(), 53);
     assert_eq!(opendirs(), opened, "OPENDIR reached the engine");
+    m.unmount_and_check();
+}
+
+/// Once the entries a cached listing names have expired (the entry timeout), the listing is
+/// dropped too, so a walk reads the directory again with READDIRPLUS (which refreshes every
+/// entry) instead of revalidating each name with a LOOKUP.
+#[test]
+fn a_listing_older_than_the_entry_timeout_is_read_again() {
+    let m = Mounted::with_ttl(Duration::from_secs(1));
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..200 {
+        std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    let walk = || {
+        for name in list_mount(&d).unwrap().keys() {
+            let p = d.join(std::ffi::OsStr::from_bytes(name));
+            std::fs::symlink_metadata(p).unwrap();
+        }
+    };
+    walk();
+    walk();
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = m.fs.stats();
+    walk();
+    let delta = m.fs.stats().since(&before);
+    assert!(
+        delta.op(lanefs::Op::Readdir) > 0,
+        "the expired listing was served from the cache"
+    );
+    assert!(
+        delta.op(lanefs::Op::Lookup) < 20,
+        "{} LOOKUPs after the listing expired",
+        delta.op(lanefs::Op::Lookup)
+    );
     m.unmount_and_check();
 }
 
