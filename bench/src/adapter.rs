@@ -44,6 +44,9 @@ pub trait Adapter: Send + Sync {
     fn stat(&self, dir: Dir, name: &str) -> Result<(), Errno>;
     /// open + read up to `buf.len()` bytes + close; returns the bytes read.
     fn open_read(&self, dir: Dir, name: &str, buf: &mut [u8]) -> Result<usize, Errno>;
+    /// Lists `dir` (open, read to the end, close) into `names` (replaced), `.` and `..` left
+    /// out.
+    fn list(&self, dir: Dir, names: &mut Vec<String>) -> Result<(), Errno>;
     /// The engine's statistics, for in-process runs.
     fn engine(&self) -> Option<&Filesystem> {
         None
@@ -187,6 +190,18 @@ impl Adapter for Engine {
         self.fs.release(fh)?;
         n
     }
+    fn list(&self, dir: Dir, names: &mut Vec<String>) -> Result<(), Errno> {
+        names.clear();
+        let fh = self.fs.opendir(&self.ctx, Self::ino(dir))?;
+        let r = self.fs.readdir(&self.ctx, fh, 0, false, |e, _| {
+            if e.name != b"." && e.name != b".." {
+                names.push(String::from_utf8_lossy(e.name).into_owned());
+            }
+            true
+        });
+        self.fs.releasedir(fh)?;
+        r
+    }
     fn engine(&self) -> Option<&Filesystem> {
         Some(&self.fs)
     }
@@ -309,6 +324,20 @@ impl Adapter for Paths {
                 .and_then(|mut f| f.read(buf))
                 .map_err(io)
         })
+    }
+    fn list(&self, dir: Dir, names: &mut Vec<String>) -> Result<(), Errno> {
+        let path = match Self::dir(dir) {
+            "" => "/",
+            p => p,
+        };
+        let entries = self.client.read_dir(path).map_err(io)?;
+        names.clear();
+        names.extend(
+            entries
+                .into_iter()
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned()),
+        );
+        Ok(())
     }
     fn engine(&self) -> Option<&Filesystem> {
         Some(&self.engine.fs)
@@ -459,5 +488,36 @@ impl Adapter for Syscalls {
                 Ok(r as usize)
             }
         }
+    }
+    fn list(&self, dir: Dir, names: &mut Vec<String>) -> Result<(), Errno> {
+        names.clear();
+        // SAFETY: see the impl comment; `d` is the stream fdopendir made of `f`, read by this
+        // thread only and closed once (closing `f` with it), and each entry readdir returns
+        // is read before the next call.
+        unsafe {
+            let f = rc(libc::openat(
+                fd(dir),
+                c".".as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            ))?;
+            let d = libc::fdopendir(f);
+            if d.is_null() {
+                let e = last_errno();
+                libc::close(f);
+                return Err(e);
+            }
+            loop {
+                let e = libc::readdir(d);
+                if e.is_null() {
+                    break;
+                }
+                let n = std::ffi::CStr::from_ptr((*e).d_name.as_ptr()).to_bytes();
+                if n != b"." && n != b".." {
+                    names.push(String::from_utf8_lossy(n).into_owned());
+                }
+            }
+            libc::closedir(d);
+        }
+        Ok(())
     }
 }

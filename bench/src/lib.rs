@@ -30,6 +30,9 @@ pub enum Workload {
     Rndrename,
     /// Seed 000: each thread builds its own tree, then stats every file in it.
     Fstree,
+    /// The fstree tree walked as `ls -lR`, `find` and backup scans do: each directory is
+    /// listed (open, read to the end, close) and every name listed is then stat'ed.
+    Walk,
     /// Seed 001: each thread creates empty files in its own directory, fsync after each.
     Fsmark,
     /// Seed 004: open + read(40 bytes) + close over small files shared by all threads.
@@ -38,10 +41,11 @@ pub enum Workload {
 
 impl Workload {
     /// Every workload.
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::Crunl,
         Workload::Rndrename,
         Workload::Fstree,
+        Workload::Walk,
         Workload::Fsmark,
         Workload::Orc,
     ];
@@ -52,6 +56,7 @@ impl Workload {
             Workload::Crunl => "crunl",
             Workload::Rndrename => "rndrename",
             Workload::Fstree => "fstree",
+            Workload::Walk => "walk",
             Workload::Fsmark => "fsmark",
             Workload::Orc => "orc",
         }
@@ -63,6 +68,7 @@ impl Workload {
             Workload::Crunl => "create+close+unlink",
             Workload::Rndrename => "create+rename+unlink",
             Workload::Fstree => "stat",
+            Workload::Walk => "stat of a listed name (listings included)",
             Workload::Fsmark => "create+fsync+close",
             Workload::Orc => "open+read+close",
         }
@@ -77,7 +83,7 @@ impl std::str::FromStr for Workload {
             .find(|w| w.name() == s)
             .ok_or_else(|| {
                 format!(
-                    "unknown workload '{s}' (expected one of crunl, rndrename, fstree, fsmark, orc)"
+                    "unknown workload '{s}' (expected one of crunl, rndrename, fstree, walk, fsmark, orc)"
                 )
             })
     }
@@ -256,6 +262,13 @@ enum Job {
         dirs: Vec<Dir>,
         files: usize,
     },
+    Walk {
+        dirs: Vec<Dir>,
+        /// The directory being walked (an index into `dirs`), its names, the next to stat.
+        at: usize,
+        names: Vec<String>,
+        next: usize,
+    },
     Fsmark {
         dir: Dir,
     },
@@ -289,7 +302,7 @@ fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<V
                 })
                 .collect()
         }
-        Workload::Fstree => (0..threads)
+        Workload::Fstree | Workload::Walk => (0..threads)
             .map(|t| {
                 if progress {
                     eprint!("\r  building trees: {t}/{threads} threads' trees done          ");
@@ -303,9 +316,18 @@ fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<V
                     }
                     dirs.push(dir);
                 }
-                Ok(Job::Fstree {
-                    dirs,
-                    files: p.fstree_files,
+                Ok(if w == Workload::Walk {
+                    Job::Walk {
+                        at: dirs.len() - 1,
+                        dirs,
+                        names: Vec::new(),
+                        next: 0,
+                    }
+                } else {
+                    Job::Fstree {
+                        dirs,
+                        files: p.fstree_files,
+                    }
                 })
             })
             .collect::<Result<_, Errno>>()?,
@@ -369,6 +391,21 @@ fn step(
             let _ = write!(name, "f{}", n % *files);
             a.expect("adapter")
                 .stat(dirs[(n / *files) % dirs.len()], name)
+        }
+        Job::Walk {
+            dirs,
+            at,
+            names,
+            next,
+        } => {
+            let a = a.expect("adapter");
+            while *next == names.len() {
+                *at = (*at + 1) % dirs.len();
+                a.list(dirs[*at], names)?;
+                *next = 0;
+            }
+            *next += 1;
+            a.stat(dirs[*at], &names[*next - 1])
         }
         Job::Fsmark { dir } => {
             let _ = write!(name, "m{i:010}");

@@ -22,7 +22,7 @@ enum Scale {
 /// machine's own scaling limit at that moment.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Workloads, comma-separated: crunl, rndrename, fstree, fsmark, orc; or `memory` (bytes
+    /// Workloads, comma-separated: crunl, rndrename, fstree, walk, fsmark, orc; or `memory` (bytes
     /// per empty file at --files files).
     #[arg(value_delimiter = ',', required = true)]
     workloads: Vec<String>,
@@ -139,6 +139,7 @@ fn seed_iterations(w: Workload) -> Option<u64> {
         Workload::Orc => Some(100 * 254),
         Workload::Fsmark => Some(10_240),
         Workload::Fstree => None, // one pass: see Params::cold
+        Workload::Walk => None,
     }
 }
 
@@ -146,7 +147,7 @@ fn seed_iterations(w: Workload) -> Option<u64> {
 fn before(w: Workload) -> Option<Locking> {
     match w {
         Workload::Crunl | Workload::Rndrename => Some(Locking::DirLock),
-        Workload::Fstree | Workload::Orc => Some(Locking::Coarse),
+        Workload::Fstree | Workload::Walk | Workload::Orc => Some(Locking::Coarse),
         Workload::Fsmark => None,
     }
 }

@@ -19,7 +19,7 @@ enum Cmd {
     Mount(mount::MountArgs),
     /// Show the operation counts and lock statistics of a running mount.
     Stats(mount::StatsArgs),
-    /// Run the seed workloads (crunl, rndrename, fstree, fsmark, orc) in-process and on paths.
+    /// Run the workloads (crunl, rndrename, fstree, walk, fsmark, orc) in-process and on paths.
     Bench(bench::BenchArgs),
     /// Check a disk store (exit 0 when consistent); --repair cuts a damaged one back to its
     /// last consistent prefix.

@@ -6,7 +6,8 @@
 //! changes the tree through this library while it is mounted needs the kernel told: the FUSE
 //! server installs an [`Invalidate`] sink, and every successful mutation made by a library
 //! caller ([`Via::Library`], anyone but the kernel) reports the names and inodes it changed to
-//! it.
+//! it, and the directories whose listing changed without a name in them changing (a directory
+//! moved to another parent lists another `..`).
 //!
 //! A report is made after the operation has released every engine lock, including the
 //! `coarse` one: the kernel's handling of an invalidation may wait for requests in flight in
@@ -28,6 +29,11 @@ pub trait Invalidate: Send + Sync {
     /// The attributes of `ino` changed; `data` is `Some((offset, len))` when the file's
     /// contents in that byte range changed too (`len` 0: to the end of the file).
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>);
+    /// What a read of directory `dir` returns changed without a name in `dir` changing: its
+    /// `..` names another directory (it was moved to another parent). Every name created,
+    /// removed or replaced in `dir` is reported by [`Invalidate::entry`] instead, which a
+    /// cache of `dir`'s listing must take as a change of that listing too.
+    fn listing(&self, dir: Ino);
 }
 
 /// The installed sink. The flag keeps the common case (nothing installed, or a kernel caller)

@@ -372,6 +372,9 @@ impl lanefs::notify::Invalidate for Recorder {
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) {
         self.0.lock().unwrap().push(format!("inode {ino} {data:?}"));
     }
+    fn listing(&self, dir: Ino) {
+        self.0.lock().unwrap().push(format!("listing {dir}"));
+    }
 }
 
 impl Recorder {
@@ -420,6 +423,43 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
     assert!(c.remove_file("/d/nothing").is_err());
     assert!(c.create_dir("/d").is_err());
     assert_eq!(rec.take(), Vec::<String>::new());
+
+    // A directory moved to another parent: its own listing (`..`) changed too; moved within
+    // its parent, or a file moved, it did not.
+    c.create_dir("/m").unwrap();
+    let m = c.metadata("/m").unwrap().ino();
+    rec.take();
+    c.rename("/m", "/d/m").unwrap();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {root} m"),
+            format!("entry {d} m"),
+            format!("listing {m}")
+        ]
+    );
+    c.rename("/d/m", "/d/m2").unwrap();
+    assert_eq!(
+        rec.take(),
+        [format!("entry {d} m"), format!("entry {d} m2")]
+    );
+    c.create_dir("/x").unwrap();
+    let x = c.metadata("/x").unwrap().ino();
+    rec.take();
+    c.rename_with_flags("/x", "/d/m2", lanefs::RENAME_EXCHANGE)
+        .unwrap();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {root} x"),
+            format!("entry {d} m2"),
+            format!("listing {x}"),
+            format!("listing {m}")
+        ]
+    );
+    c.remove_dir("/x").unwrap();
+    c.remove_dir("/d/m2").unwrap();
+    rec.take();
 
     // The kernel keeps its own caches: nothing it does is reported.
     let kernel = Ctx::root().via_kernel();
@@ -770,4 +810,51 @@ fn inode_flags_on_open_files_and_by_inode() {
         Err(Errno::EROFS)
     );
     assert_eq!(ro.get_flags(ROOT_INO), Ok(0));
+}
+
+/// `readdir_inode` reads without a handle up to the end it is given: names created after the
+/// end was taken are left out (so a read that keeps its end ends), a fresh end includes them,
+/// reading resumes after any returned cookie, and it needs a live directory.
+#[test]
+fn readdir_by_inode_stops_at_the_end_it_is_given() {
+    let (fs, c) = new_fs(Config::default());
+    let ctx = Ctx::root();
+    c.create_dir("/d").unwrap();
+    for i in 0..100 {
+        c.write(format!("/d/f{i}"), b"").unwrap();
+    }
+    let d = c.metadata("/d").unwrap().ino();
+    let read = |from: u64, end: &DirEnd| {
+        let mut out = Vec::new();
+        fs.readdir_inode(&ctx, d, from, end, false, |e, _| {
+            out.push((String::from_utf8(e.name.to_vec()).unwrap(), e.offset));
+            true
+        })
+        .unwrap();
+        out
+    };
+    let end = fs.read_end(d).unwrap();
+    let all = read(0, &end);
+    assert_eq!(all.len(), 102);
+    assert_eq!(&all[0].0, ".");
+    assert_eq!(&all[1].0, "..");
+    // A name renamed away and back gets a new cookie: past the old end, not read again.
+    c.rename("/d/f5", "/d/tmp").unwrap();
+    c.rename("/d/tmp", "/d/f5").unwrap();
+    c.write("/d/new", b"").unwrap();
+    let (cut_name, cut) = all[50].clone();
+    let rest = read(cut, &end);
+    let names: Vec<&str> = rest.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(rest.len(), 51, "{names:?}");
+    assert!(!names.contains(&"new") && !names.contains(&cut_name.as_str()));
+    // A fresh end sees both.
+    let again = read(0, &fs.read_end(d).unwrap());
+    assert_eq!(again.len(), 103);
+    assert!(again.iter().any(|(n, _)| n == "new"));
+    assert_eq!(again.iter().filter(|(n, _)| n == "f5").count(), 1);
+    c.remove_dir_all("/d").unwrap();
+    assert_eq!(
+        fs.readdir_inode(&ctx, d, 0, &end, false, |_, _| true),
+        Err(Errno::ENOENT)
+    );
 }

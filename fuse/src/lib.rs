@@ -85,6 +85,8 @@
 //!   creating a new name costs no LOOKUP;
 //! - opening, reading (from the page cache) and closing a file sends nothing (no-open mode,
 //!   above), and neither does closing a file an `open(O_CREAT)` made;
+//! - opening, listing (from the cached listing) and closing a directory sends nothing
+//!   (no-opendir mode, "Directory listings" above);
 //! - on a store that keeps nothing (the memory store: [`lanefs::Filesystem::durable`])
 //!   FSYNC and FSYNCDIR are answered ENOSYS, once each: the kernel
 //!   then sends neither again, still writes dirty pages back at `fsync` and returns 0, as
@@ -99,6 +101,45 @@
 //!   lanefs checks again on every namespace and attribute request that reaches it (so the
 //!   library is safe on its own); the two use the same POSIX rules. File data requests come
 //!   only for files the kernel has opened, its access check done.
+//!
+//! ## Directory listings
+//! **no-opendir mode** for directories: OPENDIR is answered ENOSYS (the kernel says it
+//! understands that with `FUSE_NO_OPENDIR_SUPPORT`), which tells the kernel, once, to open
+//! directories by itself from then on, with no OPENDIR or RELEASEDIR, and to keep their
+//! listings: `FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens. The kernel
+//! keeps what a full read of a directory returned (names, inode numbers, types and cookies,
+//! not attributes) in the directory inode's page cache and serves later reads from there, for
+//! any open, with no request at all (a walk still needs the entries' attributes cached, as
+//! READDIRPLUS and LOOKUP leave them). READDIR(PLUS) comes with handle 0 and is read by inode
+//! ([`lanefs::Filesystem::readdir_inode`]); where a read ends is kept per directory by the
+//! server (`Server::dir_end`), so every read ends, as through a handle. The kernel checks
+//! read permission at the open itself (`default_permissions`) and `O_NOATIME` ownership; the
+//! directory's atime is touched by every read that reaches lanefs (whatever `O_NOATIME`
+//! says), and not by a read served from the cache, which with relatime semantics (lanefs's)
+//! would mostly not change it either. A kernel without no-opendir support gets an engine
+//! handle from OPENDIR, with those two flags set.
+//!
+//! The first read of an uncached directory still uses READDIRPLUS when the kernel asks for
+//! it; only its entries go into the cache, so a listing served from the cache refreshes no
+//! entry or attribute. Once the entries have expired (the entry timeout, [`MountConfig::ttl`]),
+//! a walk through a cached listing would revalidate every name with a LOOKUP; so the server
+//! drops each directory's cached listing once the read that filled it is older than the
+//! timeout (checked every quarter of it), and the next read is a READDIRPLUS again. The kernel checks the cache at every read from
+//! offset 0 (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its
+//! mtime changed, or when a page of it is gone. Each change of a listing reaches it so:
+//! - a name created, removed, linked or renamed through this mount: the kernel bumps the
+//!   `i_version` of each directory whose names it changed (`fuse_dir_changed`, on MKNOD,
+//!   MKDIR, SYMLINK, LINK, UNLINK, RMDIR and RENAME of both parents);
+//! - a directory moved to another parent through this mount: its own `..` changed, which the
+//!   kernel does not count as a change of it; the server drops its cached pages before it
+//!   answers the RENAME (`Server::moved_dirs`);
+//! - a change made through the library while mounted: the engine reports the names (and the
+//!   directories moved to another parent, [`lanefs::notify::Invalidate::listing`]) and the
+//!   server drops the directory's pages after an entry invalidation that waits out every
+//!   listing in flight (`mnt.rs`, `KernelCache`).
+//!
+//! Nothing else changes a listing: attributes are not in it, and a directory's inode number
+//! and type never change.
 //!
 //! ## Timeouts
 //! Entries and attributes are cached by the kernel for [`MountConfig::ttl`] (default 60 s).

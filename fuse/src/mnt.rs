@@ -31,13 +31,35 @@ pub const FS_TYPE: &str = "fuse.lanefs";
 
 /// Sends the engine's invalidations to the kernel. Errors are ignored: ENOENT means the kernel
 /// holds nothing for that name or inode, and ENODEV that the mount is gone.
-struct KernelCache(Notifier);
+///
+/// A directory's listing is cached by the kernel (`FOPEN_CACHE_DIR`, see `server.rs`) in the
+/// directory inode's page cache, so a library change of a name also drops those pages. The
+/// `FUSE_NOTIFY_INVAL_ENTRY` goes first: the kernel handles it with the directory's `i_rwsem`
+/// held exclusively (Linux 6.18, `fuse_reverse_inval_entry`, whether or not it holds a dentry
+/// for the name), and every `getdents` holds that lock shared from before its READDIR is sent
+/// until the reply is in the cache. So when the entry invalidation returns, no listing read
+/// before the change is still on its way into the cache, and the `FUSE_NOTIFY_INVAL_INODE`
+/// that follows drops every page such a read left; the next read of the directory finds a
+/// page missing and reads the directory again. (Kernels after 6.18 look the name up without
+/// the lock first and return at once when they hold no dentry for it; there a listing read
+/// before the change and put into the cache after the pages were dropped is caught only by
+/// the kernel's mtime check, which misses it when the change left the directory's mtime
+/// where it was, within one tick of the coarse clock.)
+pub(crate) struct KernelCache(pub(crate) Notifier);
+
+impl KernelCache {
+    /// Drops `dir`'s cached listing (its pages) and attributes.
+    pub(crate) fn drop_listing(&self, dir: lanefs::Ino) {
+        let _ = self.0.inval_inode(INodeNo(dir.get()), 0, 0);
+    }
+}
 
 impl Invalidate for KernelCache {
     fn entry(&self, parent: lanefs::Ino, name: &[u8]) {
         let _ = self
             .0
             .inval_entry(INodeNo(parent.get()), OsStr::from_bytes(name));
+        self.drop_listing(parent);
     }
 
     fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) {
@@ -46,6 +68,13 @@ impl Invalidate for KernelCache {
             (o.min(i64::MAX as u64) as i64, l.min(i64::MAX as u64) as i64)
         });
         let _ = self.0.inval_inode(INodeNo(ino.get()), off, len);
+    }
+
+    fn listing(&self, dir: lanefs::Ino) {
+        // `..` names no dentry: the entry invalidation only waits out the reads in flight
+        // (above), and drops nothing.
+        let _ = self.0.inval_entry(INodeNo(dir.get()), OsStr::new(".."));
+        self.drop_listing(dir);
     }
 }
 

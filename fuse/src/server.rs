@@ -1,11 +1,12 @@
 //! Request translation.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
@@ -14,7 +15,9 @@ use fuser::{
     ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use lanefs::{Attr, Ctx, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy};
+use lanefs::{
+    Attr, Ctx, DirEnd, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy,
+};
 
 use crate::{creds, mnt};
 
@@ -56,6 +59,59 @@ pub struct Server {
     /// make durable, so FSYNC and FSYNCDIR are answered ENOSYS, which tells the kernel to
     /// stop sending them (it still writes dirty pages back first, and `fsync` returns 0).
     volatile_store: bool,
+    /// The session's notifier, once the session exists: a RENAME that moves a directory to
+    /// another parent drops that directory's cached listing (its `..` changed).
+    notifier: Arc<OnceLock<mnt::KernelCache>>,
+    /// The kernel opens directories by itself (`FUSE_NO_OPENDIR_SUPPORT`, so OPENDIR is
+    /// answered ENOSYS): READDIR comes with handle 0 and is read by inode.
+    no_opendir: bool,
+    /// Where the latest read from offset 0 of each directory (by node id) ends, for the reads
+    /// from later offsets that follow it without a handle, and when it was made (see
+    /// [`expire_listings`]). Sharded by node id; an entry goes when the kernel forgets the
+    /// directory.
+    read_ends: Arc<ReadEnds>,
+}
+
+const READ_END_SHARDS: usize = 16;
+
+/// Per directory: where its latest read from offset 0 ends, and when that read was made while
+/// its listing has not been dropped since.
+type ReadEnds = [Mutex<HashMap<u64, (DirEnd, Option<Instant>)>>; READ_END_SHARDS];
+
+/// Drops the kernel's cached listing of each directory read from offset 0 more than `ttl`
+/// ago, every `ttl / 4`, until the server is gone. A listing served from the cache comes
+/// without attributes, so once the entries it names have expired (the entry timeout is
+/// `ttl`), a walk through it would revalidate each with a LOOKUP; read again, the directory
+/// comes with READDIRPLUS, which refreshes every entry in one request per page. Only speed
+/// depends on this: a listing is right however old it is (module doc, "Directory listings").
+fn expire_listings(
+    ends: std::sync::Weak<ReadEnds>,
+    kc: Arc<OnceLock<mnt::KernelCache>>,
+    ttl: Duration,
+) {
+    let period = (ttl / 4).max(Duration::from_millis(100));
+    loop {
+        std::thread::sleep(period);
+        let Some(ends) = ends.upgrade() else {
+            return;
+        };
+        let Some(kc) = kc.get() else {
+            continue;
+        };
+        let mut old = Vec::new();
+        for shard in ends.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            for (ino, (_, at)) in shard.iter_mut() {
+                if at.is_some_and(|t| t.elapsed() >= ttl) {
+                    *at = None; // until the directory is read from offset 0 again
+                    old.push(*ino);
+                }
+            }
+        }
+        for ino in old {
+            kc.drop_listing(Ino(ino));
+        }
+    }
 }
 
 fn err(e: Errno) -> FErrno {
@@ -181,6 +237,9 @@ impl Server {
             volatile_store: !fs.durable(),
             fs,
             ttl,
+            notifier: Arc::default(),
+            no_opendir: false,
+            read_ends: Default::default(),
         }
     }
 
@@ -233,6 +292,91 @@ impl Server {
         }
     }
 
+    fn read_ends(
+        &self,
+        ino: INodeNo,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
+        self.read_ends[ino.0 as usize % READ_END_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the
+    /// directory's end now and records it (under the shard's lock, so the recorded end is
+    /// always the latest taken); a read from a later offset continues to the recorded one.
+    /// The kernel reads a directory from offset 0 whenever it has no valid cached listing,
+    /// so the recorded end is never older than the latest change of the directory the
+    /// kernel knew of when the read began; a read that started earlier may end later than
+    /// where it started (names created meanwhile may be returned, as POSIX allows), but a
+    /// name renamed away and back while one read runs is not returned twice, so every read
+    /// ends.
+    fn dir_end(&self, ino: INodeNo, offset: u64) -> lanefs::Result<DirEnd> {
+        let mut ends = self.read_ends(ino);
+        match ends.get(&ino.0) {
+            Some((end, _)) if offset != 0 => Ok(end.clone()),
+            _ => {
+                let end = self.fs.read_end(node(ino))?;
+                ends.insert(ino.0, (end.clone(), Some(Instant::now())));
+                Ok(end)
+            }
+        }
+    }
+
+    /// READDIR and READDIRPLUS: by inode without a handle (`fh` 0, no-opendir mode), or
+    /// through the engine handle OPENDIR made.
+    fn read_dir(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        plus: bool,
+        f: impl FnMut(lanefs::DirEntry<'_>, Option<&Attr>) -> bool,
+    ) -> lanefs::Result<()> {
+        if fh.0 == 0 {
+            let end = self.dir_end(ino, offset)?;
+            self.fs
+                .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
+        } else {
+            self.fs.readdir(&ctx(req), fh.0, offset, plus, f)
+        }
+    }
+
+    /// After a RENAME between two directories: drops the cached listing of each directory it
+    /// moved (now `newname` in `newparent`, and with `RENAME_EXCHANGE` also `name` in
+    /// `parent`), whose `..` changed, a change the kernel does not see as one of that
+    /// directory. Sent before the reply, while the kernel holds the moved directories'
+    /// `i_rwsem` (`vfs_rename` locks a directory it moves to another parent), so no `getdents`
+    /// of them is in flight to put the old `..` back. An inode invalidation takes no inode
+    /// lock, so it is safe from a request thread.
+    fn moved_dirs(
+        &self,
+        req: &Request,
+        newparent: INodeNo,
+        newname: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
+        flags: RenameFlags,
+    ) {
+        let Some(kc) = self.notifier.get() else {
+            return;
+        };
+        // A library caller's lookup: it takes no lookup reference for the kernel.
+        let mut c = ctx(req);
+        c.via = lanefs::Via::Library;
+        let mut at = vec![(newparent, newname)];
+        if flags.bits() & lanefs::RENAME_EXCHANGE != 0 {
+            at.push((parent, name));
+        }
+        for (dir, n) in at {
+            if let Ok(a) = self.fs.lookup(&c, node(dir), n.as_bytes())
+                && a.kind() == FileType::Directory
+            {
+                kc.drop_listing(a.ino);
+            }
+        }
+    }
+
     fn xattr(r: lanefs::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
         match r {
             Ok(v) if size == 0 => reply.size(v.len() as u32),
@@ -255,6 +399,9 @@ impl fuser::Filesystem for Server {
             | InitFlags::FUSE_EXPORT_SUPPORT;
         let have = config.capabilities() & want;
         let _ = config.add_capabilities(have);
+        self.no_opendir = config
+            .capabilities()
+            .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
@@ -276,6 +423,8 @@ impl fuser::Filesystem for Server {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // The kernel forgets an inode once, when it evicts it: no read of it is running.
+        self.read_ends(ino).remove(&ino.0);
         self.fs.forget(node(ino), nlookup);
     }
 
@@ -420,6 +569,9 @@ impl fuser::Filesystem for Server {
             newname.as_bytes(),
             flags.bits(),
         );
+        if r.is_ok() && parent != newparent {
+            self.moved_dirs(req, newparent, newname, parent, name, flags);
+        }
         Self::empty(r, reply);
     }
 
@@ -521,9 +673,21 @@ impl fuser::Filesystem for Server {
         Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
     }
 
+    /// With `FUSE_NO_OPENDIR_SUPPORT` (Linux 5.1 on): ENOSYS, once, and the kernel opens
+    /// directories by itself from then on, with no OPENDIR or RELEASEDIR, and keeps their
+    /// listings (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens); READDIR
+    /// then comes with handle 0. An older kernel gets an engine handle and those two flags.
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.no_opendir {
+            return reply.error(FErrno::ENOSYS);
+        }
         match self.fs.opendir_flags(&ctx(req), node(ino), flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // The kernel keeps the listing it reads in the directory's page cache, and keeps
+            // it across opens (module doc, "Directory listings").
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -531,12 +695,12 @@ impl fuser::Filesystem for Server {
     fn readdir(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(&ctx(req), fh.0, offset, false, |e, _| {
+        let r = self.read_dir(req, ino, fh, offset, false, |e, _| {
             !reply.add(
                 INodeNo(e.ino.get()),
                 e.offset,
@@ -553,13 +717,13 @@ impl fuser::Filesystem for Server {
     fn readdirplus(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let ttl = self.ttl;
-        let r = self.fs.readdir(&ctx(req), fh.0, offset, true, |e, a| {
+        let r = self.read_dir(req, ino, fh, offset, true, |e, a| {
             let a = a.expect("readdirplus gives attributes");
             !reply.add(
                 INodeNo(e.ino.get()),
@@ -590,7 +754,7 @@ impl fuser::Filesystem for Server {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
@@ -598,6 +762,10 @@ impl fuser::Filesystem for Server {
         if self.volatile_store {
             // As FSYNC: the kernel sends no FSYNCDIR again.
             return reply.error(FErrno::ENOSYS);
+        }
+        if fh.0 == 0 {
+            // A directory the kernel opened by itself (no-opendir mode).
+            return Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
         }
         Self::empty(self.fs.fsync(fh.0, datasync), reply);
     }
@@ -813,15 +981,24 @@ fn new_session(
     cfg: &MountConfig,
 ) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
     let server = Server::with_config(fs.clone(), cfg);
+    let notifier = server.notifier.clone();
+    if !cfg.ttl.is_zero() {
+        let (ends, kc, ttl) = (Arc::downgrade(&server.read_ends), notifier.clone(), cfg.ttl);
+        std::thread::Builder::new()
+            .name("lanefs-listings".into())
+            .spawn(move || expire_listings(ends, kc, ttl))?;
+    }
     let opts = options(cfg);
-    Ok(match mnt::mount_direct(mountpoint, cfg)? {
+    let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
         Some((fd, direct)) => {
             let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
                 .inspect_err(|_| drop(direct.unmount(true)))?;
             (s, Some(direct))
         }
         None => (fuser::Session::new(server, mountpoint, &opts)?, None),
-    })
+    };
+    let _ = notifier.set(mnt::KernelCache(session.notifier()));
+    Ok((session, direct))
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the

@@ -32,7 +32,7 @@ use parking_lot::{Mutex, MutexGuard};
 pub use check::CheckReport;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SYMLINK_MAX};
-pub use readdir::DirEntry;
+pub use readdir::{DirEnd, DirEntry};
 pub use recovery::{Recovery, ReplayError};
 
 use crate::acl::{ACL_ACCESS_NAME, Acl};

@@ -499,10 +499,14 @@ impl Filesystem {
         flags: u32,
     ) -> Result<()> {
         let (parent, newparent) = (parent.into(), newparent.into());
-        self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
+        let moved = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
         self.report(ctx, |s| {
             s.entry(parent.ino(), name);
             s.entry(newparent.ino(), newname);
+            // A directory moved to another parent lists another `..`.
+            for d in moved.into_iter().flatten() {
+                s.listing(d);
+            }
         });
         Ok(())
     }
@@ -515,7 +519,7 @@ impl Filesystem {
         newparent: InodeRef,
         newname: &[u8],
         flags: u32,
-    ) -> Result<()> {
+    ) -> Result<[Option<Ino>; 2]> {
         let _c = self.begin(Op::Rename);
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
             || flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 && flags & RENAME_EXCHANGE != 0
@@ -583,6 +587,12 @@ impl Filesystem {
                 continue;
             }
             let src = src.ok_or(Errno::ENOENT)?;
+            // The directories whose parent the rename changes (their `..`).
+            let moved_dir = |i: Option<&Inode>| i.filter(|i| cross && i.is_dir()).map(|i| i.ino);
+            let moved = [
+                moved_dir(Some(src)),
+                moved_dir(dst.filter(|_| flags & RENAME_EXCHANGE != 0)),
+            ];
             let freed = self.rename_locked(
                 ctx,
                 (d1, dd1, name),
@@ -596,7 +606,7 @@ impl Filesystem {
             if let Some(i) = freed {
                 self.free_inode(i, &g, true);
             }
-            return Ok(());
+            return Ok(moved);
         }
     }
 

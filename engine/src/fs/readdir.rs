@@ -5,14 +5,15 @@
 //! names created while it runs (a name renamed away and back included) are left for the next
 //! read, and every read ends.
 
-use crossbeam_epoch as epoch;
+use crossbeam_epoch::{self as epoch, Guard};
 
 use super::{Filesystem, InodeRef};
 use crate::attr::{Attr, FileType};
-use crate::dir::Name;
+use crate::dir::{Name, ReadEnd};
 use crate::errno::{Errno, Result};
 use crate::handle::{Fh, Handle};
 use crate::id::Ino;
+use crate::inode::{DirBody, Inode};
 use crate::perm::{Ctx, MAY_READ};
 use crate::stats::Op;
 
@@ -31,6 +32,11 @@ pub struct DirEntry<'a> {
 }
 
 const BATCH: usize = 64;
+
+/// Where a directory read ends ([`Filesystem::read_end`]): entries created after it was taken
+/// are not returned by a read that uses it.
+#[derive(Clone, Debug)]
+pub struct DirEnd(ReadEnd);
 
 impl Filesystem {
     /// Opens directory `ino` for reading (read permission required).
@@ -101,10 +107,66 @@ impl Filesystem {
                 end
             }
         };
+        if !self.read_entries(ctx, i, d, offset, &end, plus, &g, &mut f)? {
+            return Ok(());
+        }
+        if h.flags & libc::O_NOATIME == 0 {
+            self.touch_atime(i, &g);
+        }
+        Ok(())
+    }
+
+    /// Where a read of directory `ino` that starts now ends, for [`Filesystem::readdir_inode`].
+    pub fn read_end(&self, ino: impl Into<InodeRef>) -> Result<DirEnd> {
+        let g = epoch::pin();
+        let (_, d) = self.dir_inode(ino.into(), &g)?;
+        Ok(DirEnd(self.dirents.read_end(d, &g)))
+    }
+
+    /// [`Filesystem::readdir`] of directory `ino` without a handle, for a caller that keeps
+    /// its own open directories (the FUSE server, whose kernel opens directories by itself):
+    /// entries after `offset` up to `end` (from [`Filesystem::read_end`] when the read
+    /// started), and no permission check (the caller checked read permission at its open).
+    /// The directory's atime is touched as by a handle without `O_NOATIME`.
+    pub fn readdir_inode(
+        &self,
+        ctx: &Ctx,
+        ino: impl Into<InodeRef>,
+        offset: u64,
+        end: &DirEnd,
+        plus: bool,
+        mut f: impl FnMut(DirEntry<'_>, Option<&Attr>) -> bool,
+    ) -> Result<()> {
+        let _c = self.begin(Op::Readdir);
+        let g = epoch::pin();
+        let (i, d) = self.dir_inode(ino.into(), &g)?;
+        if d.life.is_dead() {
+            return Err(Errno::ENOENT);
+        }
+        if self.read_entries(ctx, i, d, offset, &end.0, plus, &g, &mut f)? {
+            self.touch_atime(i, &g);
+        }
+        Ok(())
+    }
+
+    /// The entries of `i` after `offset` up to `end`, to `f`; true when the directory's end
+    /// was reached (`f` never refused an entry).
+    #[allow(clippy::too_many_arguments)] // the directory twice, where to start and end, guard
+    fn read_entries(
+        &self,
+        ctx: &Ctx,
+        i: &Inode,
+        d: &DirBody,
+        offset: u64,
+        end: &ReadEnd,
+        plus: bool,
+        g: &Guard,
+        f: &mut impl FnMut(DirEntry<'_>, Option<&Attr>) -> bool,
+    ) -> Result<bool> {
         let ino = i.ino;
         let mut off = offset;
         if off < 1 {
-            let a = plus.then(|| self.attr_of(i, &g));
+            let a = plus.then(|| self.attr_of(i, g));
             if !f(
                 DirEntry {
                     ino,
@@ -114,15 +176,15 @@ impl Filesystem {
                 },
                 a.as_ref(),
             ) {
-                return Ok(());
+                return Ok(false);
             }
             off = 1;
         }
         if off < 2 {
-            let parent = self.iget_racy(d.parent(), &g);
+            let parent = self.iget_racy(d.parent(), g);
             let pino = parent.map_or(d.parent().ino(), |p| p.ino);
             let a = if plus {
-                parent.map(|p| self.attr_of(p, &g))
+                parent.map(|p| self.attr_of(p, g))
             } else {
                 None
             };
@@ -135,7 +197,7 @@ impl Filesystem {
                 },
                 a.as_ref(),
             ) {
-                return Ok(());
+                return Ok(false);
             }
             off = 2;
         }
@@ -143,7 +205,7 @@ impl Filesystem {
         loop {
             batch.clear();
             self.dirents
-                .read_batch(i.key(), d, off, &end, BATCH, &g, &self.stats, &mut batch);
+                .read_batch(i.key(), d, off, end, BATCH, g, &self.stats, &mut batch);
             if batch.is_empty() {
                 break;
             }
@@ -157,10 +219,10 @@ impl Filesystem {
                 if de.cookie != *cookie {
                     continue; // re-created under a new cookie: reported at that cookie
                 }
-                let Some(child) = self.iget_racy(de.target, &g) else {
+                let Some(child) = self.iget_racy(de.target, g) else {
                     continue;
                 };
-                let attr = plus.then(|| self.attr_of(child, &g));
+                let attr = plus.then(|| self.attr_of(child, g));
                 let pinned = plus && ctx.counts_lookups();
                 if pinned && child.get_ref().is_err() {
                     continue; // freed since
@@ -173,15 +235,12 @@ impl Filesystem {
                 };
                 if !f(e, attr.as_ref()) {
                     if pinned {
-                        self.put_refs(child, 1, &g);
+                        self.put_refs(child, 1, g);
                     }
-                    return Ok(());
+                    return Ok(false);
                 }
             }
         }
-        if h.flags & libc::O_NOATIME == 0 {
-            self.touch_atime(i, &g);
-        }
-        Ok(())
+        Ok(true)
     }
 }

@@ -1,0 +1,425 @@
+//! The kernel's cache of directory listings on a lanefs mount (`FOPEN_CACHE_DIR`, see the
+//! `lanefs-fuse` module doc, "Directory listings"): a listing is served from the cache, and a
+//! cached listing never misses a change, whether the change comes through the mount or
+//! through the library while mounted, from one thread or two, including a directory's `..`
+//! after it moved. Every listing is compared with the engine's own (`.` and `..` included,
+//! with inode numbers and types). Needs root, /dev/fuse and fuse3, as `mount.rs`.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use lanefs::{Config, Ctx, FileType, Filesystem, Ino};
+use lanefs_fuse::MountConfig;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+struct Mounted {
+    fs: Arc<Filesystem>,
+    dir: tempfile::TempDir,
+    mount: Option<lanefs_fuse::Mount>,
+}
+
+impl Mounted {
+    fn new() -> Mounted {
+        Mounted::with_ttl(Duration::from_secs(60))
+    }
+
+    fn with_ttl(ttl: Duration) -> Mounted {
+        let fs = Arc::new(Filesystem::new(Config::default()));
+        let dir = tempfile::tempdir().unwrap();
+        let mc = MountConfig {
+            ttl,
+            ..MountConfig::default()
+        };
+        let mount = lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc)
+            .unwrap_or_else(|e| panic!("mount: {e} (run as root with fuse3 installed)"));
+        for _ in 0..200 {
+            if is_fuse(dir.path()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(is_fuse(dir.path()), "mount did not appear");
+        Mounted {
+            fs,
+            dir,
+            mount: Some(mount),
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn unmount_and_check(mut self) {
+        let mut mount = self.mount.take().unwrap();
+        let mut r = mount.unmount();
+        for _ in 0..100 {
+            match &r {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(Duration::from_millis(50));
+                    r = mount.unmount();
+                }
+                _ => break,
+            }
+        }
+        r.expect("unmount");
+        self.fs
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(m) = &mut self.mount {
+            let _ = m.unmount();
+        }
+    }
+}
+
+fn is_fuse(p: &Path) -> bool {
+    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: zeroed statfs is a valid out-buffer; `c` is a valid C string.
+    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == 0x6573_5546 }
+}
+
+/// name -> (inode number, `d_type`), `.` and `..` included.
+type Listing = BTreeMap<Vec<u8>, (u64, u8)>;
+
+/// A listing through the mount, with `opendir` / `readdir` (one `getdents` stream).
+fn list_mount(dir: &Path) -> std::io::Result<Listing> {
+    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string.
+    let d = unsafe { libc::opendir(c.as_ptr()) };
+    if d.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Listing::new();
+    loop {
+        // SAFETY: `d` is an open directory stream, used by this thread only.
+        let e = unsafe { libc::readdir(d) };
+        if e.is_null() {
+            break;
+        }
+        // SAFETY: readdir returned a valid entry, alive until the next readdir on `d`.
+        let (name, ino, ty) = unsafe {
+            let e = &*e;
+            let name = std::ffi::CStr::from_ptr(e.d_name.as_ptr())
+                .to_bytes()
+                .to_vec();
+            (name, e.d_ino, e.d_type)
+        };
+        assert!(out.insert(name, (ino, ty)).is_none(), "a name listed twice");
+    }
+    // SAFETY: `d` came from opendir and is closed once.
+    unsafe { libc::closedir(d) };
+    Ok(out)
+}
+
+fn d_type(k: FileType) -> u8 {
+    match k {
+        FileType::RegularFile => libc::DT_REG,
+        FileType::Directory => libc::DT_DIR,
+        FileType::Symlink => libc::DT_LNK,
+        FileType::CharDevice => libc::DT_CHR,
+        FileType::BlockDevice => libc::DT_BLK,
+        FileType::NamedPipe => libc::DT_FIFO,
+        FileType::Socket => libc::DT_SOCK,
+    }
+}
+
+/// The engine's listing of directory `ino` (the truth).
+fn list_engine(fs: &Filesystem, ino: u64) -> Listing {
+    let ctx = Ctx::root();
+    let fh = fs.opendir(&ctx, Ino(ino)).unwrap();
+    let mut out = Listing::new();
+    fs.readdir(&ctx, fh, 0, false, |e, _| {
+        out.insert(e.name.to_vec(), (e.ino.get(), d_type(e.kind)));
+        true
+    })
+    .unwrap();
+    fs.releasedir(fh).unwrap();
+    out
+}
+
+fn show(l: &Listing) -> Vec<String> {
+    l.iter()
+        .map(|(n, (i, t))| format!("{}:{i}:{t}", String::from_utf8_lossy(n)))
+        .collect()
+}
+
+/// Lists `rel` under the mount and compares it with the engine's listing.
+fn check(m: &Mounted, rel: &str, what: &str) {
+    let p = m.path().join(rel);
+    let ino = std::fs::symlink_metadata(&p).unwrap().ino();
+    let seen = list_mount(&p).unwrap();
+    let truth = list_engine(&m.fs, ino);
+    assert_eq!(
+        show(&seen),
+        show(&truth),
+        "listing of {rel} after {what} differs from the engine's"
+    );
+}
+
+/// The directories to check: the top ones and every directory directly in them.
+fn dirs(m: &Mounted, tops: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for t in tops {
+        out.push(t.to_string());
+        let ino = std::fs::symlink_metadata(m.path().join(t)).unwrap().ino();
+        for (n, (_, ty)) in list_engine(&m.fs, ino) {
+            if ty == libc::DT_DIR && n != b"." && n != b".." {
+                out.push(format!("{t}/{}", String::from_utf8(n).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+const TOPS: [&str; 3] = ["d0", "d1", "o"];
+
+/// One random namespace change among `TOPS`, through the mount or through the library;
+/// it may fail (a name taken or missing), which changes nothing. Returns what it tried.
+fn random_change(m: &Mounted, lib: &lanefs::Client, rng: &mut StdRng) -> String {
+    let top = |rng: &mut StdRng| TOPS[rng.random_range(0..TOPS.len())];
+    let name = |rng: &mut StdRng| format!("n{}", rng.random_range(0..8));
+    let (a, b) = (
+        format!("{}/{}", top(rng), name(rng)),
+        format!("{}/{}", top(rng), name(rng)),
+    );
+    let via_mount = rng.random_bool(0.5);
+    let op = rng.random_range(0..8);
+    let mp = |r: &str| m.path().join(r);
+    let lp = |r: &str| PathBuf::from("/").join(r);
+    let r: Result<(), std::io::Error> = if via_mount {
+        match op {
+            0 => std::fs::File::create(mp(&a)).map(drop),
+            1 => std::fs::remove_file(mp(&a)),
+            2 | 3 => std::fs::rename(mp(&a), mp(&b)),
+            4 => std::fs::create_dir(mp(&a)),
+            5 => std::fs::remove_dir(mp(&a)),
+            6 => std::fs::hard_link(mp(&a), mp(&b)),
+            _ => std::os::unix::fs::symlink("t", mp(&a)),
+        }
+    } else {
+        match op {
+            0 => lib.write(lp(&a), b"").map(drop),
+            1 => lib.remove_file(lp(&a)),
+            2 | 3 => lib.rename(lp(&a), lp(&b)),
+            4 => lib.create_dir(lp(&a)),
+            5 => lib.remove_dir(lp(&a)),
+            6 => lib.hard_link(lp(&a), lp(&b)),
+            _ => lib.symlink("t", lp(&a)),
+        }
+    };
+    let via = if via_mount { "mount" } else { "library" };
+    format!(
+        "{via} op {op} {a} {b}: {:?}",
+        r.map_err(|e| e.raw_os_error())
+    )
+}
+
+/// A listing read twice with no change in between is read from the kernel's cache the second
+/// time: no READDIR reaches the engine. A change through the mount makes the next read ask.
+/// The kernel opens directories by itself: no OPENDIR reaches the engine either.
+#[test]
+fn a_listing_is_served_from_the_kernel_cache() {
+    let m = Mounted::new();
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..50 {
+        std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    let readdirs = || m.fs.stats().op(lanefs::Op::Readdir);
+    let opendirs = || m.fs.stats().op(lanefs::Op::Opendir);
+    let opened = opendirs();
+    let first = list_mount(&d).unwrap();
+    assert_eq!(first.len(), 52);
+    let before = readdirs();
+    for _ in 0..5 {
+        assert_eq!(list_mount(&d).unwrap(), first);
+    }
+    assert_eq!(readdirs(), before, "cached listings sent READDIR");
+    std::fs::File::create(d.join("new")).unwrap();
+    let after = list_mount(&d).unwrap();
+    assert!(
+        readdirs() > before,
+        "a changed directory was not read again"
+    );
+    assert_eq!(after.len(), 53);
+    assert_eq!(opendirs(), opened, "OPENDIR reached the engine");
+    m.unmount_and_check();
+}
+
+/// Once the entries a cached listing names have expired (the entry timeout), the listing is
+/// dropped too, so a walk reads the directory again with READDIRPLUS (which refreshes every
+/// entry) instead of revalidating each name with a LOOKUP.
+#[test]
+fn a_listing_older_than_the_entry_timeout_is_read_again() {
+    let m = Mounted::with_ttl(Duration::from_secs(1));
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..200 {
+        std::fs::File::create(d.join(format!("f{i}"))).unwrap();
+    }
+    let walk = || {
+        for name in list_mount(&d).unwrap().keys() {
+            let p = d.join(std::ffi::OsStr::from_bytes(name));
+            std::fs::symlink_metadata(p).unwrap();
+        }
+    };
+    walk();
+    walk();
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = m.fs.stats();
+    walk();
+    let delta = m.fs.stats().since(&before);
+    assert!(
+        delta.op(lanefs::Op::Readdir) > 0,
+        "the expired listing was served from the cache"
+    );
+    assert!(
+        delta.op(lanefs::Op::Lookup) < 20,
+        "{} LOOKUPs after the listing expired",
+        delta.op(lanefs::Op::Lookup)
+    );
+    m.unmount_and_check();
+}
+
+/// Every kind of change, through the mount and through the library, each followed by a
+/// listing of every directory compared with the engine's (each directory was listed, so
+/// cached, before the change).
+#[test]
+fn a_cached_listing_never_misses_a_change() {
+    let m = Mounted::new();
+    let lib = lanefs::Client::root(m.fs.clone());
+    for t in TOPS {
+        std::fs::create_dir(m.path().join(t)).unwrap();
+    }
+    let mut rng = StdRng::seed_from_u64(0x11fe);
+    for d in dirs(&m, &TOPS) {
+        check(&m, &d, "setup");
+    }
+    for _ in 0..600 {
+        let what = random_change(&m, &lib, &mut rng);
+        for d in dirs(&m, &TOPS) {
+            check(&m, &d, &what);
+        }
+    }
+    m.unmount_and_check();
+}
+
+/// Two threads change the directories at once (through the mount and the library, at
+/// random) and list them through the mount meanwhile, so listings are read into the cache
+/// while the library and the mount change them; after each round every listing is compared
+/// with the engine's.
+#[test]
+fn cached_listings_never_miss_changes_from_two_threads() {
+    let m = Arc::new(Mounted::new());
+    for t in TOPS {
+        std::fs::create_dir(m.path().join(t)).unwrap();
+    }
+    const ROUNDS: usize = 60;
+    let barrier = Arc::new(Barrier::new(3));
+    let workers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (m, barrier) = (m.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let lib = lanefs::Client::root(m.fs.clone());
+                let mut rng = StdRng::seed_from_u64(0xd1c + w);
+                for _ in 0..ROUNDS {
+                    for _ in 0..30 {
+                        random_change(&m, &lib, &mut rng);
+                        let t = TOPS[rng.random_range(0..TOPS.len())];
+                        let _ = list_mount(&m.path().join(t));
+                    }
+                    barrier.wait(); // round done
+                    barrier.wait(); // checked
+                }
+            })
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        barrier.wait();
+        for d in dirs(&m, &TOPS) {
+            check(&m, &d, &format!("round {round}"));
+        }
+        barrier.wait();
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    Arc::into_inner(m).unwrap().unmount_and_check();
+}
+
+/// A directory whose listing is cached, moved to another parent (through the mount, then
+/// through the library, then exchanged with another directory): its `..` follows the move,
+/// and its entries stay listed.
+#[test]
+fn a_cached_listing_follows_its_directory_when_it_moves() {
+    let m = Mounted::new();
+    let lib = lanefs::Client::root(m.fs.clone());
+    for p in ["a", "b", "c", "a/d", "c/e"] {
+        std::fs::create_dir(m.path().join(p)).unwrap();
+    }
+    for i in 0..10 {
+        std::fs::File::create(m.path().join(format!("a/d/f{i}"))).unwrap();
+    }
+    let ino = |p: &str| std::fs::metadata(m.path().join(p)).unwrap().ino();
+    let dotdot = |p: &str| list_mount(&m.path().join(p)).unwrap()[&b".."[..]].0;
+    check(&m, "a/d", "setup");
+    assert_eq!(dotdot("a/d"), ino("a"));
+
+    std::fs::rename(m.path().join("a/d"), m.path().join("b/d")).unwrap();
+    check(&m, "b/d", "a rename through the mount");
+    assert_eq!(dotdot("b/d"), ino("b"));
+
+    lib.rename("/b/d", "/c/d").unwrap();
+    check(&m, "c/d", "a rename through the library");
+    assert_eq!(dotdot("c/d"), ino("c"));
+
+    // Within its parent: `..` stays.
+    std::fs::rename(m.path().join("c/d"), m.path().join("c/d2")).unwrap();
+    check(&m, "c/d2", "a rename within the parent");
+
+    // Exchanged with a directory in another parent, through the mount and the library.
+    check(&m, "c/e", "setup");
+    std::fs::rename(m.path().join("c/e"), m.path().join("a/e")).unwrap();
+    check(&m, "a/e", "setup");
+    let exchange = |x: &str, y: &str| {
+        let (x, y) = (
+            CString::new(m.path().join(x).as_os_str().as_bytes()).unwrap(),
+            CString::new(m.path().join(y).as_os_str().as_bytes()).unwrap(),
+        );
+        // SAFETY: both are valid C strings.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                x.as_ptr(),
+                libc::AT_FDCWD,
+                y.as_ptr(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    };
+    exchange("c/d2", "a/e");
+    check(&m, "a/e", "an exchange through the mount");
+    check(&m, "c/d2", "an exchange through the mount");
+    assert_eq!(dotdot("a/e"), ino("a"));
+    assert_eq!(dotdot("c/d2"), ino("c"));
+    lib.rename_with_flags("/a/e", "/c/d2", lanefs::RENAME_EXCHANGE)
+        .unwrap();
+    check(&m, "a/e", "an exchange through the library");
+    check(&m, "c/d2", "an exchange through the library");
+    assert_eq!(list_mount(&m.path().join("c/d2")).unwrap().len(), 12);
+    m.unmount_and_check();
+}
