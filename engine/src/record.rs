@@ -355,15 +355,13 @@ impl Enc<'_> {
     /// LEB128: seven bits a byte, low first, the high bit set on every byte but the last.
     #[inline]
     fn u64(&mut self, mut v: u64) {
-        let mut b = [0u8; 10];
-        let mut n = 0;
+        // Byte by byte: a copy of a variable-length slice would be a call to memcpy.
+        self.0.reserve(10);
         while v >= 0x80 {
-            b[n] = v as u8 | 0x80;
+            self.0.push(v as u8 | 0x80);
             v >>= 7;
-            n += 1;
         }
-        b[n] = v as u8;
-        self.0.extend_from_slice(&b[..=n]);
+        self.0.push(v as u8);
     }
     #[inline]
     fn id(&mut self, id: InodeId) {
