@@ -260,6 +260,9 @@ pub enum Record<'a> {
     },
 }
 
+/// What [`Store::sync_then`] calls with the sync's result.
+pub type SyncDone = Box<dyn FnOnce(Result<()>) + Send>;
+
 /// Where the engine's records go: the memory store drops them, a durable store journals
 /// them. Implementations must be cheap to call from many threads at once.
 pub trait Store: Send + Sync {
@@ -274,6 +277,14 @@ pub trait Store: Send + Sync {
     /// Makes every record appended before the call durable (what `fsync`, `fdatasync`,
     /// `fsyncdir` and `syncfs` wait for). Called with no engine lock held.
     fn sync(&self) -> Result<()>;
+
+    /// [`Store::sync`] without waiting: `done` gets its result once every record appended
+    /// before the call is durable, on whatever thread finds that out (possibly this one,
+    /// before the call returns). For servers that must not hold a thread per waiting fsync.
+    /// `done` must not block. The default waits in `sync` and then calls `done`.
+    fn sync_then(&self, done: SyncDone) {
+        done(self.sync())
+    }
 
     /// Whether this store keeps records at all (false: the memory store). The engine uses it
     /// only to skip work that serves durability alone.

@@ -670,7 +670,13 @@ impl fuser::Filesystem for Server {
             // Nothing to make durable: ENOSYS, and the kernel sends no FSYNC again.
             return reply.error(FErrno::ENOSYS);
         }
-        Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
+        // Answered when the store's flush covers it, by the thread that sees that: the server
+        // thread goes back to other requests instead of waiting for group commit.
+        self.fs.fsync_inode_then(
+            node(ino),
+            datasync,
+            Box::new(move |r| Self::empty(r, reply)),
+        );
     }
 
     /// With `FUSE_NO_OPENDIR_SUPPORT` (Linux 5.1 on): ENOSYS, once, and the kernel opens
@@ -764,8 +770,12 @@ impl fuser::Filesystem for Server {
             return reply.error(FErrno::ENOSYS);
         }
         if fh.0 == 0 {
-            // A directory the kernel opened by itself (no-opendir mode).
-            return Self::empty(self.fs.fsync_inode(node(ino), datasync), reply);
+            // A directory the kernel opened by itself (no-opendir mode); answered as FSYNC.
+            return self.fs.fsync_inode_then(
+                node(ino),
+                datasync,
+                Box::new(move |r| Self::empty(r, reply)),
+            );
         }
         Self::empty(self.fs.fsync(fh.0, datasync), reply);
     }

@@ -17,9 +17,12 @@
 //! **Group commit**: [`Log::sync`] reads a stamp `s` and waits until the durable stamp
 //! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
 //! when a round starts is served by that round's one flush, and those arriving during it by
-//! the next. An fsync costs the records written since the last round, whatever the number
-//! of files. A round that flushes first waits, at most the last flush's duration (and
-//! 200 µs), until as many threads wait in `sync` as waited when the last flush ended (those
+//! the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
+//! queued, and the committer calls it (outside its state mutex) once a flush covers it, as
+//! the FUSE server answers FSYNC without holding a server thread. An fsync costs the records
+//! written since the last round, whatever the number of files. A round that flushes first
+//! waits, at most the last flush's duration (and
+//! 200 µs), until as many syncs wait (threads and callbacks) as when the last flush ended (those
 //! it served are likely coming back): otherwise threads that fsync in turn each get a flush
 //! of their own, each arriving just after the next round has begun. A lone thread never
 //! waits. Without waiters a round runs every commit interval, or when a buffer grows
@@ -75,7 +78,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use lanefs::{Errno, Record};
+use lanefs::{Errno, Record, SyncDone};
 use parking_lot::{Condvar, Mutex};
 use thread_local::ThreadLocal;
 
@@ -147,8 +150,47 @@ struct State {
     failures: u64,
     /// Calls of `sync` so far (each one asks for a round, even while records are held).
     asks: u64,
+    /// `sync_then` calls waiting for a flush.
+    callbacks: Vec<Callback>,
     /// Threads waiting in `sync`.
     waiting: u32,
+}
+
+impl State {
+    /// Syncs waiting: threads in `sync`, and `sync_then` callbacks.
+    fn syncers(&self) -> u32 {
+        self.waiting + self.callbacks.len() as u32
+    }
+}
+
+/// A `sync_then` waiting: its stamp, the failed rounds when it was made, what to call.
+struct Callback {
+    t: u64,
+    failures: u64,
+    done: SyncDone,
+}
+
+/// Takes the callbacks whose outcome `s` decides, with their results, as `sync` would give
+/// them: the store's error; Ok once a flush covers them; ENOSPC if a round failed for lack of
+/// space since they were made. Called under the state mutex; the caller calls them after
+/// dropping it.
+fn settle(s: &mut State) -> Vec<(SyncDone, lanefs::Result<()>)> {
+    let mut ready = Vec::new();
+    let mut i = 0;
+    while i < s.callbacks.len() {
+        let c = &s.callbacks[i];
+        let r = match s.error {
+            Some(e) => Some(Err(e)),
+            None if s.durable > c.t => Some(Ok(())),
+            None if s.failures != c.failures => Some(Err(Errno::ENOSPC)),
+            None => None,
+        };
+        match r {
+            Some(r) => ready.push((s.callbacks.swap_remove(i).done, r)),
+            None => i += 1,
+        }
+    }
+    ready
 }
 
 /// The record log of a store (see the module doc).
@@ -341,12 +383,12 @@ impl Log {
                     self.work.wait_for(&mut s, self.interval);
                 }
                 let flush = s.requested > s.durable || s.shutdown;
-                if flush && !s.held && s.waiting < expected && !s.shutdown {
+                if flush && !s.held && s.syncers() < expected && !s.shutdown {
                     // The threads the last flush served are likely coming back with syncs of
                     // their own: wait for as many as waited then (at most a flush's time), so
                     // that one flush serves them all rather than each a round of its own.
                     let until = Instant::now() + last_flush.min(GATHER_MAX);
-                    while s.waiting < expected && !s.shutdown {
+                    while s.syncers() < expected && !s.shutdown {
                         if self.work.wait_until(&mut s, until).timed_out() {
                             break;
                         }
@@ -411,9 +453,12 @@ impl Log {
                     s.held = false;
                     if flush {
                         s.durable = s.durable.max(t);
-                        expected = s.waiting;
+                        expected = s.syncers();
                         last_flush = began.elapsed();
                         self.done.notify_all();
+                        let ready = settle(&mut s);
+                        drop(s);
+                        ready.into_iter().for_each(|(f, r)| f(r));
                     }
                     false
                 }
@@ -431,6 +476,9 @@ impl Log {
                     s.held = true;
                     s.failures += 1;
                     self.done.notify_all();
+                    let ready = settle(&mut s);
+                    drop(s);
+                    ready.into_iter().for_each(|(f, r)| f(r));
                     true
                 }
                 Err(e) => {
@@ -472,6 +520,40 @@ impl Log {
         }
         self.running.store(false, Relaxed);
         self.done.notify_all();
+        // Callbacks still waiting get what a `sync` would: nothing more becomes durable.
+        let mut s = self.state.lock();
+        let mut ready = settle(&mut s);
+        let e = s.error.unwrap_or(Errno::EIO);
+        ready.extend(s.callbacks.drain(..).map(|c| (c.done, Err(e))));
+        drop(s);
+        ready.into_iter().for_each(|(f, r)| f(r));
+    }
+
+    /// [`Log::sync`] without waiting (`Store::sync_then`): `done` is called by the committer
+    /// once a flush covers the call (or the round fails), or at once if that is known now.
+    pub(crate) fn sync_then(&self, done: SyncDone) {
+        let t = self.clock.now();
+        let mut s = self.state.lock();
+        let now = if let Some(e) = s.error {
+            Some(Err(e))
+        } else if s.durable > t {
+            Some(Ok(()))
+        } else if !self.running.load(Relaxed) {
+            Some(Err(Errno::EIO))
+        } else {
+            None
+        };
+        if let Some(r) = now {
+            drop(s);
+            return done(r);
+        }
+        let failures = s.failures;
+        s.callbacks.push(Callback { t, failures, done });
+        s.asks += 1;
+        if s.held || s.requested <= t {
+            s.requested = s.requested.max(t + 1);
+            self.work.notify_one();
+        }
     }
 
     /// Marks the committer as running (before its thread starts, so that an early `sync`
@@ -502,6 +584,9 @@ impl Log {
         let mut s = self.state.lock();
         s.error.get_or_insert(errno);
         self.done.notify_all();
+        let ready = settle(&mut s);
+        drop(s);
+        ready.into_iter().for_each(|(f, r)| f(r));
     }
 
     /// Asks the committer to commit what is buffered and return.

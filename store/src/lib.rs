@@ -134,6 +134,10 @@ impl Store for DiskStore {
         self.log.sync()
     }
 
+    fn sync_then(&self, done: lanefs::SyncDone) {
+        self.log.sync_then(done)
+    }
+
     fn durable(&self) -> bool {
         true
     }

@@ -179,6 +179,72 @@ fn concurrent_fsyncs_share_flushes() {
     assert_eq!(c.read_dir("/").unwrap().len(), 320);
 }
 
+/// `fsync_inode_then` (what the mount answers FSYNC with): the callback comes once the
+/// change is durable, never before (a power cut right after it keeps the file), many
+/// callbacks share flushes, and after the store stops they get its error.
+#[test]
+fn fsync_callbacks_come_after_the_flush_and_share_it() {
+    let disk = SimDisk::new();
+    let o = open(Path::new("/s"), Config::default(), {
+        let mut s = sim(&disk);
+        s.commit_interval = Duration::from_secs(3600);
+        s
+    })
+    .unwrap();
+    disk.on_sync(|_, at| {
+        if at == SyncPoint::Before {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let before = disk.syncs();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for k in 0..64 {
+        c.write(format!("/f{k}"), format!("{k}")).unwrap();
+        let ino = c.metadata(format!("/f{k}")).unwrap().ino();
+        // The power is cut as soon as the callback says durable: the file must survive.
+        let (tx, disk) = (tx.clone(), disk.clone());
+        fs.fsync_inode_then(
+            ino,
+            false,
+            Box::new(move |r| {
+                let image = r.is_ok().then(|| disk.crash(Unflushed::Lost));
+                tx.send((k, r, image)).unwrap();
+            }),
+        );
+    }
+    drop(tx);
+    let mut acked = 0;
+    for (k, r, image) in rx.iter() {
+        assert_eq!(r, Ok(()), "fsync of /f{k}");
+        let o = open(Path::new("/s"), Config::default(), sim(&image.unwrap())).unwrap();
+        let c = Client::root(Arc::new(o.fs));
+        assert_eq!(c.read_to_string(format!("/f{k}")).unwrap(), format!("{k}"));
+        acked += 1;
+    }
+    assert_eq!(acked, 64);
+    let flushes = disk.syncs() - before;
+    assert!(flushes < 64, "{flushes} flushes for 64 callbacks");
+    // A stopped store answers at once with its error.
+    disk.clear_hook();
+    disk.set_failing(true);
+    c.write("/g", b"x").ok();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let root = c.metadata("/").unwrap().ino();
+    fs.fsync_inode_then(root, false, Box::new(move |r| tx.send(r).unwrap()));
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        Err(Errno::EIO)
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    fs.fsync_inode_then(root, false, Box::new(move |r| tx.send(r).unwrap()));
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        Err(Errno::EIO)
+    );
+}
+
 #[test]
 fn journal_damage_is_refused_naming_the_file_and_offset() {
     let disk = SimDisk::new();

@@ -785,6 +785,19 @@ impl Filesystem {
         self.store.sync()
     }
 
+    /// [`Filesystem::fsync_inode`] without waiting for the store: `done` gets the result
+    /// ([`Store::sync_then`](crate::Store::sync_then)), at once if the inode is unknown.
+    pub fn fsync_inode_then(&self, ino: Ino, datasync: bool, done: crate::record::SyncDone) {
+        let _c = self.begin(Op::Fsync);
+        let _ = datasync;
+        if let Err(e) = self.iget(ino, &epoch::pin()) {
+            drop(_c);
+            return done(Err(e));
+        }
+        drop(_c);
+        self.store.sync_then(done)
+    }
+
     /// `syncfs`: makes every change made so far durable.
     pub fn sync_all(&self) -> Result<()> {
         self.store.sync()
