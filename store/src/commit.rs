@@ -152,14 +152,15 @@ struct State {
     asks: u64,
     /// `sync_then` calls waiting for a flush.
     callbacks: Vec<Callback>,
-    /// Threads waiting in `sync`.
-    waiting: u32,
+    /// The stamps of the threads waiting in `sync` that no flush has served yet (the
+    /// committer removes those a flush serves, before they wake).
+    waiters: Vec<u64>,
 }
 
 impl State {
-    /// Syncs waiting: threads in `sync`, and `sync_then` callbacks.
-    fn syncers(&self) -> u32 {
-        self.waiting + self.callbacks.len() as u32
+    /// Syncs no flush has served yet: threads in `sync`, and `sync_then` callbacks.
+    fn syncers(&self) -> usize {
+        self.waiters.len() + self.callbacks.len()
     }
 }
 
@@ -324,7 +325,7 @@ impl Log {
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
         let t = self.clock.now();
         let mut s = self.state.lock();
-        s.waiting += 1;
+        s.waiters.push(t);
         let failures = s.failures;
         let mut asked = false;
         let r = loop {
@@ -354,7 +355,9 @@ impl Log {
             }
             self.done.wait(&mut s);
         };
-        s.waiting -= 1;
+        if let Some(i) = s.waiters.iter().position(|&x| x == t) {
+            s.waiters.swap_remove(i);
+        }
         r
     }
 
@@ -365,8 +368,8 @@ impl Log {
         let mut carry: Vec<Src> = Vec::new();
         // Records of a round that failed for lack of space (held), then those of this round.
         let mut payload = Payload::new();
-        // Threads waiting in `sync` when the last flush ended, and how long it took.
-        let (mut expected, mut last_flush) = (0u32, Duration::ZERO);
+        // Syncs present when the last flush ended, and how long it took.
+        let (mut expected, mut last_flush) = (0usize, Duration::ZERO);
         let reserve = reserve(writer.segment_size());
         // `sync` calls seen, and whether the next segment could not be made.
         let mut asks = 0;
@@ -453,7 +456,10 @@ impl Log {
                     s.held = false;
                     if flush {
                         s.durable = s.durable.max(t);
+                        // Every sync present now: those served will likely sync again.
                         expected = s.syncers();
+                        let durable = s.durable;
+                        s.waiters.retain(|&x| x >= durable);
                         last_flush = began.elapsed();
                         self.done.notify_all();
                         let ready = settle(&mut s);
