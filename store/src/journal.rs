@@ -972,6 +972,9 @@ impl Drop for Writer {
 /// Makes segment `seq`: `size` bytes allocated and reading as zeros (not written: writing
 /// into allocated space is measured to flush as fast as overwriting written space here,
 /// docs/STORE.md), flushed, its name flushed.
+/// A new segment is zero-filled in writes of this size.
+const ZERO_FILL: usize = 1 << 20;
+
 fn make_segment(
     disk: &dyn Disk,
     store: &Path,
@@ -980,9 +983,25 @@ fn make_segment(
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
     let p = segment_path(store, seq);
     let f = disk.open(&p, true).map_err(StoreError::io(&p, "create"))?;
+    // Allocated (so that a full host fails here, not in a commit), then written with zeros:
+    // a flush after a write into allocated but unwritten extents must also commit the host
+    // filesystem's journal (the extents become written), which made each flush cost 300 µs
+    // instead of 125 µs on ext4 here. Database logs pre-zero their files for the same reason.
+    let mut zeros = Blocks(Vec::new());
+    let zeros = zeros.bytes(ZERO_FILL / BLOCK);
     let made = f
         .allocate(size)
         .map_err(StoreError::io(&p, "allocate"))
+        .and_then(|()| {
+            let mut at = 0;
+            while at < size {
+                let n = (size - at).min(ZERO_FILL as u64) as usize;
+                f.write_blocks(&zeros[..n.div_ceil(BLOCK) * BLOCK], at)
+                    .map_err(StoreError::io(&p, "write zeros"))?;
+                at += n as u64;
+            }
+            Ok(())
+        })
         .and_then(|()| {
             f.sync_data()
                 .map_err(StoreError::io(&p, "flush new segment"))
