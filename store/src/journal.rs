@@ -2,7 +2,7 @@
 //! (docs/STORE.md, "The journal", is the specification; `spec.rs` keeps the two in step).
 //!
 //! A segment is a file `journal/<seq as 16 hex digits>.seg`, allocated at its full size
-//! (reading as zeros) before it is used, by a thread of its own, so that writing into it
+//! and written with zeros before it is used, by a thread of its own, so that writing into it
 //! never grows it. It starts with a 64-byte header; batches follow back to back. A batch is
 //! a 48-byte header (its segment, the LSN of its first record, the record count, the
 //! payload's length and CRC-32C, the LSN below which everything was flushed when it was
@@ -969,11 +969,11 @@ impl Drop for Writer {
     }
 }
 
-/// Makes segment `seq`: `size` bytes allocated and reading as zeros (not written: writing
-/// into allocated space is measured to flush as fast as overwriting written space here,
-/// docs/STORE.md), flushed, its name flushed.
 /// A new segment is zero-filled in writes of this size.
 const ZERO_FILL: usize = 1 << 20;
+
+/// Makes segment `seq`: `size` bytes allocated and written with zeros, flushed, its name
+/// flushed.
 
 fn make_segment(
     disk: &dyn Disk,
