@@ -282,6 +282,44 @@ fn mount_through_mount_fuse3() {
     unmount(mp);
 }
 
+/// The same with a disk store's directory as the source (fstab's
+/// `/var/lib/fs /mnt fuse.lanefs ...`): what is written comes back through a second mount of
+/// the helper form.
+#[test]
+fn mount_a_disk_store_through_mount_fuse3() {
+    if !needs_root("mount_a_disk_store_through_mount_fuse3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let out = Command::new("mount")
+        .args(["-t", "fuse", "-o", "allow_other"])
+        .arg(format!("{BIN}#{}", store.path().display()))
+        .arg(mp)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "mount -t fuse: {}", stderr(&out));
+    assert!(mounted(mp));
+    std::fs::create_dir(mp.join("d")).unwrap();
+    std::fs::write(mp.join("d/f"), b"kept").unwrap();
+    std::fs::File::open(mp.join("d/f"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    unmount(mp);
+    assert!(store.path().join("lanefs.store").exists());
+    let out = lanefs(&[
+        store.path().to_str().unwrap(),
+        mp.to_str().unwrap(),
+        "-o",
+        "ro",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read(mp.join("d/f")).unwrap(), b"kept");
+    unmount(mp);
+}
+
 #[test]
 fn foreground_mount_ends_on_sigterm() {
     if !can_mount("foreground_mount_ends_on_sigterm") {
