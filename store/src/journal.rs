@@ -974,7 +974,6 @@ const ZERO_FILL: usize = 1 << 20;
 
 /// Makes segment `seq`: `size` bytes allocated and written with zeros, flushed, its name
 /// flushed.
-
 fn make_segment(
     disk: &dyn Disk,
     store: &Path,
