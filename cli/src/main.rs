@@ -36,7 +36,15 @@ fn main() {
     let r = if helper_form {
         mount::helper(&args[1..])
     } else {
-        match Cli::parse().cmd {
+        let cmd = Cli::parse().cmd;
+        if !matches!(cmd, Cmd::Mount(_)) {
+            // A report piped into `head` ends quietly when the reader goes, as other command-line
+            // tools do (Rust ignores SIGPIPE, and `println!` then panics). Not for the server,
+            // whose sockets' peers may go at any time.
+            // SAFETY: setting a signal's disposition to its default has no preconditions.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        }
+        match cmd {
             Cmd::Mount(a) => mount::run(a),
             Cmd::Stats(a) => mount::stats(a),
             Cmd::Bench(a) => bench::run(a),
