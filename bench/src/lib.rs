@@ -1,4 +1,4 @@
-//! # lanefs-bench: the seed workloads (docs/DESIGN.md §6)
+//! # lanefs-bench: the seed workloads (the repository's docs/DESIGN.md, §6 Benchmarks)
 //!
 //! One harness, one definition per workload, two adapters ([`adapter::Engine`] in-process
 //! with a chosen locking mode, [`adapter::Syscalls`] on any mounted path), so the same loop is
