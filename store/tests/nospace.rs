@@ -41,6 +41,25 @@ fn wait_for_spare(disk: &SimDisk) {
     }
 }
 
+/// A store on `disk` holding `/kept` ("durable", synced) and an empty `/big`, whose disk is
+/// then full: its current segment and the spare are all the room there is. No round runs
+/// unless someone syncs (or a record is held: then every `RETRY`).
+fn full_store(disk: &SimDisk) -> (lanefs_store::StoreHandle, Client) {
+    let o = open(
+        Path::new("/s"),
+        Config::default(),
+        sim(disk, Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    c.write("/kept", b"durable").unwrap();
+    c.write("/big", b"").unwrap();
+    sync(&c).unwrap();
+    wait_for_spare(disk);
+    disk.set_space(Some(disk.used()));
+    (o.store, c)
+}
+
 /// Retries `f` while it fails with ENOSPC, for up to 10 s (the committer notices returned
 /// space within a round or two).
 #[track_caller]
@@ -203,19 +222,7 @@ fn a_full_disk_refuses_changes_before_they_show_and_the_store_goes_on_when_space
 #[test]
 fn records_held_for_lack_of_space_are_written_in_order_once_space_is_back() {
     let disk = SimDisk::new();
-    // No round runs unless someone syncs (or a record is held: then every `RETRY`).
-    let o = open(
-        Path::new("/s"),
-        Config::default(),
-        sim(&disk, Duration::from_secs(3600)),
-    )
-    .unwrap();
-    let c = Client::root(Arc::new(o.fs));
-    c.write("/kept", b"durable").unwrap();
-    c.write("/big", b"").unwrap();
-    sync(&c).unwrap();
-    wait_for_spare(&disk);
-    disk.set_space(Some(disk.used()));
+    let (store, c) = full_store(&disk);
     // Taken, and more than the room left in the two segments there are.
     let data = |k: usize| vec![k as u8; 4000];
     for k in 0..40 {
@@ -288,7 +295,7 @@ fn records_held_for_lack_of_space_are_written_in_order_once_space_is_back() {
     }
     reopen_and_check(&disk.crash(Unflushed::Lost), &x);
     drop(c);
-    o.store.close().unwrap();
+    store.close().unwrap();
     reopen_and_check(&disk, &x);
 }
 
@@ -297,24 +304,13 @@ fn records_held_for_lack_of_space_are_written_in_order_once_space_is_back() {
 #[test]
 fn closing_with_records_held_reports_enospc() {
     let disk = SimDisk::new();
-    let o = open(
-        Path::new("/s"),
-        Config::default(),
-        sim(&disk, Duration::from_secs(3600)),
-    )
-    .unwrap();
-    let c = Client::root(Arc::new(o.fs));
-    c.write("/kept", b"durable").unwrap();
-    c.write("/big", b"").unwrap();
-    sync(&c).unwrap();
-    wait_for_spare(&disk);
-    disk.set_space(Some(disk.used()));
+    let (store, c) = full_store(&disk);
     for k in 0..40 {
         c.write(format!("/f{k}"), vec![1; 4000]).unwrap();
     }
     enospc(sync(&c));
     drop(c);
-    assert_eq!(o.store.close(), Err(lanefs::Errno::ENOSPC));
+    assert_eq!(store.close(), Err(lanefs::Errno::ENOSPC));
     disk.set_space(None);
     reopen_and_check(
         &disk,

@@ -24,6 +24,23 @@ fn sim(disk: &SimDisk) -> Options {
     }
 }
 
+/// A store on `disk` whose flushes take a millisecond, as on a real device, and whose rounds
+/// run only when someone syncs.
+fn slow_flush_store(disk: &SimDisk) -> lanefs_store::Opened {
+    let o = open(Path::new("/s"), Config::default(), {
+        let mut s = sim(disk);
+        s.commit_interval = Duration::from_secs(3600);
+        s
+    })
+    .unwrap();
+    disk.on_sync(|_, at| {
+        if at == SyncPoint::Before {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+    o
+}
+
 fn seed() -> u64 {
     std::env::var("LANEFS_SEED")
         .ok()
@@ -129,18 +146,7 @@ fn not_a_store_and_unknown_files_are_refused() {
 #[test]
 fn concurrent_fsyncs_share_flushes() {
     let disk = SimDisk::new();
-    let o = open(Path::new("/s"), Config::default(), {
-        let mut s = sim(&disk);
-        s.commit_interval = Duration::from_secs(3600);
-        s
-    })
-    .unwrap();
-    // A flush takes a millisecond, as on a real device.
-    disk.on_sync(|_, at| {
-        if at == SyncPoint::Before {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    let o = slow_flush_store(&disk);
     let fs = Arc::new(o.fs);
     let before = disk.syncs();
     let fsyncs = AtomicU64::new(0);
@@ -185,17 +191,7 @@ fn concurrent_fsyncs_share_flushes() {
 #[test]
 fn fsync_callbacks_come_after_the_flush_and_share_it() {
     let disk = SimDisk::new();
-    let o = open(Path::new("/s"), Config::default(), {
-        let mut s = sim(&disk);
-        s.commit_interval = Duration::from_secs(3600);
-        s
-    })
-    .unwrap();
-    disk.on_sync(|_, at| {
-        if at == SyncPoint::Before {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    });
+    let o = slow_flush_store(&disk);
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     let before = disk.syncs();
