@@ -4,6 +4,8 @@
 //! rename. Each test reproduces one failure seen in a review of the engine; each runs for a
 //! bounded number of rounds and checks the whole tree's invariants at the end.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
@@ -270,21 +272,7 @@ fn lookups_never_see_both_names_of_a_replacing_rename() {
 #[test]
 fn chmod_and_acl_changes_keep_the_acl_and_the_mode_in_step() {
     const ACCESS: &[u8] = b"system.posix_acl_access";
-    let acl = |p: u16, mask: u16| {
-        let mut v = 2u32.to_le_bytes().to_vec();
-        for (tag, perm, id) in [
-            (1u16, 6u16, u32::MAX),
-            (2, p, 7),
-            (4, 4, u32::MAX),
-            (0x10, mask, u32::MAX),
-            (0x20, 0, u32::MAX),
-        ] {
-            v.extend_from_slice(&tag.to_le_bytes());
-            v.extend_from_slice(&perm.to_le_bytes());
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        v
-    };
+    let acl = |p: u16, mask: u16| common::named_user_acl(7, p, mask);
     let fs = fs();
     let root = Ctx::root();
     let user = Ctx::user(7, 7);

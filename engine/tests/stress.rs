@@ -5,6 +5,8 @@
 //! Seeds are printed; `LANEFS_SEED=<n>` replays the random choices (thread interleaving is up
 //! to the scheduler).
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier};
@@ -40,23 +42,6 @@ fn fs(locking: Locking) -> Arc<Filesystem> {
 }
 
 /// Every lanefs error a random operation may legitimately meet.
-/// An ACL value: owner rw-, user 1 with `p`, owning group r--, mask `mask`, other ---.
-fn named_user_acl(p: u16, mask: u16) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (1u16, 6u16, u32::MAX),
-        (2, p, 1),
-        (4, 4, u32::MAX),
-        (0x10, mask, u32::MAX),
-        (0x20, 0, u32::MAX),
-    ] {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
-}
-
 fn expected(e: &std::io::Error) -> bool {
     let ok = [
         Errno::ENOENT,
@@ -118,7 +103,7 @@ fn random_operations_from_many_threads_keep_invariants() {
                             9 => c.set_permissions(&a, rng.random_range(0..0o1000)),
                             10 => c.metadata(&a).and_then(|m| {
                                 let p = rng.random_range(0..8u16);
-                                let v = named_user_acl(p, rng.random_range(0..8));
+                                let v = common::named_user_acl(1, p, rng.random_range(0..8));
                                 let name: &[u8] = match m.is_dir() && rng.random_bool(0.5) {
                                     false => b"system.posix_acl_access",
                                     true => b"system.posix_acl_default",

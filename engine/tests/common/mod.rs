@@ -1010,3 +1010,21 @@ pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
     }
     out
 }
+
+/// A `system.posix_acl_access` value: owner rw-, user `uid` with `p`, owning group r--, mask
+/// `mask`, other ---.
+pub fn named_user_acl(uid: u32, p: u16, mask: u16) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for (tag, perm, id) in [
+        (1u16, 6u16, u32::MAX),
+        (2, p, uid),
+        (4, 4, u32::MAX),
+        (0x10, mask, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ] {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
