@@ -2,13 +2,15 @@
 //! prefix.
 //!
 //! [`check`] does what opening does without changing anything: it reads the identity file,
-//! scans the journal (checksums, sequence numbers, segment order) and replays every record
-//! into a scratch filesystem, which must accept each one and end in a state that passes the
+//! loads the checkpoint (redb's own checksums, then every key through the engine's
+//! recovery), scans the journal after it (checksums, sequence numbers, segment order) and
+//! replays every record into the scratch filesystem, which must accept each one and end in a state that passes the
 //! engine's invariant check. The first finding is returned as an error naming the file and
 //! byte offset.
 //!
 //! [`repair`] keeps the records up to the first one that is damaged or does not fit the state
-//! before it: it removes the segments after the finding's, and rewrites the finding's
+//! before it (a damaged checkpoint cannot be cut back: the records it holds are no longer in
+//! the journal, so repair refuses it): it removes the segments after the finding's, and rewrites the finding's
 //! segment with the records kept from it (written whole under another name, flushed, then
 //! renamed over it), so that a crash during repair leaves the store either still damaged at
 //! the same place or repaired (docs/STORE.md, "fsck"). It reports what it dropped.
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use lanefs::{Config, Filesystem, MemoryStore, Record};
 
 use crate::error::StoreError;
+use crate::checkpoint::Checkpoint;
 use crate::{Options, identity, journal};
 
 /// What a check found in a store that is consistent.
@@ -26,6 +29,8 @@ use crate::{Options, identity, journal};
 pub struct CheckReport {
     /// Journal segments.
     pub segments: usize,
+    /// The LSN the checkpoint holds every record up to (0: none).
+    pub checkpoint_lsn: u64,
     /// Records replayed.
     pub records: u64,
     /// Whether the journal ends with a torn tail (a batch cut by a crash, never
@@ -48,7 +53,7 @@ pub struct RepairReport {
 
 /// Replays the journal into a scratch filesystem; returns the records that fit, in order,
 /// and the first finding, if any.
-type Replayed = (Vec<Vec<u8>>, Result<(CheckReport, Filesystem), StoreError>);
+type Replayed = (Vec<(u64, Vec<u8>)>, Result<(CheckReport, Filesystem), StoreError>);
 
 fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError> {
     let disk = &*opts.disk;
@@ -56,16 +61,22 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
     let mut rec = Filesystem::recover(Config::default(), Arc::new(MemoryStore));
+    let ck = Checkpoint::open(disk, dir, uuid, false)?;
+    if let Some(ck) = &ck {
+        ck.load(&mut rec)?;
+    }
+    let checkpoint_lsn = ck.as_ref().map_or(0, Checkpoint::lsn);
+    let loaded = rec.records();
     let mut kept = Vec::new();
-    let scanned = journal::scan(disk, dir, uuid, 1, |_, bytes| {
+    let scanned = journal::scan(disk, dir, uuid, checkpoint_lsn + 1, |lsn, bytes| {
         let r = Record::decode(bytes).map_err(|e| e.to_string())?;
         rec.apply(&r).map_err(|e| e.to_string())?;
         if keep {
-            kept.push(bytes.to_vec());
+            kept.push((lsn, bytes.to_vec()));
         }
         Ok(())
     });
-    let records = rec.records();
+    let records = rec.records() - loaded;
     let outcome = scanned.and_then(|end| {
         let fs = rec.finish().map_err(|e| {
             StoreError::damaged(
@@ -85,6 +96,7 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
         Ok((
             CheckReport {
                 segments,
+                checkpoint_lsn,
                 records,
                 torn_tail: end.torn,
                 inodes,
@@ -143,12 +155,28 @@ pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let n = seg
         .read_at(&mut head, 0)
         .map_err(StoreError::io(&seg_path, "read"))?;
+    let base = match Checkpoint::open(disk, dir, uuid, false)? {
+        Some(ck) => ck.lsn(),
+        None => 0,
+    };
     let first_lsn = match journal::SegmentHeader::decode(&head[..n]) {
         Ok(Some(h)) => h.first_lsn,
-        _ => kept.len() as u64 + 1,
+        _ => kept.last().map_or(base, |k| k.0) + 1,
     };
     let mut dropped = 0;
     let jd = journal::dir(dir);
+    // A cut segment that starts inside the checkpoint is rewritten to start after it, and
+    // the segments before it, all inside the checkpoint, go.
+    let first_lsn = if first_lsn <= base {
+        for &s in seqs.iter().filter(|&&s| s < cut) {
+            let p = journal::segment_path(dir, s);
+            dropped += disk.open(&p, false).and_then(|f| f.len()).unwrap_or(0);
+            disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+        }
+        base + 1
+    } else {
+        first_lsn
+    };
     for &s in seqs.iter().filter(|&&s| s > cut) {
         let p = journal::segment_path(dir, s);
         dropped += disk.open(&p, false).and_then(|f| f.len()).unwrap_or(0);
@@ -158,8 +186,8 @@ pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
         .map_err(StoreError::io(&jd, "flush directory"))?;
     let in_cut: Vec<&[u8]> = kept
         .iter()
-        .skip((first_lsn - 1) as usize)
-        .map(|r| &r[..])
+        .filter(|(lsn, _)| *lsn >= first_lsn)
+        .map(|(_, r)| &r[..])
         .collect();
     let old_len = seg.len().map_err(StoreError::io(&seg_path, "size"))?;
     if in_cut.is_empty() {

@@ -329,6 +329,9 @@ pub(crate) fn scan(
         started: false,
     };
     let mut started = false;
+    // The LSN after the last record of the segment before (segments follow on without gap,
+    // whether or not their records are wanted).
+    let mut follows = from_lsn;
     for (k, &seq) in seqs.iter().enumerate() {
         // Segments are made one after another, each name flushed before the next is made:
         // a missing number is a removed segment, never something a crash leaves.
@@ -396,12 +399,12 @@ pub(crate) fn scan(
                 format!("segment number {} in a file named {seq:016x}", header.seq),
             ));
         }
-        if started && header.first_lsn != expected {
+        if started && header.first_lsn != follows {
             return Err(StoreError::damaged(
                 &path,
                 40,
                 format!(
-                    "segment starts at record {}, expected {expected}",
+                    "segment starts at record {}, expected {follows}",
                     header.first_lsn
                 ),
             ));
@@ -505,6 +508,7 @@ pub(crate) fn scan(
             at += BATCH_HEADER + h.len as usize;
         }
         expected = expected.max(lsn);
+        follows = lsn;
     }
     end.next_lsn = expected;
     Ok(end)
@@ -554,6 +558,15 @@ fn segment_is_used(disk: &dyn Disk, store: &Path, seq: u64) -> Result<bool, Stor
     let mut h = [0u8; SEGMENT_HEADER];
     let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
     Ok(h[..n].iter().any(|&b| b != 0))
+}
+
+/// The LSN segment `seq` starts at, if its header is whole.
+pub(crate) fn first_lsn(disk: &dyn Disk, store: &Path, seq: u64) -> Result<Option<u64>, StoreError> {
+    let p = segment_path(store, seq);
+    let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+    let mut h = [0u8; SEGMENT_HEADER];
+    let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+    Ok(SegmentHeader::decode(&h[..n]).ok().flatten().map(|h| h.first_lsn))
 }
 
 /// `seqs` must follow each other without a gap (see the check at the top of [`scan`]).

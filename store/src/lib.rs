@@ -27,6 +27,7 @@
 
 #![deny(missing_docs)]
 
+pub(crate) mod checkpoint;
 pub mod disk;
 pub mod error;
 pub mod fsck;
@@ -66,6 +67,11 @@ pub struct Options {
     pub segment_size: u64,
     /// How long records wait for a commit when no one asks for one.
     pub commit_interval: Duration,
+    /// A checkpoint is taken once the journal holds this many records after the last one
+    /// (docs/STORE.md, "Checkpoints")...
+    pub checkpoint_records: u64,
+    /// ...or this many segments.
+    pub checkpoint_segments: usize,
 }
 
 impl Default for Options {
@@ -74,6 +80,8 @@ impl Default for Options {
             disk: Arc::new(RealDisk),
             segment_size: 64 << 20,
             commit_interval: Duration::from_millis(100),
+            checkpoint_records: 2_000_000,
+            checkpoint_segments: 4,
         }
     }
 }
@@ -83,6 +91,8 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("segment_size", &self.segment_size)
             .field("commit_interval", &self.commit_interval)
+            .field("checkpoint_records", &self.checkpoint_records)
+            .field("checkpoint_segments", &self.checkpoint_segments)
             .finish_non_exhaustive()
     }
 }
@@ -92,7 +102,11 @@ impl std::fmt::Debug for Options {
 pub struct OpenReport {
     /// Whether the store was created by this open.
     pub created: bool,
-    /// Records replayed from the journal.
+    /// Inodes loaded from the checkpoint.
+    pub loaded: u64,
+    /// The LSN the checkpoint holds every record up to (0: none).
+    pub checkpoint_lsn: u64,
+    /// Records replayed from the journal (after the checkpoint).
     pub replayed: u64,
     /// Whether a torn tail (a batch cut by a crash, never acknowledged) was dropped.
     pub torn_tail: bool,
@@ -145,6 +159,7 @@ impl Store for DiskStore {
 
 /// An open store (see [`Opened`]).
 pub struct StoreHandle {
+    checkpointer: checkpoint::Checkpointer,
     log: Arc<Log>,
     committer: Option<std::thread::JoinHandle<()>>,
     dir: PathBuf,
@@ -173,6 +188,7 @@ impl StoreHandle {
     }
 
     fn stop(&mut self) -> lanefs::Result<()> {
+        self.checkpointer.stop();
         if let Some(t) = self.committer.take() {
             self.log.shutdown();
             let _ = t.join();
@@ -186,6 +202,18 @@ impl StoreHandle {
     /// What the store's committer has done since the store was opened.
     pub fn counters(&self) -> Counters {
         self.log.counters()
+    }
+
+    /// Takes a checkpoint of every change so far, now (the checkpointer also takes them on
+    /// its own, docs/STORE.md "Checkpoints"); returns the records it applied. An error says
+    /// why the checkpoint was abandoned; the journal still holds every record.
+    pub fn checkpoint(&self) -> Result<u64, String> {
+        self.checkpointer.now()
+    }
+
+    /// Every record up to this LSN is in the checkpoint (0: none).
+    pub fn checkpoint_lsn(&self) -> u64 {
+        self.checkpointer.lsn()
     }
 
     /// The store's directory.
@@ -311,15 +339,26 @@ pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError
     }
     let log = Arc::new(Log::new(opts.commit_interval));
     let store: Arc<dyn Store> = Arc::new(DiskStore { log: log.clone() });
+    let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true)?.expect("made if missing");
     let mut rec = Filesystem::recover(cfg, store);
-    let end = journal::scan(disk, dir, uuid, 1, |_, bytes| {
+    let loaded = ck.load(&mut rec)?;
+    let checkpoint_lsn = ck.lsn();
+    let synthesized = rec.records();
+    let end = journal::scan(disk, dir, uuid, checkpoint_lsn + 1, |_, bytes| {
         let r = Record::decode(bytes).map_err(|e| e.to_string())?;
         rec.apply(&r).map_err(|e| e.to_string())
     })?;
-    let replayed = rec.records();
+    let replayed = rec.records() - synthesized;
     let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, opts.segment_size, end)?;
     let committer = commit::spawn(log.clone(), writer);
+    let policy = checkpoint::Policy {
+        records: opts.checkpoint_records,
+        segments: opts.checkpoint_segments,
+        poll: Duration::from_millis(500),
+    };
+    let checkpointer = checkpoint::spawn(ck, log.clone(), opts.disk.clone(), policy);
     let handle = StoreHandle {
+        checkpointer,
         log: log.clone(),
         committer: Some(committer),
         dir: dir.to_path_buf(),
@@ -342,6 +381,8 @@ pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError
         store: handle,
         report: OpenReport {
             created,
+            loaded,
+            checkpoint_lsn,
             replayed,
             torn_tail: end.torn,
             tsc_stamps: log.uses_tsc(),

@@ -24,6 +24,7 @@ fn opts(disk: &SimDisk, segment_size: u64) -> Options {
         disk: Arc::new(disk.clone()),
         segment_size,
         commit_interval: Duration::from_millis(5),
+        ..Options::default()
     }
 }
 

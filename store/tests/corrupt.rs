@@ -33,6 +33,7 @@ fn options(disk: &SimDisk) -> Options {
         disk: Arc::new(disk.clone()),
         segment_size: 16 << 10,
         commit_interval: Duration::from_secs(3600),
+        ..Options::default()
     }
 }
 

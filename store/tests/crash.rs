@@ -34,6 +34,7 @@ fn options(disk: &SimDisk, interval: Duration) -> Options {
         disk: Arc::new(disk.clone()),
         segment_size: 16 << 10,
         commit_interval: interval,
+        ..Options::default()
     }
 }
 

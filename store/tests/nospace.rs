@@ -21,6 +21,7 @@ fn sim(disk: &SimDisk, interval: Duration) -> Options {
         disk: Arc::new(disk.clone()),
         segment_size: SEG,
         commit_interval: interval,
+        ..Options::default()
     }
 }
 

@@ -21,6 +21,7 @@ fn sim(disk: &SimDisk) -> Options {
         disk: Arc::new(disk.clone()),
         segment_size: 64 << 10,
         commit_interval: Duration::from_millis(5),
+        ..Options::default()
     }
 }
 

@@ -21,7 +21,7 @@ use crossbeam_epoch as epoch;
 
 use super::Filesystem;
 use super::apply::new_root;
-use crate::id::{Ino, InodeId};
+use crate::id::{Generation, Ino, InodeId};
 use crate::inode::{DirBody, Inode};
 use crate::record::{NewInode, Record, Store};
 use crate::time::Timespec;
@@ -239,6 +239,39 @@ impl Recovery {
         };
         self.records += 1;
         r.map_err(|e| ReplayError(format!("{e}")))
+    }
+
+    /// Notes that inodes up to generation `generation` existed (a checkpoint's high-water
+    /// mark, which covers inodes freed before it): fresh generations come after it.
+    pub fn observe_generation(&mut self, generation: Generation) {
+        self.fs.ids.observe(InodeId {
+            ino: Ino::ROOT,
+            generation,
+        });
+    }
+
+    /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps
+    /// because it was still open when its last name went (records after the checkpoint may
+    /// still change it, and its `Free` may follow). It is made by a create in the root
+    /// under a name no entry can have (it holds a `/`) and the removal of that name, through
+    /// the same apply functions as every record; the root's times are the caller's to set
+    /// afterwards. [`Recovery::finish`] frees it unless a later record gives it a name (none
+    /// can) or frees it first.
+    pub fn orphan(&mut self, inode: &NewInode<'_>) -> Result<(), ReplayError> {
+        const NAME: &[u8] = b"/orphan";
+        let cookie = self.fs.dirents.next_cookie();
+        self.apply(&Record::Create {
+            dir: InodeId::ROOT,
+            name: NAME,
+            cookie,
+            inode: *inode,
+        })?;
+        self.apply(&Record::Remove {
+            dir: InodeId::ROOT,
+            name: NAME,
+            inode: inode.id,
+            time: inode.time,
+        })
     }
 
     /// Ends recovery and returns the filesystem (see the module doc).

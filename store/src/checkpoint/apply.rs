@@ -1,0 +1,573 @@
+//! Applying journal records to the checkpoint's keys (`kv.rs`), one function per record
+//! kind, inside the checkpoint's write transaction.
+//!
+//! Each function makes in the keys exactly the change that the engine's apply function for
+//! that record kind makes in memory (engine/src/fs/apply.rs and data.rs: link counts, the
+//! times the record carries, a directory's `..`, page arithmetic of writes, holes, punches
+//! and truncation), so that loading the keys gives the filesystem that replaying the
+//! records would have given. `store/tests/checkpoint.rs` holds the two to that: random
+//! workloads checkpointed and reloaded must dump the same tree, attributes, contents and
+//! xattrs as the live filesystem. A record that does not fit the keys (an inode or entry
+//! that is missing or has another generation) is an error: the checkpoint is abandoned and
+//! the journal keeps the records.
+
+use lanefs::{InodeId, Record, Timespec};
+use redb::{ReadableTable, Table};
+
+use super::kv::{self, EntryVal, InodeVal};
+
+/// Page size of file data (the engine's).
+pub(crate) const PAGE: u64 = 4096;
+
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+/// The inode flags a user sets (what `SetFlags` carries).
+const USER_FLAGS: u32 = lanefs::FS_IMMUTABLE_FL
+    | lanefs::FS_APPEND_FL
+    | lanefs::FS_NODUMP_FL
+    | lanefs::FS_NOATIME_FL;
+
+pub(crate) type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
+
+/// The two tables of a checkpoint being written, and the high-water mark of generations.
+pub(crate) struct Tables<'t> {
+    pub meta: KvTable<'t>,
+    pub data: KvTable<'t>,
+    pub max_generation: u64,
+}
+
+type R<T> = Result<T, String>;
+
+fn db(e: impl std::fmt::Display) -> String {
+    format!("checkpoint: {e}")
+}
+
+impl Tables<'_> {
+    fn get(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
+        Ok(self.meta.get(key).map_err(db)?.map(|v| v.value().to_vec()))
+    }
+
+    fn put(&mut self, key: &[u8], val: &[u8]) -> R<()> {
+        self.meta.insert(key, val).map_err(db)?;
+        Ok(())
+    }
+
+    fn del(&mut self, key: &[u8]) -> R<bool> {
+        Ok(self.meta.remove(key).map_err(db)?.is_some())
+    }
+
+    /// The inode `id`, which must exist with that generation.
+    fn inode(&self, id: InodeId) -> R<InodeVal> {
+        let k = kv::ino_key(kv::INODE, id.ino.0);
+        let v = self
+            .get(&k)?
+            .ok_or_else(|| format!("inode {id} is not in the checkpoint"))?;
+        let v = InodeVal::decode(&v).map_err(|e| format!("inode {}: {e}", id.ino))?;
+        if v.generation != id.generation.0 {
+            return Err(format!(
+                "inode {id}: the checkpoint has generation {}",
+                v.generation
+            ));
+        }
+        Ok(v)
+    }
+
+    fn put_inode(&mut self, ino: u64, v: &InodeVal) -> R<()> {
+        self.put(&kv::ino_key(kv::INODE, ino), &v.encode())
+    }
+
+    /// Changes inode `id` with `f`, keeping the orphan mark in step with its link count.
+    fn update(&mut self, id: InodeId, f: impl FnOnce(&mut InodeVal)) -> R<()> {
+        let mut v = self.inode(id)?;
+        let was = v.nlink;
+        f(&mut v);
+        self.put_inode(id.ino.0, &v)?;
+        let orphan = kv::ino_key(kv::ORPHAN, id.ino.0);
+        match (was == 0, v.nlink == 0) {
+            (false, true) => self.put(&orphan, b""),
+            (true, false) => self.del(&orphan).map(drop),
+            _ => Ok(()),
+        }
+    }
+
+    fn entry(&self, dir: InodeId, name: &[u8]) -> R<EntryVal> {
+        let v = self
+            .get(&kv::named_key(kv::ENTRY, dir.ino.0, name))?
+            .ok_or_else(|| {
+                format!(
+                    "{dir}/{} is not in the checkpoint",
+                    String::from_utf8_lossy(name)
+                )
+            })?;
+        EntryVal::decode(&v)
+    }
+
+    fn put_entry(&mut self, dir: InodeId, name: &[u8], e: EntryVal) -> R<()> {
+        self.put(&kv::named_key(kv::ENTRY, dir.ino.0, name), &e.encode())
+    }
+
+    fn del_entry(&mut self, dir: InodeId, name: &[u8]) -> R<()> {
+        if !self.del(&kv::named_key(kv::ENTRY, dir.ino.0, name))? {
+            return Err(format!(
+                "{dir}/{} is not in the checkpoint",
+                String::from_utf8_lossy(name)
+            ));
+        }
+        Ok(())
+    }
+
+    fn set_mc(&mut self, dir: InodeId, t: Timespec) -> R<()> {
+        self.update(dir, |v| {
+            v.mtime = t;
+            v.ctime = t;
+        })
+    }
+
+    fn set_c(&mut self, id: InodeId, t: Timespec) -> R<()> {
+        self.update(id, |v| v.ctime = t)
+    }
+
+    fn set_xattr(&mut self, ino: u64, name: &[u8], value: Option<&[u8]>) -> R<()> {
+        let k = kv::named_key(kv::XATTR, ino, name);
+        match value {
+            Some(v) => self.put(&k, v),
+            None => self.del(&k).map(drop),
+        }
+    }
+
+    /// Makes the inode a [`lanefs::NewInode`] describes, with user flags `flags`; returns
+    /// whether it is a directory.
+    fn new_inode(&mut self, n: &lanefs::NewInode<'_>, flags: u32, parent: u64) -> R<bool> {
+        let dir = n.mode & libc::S_IFMT == libc::S_IFDIR;
+        let v = InodeVal {
+            generation: n.id.generation.0,
+            mode: n.mode,
+            uid: n.uid,
+            gid: n.gid,
+            nlink: if dir { 2 } else { 1 },
+            rdev: n.rdev,
+            size: n.target.len() as u64,
+            atime: n.time,
+            mtime: n.time,
+            ctime: n.time,
+            flags: flags & USER_FLAGS,
+            parent: if dir { parent } else { 0 },
+            target: n.target.to_vec(),
+        };
+        let k = kv::ino_key(kv::INODE, n.id.ino.0);
+        if n.id.ino.0 != 1 && self.get(&k)?.is_some() {
+            return Err(format!("inode number {} is in use", n.id.ino));
+        }
+        self.put(&k, &v.encode())?;
+        self.set_xattr(n.id.ino.0, ACL_ACCESS, Some(n.access_acl).filter(|a| !a.is_empty()))?;
+        self.set_xattr(n.id.ino.0, ACL_DEFAULT, Some(n.default_acl).filter(|a| !a.is_empty()))?;
+        self.max_generation = self.max_generation.max(n.id.generation.0);
+        Ok(dir)
+    }
+
+    /// A new entry `name` in `dir` for a new inode.
+    fn create(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        cookie: u64,
+        n: &lanefs::NewInode<'_>,
+        flags: u32,
+    ) -> R<()> {
+        self.inode(dir)?;
+        let is_dir = self.new_inode(n, flags, dir.ino.0)?;
+        self.put_entry(dir, name, EntryVal { target: n.id, cookie })?;
+        self.update(dir, |v| {
+            if is_dir {
+                v.nlink += 1;
+            }
+            v.mtime = n.time;
+            v.ctime = n.time;
+        })
+    }
+
+    /// The target of a removed name, or of a name a rename replaced, loses that name.
+    fn drop_name(&mut self, dir: InodeId, victim: InodeId) -> R<()> {
+        let is_dir = self.inode(victim)?.is_dir();
+        if is_dir {
+            self.update(dir, |v| v.nlink = v.nlink.saturating_sub(1))?;
+        }
+        self.update(victim, |v| {
+            v.nlink = if is_dir { 0 } else { v.nlink.saturating_sub(1) };
+        })
+    }
+
+    /// A directory `i` moved from `from` to `to` (nothing when it is not a directory or
+    /// stays in its directory).
+    fn moved(&mut self, i: InodeId, from: InodeId, to: InodeId) -> R<()> {
+        if from == to || !self.inode(i)?.is_dir() {
+            return Ok(());
+        }
+        self.update(i, |v| v.parent = to.ino.0)?;
+        self.update(to, |v| v.nlink += 1)?;
+        self.update(from, |v| v.nlink = v.nlink.saturating_sub(1))
+    }
+
+    /// Removes every key of `table` from `from` up to (not including) `to`.
+    fn clear(table: &mut KvTable<'_>, from: &[u8], to: &[u8]) -> R<()> {
+        table
+            .retain_in::<&[u8], _>(from..to, |_, _| false)
+            .map_err(db)
+    }
+
+    fn page(&self, ino: u64, page: u64) -> R<Option<Vec<u8>>> {
+        Ok(self
+            .data
+            .get(&kv::page_key(ino, page)[..])
+            .map_err(db)?
+            .map(|v| v.value().to_vec()))
+    }
+
+    fn put_page(&mut self, ino: u64, page: u64, bytes: &[u8]) -> R<()> {
+        self.data
+            .insert(&kv::page_key(ino, page)[..], kv::trim(bytes))
+            .map_err(db)?;
+        Ok(())
+    }
+
+    /// Drops file `ino`'s pages from `first` on.
+    fn drop_pages(&mut self, ino: u64, first: u64) -> R<()> {
+        let (a, b) = (kv::page_key(ino, first), kv::ino_key(kv::PAGE_TAG, ino + 1));
+        Self::clear(&mut self.data, &a, &b)
+    }
+
+    /// Zeroes bytes `from..to` of page `page` if it exists (`from`, `to` within the page).
+    fn zero_in_page(&mut self, ino: u64, page: u64, from: usize, to: usize) -> R<()> {
+        if let Some(mut p) = self.page(ino, page)? {
+            if from < p.len() {
+                let end = to.min(p.len());
+                p[from..end].fill(0);
+                self.put_page(ino, page, &p)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> R<()> {
+        let len = data.len() as u64;
+        if len == 0 {
+            return Ok(());
+        }
+        for idx in offset / PAGE..(offset + len - 1) / PAGE + 1 {
+            let start = idx * PAGE;
+            let from = offset.max(start);
+            let to = (offset + len).min(start + PAGE);
+            let mut p = self.page(ino, idx)?.unwrap_or_default();
+            let need = (to - start) as usize;
+            if p.len() < need {
+                p.resize(need, 0);
+            }
+            p[(from - start) as usize..need]
+                .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            self.put_page(ino, idx, &p)?;
+        }
+        Ok(())
+    }
+
+    fn allocate(&mut self, ino: u64, offset: u64, len: u64) -> R<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        for idx in offset / PAGE..(offset + len - 1) / PAGE + 1 {
+            if self.page(ino, idx)?.is_none() {
+                self.put_page(ino, idx, b"")?;
+            }
+        }
+        Ok(())
+    }
+
+    fn punch(&mut self, ino: u64, offset: u64, len: u64) -> R<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset.saturating_add(len);
+        let (first_full, end_full) = (offset.div_ceil(PAGE), end / PAGE);
+        if first_full < end_full {
+            let (a, b) = (kv::page_key(ino, first_full), kv::page_key(ino, end_full));
+            Self::clear(&mut self.data, &a, &b)?;
+        }
+        for idx in [offset / PAGE, end.saturating_sub(1) / PAGE] {
+            let start = idx * PAGE;
+            let (from, to) = (offset.max(start), end.min(start + PAGE));
+            if from < to {
+                self.zero_in_page(ino, idx, (from - start) as usize, (to - start) as usize)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, ino: u64, size: u64) -> R<()> {
+        self.drop_pages(ino, size.div_ceil(PAGE))?;
+        if size % PAGE != 0 {
+            self.zero_in_page(ino, size / PAGE, (size % PAGE) as usize, PAGE as usize)?;
+        }
+        Ok(())
+    }
+
+    /// Applies one record (see the module doc).
+    pub(crate) fn apply(&mut self, rec: &Record<'_>) -> R<()> {
+        match *rec {
+            Record::Root { inode: n } => {
+                let nlink = match self.get(&kv::ino_key(kv::INODE, 1))? {
+                    Some(v) => InodeVal::decode(&v)?.nlink,
+                    None => 2,
+                };
+                self.new_inode(&n, 0, 1)?;
+                self.update(n.id, |v| v.nlink = nlink)
+            }
+            Record::Create {
+                dir,
+                name,
+                cookie,
+                inode,
+            } => self.create(dir, name, cookie, &inode, 0),
+            Record::CreateWithFlags {
+                dir,
+                name,
+                cookie,
+                inode,
+                flags,
+            } => self.create(dir, name, cookie, &inode, flags),
+            Record::Link {
+                dir,
+                name,
+                cookie,
+                inode,
+                time,
+            } => {
+                self.inode(dir)?;
+                self.put_entry(dir, name, EntryVal { target: inode, cookie })?;
+                self.update(inode, |v| {
+                    v.nlink += 1;
+                    v.ctime = time;
+                })?;
+                self.set_mc(dir, time)
+            }
+            Record::Remove {
+                dir,
+                name,
+                inode,
+                time,
+            } => {
+                self.del_entry(dir, name)?;
+                self.drop_name(dir, inode)?;
+                self.set_c(inode, time)?;
+                self.set_mc(dir, time)
+            }
+            Record::Rename {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                exchange,
+                cookie,
+                time,
+            } => self.rename(
+                (from, from_name),
+                (to, to_name),
+                inode,
+                replaced,
+                exchange,
+                cookie,
+                time,
+            ),
+            Record::RenameWhiteout {
+                from,
+                from_name,
+                to,
+                to_name,
+                inode,
+                replaced,
+                cookie,
+                time,
+                whiteout,
+                whiteout_cookie,
+                whiteout_flags,
+            } => {
+                self.new_inode(&whiteout, whiteout_flags, 0)?;
+                self.rename(
+                    (from, from_name),
+                    (to, to_name),
+                    inode,
+                    replaced,
+                    false,
+                    cookie,
+                    time,
+                )?;
+                self.put_entry(
+                    from,
+                    from_name,
+                    EntryVal {
+                        target: whiteout.id,
+                        cookie: whiteout_cookie,
+                    },
+                )
+            }
+            Record::SetAttr { inode, change } => {
+                let v = self.inode(inode)?;
+                if let Some(size) = change.size {
+                    if !v.is_file() {
+                        return Err(format!("size set on inode {inode}, not a file"));
+                    }
+                    self.truncate(inode.ino.0, size)?;
+                }
+                self.update(inode, |v| {
+                    if let Some(mode) = change.mode {
+                        v.mode = (v.mode & libc::S_IFMT) | (mode & 0o7777);
+                    }
+                    v.uid = change.uid.unwrap_or(v.uid);
+                    v.gid = change.gid.unwrap_or(v.gid);
+                    v.size = change.size.unwrap_or(v.size);
+                    v.atime = change.atime.unwrap_or(v.atime);
+                    v.mtime = change.mtime.unwrap_or(v.mtime);
+                    v.ctime = change.ctime.unwrap_or(v.ctime);
+                })
+            }
+            Record::Write {
+                inode,
+                offset,
+                data,
+                time,
+            } => {
+                self.file(inode)?;
+                self.write(inode.ino.0, offset, data)?;
+                self.update(inode, |v| {
+                    v.size = v.size.max(offset + data.len() as u64);
+                    v.mtime = time;
+                    v.ctime = time;
+                })
+            }
+            Record::Allocate {
+                inode,
+                offset,
+                len,
+                keep_size,
+                time,
+            } => {
+                self.file(inode)?;
+                self.allocate(inode.ino.0, offset, len)?;
+                self.update(inode, |v| {
+                    if !keep_size {
+                        v.size = v.size.max(offset + len);
+                    }
+                    v.mtime = time;
+                    v.ctime = time;
+                })
+            }
+            Record::Punch {
+                inode,
+                offset,
+                len,
+                time,
+            } => {
+                self.file(inode)?;
+                self.punch(inode.ino.0, offset, len)?;
+                self.set_mc(inode, time)
+            }
+            Record::SetXattr {
+                inode,
+                name,
+                value,
+                time,
+            } => {
+                self.set_xattr(inode.ino.0, name, Some(value))?;
+                self.set_c(inode, time)
+            }
+            Record::RemoveXattr { inode, name, time } => {
+                self.set_xattr(inode.ino.0, name, None)?;
+                self.set_c(inode, time)
+            }
+            Record::SetAcl {
+                inode,
+                default,
+                acl,
+                mode,
+                time,
+            } => {
+                let name = if default { ACL_DEFAULT } else { ACL_ACCESS };
+                self.set_xattr(inode.ino.0, name, Some(acl).filter(|a| !a.is_empty()))?;
+                self.update(inode, |v| {
+                    v.mode = mode;
+                    v.ctime = time;
+                })
+            }
+            Record::SetFlags { inode, flags, time } => self.update(inode, |v| {
+                v.flags = flags & USER_FLAGS;
+                v.ctime = time;
+            }),
+            Record::Free { inode } => {
+                let v = self.inode(inode)?;
+                if v.nlink != 0 {
+                    return Err(format!("free of inode {inode}, which has {} links", v.nlink));
+                }
+                let ino = inode.ino.0;
+                self.del(&kv::ino_key(kv::INODE, ino))?;
+                self.del(&kv::ino_key(kv::ORPHAN, ino))?;
+                let (a, b) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
+                Self::clear(&mut self.meta, &a, &b)?;
+                self.drop_pages(ino, 0)
+            }
+        }
+    }
+
+    fn file(&self, id: InodeId) -> R<()> {
+        if self.inode(id)?.is_file() {
+            Ok(())
+        } else {
+            Err(format!("data record for inode {id}, not a file"))
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // a rename's two names and what it carries
+    fn rename(
+        &mut self,
+        (from, from_name): (InodeId, &[u8]),
+        (to, to_name): (InodeId, &[u8]),
+        inode: InodeId,
+        replaced: Option<InodeId>,
+        exchange: bool,
+        cookie: u64,
+        time: Timespec,
+    ) -> R<()> {
+        let src = self.entry(from, from_name)?;
+        if src.target != inode {
+            return Err(format!("{from}/{} does not name inode {inode}", String::from_utf8_lossy(from_name)));
+        }
+        match replaced {
+            Some(t) if exchange => {
+                let dst = self.entry(to, to_name)?;
+                self.put_entry(from, from_name, EntryVal { target: t, cookie: src.cookie })?;
+                self.put_entry(to, to_name, EntryVal { target: inode, cookie: dst.cookie })?;
+                self.moved(inode, from, to)?;
+                self.moved(t, to, from)?;
+                self.set_c(t, time)?;
+            }
+            Some(t) => {
+                let dst = self.entry(to, to_name)?;
+                self.del_entry(from, from_name)?;
+                self.put_entry(to, to_name, EntryVal { target: inode, cookie: dst.cookie })?;
+                self.moved(inode, from, to)?;
+                self.drop_name(to, t)?;
+                self.set_c(t, time)?;
+            }
+            None => {
+                self.del_entry(from, from_name)?;
+                self.put_entry(to, to_name, EntryVal { target: inode, cookie })?;
+                self.moved(inode, from, to)?;
+            }
+        }
+        self.set_c(inode, time)?;
+        self.set_mc(from, time)?;
+        if from != to {
+            self.set_mc(to, time)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,304 @@
+//! The checkpoint's keys and values (docs/STORE.md, "The checkpoint", is the specification).
+//!
+//! Every key starts with a one-byte tag and numbers are big-endian, so that one inode, one
+//! entry, one directory's entries, one inode's xattrs and one file's pages are each a key
+//! or a key range, in the order a scan wants them, and the same keys could live in any
+//! ordered key-value store (a distributed one included) unchanged:
+//!
+//! | key | value | table |
+//! |---|---|---|
+//! | `s` | the superblock ([`Superblock`]) | `meta` |
+//! | `i` ino | an inode ([`InodeVal`]) | `meta` |
+//! | `d` parent name | an entry ([`EntryVal`]) | `meta` |
+//! | `x` ino name | an xattr's value (ACLs are the xattrs `system.posix_acl_*`) | `meta` |
+//! | `o` ino | empty: the inode has no name left but was not freed (an orphan) | `meta` |
+//! | `b` ino page | the page's bytes, trailing zeros cut (empty: an allocated page of zeros) | `data` |
+//!
+//! Values are little-endian and fixed-layout; a value that does not decode is damage, which
+//! the caller reports with the key it was found under.
+
+use lanefs::{Generation, Ino, InodeId, Timespec};
+
+/// The superblock key.
+pub(crate) const SUPER: &[u8] = b"s";
+/// Tags.
+pub(crate) const INODE: u8 = b'i';
+pub(crate) const ENTRY: u8 = b'd';
+pub(crate) const XATTR: u8 = b'x';
+pub(crate) const ORPHAN: u8 = b'o';
+pub(crate) const PAGE_TAG: u8 = b'b';
+
+const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
+/// Length of an encoded superblock.
+const SUPER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;
+/// The checkpoint format version.
+pub(crate) const VERSION: u32 = 1;
+
+/// `tag ++ ino`.
+pub(crate) fn ino_key(tag: u8, ino: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = tag;
+    k[1..].copy_from_slice(&ino.to_be_bytes());
+    k
+}
+
+/// `tag ++ ino ++ name` (an entry of directory `ino`, or an xattr of inode `ino`).
+pub(crate) fn named_key(tag: u8, ino: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9 + name.len());
+    k.extend_from_slice(&ino_key(tag, ino));
+    k.extend_from_slice(name);
+    k
+}
+
+/// `b ++ ino ++ page`.
+pub(crate) fn page_key(ino: u64, page: u64) -> [u8; 17] {
+    let mut k = [0u8; 17];
+    k[0] = PAGE_TAG;
+    k[1..9].copy_from_slice(&ino.to_be_bytes());
+    k[9..].copy_from_slice(&page.to_be_bytes());
+    k
+}
+
+/// The inode number and the rest of a key `tag ++ ino ++ rest`.
+pub(crate) fn split_key(k: &[u8]) -> Option<(u64, &[u8])> {
+    let ino = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
+    Some((ino, &k[9..]))
+}
+
+/// The page number of a page key.
+pub(crate) fn page_of(k: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(k.get(9..17)?.try_into().ok()?))
+}
+
+/// The checkpoint's own record: which journal records it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Superblock {
+    /// The store's id (the identity file's).
+    pub uuid: [u8; 16],
+    /// Every journal record up to this LSN is in the checkpoint (0: none).
+    pub lsn: u64,
+    /// The highest generation any inode had, freed ones included.
+    pub max_generation: u64,
+    /// Records applied over the checkpoint's life.
+    pub records: u64,
+}
+
+impl Superblock {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(SUPER_LEN);
+        b.extend_from_slice(&SUPER_MAGIC);
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&self.uuid);
+        b.extend_from_slice(&self.lsn.to_le_bytes());
+        b.extend_from_slice(&self.max_generation.to_le_bytes());
+        b.extend_from_slice(&self.records.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Superblock, String> {
+        if b.len() != SUPER_LEN || b[..8] != SUPER_MAGIC {
+            return Err("not a lanefs checkpoint superblock".into());
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        if version != VERSION {
+            return Err(format!(
+                "checkpoint format {version}, this lanefs reads {VERSION}"
+            ));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        Ok(Superblock {
+            uuid: b[12..28].try_into().expect("16"),
+            lsn: u64_at(28),
+            max_generation: u64_at(36),
+            records: u64_at(44),
+        })
+    }
+}
+
+/// An inode as the checkpoint keeps it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct InodeVal {
+    pub generation: u64,
+    /// Type and permission bits.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub rdev: u64,
+    pub size: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    /// The inode flags a user sets (`FS_IMMUTABLE_FL` and the others of `SetFlags`).
+    pub flags: u32,
+    /// A directory's parent (0 for other inodes).
+    pub parent: u64,
+    /// A symlink's target.
+    pub target: Vec<u8>,
+}
+
+const INODE_FIXED: usize = 8 + 4 * 4 + 8 + 8 + 3 * 12 + 4 + 8;
+
+fn put_time(b: &mut Vec<u8>, t: Timespec) {
+    b.extend_from_slice(&t.sec.to_le_bytes());
+    b.extend_from_slice(&t.nsec.to_le_bytes());
+}
+
+impl InodeVal {
+    pub(crate) fn id(&self, ino: u64) -> InodeId {
+        InodeId {
+            ino: Ino(ino),
+            generation: Generation(self.generation),
+        }
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    pub(crate) fn is_file(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(INODE_FIXED + self.target.len());
+        b.extend_from_slice(&self.generation.to_le_bytes());
+        for v in [self.mode, self.uid, self.gid, self.nlink] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&self.rdev.to_le_bytes());
+        b.extend_from_slice(&self.size.to_le_bytes());
+        for t in [self.atime, self.mtime, self.ctime] {
+            put_time(&mut b, t);
+        }
+        b.extend_from_slice(&self.flags.to_le_bytes());
+        b.extend_from_slice(&self.parent.to_le_bytes());
+        b.extend_from_slice(&self.target);
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<InodeVal, String> {
+        if b.len() < INODE_FIXED {
+            return Err(format!(
+                "inode value of {} bytes, at least {INODE_FIXED} expected",
+                b.len()
+            ));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        let time_at = |at: usize| Timespec {
+            sec: u64_at(at) as i64,
+            nsec: u32_at(at + 8),
+        };
+        let v = InodeVal {
+            generation: u64_at(0),
+            mode: u32_at(8),
+            uid: u32_at(12),
+            gid: u32_at(16),
+            nlink: u32_at(20),
+            rdev: u64_at(24),
+            size: u64_at(32),
+            atime: time_at(40),
+            mtime: time_at(52),
+            ctime: time_at(64),
+            flags: u32_at(76),
+            parent: u64_at(80),
+            target: b[INODE_FIXED..].to_vec(),
+        };
+        if lanefs::FileType::from_mode(v.mode).is_none() {
+            return Err(format!("inode value with mode {:o}", v.mode));
+        }
+        Ok(v)
+    }
+}
+
+/// A directory entry as the checkpoint keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EntryVal {
+    pub target: InodeId,
+    pub cookie: u64,
+}
+
+impl EntryVal {
+    pub(crate) fn encode(&self) -> [u8; 24] {
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&self.target.ino.0.to_le_bytes());
+        b[8..16].copy_from_slice(&self.target.generation.0.to_le_bytes());
+        b[16..].copy_from_slice(&self.cookie.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<EntryVal, String> {
+        if b.len() != 24 {
+            return Err(format!("entry value of {} bytes, 24 expected", b.len()));
+        }
+        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        Ok(EntryVal {
+            target: InodeId {
+                ino: Ino(u64_at(0)),
+                generation: Generation(u64_at(8)),
+            },
+            cookie: u64_at(16),
+        })
+    }
+}
+
+/// A page's bytes as stored: trailing zeros cut.
+pub(crate) fn trim(page: &[u8]) -> &[u8] {
+    let end = page.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    &page[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip() {
+        let t = |s, n| Timespec { sec: s, nsec: n };
+        let v = InodeVal {
+            generation: 7,
+            mode: libc::S_IFLNK | 0o777,
+            uid: 1000,
+            gid: 100,
+            nlink: 1,
+            rdev: 0,
+            size: 3,
+            atime: t(-5, 1),
+            mtime: t(1_700_000_000, 999_999_999),
+            ctime: t(0, 0),
+            flags: lanefs::FS_NODUMP_FL,
+            parent: 0,
+            target: b"a/b".to_vec(),
+        };
+        assert_eq!(InodeVal::decode(&v.encode()).unwrap(), v);
+        assert!(InodeVal::decode(&v.encode()[..50]).is_err());
+        let e = EntryVal {
+            target: v.id(42),
+            cookie: 9,
+        };
+        assert_eq!(EntryVal::decode(&e.encode()).unwrap(), e);
+        let s = Superblock {
+            uuid: [3; 16],
+            lsn: 12,
+            max_generation: 99,
+            records: 5,
+        };
+        assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+        let mut bad = s.encode();
+        bad[8] = 2;
+        assert!(Superblock::decode(&bad).unwrap_err().contains("format 2"));
+    }
+
+    #[test]
+    fn keys_sort_by_tag_then_number_then_name() {
+        let a = named_key(ENTRY, 2, b"zz");
+        let b = named_key(ENTRY, 10, b"a");
+        assert!(a < b, "parent 2's entries come before parent 10's");
+        assert_eq!(split_key(&b), Some((10, &b"a"[..])));
+        assert!(page_key(5, 1) < page_key(5, 256));
+        assert_eq!(page_of(&page_key(5, 256)), Some(256));
+        assert_eq!(trim(b"ab\0\0"), b"ab");
+        assert_eq!(trim(b"\0\0"), b"");
+    }
+}

@@ -1,0 +1,262 @@
+//! Loading a checkpoint into a filesystem being recovered: the keys become records that
+//! the engine's recovery applies like any other (so a loaded filesystem passes the same
+//! checks as a replayed one), in an order that gives every inode exactly its kept state:
+//!
+//! 1. the root (`Root`);
+//! 2. the tree, directory by directory from the root: each entry is a `Create` of its inode
+//!    the first time the inode is met, a `Link` after that; then the orphans
+//!    (`Recovery::orphan`: made and unnamed again, after the tree so that the fresh cookie
+//!    of their passing name cannot be one a live entry holds);
+//! 3. every inode in number order: its pages (`Write` for runs of data, clipped to the
+//!    size; then `SetAttr` of the size; then `Allocate` for allocated pages of zeros), its
+//!    xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`), and
+//!    last its inode flags (`SetFlags`), since the creates, links and writes before moved
+//!    its times and an immutable flag would refuse them.
+//!
+//! Nothing loaded is appended to the store (recovery appends nothing).
+
+use std::collections::{HashSet, VecDeque};
+
+use lanefs::{AttrChange, InodeId, NewInode, Record, Recovery, ReplayError, Timespec};
+use redb::ReadTransaction;
+
+use super::apply::PAGE;
+use super::kv::{self, EntryVal, InodeVal, Superblock};
+use super::{DATA, META};
+
+/// Where loading failed: the key and what is wrong.
+type R<T> = Result<T, String>;
+
+fn db(e: impl std::fmt::Display) -> String {
+    format!("reading the checkpoint: {e}")
+}
+
+fn applied(r: Result<(), ReplayError>, what: impl FnOnce() -> String) -> R<()> {
+    r.map_err(|e| format!("{}: {e}", what()))
+}
+
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+fn new_inode(id: InodeId, v: &InodeVal) -> NewInode<'_> {
+    NewInode {
+        id,
+        mode: v.mode,
+        uid: v.uid,
+        gid: v.gid,
+        rdev: v.rdev,
+        target: &v.target,
+        time: v.ctime,
+        access_acl: b"",
+        default_acl: b"",
+    }
+}
+
+/// Loads the checkpoint read by `txn` (with superblock `sb`) into `rec`; returns the inodes
+/// loaded.
+pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -> R<u64> {
+    let meta = txn.open_table(META).map_err(db)?;
+    let data = txn.open_table(DATA).map_err(db)?;
+    rec.observe_generation(lanefs::Generation(sb.max_generation));
+    let inode = |ino: u64| -> R<InodeVal> {
+        let k = kv::ino_key(kv::INODE, ino);
+        let v = meta
+            .get(&k[..])
+            .map_err(db)?
+            .ok_or_else(|| format!("inode {ino} is named but missing"))?;
+        InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))
+    };
+    // 1. The root.
+    let root = inode(1)?;
+    applied(
+        rec.apply(&Record::Root {
+            inode: new_inode(InodeId::ROOT, &root),
+        }),
+        || "the root".into(),
+    )?;
+    // 2. The tree.
+    let mut linked: HashSet<u64> = HashSet::new();
+    let mut queue = VecDeque::from([(InodeId::ROOT, 1u64)]);
+    while let Some((dir, ino)) = queue.pop_front() {
+        let (a, b) = (kv::ino_key(kv::ENTRY, ino), kv::ino_key(kv::ENTRY, ino + 1));
+        for kvp in meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
+            let (k, v) = kvp.map_err(db)?;
+            let (_, name) = kv::split_key(k.value()).ok_or("entry key too short")?;
+            let e = EntryVal::decode(v.value())
+                .map_err(|e| format!("entry {dir}/{}: {e}", String::from_utf8_lossy(name)))?;
+            let what = || format!("entry {dir}/{}", String::from_utf8_lossy(name));
+            let child = e.target.ino.0;
+            if linked.contains(&child) {
+                applied(
+                    rec.apply(&Record::Link {
+                        dir,
+                        name,
+                        cookie: e.cookie,
+                        inode: e.target,
+                        time: Timespec::default(),
+                    }),
+                    what,
+                )?;
+                continue;
+            }
+            let cv = inode(child)?;
+            if cv.generation != e.target.generation.0 {
+                return Err(format!("{}: names generation {}, the inode has {}", what(), e.target.generation, cv.generation));
+            }
+            applied(
+                rec.apply(&Record::Create {
+                    dir,
+                    name,
+                    cookie: e.cookie,
+                    inode: new_inode(e.target, &cv),
+                }),
+                what,
+            )?;
+            if cv.is_dir() {
+                queue.push_back((e.target, child));
+            } else if cv.nlink > 1 {
+                linked.insert(child);
+            }
+        }
+    }
+    // The orphans, once every live entry's cookie is known (an orphan's passing name takes
+    // a fresh cookie).
+    let (o1, o2) = (kv::ino_key(kv::ORPHAN, 0), kv::ino_key(kv::ORPHAN, u64::MAX));
+    for kvp in meta.range::<&[u8]>(&o1[..]..=&o2[..]).map_err(db)? {
+        let (k, _) = kvp.map_err(db)?;
+        let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
+        let v = inode(ino)?;
+        if v.nlink != 0 {
+            return Err(format!("orphan {ino} has {} links", v.nlink));
+        }
+        let id = v.id(ino);
+        applied(rec.orphan(&new_inode(id, &v)), || format!("orphan {id}"))?;
+    }
+    // 3. Every inode's contents, xattrs, attributes and flags.
+    let mut count = 0;
+    let (i1, i2) = (kv::ino_key(kv::INODE, 0), kv::ino_key(kv::INODE, u64::MAX));
+    for kvp in meta.range::<&[u8]>(&i1[..]..=&i2[..]).map_err(db)? {
+        let (k, v) = kvp.map_err(db)?;
+        let (ino, _) = kv::split_key(k.value()).ok_or("inode key too short")?;
+        let v = InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))?;
+        let id = v.id(ino);
+        let what = || format!("inode {id}");
+        if v.is_file() {
+            load_pages(&data, rec, id, &v)?;
+        }
+        let (x1, x2) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
+        for kvp in meta.range::<&[u8]>(&x1[..]..&x2[..]).map_err(db)? {
+            let (k, val) = kvp.map_err(db)?;
+            let (_, name) = kv::split_key(k.value()).ok_or("xattr key too short")?;
+            let r = if name == ACL_ACCESS || name == ACL_DEFAULT {
+                rec.apply(&Record::SetAcl {
+                    inode: id,
+                    default: name == ACL_DEFAULT,
+                    acl: val.value(),
+                    mode: v.mode,
+                    time: v.ctime,
+                })
+            } else {
+                rec.apply(&Record::SetXattr {
+                    inode: id,
+                    name,
+                    value: val.value(),
+                    time: v.ctime,
+                })
+            };
+            applied(r, what)?;
+        }
+        let change = AttrChange {
+            mode: Some(v.mode),
+            uid: Some(v.uid),
+            gid: Some(v.gid),
+            size: None,
+            atime: Some(v.atime),
+            mtime: Some(v.mtime),
+            ctime: Some(v.ctime),
+        };
+        applied(rec.apply(&Record::SetAttr { inode: id, change }), what)?;
+        if v.flags != 0 {
+            applied(
+                rec.apply(&Record::SetFlags {
+                    inode: id,
+                    flags: v.flags,
+                    time: v.ctime,
+                }),
+                what,
+            )?;
+        }
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// File `id`'s pages: data as `Write`s of runs (at most 1 MiB, clipped to the size), the
+/// size, then the allocated pages of zeros.
+fn load_pages(
+    data: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    rec: &mut Recovery,
+    id: InodeId,
+    v: &InodeVal,
+) -> R<()> {
+    const RUN: usize = 1 << 20;
+    let ino = id.ino.0;
+    let what = || format!("file {id}");
+    let mut zeros = Vec::new();
+    let mut run: Vec<u8> = Vec::new();
+    let mut run_at = 0u64;
+    let flush = |rec: &mut Recovery, run: &mut Vec<u8>, at: u64| -> R<()> {
+        if run.is_empty() {
+            return Ok(());
+        }
+        let end = (at + run.len() as u64).min(v.size.max(at));
+        run.truncate((end - at) as usize);
+        let r = rec.apply(&Record::Write {
+            inode: id,
+            offset: at,
+            data: run,
+            time: v.mtime,
+        });
+        run.clear();
+        applied(r, what)
+    };
+    let (a, b) = (kv::page_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
+    for kvp in data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
+        let (k, p) = kvp.map_err(db)?;
+        let page = kv::page_of(k.value()).ok_or("page key too short")?;
+        let bytes = p.value();
+        if bytes.len() > PAGE as usize {
+            return Err(format!("{}: page {page} holds {} bytes", what(), bytes.len()));
+        }
+        if bytes.is_empty() || page * PAGE >= v.size {
+            zeros.push(page);
+            continue;
+        }
+        let at = page * PAGE;
+        if run.is_empty() || run_at + run.len() as u64 != at || run.len() >= RUN {
+            flush(rec, &mut run, run_at)?;
+            run_at = at;
+        }
+        run.extend_from_slice(bytes);
+        run.resize(run.len() + PAGE as usize - bytes.len(), 0);
+    }
+    flush(rec, &mut run, run_at)?;
+    let size = AttrChange {
+        size: Some(v.size),
+        ..AttrChange::default()
+    };
+    applied(rec.apply(&Record::SetAttr { inode: id, change: size }), what)?;
+    for page in zeros {
+        applied(
+            rec.apply(&Record::Allocate {
+                inode: id,
+                offset: page * PAGE,
+                len: PAGE,
+                keep_size: true,
+                time: v.mtime,
+            }),
+            what,
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,437 @@
+//! Checkpoints: the journal's records applied, in large batches, to an ordered key-value
+//! store (redb; docs/STORE-KV.md says why), so that opening a store loads the checkpoint and
+//! replays only the journal after it, and the journal segments the checkpoint covers are
+//! removed (docs/STORE.md, "Checkpoints", is the specification).
+//!
+//! - `checkpoint.redb` in the store's directory holds two tables, `meta` (superblock,
+//!   inodes, entries, xattrs, orphans) and `data` (file pages), keyed as `kv.rs` says. Its
+//!   superblock names the LSN up to which every record is in it; a new store's checkpoint
+//!   holds nothing (LSN 0). It is made under a temporary name and renamed into place, so a
+//!   crash never leaves a half-made one.
+//! - **A checkpoint** ([`Checkpoint::advance`]) reads the journal records after the
+//!   superblock's LSN up to a given one (records already flushed: the checkpointer makes
+//!   them durable first, so a checkpoint never holds a record a crash could drop from the
+//!   journal), applies them (`apply.rs`) and the new superblock in one redb write
+//!   transaction, and commits it durably (redb's commit with quick-repair: a crash leaves
+//!   the last committed checkpoint whole). Only then are the segments whose records are all
+//!   in it removed, oldest first, and the journal directory flushed: a crash in between
+//!   leaves segments that opening skips.
+//! - **The checkpointer** is a thread of the open store (`spawn`) that takes a checkpoint
+//!   when the journal holds [`crate::Options::checkpoint_records`] records after the last
+//!   one, or [`crate::Options::checkpoint_segments`] segments. It is the only writer of
+//!   the checkpoint; the committer never waits for it, and the engine never sees it. A
+//!   checkpoint that fails (the host's error, or a record that does not fit the keys) is
+//!   abandoned whole and said on stderr; the journal keeps every record, so nothing is lost,
+//!   and the next try starts from the same place.
+//! - **Opening** ([`Checkpoint::load`], `load.rs`) turns the keys into records that the
+//!   engine's recovery applies, then the journal after the LSN is replayed as before.
+//!
+//! The engine still holds every inode and every page in memory; the checkpoint bounds the
+//! journal and the time to open, not the memory.
+
+pub(crate) mod apply;
+mod backend;
+pub(crate) mod kv;
+mod load;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lanefs::{Record, Recovery};
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, ReadableDatabase, TableDefinition};
+
+use crate::commit::Log;
+use crate::disk::Disk;
+use crate::error::StoreError;
+use crate::journal;
+use kv::Superblock;
+
+/// The checkpoint's file name in the store's directory.
+pub(crate) const FILE: &str = "checkpoint.redb";
+const TMP: &str = "checkpoint.redb.tmp";
+
+pub(crate) const META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("meta");
+pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
+
+/// redb's page cache for the checkpoint (its default is 1 GiB).
+const CACHE: usize = 64 << 20;
+
+/// The checkpoint of an open store.
+pub(crate) struct Checkpoint {
+    db: Database,
+    path: PathBuf,
+    store: PathBuf,
+    uuid: [u8; 16],
+    sb: Superblock,
+}
+
+fn damaged(path: &Path, what: impl std::fmt::Display) -> StoreError {
+    StoreError::damaged(path, 0, what.to_string())
+}
+
+/// What a panic said.
+fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// Runs `f`, which reads the checkpoint through redb, turning a panic into an error: redb
+/// checks what it reads, but some damage (a malformed allocator state) makes it panic
+/// rather than return an error, and damage must be an error naming the file, never a crash.
+/// (The panic's message still reaches stderr through the default hook.)
+fn guarded<T, E>(f: impl FnOnce() -> Result<T, E>, err: impl FnOnce(String) -> E) -> Result<T, E> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|p| Err(err(format!("reading it panicked: {}", panic_text(p)))))
+}
+
+fn open_db(disk: &dyn Disk, path: &Path) -> Result<Database, StoreError> {
+    let file = disk.open(path, true).map_err(StoreError::io(path, "open"))?;
+    Database::builder()
+        .set_cache_size(CACHE)
+        .create_with_backend(backend::Backend::new(file, path))
+        .map_err(|e| damaged(path, format_args!("the checkpoint cannot be opened: {e}")))
+}
+
+impl Checkpoint {
+    /// Opens the checkpoint of the store in `dir` (id `uuid`). A store that has none is
+    /// one whose journal starts at its beginning (else the checkpoint is missing: damage);
+    /// with `create` an empty one is made for it, without, `None` is returned.
+    pub(crate) fn open(
+        disk: &dyn Disk,
+        dir: &Path,
+        uuid: [u8; 16],
+        create: bool,
+    ) -> Result<Option<Checkpoint>, StoreError> {
+        let path = dir.join(FILE);
+        if !disk.exists(&path) {
+            Self::may_be_missing(disk, dir)?;
+            if !create {
+                return Ok(None);
+            }
+            Self::make(disk, dir, uuid)?;
+        }
+        guarded(|| Self::open_made(disk, dir, &path, uuid), |e| damaged(&path, e)).map(Some)
+    }
+
+    fn open_made(
+        disk: &dyn Disk,
+        dir: &Path,
+        path: &Path,
+        uuid: [u8; 16],
+    ) -> Result<Checkpoint, StoreError> {
+        let path = path.to_path_buf();
+        let db = open_db(disk, &path)?;
+        let sb = {
+            let txn = db
+                .begin_read()
+                .map_err(|e| damaged(&path, format_args!("reading the checkpoint: {e}")))?;
+            let t = txn
+                .open_table(META)
+                .map_err(|e| damaged(&path, format_args!("the checkpoint has no table meta: {e}")))?;
+            let v = t
+                .get(kv::SUPER)
+                .map_err(|e| damaged(&path, format_args!("reading the superblock: {e}")))?
+                .ok_or_else(|| damaged(&path, "the checkpoint has no superblock"))?;
+            Superblock::decode(v.value()).map_err(|e| damaged(&path, e))?
+        };
+        if sb.uuid != uuid {
+            return Err(damaged(&path, "checkpoint of another store"));
+        }
+        Ok(Checkpoint {
+            db,
+            path,
+            store: dir.to_path_buf(),
+            uuid,
+            sb,
+        })
+    }
+
+    /// A store may lack a checkpoint only while its journal starts at segment 1.
+    fn may_be_missing(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
+        let segs = journal::segments(disk, dir)?;
+        match segs.first() {
+            Some(&first) if first != 1 => Err(damaged(
+                &dir.join(FILE),
+                format_args!(
+                    "the checkpoint is missing, and the journal starts at segment {first:016x}"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes an empty checkpoint (LSN 0) under a temporary name and renames it into place.
+    fn make(disk: &dyn Disk, dir: &Path, uuid: [u8; 16]) -> Result<(), StoreError> {
+        let tmp = dir.join(TMP);
+        if disk.exists(&tmp) {
+            disk.remove(&tmp).map_err(StoreError::io(&tmp, "remove"))?;
+        }
+        {
+            let db = open_db(disk, &tmp)?;
+            let fail = |e: &dyn std::fmt::Display| StoreError::Io {
+                path: tmp.clone(),
+                op: "make the checkpoint",
+                source: std::io::Error::other(e.to_string()),
+            };
+            let txn = db.begin_write().map_err(|e| fail(&e))?;
+            {
+                let mut t = txn.open_table(META).map_err(|e| fail(&e))?;
+                let sb = Superblock {
+                    uuid,
+                    ..Superblock::default()
+                };
+                t.insert(kv::SUPER, &sb.encode()[..]).map_err(|e| fail(&e))?;
+                txn.open_table(DATA).map_err(|e| fail(&e))?;
+            }
+            txn.commit().map_err(|e| fail(&e))?;
+        }
+        let path = dir.join(FILE);
+        disk.rename(&tmp, &path).map_err(StoreError::io(&path, "rename"))?;
+        disk.sync_dir(dir)
+            .map_err(StoreError::io(dir, "flush directory"))
+    }
+
+    /// Every record up to this LSN is in the checkpoint.
+    pub(crate) fn lsn(&self) -> u64 {
+        self.sb.lsn
+    }
+
+    /// The checkpoint's file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Loads the checkpoint into `rec` (see `load.rs`); returns the inodes loaded.
+    pub(crate) fn load(&self, rec: &mut Recovery) -> Result<u64, StoreError> {
+        if self.sb.lsn == 0 {
+            return Ok(0);
+        }
+        guarded(
+            || {
+                let txn = self.db.begin_read().map_err(|e| {
+                    damaged(&self.path, format_args!("reading the checkpoint: {e}"))
+                })?;
+                load::load(&txn, &self.sb, rec).map_err(|e| damaged(&self.path, e))
+            },
+            |e| damaged(&self.path, e),
+        )
+    }
+
+    /// Applies the journal's records after the checkpoint up to LSN `upto` (which must be
+    /// durable in the journal) and commits them; then removes the segments it covers. `stop`
+    /// abandons it between records. Returns the records applied.
+    pub(crate) fn advance(
+        &mut self,
+        disk: &dyn Disk,
+        upto: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64, String> {
+        guarded(|| self.advance_inner(disk, upto, stop), |e| e)
+    }
+
+    fn advance_inner(
+        &mut self,
+        disk: &dyn Disk,
+        upto: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<u64, String> {
+        if upto <= self.sb.lsn {
+            return Ok(0);
+        }
+        let from = self.sb.lsn + 1;
+        let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        txn.set_quick_repair(true);
+        let mut applied = 0u64;
+        let sb = {
+            let mut t = apply::Tables {
+                meta: txn.open_table(META).map_err(|e| e.to_string())?,
+                data: txn.open_table(DATA).map_err(|e| e.to_string())?,
+                max_generation: self.sb.max_generation,
+            };
+            let mut past = false;
+            let mut why = None;
+            let scanned = journal::scan(disk, &self.store, self.uuid, from, |lsn, bytes| {
+                if lsn > upto || stop() {
+                    past = true;
+                    return Err(String::new());
+                }
+                let r = Record::decode(bytes).map_err(|e| e.to_string())?;
+                t.apply(&r).map_err(|e| {
+                    why = Some(format!("record {lsn}: {e}"));
+                    e
+                })?;
+                applied += 1;
+                Ok(())
+            });
+            if let Some(why) = why {
+                return Err(why);
+            }
+            match scanned {
+                Err(_) if past && !stop() => {}
+                Err(e) if !past => return Err(e.to_string()),
+                Err(_) => return Err("stopped".into()),
+                Ok(end) if end.next_lsn <= upto => {
+                    return Err(format!(
+                        "the journal ends at record {}, before record {upto}",
+                        end.next_lsn
+                    ));
+                }
+                Ok(_) => {}
+            }
+            let sb = Superblock {
+                uuid: self.uuid,
+                lsn: upto,
+                max_generation: t.max_generation,
+                records: self.sb.records + applied,
+            };
+            t.meta
+                .insert(kv::SUPER, &sb.encode()[..])
+                .map_err(|e| e.to_string())?;
+            sb
+        };
+        txn.commit().map_err(|e| e.to_string())?;
+        self.sb = sb;
+        self.recycle(disk).map_err(|e| e.to_string())?;
+        Ok(applied)
+    }
+
+    /// Removes the journal segments whose records are all in the checkpoint, oldest first:
+    /// segment `k` goes when segment `k + 1` starts at or below the record after it.
+    fn recycle(&self, disk: &dyn Disk) -> Result<(), StoreError> {
+        let seqs = journal::segments(disk, &self.store)?;
+        let mut removed = false;
+        for w in seqs.windows(2) {
+            match journal::first_lsn(disk, &self.store, w[1])? {
+                Some(first) if first <= self.sb.lsn + 1 => {
+                    let p = journal::segment_path(&self.store, w[0]);
+                    disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+                    removed = true;
+                }
+                _ => break,
+            }
+        }
+        if removed {
+            let jd = journal::dir(&self.store);
+            disk.sync_dir(&jd)
+                .map_err(StoreError::io(&jd, "flush directory"))?;
+        }
+        Ok(())
+    }
+}
+
+/// When the checkpointer takes a checkpoint.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Policy {
+    /// Records in the journal after the checkpoint.
+    pub records: u64,
+    /// Segments in the journal.
+    pub segments: usize,
+    /// How often it looks.
+    pub poll: Duration,
+}
+
+/// The checkpointer's thread and how to stop it.
+pub(crate) struct Checkpointer {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    ck: Arc<Mutex<Checkpoint>>,
+    log: Arc<Log>,
+    disk: Arc<dyn Disk>,
+}
+
+impl Checkpointer {
+    /// Takes a checkpoint of every record appended so far, now; returns the records it
+    /// applied.
+    pub(crate) fn now(&self) -> Result<u64, String> {
+        // Every record appended before the first sync is written when it returns; the second
+        // makes every record written by then durable.
+        self.log.sync().map_err(|e| format!("journal commit: {e}"))?;
+        let written = self.log.counters().lsn;
+        self.log.sync().map_err(|e| format!("journal commit: {e}"))?;
+        self.ck.lock().advance(&*self.disk, written, &|| false)
+    }
+
+    /// Every record up to this LSN is in the checkpoint.
+    pub(crate) fn lsn(&self) -> u64 {
+        self.ck.lock().lsn()
+    }
+
+    /// Stops the thread (a checkpoint in progress is abandoned) and waits for it.
+    pub(crate) fn stop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            *self.stop.0.lock() = true;
+            self.stop.1.notify_all();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts the checkpointer of an open store (see the module doc).
+pub(crate) fn spawn(
+    ck: Checkpoint,
+    log: Arc<Log>,
+    disk: Arc<dyn Disk>,
+    policy: Policy,
+) -> Checkpointer {
+    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let s = stop.clone();
+    let ck = Arc::new(Mutex::new(ck));
+    let (ck2, log2, disk2) = (ck.clone(), log.clone(), disk.clone());
+    let thread = std::thread::Builder::new()
+        .name("lanefs-checkpoint".into())
+        .spawn(move || {
+            let stopped = || *s.0.lock();
+            let mut failed = false;
+            loop {
+                {
+                    let mut g = s.0.lock();
+                    if !*g {
+                        s.1.wait_for(&mut g, policy.poll);
+                    }
+                    if *g {
+                        return;
+                    }
+                }
+                let written = log.counters().lsn;
+                let mut ck = ck.lock();
+                let segments = journal::segments(&*disk, &ck.store).map_or(0, |s| s.len());
+                let due = written.saturating_sub(ck.lsn()) >= policy.records
+                    || (segments >= policy.segments && written > ck.lsn());
+                if !due || log.sync().is_err() {
+                    continue;
+                }
+                match ck.advance(&*disk, written, &stopped) {
+                    Ok(_) => failed = false,
+                    Err(_) if stopped() => return,
+                    Err(e) => {
+                        if !failed {
+                            eprintln!(
+                                "lanefs: checkpoint of {} failed (the journal keeps every \
+                                 record; will try again): {e}",
+                                ck.path().display()
+                            );
+                        }
+                        failed = true;
+                    }
+                }
+            }
+        })
+        .expect("spawn the checkpointer");
+    Checkpointer {
+        stop,
+        thread: Some(thread),
+        ck: ck2,
+        log: log2,
+        disk: disk2,
+    }
+}
