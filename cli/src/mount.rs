@@ -349,8 +349,9 @@ pub fn fsck(a: FsckArgs) -> Result<(), String> {
     }
     let r = lanefs_store::fsck::check(&a.dir, &opts).map_err(|e| e.to_string())?;
     println!(
-        "{}: consistent: {} records in {} journal segments, {} inodes{}",
+        "{}: consistent: a checkpoint up to record {}, then {} records in {} journal segments, {} inodes{}",
         a.dir.display(),
+        r.checkpoint_lsn,
         r.records,
         r.segments,
         r.inodes,

@@ -257,10 +257,10 @@ impl Log {
 
     /// A chunk with room for `need` bytes.
     fn chunk(&self, need: usize) -> Vec<u8> {
-        if need <= CHUNK {
-            if let Some(c) = self.free.lock().pop() {
-                return c;
-            }
+        if need <= CHUNK
+            && let Some(c) = self.free.lock().pop()
+        {
+            return c;
         }
         Vec::with_capacity(need.max(CHUNK))
     }
@@ -703,10 +703,10 @@ fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
             }
             let mut best: Option<(u64, usize)> = None;
             for (i, s) in srcs.iter_mut().enumerate() {
-                if let Some(x) = below(s.head()) {
-                    if best.is_none_or(|(b, _)| x < b) {
-                        best = Some((x, i));
-                    }
+                if let Some(x) = below(s.head())
+                    && best.is_none_or(|(b, _)| x < b)
+                {
+                    best = Some((x, i));
                 }
             }
             match best {

@@ -182,7 +182,9 @@ impl DiskFile for RealFile {
     fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         debug_assert!(
-            buf.as_ptr() as usize % BLOCK == 0 && buf.len() % BLOCK == 0 && off % BLOCK as u64 == 0
+            (buf.as_ptr() as usize).is_multiple_of(BLOCK)
+                && buf.len().is_multiple_of(BLOCK)
+                && off.is_multiple_of(BLOCK as u64)
         );
         let direct = self.direct.get_or_init(|| {
             OpenOptions::new()
@@ -412,7 +414,7 @@ impl SimDisk {
                 match (unflushed, c) {
                     (Unflushed::Lost, _) => {}
                     (_, Change::SetLen(len)) => {
-                        if unflushed == Unflushed::Kept || rng.next() % 2 == 0 {
+                        if unflushed == Unflushed::Kept || rng.next().is_multiple_of(2) {
                             data.resize(*len as usize, 0);
                         }
                     }
@@ -422,7 +424,7 @@ impl SimDisk {
                         // would have written back.
                         for sector in (off..off + len as u64).step_by(512) {
                             let end = (sector + 512).min(off + len as u64);
-                            if unflushed == Unflushed::Kept || rng.next() % 2 == 0 {
+                            if unflushed == Unflushed::Kept || rng.next().is_multiple_of(2) {
                                 let (a, b) = (sector as usize, end as usize);
                                 if b > f.data.len() {
                                     continue;

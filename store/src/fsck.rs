@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use lanefs::{Config, Filesystem, MemoryStore, Record};
 
-use crate::error::StoreError;
 use crate::checkpoint::Checkpoint;
+use crate::error::StoreError;
 use crate::{Options, identity, journal};
 
 /// What a check found in a store that is consistent.
@@ -53,7 +53,10 @@ pub struct RepairReport {
 
 /// Replays the journal into a scratch filesystem; returns the records that fit, in order,
 /// and the first finding, if any.
-type Replayed = (Vec<(u64, Vec<u8>)>, Result<(CheckReport, Filesystem), StoreError>);
+type Replayed = (
+    Vec<(u64, Vec<u8>)>,
+    Result<(CheckReport, Filesystem), StoreError>,
+);
 
 fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError> {
     let disk = &*opts.disk;

@@ -526,10 +526,12 @@ fn flushed_witness(
     let mut at = from;
     while at + BATCH_HEADER <= bytes.len() {
         let next = bytes[at..].windows(4).position(|w| w == BATCH_MAGIC)? + at;
-        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid) {
-            if h.segment == seq && h.first_lsn >= lsn && h.flushed > lsn {
-                return Some(next);
-            }
+        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid)
+            && h.segment == seq
+            && h.first_lsn >= lsn
+            && h.flushed > lsn
+        {
+            return Some(next);
         }
         at = next + 1;
     }
@@ -542,10 +544,11 @@ fn valid_after(bytes: &[u8], from: usize, seq: u64, lsn: u64, uuid: &[u8; 16]) -
     let mut at = from;
     while at + BATCH_HEADER <= bytes.len() {
         let next = bytes[at..].windows(4).position(|w| w == BATCH_MAGIC)? + at;
-        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid) {
-            if h.segment == seq && h.first_lsn >= lsn {
-                return Some(next);
-            }
+        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid)
+            && h.segment == seq
+            && h.first_lsn >= lsn
+        {
+            return Some(next);
         }
         at = next + 1;
     }
@@ -561,12 +564,19 @@ fn segment_is_used(disk: &dyn Disk, store: &Path, seq: u64) -> Result<bool, Stor
 }
 
 /// The LSN segment `seq` starts at, if its header is whole.
-pub(crate) fn first_lsn(disk: &dyn Disk, store: &Path, seq: u64) -> Result<Option<u64>, StoreError> {
+pub(crate) fn first_lsn(
+    disk: &dyn Disk,
+    store: &Path,
+    seq: u64,
+) -> Result<Option<u64>, StoreError> {
     let p = segment_path(store, seq);
     let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
     let mut h = [0u8; SEGMENT_HEADER];
     let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
-    Ok(SegmentHeader::decode(&h[..n]).ok().flatten().map(|h| h.first_lsn))
+    Ok(SegmentHeader::decode(&h[..n])
+        .ok()
+        .flatten()
+        .map(|h| h.first_lsn))
 }
 
 /// `seqs` must follow each other without a gap (see the check at the top of [`scan`]).

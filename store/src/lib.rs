@@ -4,9 +4,10 @@
 //! A store is a directory (docs/STORE.md is its specification):
 //! - `lanefs.store`: the store's identity (format version, id), written once;
 //! - `lanefs.lock`: locked by the server that has the store open, so a second is refused;
-//! - `journal/`: the records, in segments (`journal.rs`).
+//! - `journal/`: the records, in segments (`journal.rs`);
+//! - `checkpoint.redb`: the records up to an LSN, applied to keys (`checkpoint/`).
 //!
-//! [`open`] locks the store, replays its journal into a new [`Filesystem`] (a torn tail is
+//! [`open`] locks the store, loads its checkpoint and replays the journal after it into a new [`Filesystem`] (a torn tail is
 //! dropped; damage anywhere else fails with the file and byte offset) and starts the
 //! committer (`commit.rs`), which from then on writes the records the engine appends. The
 //! filesystem's `fsync`, `fsyncdir` and `syncfs` wait for group commit. [`StoreHandle`]
@@ -21,9 +22,10 @@
 //! written once there is room, and the store goes on; any other error (EIO) stops it for
 //! good, keeping what was acknowledged.
 //!
-//! Not built yet: checkpoints (the journal grows without bound, and opening replays all of
-//! it; so removing files inside lanefs gives the host no space back yet), file data kept
-//! outside memory.
+//! Checkpoints (`checkpoint/`) fold the journal into `checkpoint.redb` in the background and
+//! remove the segments they cover, so the journal and the time to open are bounded by the
+//! filesystem's size, not its history. Not built yet: file data kept outside memory (the
+//! engine loads every inode and page at open).
 
 #![deny(missing_docs)]
 

@@ -66,7 +66,8 @@ fn churn(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
                     let len = rng.random_range(0..9000u64);
                     let _ = match rng.random_range(0..22) {
                         0..=2 => c.write(&a, vec![t as u8 + 1; len as usize]),
-                        3 => c.open(&a, OpenOptions::new().write(true))
+                        3 => c
+                            .open(&a, OpenOptions::new().write(true))
                             .and_then(|f| f.write_at(&[7u8; 100], off).map(drop)),
                         4 => c.remove_file(&a),
                         5 => c.rename(&a, &b),
@@ -76,7 +77,8 @@ fn churn(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
                         9 => c.remove_dir(&a),
                         10 => c.set_permissions(&a, rng.random_range(0..0o777)),
                         11 => c.symlink(&b, &a),
-                        12 => c.open(&a, OpenOptions::new().write(true))
+                        12 => c
+                            .open(&a, OpenOptions::new().write(true))
                             .and_then(|f| f.set_len(off)),
                         13 => c.metadata(&a).and_then(|m| {
                             fs.setxattr(&ctx, m.ino(), b"user.t", &[t as u8; 3], 0)
@@ -115,9 +117,13 @@ fn churn(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
                                 uid: Some(rng.random_range(0..3)),
                                 ..SetAttr::default()
                             };
-                            fs.setattr(&ctx, m.ino(), &set, None).map(drop).map_err(Into::into)
+                            fs.setattr(&ctx, m.ino(), &set, None)
+                                .map(drop)
+                                .map_err(Into::into)
                         }),
-                        20 => c.create_dir(format!("{a}x")).and_then(|()| c.rename(format!("{a}x"), &b)),
+                        20 => c
+                            .create_dir(format!("{a}x"))
+                            .and_then(|()| c.rename(format!("{a}x"), &b)),
                         _ => c.metadata(&a).map(drop),
                     };
                 }
@@ -140,7 +146,11 @@ fn a_checkpointed_store_reopens_to_the_same_filesystem() {
     let lsn = o.store.checkpoint_lsn();
     assert!(lsn > 1000, "checkpoints were taken: {lsn}");
     // The segments the checkpoint covers are gone: the one being written and its spare are left.
-    assert!(segments(dir.path()) <= 2, "{} segments", segments(dir.path()));
+    assert!(
+        segments(dir.path()) <= 2,
+        "{} segments",
+        segments(dir.path())
+    );
     // A tail after the checkpoint, which reopening replays.
     churn(&fs, 2, 400, seed ^ 7);
     let before = dump(&fs, true);
@@ -153,7 +163,12 @@ fn a_checkpointed_store_reopens_to_the_same_filesystem() {
     assert!(o.report.replayed > 0, "{:?}", o.report);
     let after = dump(&o.fs, true);
     for (k, v) in &before {
-        assert_eq!(Some(v), after.get(k), "seed {seed}: {}", String::from_utf8_lossy(k));
+        assert_eq!(
+            Some(v),
+            after.get(k),
+            "seed {seed}: {}",
+            String::from_utf8_lossy(k)
+        );
     }
     assert_eq!(before.len(), after.len(), "seed {seed}");
     o.fs.check_invariants().unwrap();
@@ -166,7 +181,10 @@ fn a_checkpointed_store_reopens_to_the_same_filesystem() {
     let r = lanefs_store::fsck::check(dir.path(), &Options::default()).unwrap();
     assert!(r.checkpoint_lsn > 0, "{r:?}");
     let o = open(dir.path(), Config::default(), Options::default()).unwrap();
-    assert!(before == dump(&o.fs, true), "seed {seed}: second reopen differs");
+    assert!(
+        before == dump(&o.fs, true),
+        "seed {seed}: second reopen differs"
+    );
 }
 
 #[test]
@@ -176,7 +194,8 @@ fn a_file_open_when_its_last_name_went_survives_the_checkpoint_until_freed() {
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.write("/keep", b"kept").unwrap();
-    let f = c.open("/gone", OpenOptions::new().write(true).create(true))
+    let f = c
+        .open("/gone", OpenOptions::new().write(true).create(true))
         .unwrap();
     f.write_at(b"abc", 0).unwrap();
     c.remove_file("/gone").unwrap();
@@ -187,12 +206,20 @@ fn a_file_open_when_its_last_name_went_survives_the_checkpoint_until_freed() {
     let image = disk.crash(Unflushed::Lost);
     let o2 = open(Path::new("/s"), Config::default(), eager(Some(&image))).unwrap();
     assert!(o2.report.loaded >= 2, "{:?}", o2.report);
-    assert_eq!(o2.report.replayed, 1, "the write to the orphan: {:?}", o2.report);
+    assert_eq!(
+        o2.report.replayed, 1,
+        "the write to the orphan: {:?}",
+        o2.report
+    );
     let c2 = Client::root(Arc::new(o2.fs));
     assert_eq!(c2.read("/keep").unwrap(), b"kept");
     assert!(c2.metadata("/gone").is_err());
     let st = c2.fs().statfs();
-    assert_eq!(st.files - st.ffree, 2, "root and /keep: the orphan was freed");
+    assert_eq!(
+        st.files - st.ffree,
+        2,
+        "root and /keep: the orphan was freed"
+    );
     drop(f);
     drop(c);
     drop(fs);
@@ -206,7 +233,13 @@ fn generations_stay_unique_across_checkpoints() {
     let mut highest = 0;
     for i in 0..50 {
         c.write(format!("/f{i}"), b"x").unwrap();
-        highest = highest.max(c.fs().getattr(c.metadata(format!("/f{i}")).unwrap().ino()).unwrap().generation.0);
+        highest = highest.max(
+            c.fs()
+                .getattr(c.metadata(format!("/f{i}")).unwrap().ino())
+                .unwrap()
+                .generation
+                .0,
+        );
         c.remove_file(format!("/f{i}")).unwrap();
     }
     o.store.checkpoint().unwrap();
@@ -215,7 +248,12 @@ fn generations_stay_unique_across_checkpoints() {
     let o = open(Path::new("/s"), Config::default(), eager(Some(&disk))).unwrap();
     let c = Client::root(Arc::new(o.fs));
     c.write("/new", b"y").unwrap();
-    let g = c.fs().getattr(c.metadata("/new").unwrap().ino()).unwrap().generation.0;
+    let g = c
+        .fs()
+        .getattr(c.metadata("/new").unwrap().ino())
+        .unwrap()
+        .generation
+        .0;
     assert!(g > highest, "generation {g} after freed {highest}");
 }
 
@@ -245,7 +283,11 @@ fn a_power_cut_anywhere_in_a_checkpoint_loses_nothing() {
     o.store.checkpoint().unwrap();
     disk.clear_hook();
     let images = std::mem::take(&mut *images.lock());
-    assert!(images.len() >= 6, "the checkpoint flushes: {}", images.len());
+    assert!(
+        images.len() >= 6,
+        "the checkpoint flushes: {}",
+        images.len()
+    );
     for (k, image) in images.into_iter().enumerate() {
         let mut o = opts.clone();
         o.disk = Arc::new(image);

@@ -22,10 +22,8 @@ pub(crate) const PAGE: u64 = 4096;
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 /// The inode flags a user sets (what `SetFlags` carries).
-const USER_FLAGS: u32 = lanefs::FS_IMMUTABLE_FL
-    | lanefs::FS_APPEND_FL
-    | lanefs::FS_NODUMP_FL
-    | lanefs::FS_NOATIME_FL;
+const USER_FLAGS: u32 =
+    lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL | lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL;
 
 pub(crate) type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
@@ -159,8 +157,16 @@ impl Tables<'_> {
             return Err(format!("inode number {} is in use", n.id.ino));
         }
         self.put(&k, &v.encode())?;
-        self.set_xattr(n.id.ino.0, ACL_ACCESS, Some(n.access_acl).filter(|a| !a.is_empty()))?;
-        self.set_xattr(n.id.ino.0, ACL_DEFAULT, Some(n.default_acl).filter(|a| !a.is_empty()))?;
+        self.set_xattr(
+            n.id.ino.0,
+            ACL_ACCESS,
+            Some(n.access_acl).filter(|a| !a.is_empty()),
+        )?;
+        self.set_xattr(
+            n.id.ino.0,
+            ACL_DEFAULT,
+            Some(n.default_acl).filter(|a| !a.is_empty()),
+        )?;
         self.max_generation = self.max_generation.max(n.id.generation.0);
         Ok(dir)
     }
@@ -176,7 +182,14 @@ impl Tables<'_> {
     ) -> R<()> {
         self.inode(dir)?;
         let is_dir = self.new_inode(n, flags, dir.ino.0)?;
-        self.put_entry(dir, name, EntryVal { target: n.id, cookie })?;
+        self.put_entry(
+            dir,
+            name,
+            EntryVal {
+                target: n.id,
+                cookie,
+            },
+        )?;
         self.update(dir, |v| {
             if is_dir {
                 v.nlink += 1;
@@ -238,12 +251,12 @@ impl Tables<'_> {
 
     /// Zeroes bytes `from..to` of page `page` if it exists (`from`, `to` within the page).
     fn zero_in_page(&mut self, ino: u64, page: u64, from: usize, to: usize) -> R<()> {
-        if let Some(mut p) = self.page(ino, page)? {
-            if from < p.len() {
-                let end = to.min(p.len());
-                p[from..end].fill(0);
-                self.put_page(ino, page, &p)?;
-            }
+        if let Some(mut p) = self.page(ino, page)?
+            && from < p.len()
+        {
+            let end = to.min(p.len());
+            p[from..end].fill(0);
+            self.put_page(ino, page, &p)?;
         }
         Ok(())
     }
@@ -303,7 +316,7 @@ impl Tables<'_> {
 
     fn truncate(&mut self, ino: u64, size: u64) -> R<()> {
         self.drop_pages(ino, size.div_ceil(PAGE))?;
-        if size % PAGE != 0 {
+        if !size.is_multiple_of(PAGE) {
             self.zero_in_page(ino, size / PAGE, (size % PAGE) as usize, PAGE as usize)?;
         }
         Ok(())
@@ -341,7 +354,14 @@ impl Tables<'_> {
                 time,
             } => {
                 self.inode(dir)?;
-                self.put_entry(dir, name, EntryVal { target: inode, cookie })?;
+                self.put_entry(
+                    dir,
+                    name,
+                    EntryVal {
+                        target: inode,
+                        cookie,
+                    },
+                )?;
                 self.update(inode, |v| {
                     v.nlink += 1;
                     v.ctime = time;
@@ -505,7 +525,10 @@ impl Tables<'_> {
             Record::Free { inode } => {
                 let v = self.inode(inode)?;
                 if v.nlink != 0 {
-                    return Err(format!("free of inode {inode}, which has {} links", v.nlink));
+                    return Err(format!(
+                        "free of inode {inode}, which has {} links",
+                        v.nlink
+                    ));
                 }
                 let ino = inode.ino.0;
                 self.del(&kv::ino_key(kv::INODE, ino))?;
@@ -538,13 +561,30 @@ impl Tables<'_> {
     ) -> R<()> {
         let src = self.entry(from, from_name)?;
         if src.target != inode {
-            return Err(format!("{from}/{} does not name inode {inode}", String::from_utf8_lossy(from_name)));
+            return Err(format!(
+                "{from}/{} does not name inode {inode}",
+                String::from_utf8_lossy(from_name)
+            ));
         }
         match replaced {
             Some(t) if exchange => {
                 let dst = self.entry(to, to_name)?;
-                self.put_entry(from, from_name, EntryVal { target: t, cookie: src.cookie })?;
-                self.put_entry(to, to_name, EntryVal { target: inode, cookie: dst.cookie })?;
+                self.put_entry(
+                    from,
+                    from_name,
+                    EntryVal {
+                        target: t,
+                        cookie: src.cookie,
+                    },
+                )?;
+                self.put_entry(
+                    to,
+                    to_name,
+                    EntryVal {
+                        target: inode,
+                        cookie: dst.cookie,
+                    },
+                )?;
                 self.moved(inode, from, to)?;
                 self.moved(t, to, from)?;
                 self.set_c(t, time)?;
@@ -552,14 +592,28 @@ impl Tables<'_> {
             Some(t) => {
                 let dst = self.entry(to, to_name)?;
                 self.del_entry(from, from_name)?;
-                self.put_entry(to, to_name, EntryVal { target: inode, cookie: dst.cookie })?;
+                self.put_entry(
+                    to,
+                    to_name,
+                    EntryVal {
+                        target: inode,
+                        cookie: dst.cookie,
+                    },
+                )?;
                 self.moved(inode, from, to)?;
                 self.drop_name(to, t)?;
                 self.set_c(t, time)?;
             }
             None => {
                 self.del_entry(from, from_name)?;
-                self.put_entry(to, to_name, EntryVal { target: inode, cookie })?;
+                self.put_entry(
+                    to,
+                    to_name,
+                    EntryVal {
+                        target: inode,
+                        cookie,
+                    },
+                )?;
                 self.moved(inode, from, to)?;
             }
         }

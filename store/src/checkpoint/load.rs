@@ -101,7 +101,12 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
             }
             let cv = inode(child)?;
             if cv.generation != e.target.generation.0 {
-                return Err(format!("{}: names generation {}, the inode has {}", what(), e.target.generation, cv.generation));
+                return Err(format!(
+                    "{}: names generation {}, the inode has {}",
+                    what(),
+                    e.target.generation,
+                    cv.generation
+                ));
             }
             applied(
                 rec.apply(&Record::Create {
@@ -121,7 +126,10 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     }
     // The orphans, once every live entry's cookie is known (an orphan's passing name takes
     // a fresh cookie).
-    let (o1, o2) = (kv::ino_key(kv::ORPHAN, 0), kv::ino_key(kv::ORPHAN, u64::MAX));
+    let (o1, o2) = (
+        kv::ino_key(kv::ORPHAN, 0),
+        kv::ino_key(kv::ORPHAN, u64::MAX),
+    );
     for kvp in meta.range::<&[u8]>(&o1[..]..=&o2[..]).map_err(db)? {
         let (k, _) = kvp.map_err(db)?;
         let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
@@ -141,8 +149,12 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         let v = InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))?;
         let id = v.id(ino);
         let what = || format!("inode {id}");
+        // A `Create` left an inode's mode, owner and times as kept (all three times its
+        // ctime), unless it is a directory (creates inside moved its times), has more than
+        // one name (links moved its ctime), has other times, or got records since.
+        let mut moved = v.is_dir() || v.nlink > 1 || v.atime != v.ctime || v.mtime != v.ctime;
         if v.is_file() {
-            load_pages(&data, rec, id, &v)?;
+            moved |= load_pages(&data, rec, id, &v)?;
         }
         let (x1, x2) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
         for kvp in meta.range::<&[u8]>(&x1[..]..&x2[..]).map_err(db)? {
@@ -165,6 +177,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
                 })
             };
             applied(r, what)?;
+            moved = true;
         }
         let change = AttrChange {
             mode: Some(v.mode),
@@ -175,7 +188,9 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
             mtime: Some(v.mtime),
             ctime: Some(v.ctime),
         };
-        applied(rec.apply(&Record::SetAttr { inode: id, change }), what)?;
+        if moved {
+            applied(rec.apply(&Record::SetAttr { inode: id, change }), what)?;
+        }
         if v.flags != 0 {
             applied(
                 rec.apply(&Record::SetFlags {
@@ -192,13 +207,14 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
 }
 
 /// File `id`'s pages: data as `Write`s of runs (at most 1 MiB, clipped to the size), the
-/// size, then the allocated pages of zeros.
+/// size, then the allocated pages of zeros. Returns whether it applied anything (an empty
+/// file without pages needs nothing).
 fn load_pages(
     data: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     rec: &mut Recovery,
     id: InodeId,
     v: &InodeVal,
-) -> R<()> {
+) -> R<bool> {
     const RUN: usize = 1 << 20;
     let ino = id.ino.0;
     let what = || format!("file {id}");
@@ -221,12 +237,18 @@ fn load_pages(
         applied(r, what)
     };
     let (a, b) = (kv::page_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
+    let mut any = v.size != 0;
     for kvp in data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
         let (k, p) = kvp.map_err(db)?;
         let page = kv::page_of(k.value()).ok_or("page key too short")?;
+        any = true;
         let bytes = p.value();
         if bytes.len() > PAGE as usize {
-            return Err(format!("{}: page {page} holds {} bytes", what(), bytes.len()));
+            return Err(format!(
+                "{}: page {page} holds {} bytes",
+                what(),
+                bytes.len()
+            ));
         }
         if bytes.is_empty() || page * PAGE >= v.size {
             zeros.push(page);
@@ -241,11 +263,20 @@ fn load_pages(
         run.resize(run.len() + PAGE as usize - bytes.len(), 0);
     }
     flush(rec, &mut run, run_at)?;
+    if !any {
+        return Ok(false);
+    }
     let size = AttrChange {
         size: Some(v.size),
         ..AttrChange::default()
     };
-    applied(rec.apply(&Record::SetAttr { inode: id, change: size }), what)?;
+    applied(
+        rec.apply(&Record::SetAttr {
+            inode: id,
+            change: size,
+        }),
+        what,
+    )?;
     for page in zeros {
         applied(
             rec.apply(&Record::Allocate {
@@ -258,5 +289,5 @@ fn load_pages(
             what,
         )?;
     }
-    Ok(())
+    Ok(true)
 }

@@ -89,7 +89,9 @@ fn guarded<T, E>(f: impl FnOnce() -> Result<T, E>, err: impl FnOnce(String) -> E
 }
 
 fn open_db(disk: &dyn Disk, path: &Path) -> Result<Database, StoreError> {
-    let file = disk.open(path, true).map_err(StoreError::io(path, "open"))?;
+    let file = disk
+        .open(path, true)
+        .map_err(StoreError::io(path, "open"))?;
     Database::builder()
         .set_cache_size(CACHE)
         .create_with_backend(backend::Backend::new(file, path))
@@ -114,7 +116,11 @@ impl Checkpoint {
             }
             Self::make(disk, dir, uuid)?;
         }
-        guarded(|| Self::open_made(disk, dir, &path, uuid), |e| damaged(&path, e)).map(Some)
+        guarded(
+            || Self::open_made(disk, dir, &path, uuid),
+            |e| damaged(&path, e),
+        )
+        .map(Some)
     }
 
     fn open_made(
@@ -129,9 +135,9 @@ impl Checkpoint {
             let txn = db
                 .begin_read()
                 .map_err(|e| damaged(&path, format_args!("reading the checkpoint: {e}")))?;
-            let t = txn
-                .open_table(META)
-                .map_err(|e| damaged(&path, format_args!("the checkpoint has no table meta: {e}")))?;
+            let t = txn.open_table(META).map_err(|e| {
+                damaged(&path, format_args!("the checkpoint has no table meta: {e}"))
+            })?;
             let v = t
                 .get(kv::SUPER)
                 .map_err(|e| damaged(&path, format_args!("reading the superblock: {e}")))?
@@ -184,13 +190,15 @@ impl Checkpoint {
                     uuid,
                     ..Superblock::default()
                 };
-                t.insert(kv::SUPER, &sb.encode()[..]).map_err(|e| fail(&e))?;
+                t.insert(kv::SUPER, &sb.encode()[..])
+                    .map_err(|e| fail(&e))?;
                 txn.open_table(DATA).map_err(|e| fail(&e))?;
             }
             txn.commit().map_err(|e| fail(&e))?;
         }
         let path = dir.join(FILE);
-        disk.rename(&tmp, &path).map_err(StoreError::io(&path, "rename"))?;
+        disk.rename(&tmp, &path)
+            .map_err(StoreError::io(&path, "rename"))?;
         disk.sync_dir(dir)
             .map_err(StoreError::io(dir, "flush directory"))
     }
@@ -349,9 +357,13 @@ impl Checkpointer {
     pub(crate) fn now(&self) -> Result<u64, String> {
         // Every record appended before the first sync is written when it returns; the second
         // makes every record written by then durable.
-        self.log.sync().map_err(|e| format!("journal commit: {e}"))?;
+        self.log
+            .sync()
+            .map_err(|e| format!("journal commit: {e}"))?;
         let written = self.log.counters().lsn;
-        self.log.sync().map_err(|e| format!("journal commit: {e}"))?;
+        self.log
+            .sync()
+            .map_err(|e| format!("journal commit: {e}"))?;
         self.ck.lock().advance(&*self.disk, written, &|| false)
     }
 
