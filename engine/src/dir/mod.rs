@@ -192,6 +192,17 @@ impl Dirents {
         slot_base(slot) | seq
     }
 
+    /// A cookie from the calling thread's slot far beyond any it has handed out (2^36 ahead),
+    /// for a name recovery makes and removes at once (an orphan's, `fs/recovery.rs`): the
+    /// records replayed after it cannot carry it, since they were made by a filesystem whose
+    /// slots had handed out fewer cookies since the checkpoint it was loaded from.
+    pub fn cookie_far_ahead(&self) -> u64 {
+        let slot = current();
+        let seq = self.cookie_seq.get(slot).fetch_add(1 << 36, Relaxed) + (1 << 36);
+        assert!(seq <= SEQ_MASK, "cookie space of slot {slot} exhausted");
+        slot_base(slot) | seq
+    }
+
     /// Records that `cookie` exists (recovery): its slot's later cookies come after it.
     pub fn observe_cookie(&self, cookie: u64) {
         self.cookie_seq

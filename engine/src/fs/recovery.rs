@@ -250,6 +250,13 @@ impl Recovery {
         });
     }
 
+    /// Notes that readdir cookie `cookie` was handed out (a checkpoint's high-water mark of
+    /// its slot, which covers entries removed before it): that slot's fresh cookies come
+    /// after it.
+    pub fn observe_cookie(&mut self, cookie: u64) {
+        self.fs.dirents.observe_cookie(cookie);
+    }
+
     /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps
     /// because it was still open when its last name went (records after the checkpoint may
     /// still change it, and its `Free` may follow). It is made by a create in the root
@@ -259,7 +266,7 @@ impl Recovery {
     /// can) or frees it first.
     pub fn orphan(&mut self, inode: &NewInode<'_>) -> Result<(), ReplayError> {
         const NAME: &[u8] = b"/orphan";
-        let cookie = self.fs.dirents.next_cookie();
+        let cookie = self.fs.dirents.cookie_far_ahead();
         self.apply(&Record::Create {
             dir: InodeId::ROOT,
             name: NAME,

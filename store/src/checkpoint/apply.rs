@@ -171,6 +171,23 @@ impl Tables<'_> {
         Ok(dir)
     }
 
+    /// Keeps the highest cookie of `cookie`'s lane (its top 16 bits: the engine's slot), so
+    /// that cookies of removed entries are not handed out again after a reopen.
+    fn saw_cookie(&mut self, cookie: u64) -> R<()> {
+        if cookie == 0 {
+            return Ok(());
+        }
+        let k = kv::ino_key(kv::COOKIE, cookie >> 48);
+        let old = self
+            .get(&k)?
+            .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
+            .unwrap_or(0);
+        if cookie > old {
+            self.put(&k, &cookie.to_le_bytes())?;
+        }
+        Ok(())
+    }
+
     /// A new entry `name` in `dir` for a new inode.
     fn create(
         &mut self,
@@ -182,6 +199,7 @@ impl Tables<'_> {
     ) -> R<()> {
         self.inode(dir)?;
         let is_dir = self.new_inode(n, flags, dir.ino.0)?;
+        self.saw_cookie(cookie)?;
         self.put_entry(
             dir,
             name,
@@ -354,6 +372,7 @@ impl Tables<'_> {
                 time,
             } => {
                 self.inode(dir)?;
+                self.saw_cookie(cookie)?;
                 self.put_entry(
                     dir,
                     name,
@@ -412,6 +431,8 @@ impl Tables<'_> {
                 whiteout_flags,
             } => {
                 self.new_inode(&whiteout, whiteout_flags, 0)?;
+                self.saw_cookie(cookie)?;
+                self.saw_cookie(whiteout_cookie)?;
                 self.rename(
                     (from, from_name),
                     (to, to_name),
@@ -605,6 +626,7 @@ impl Tables<'_> {
                 self.set_c(t, time)?;
             }
             None => {
+                self.saw_cookie(cookie)?;
                 self.del_entry(from, from_name)?;
                 self.put_entry(
                     to,

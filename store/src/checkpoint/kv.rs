@@ -12,6 +12,7 @@
 //! | `d` parent name | an entry ([`EntryVal`]) | `meta` |
 //! | `x` ino name | an xattr's value (ACLs are the xattrs `system.posix_acl_*`) | `meta` |
 //! | `o` ino | empty: the inode has no name left but was not freed (an orphan) | `meta` |
+//! | `c` lane | the highest readdir cookie of that lane (its top 16 bits) ever handed out | `meta` |
 //! | `b` ino page | the page's bytes, trailing zeros cut (empty: an allocated page of zeros) | `data` |
 //!
 //! Values are little-endian and fixed-layout; a value that does not decode is damage, which
@@ -27,6 +28,7 @@ pub(crate) const ENTRY: u8 = b'd';
 pub(crate) const XATTR: u8 = b'x';
 pub(crate) const ORPHAN: u8 = b'o';
 pub(crate) const PAGE_TAG: u8 = b'b';
+pub(crate) const COOKIE: u8 = b'c';
 
 const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
 /// Length of an encoded superblock.

@@ -58,6 +58,18 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     let meta = txn.open_table(META).map_err(db)?;
     let data = txn.open_table(DATA).map_err(db)?;
     rec.observe_generation(lanefs::Generation(sb.max_generation));
+    let (c1, c2) = (
+        kv::ino_key(kv::COOKIE, 0),
+        kv::ino_key(kv::COOKIE, u64::MAX),
+    );
+    for kvp in meta.range::<&[u8]>(&c1[..]..=&c2[..]).map_err(db)? {
+        let (_, v) = kvp.map_err(db)?;
+        let c: [u8; 8] = v
+            .value()
+            .try_into()
+            .map_err(|_| "cookie value not 8 bytes")?;
+        rec.observe_cookie(u64::from_le_bytes(c));
+    }
     let inode = |ino: u64| -> R<InodeVal> {
         let k = kv::ino_key(kv::INODE, ino);
         let v = meta

@@ -130,7 +130,14 @@ impl Checkpoint {
         uuid: [u8; 16],
     ) -> Result<Checkpoint, StoreError> {
         let path = path.to_path_buf();
-        let db = open_db(disk, &path)?;
+        let mut db = open_db(disk, &path)?;
+        // redb verifies its page checksums here, not on every read: without this check a
+        // damaged data page would load as file contents.
+        match db.check_integrity() {
+            Ok(true) => {}
+            Ok(false) => return Err(damaged(&path, "redb's integrity check failed")),
+            Err(e) => return Err(damaged(&path, format_args!("redb's integrity check: {e}"))),
+        }
         let sb = {
             let txn = db
                 .begin_read()
@@ -273,6 +280,12 @@ impl Checkpoint {
                     e
                 })?;
                 applied += 1;
+                if lsn == upto {
+                    // Stop here: what follows may be a batch or segment the committer is
+                    // writing right now, which a scan must not judge.
+                    past = true;
+                    return Err(String::new());
+                }
                 Ok(())
             });
             if let Some(why) = why {
