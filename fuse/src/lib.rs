@@ -156,14 +156,17 @@
 //! otherwise it mounts through `fusermount3`, which always makes a user's mount
 //! `nosuid,nodev` (see `mnt.rs`). [`MOUNT_FLAGS`] is the one table of kernel mount flags.
 
+mod abi;
 mod control;
 mod creds;
 mod mnt;
 mod server;
+mod session;
+mod uring;
 
 pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
-pub use fuser::MountOption;
 pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
-pub use server::{Mount, MountConfig, Server, mount, mount_background};
+pub use server::{Mount, MountConfig, MountOption, Mounted, Server, mount, mount_background};
+pub use session::{SessionInfo, Uring};
