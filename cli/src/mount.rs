@@ -179,7 +179,9 @@ fn preflight(mp: &Path) -> Result<(), String> {
     let md = std::fs::metadata(mp).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("{}: mountpoint does not exist", mp.display()),
         std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", mp.display()),
-        _ if e.raw_os_error() == Some(libc::ENOTCONN) => format!(
+        // ECONNABORTED: a request that reached a dead io_uring session while the kernel was
+        // still tearing its rings down (that happens after the server process is reaped).
+        _ if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => format!(
             "{}: a FUSE mount whose server has exited is still attached here; detach it \
              with `fusermount3 -u {}` (or `umount -l` as root), then mount again",
             mp.display(),
@@ -633,7 +635,21 @@ mod tests {
             p.mount.flags,
             [MountOption::Suid, MountOption::CUSTOM("strictatime".into())]
         );
+        assert_eq!(
+            plan(&args("uring=on")).unwrap().mount.uring,
+            lanefs_fuse::Uring::On
+        );
+        assert_eq!(
+            plan(&args("uring=off")).unwrap().mount.uring,
+            lanefs_fuse::Uring::Off
+        );
+        assert_eq!(
+            plan(&args("uring=auto")).unwrap().mount.uring,
+            lanefs_fuse::Uring::Auto
+        );
         for bad in [
+            "uring=yes",
+            "uring",
             "user_id=root",
             "rootmode=9",
             "fd",
