@@ -11,6 +11,14 @@
 #   - pjdfstest 0.2.2 (cargo install), the POSIX test suite that fuse/tests/mount.rs runs
 #     against a mount; LANEFS_REQUIRE_PJDFSTEST=1 then makes a missing binary a failure.
 # Not as root it installs nothing and runs the tests; those that need root say so and skip.
+#
+# The tests run twice over the two FUSE transports (fuse/src/session.rs): the whole workspace
+# with every mount on /dev/fuse (LANEFS_URING=off), then the mount suites (fuse/tests/mount.rs
+# with pjdfstest, dircache.rs, stress.rs, cli/tests) with every mount on io_uring
+# (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with FUSE
+# over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
+# where the kernel has none, or it is off and this is not root, the io_uring pass is skipped
+# with a message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,4 +53,21 @@ else
     echo "scripts/test.sh: not root: installing nothing; the tests that need root skip" >&2
 fi
 
-exec cargo test --workspace --locked "$@"
+uring_param=/sys/module/fuse/parameters/enable_uring
+if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ]; then
+    echo Y > "$uring_param"
+fi
+
+echo "scripts/test.sh: pass 1: every test, mounts served through /dev/fuse" >&2
+LANEFS_URING=off cargo test --workspace --locked "$@"
+
+if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
+    echo "scripts/test.sh: pass 2: the mount suites, served through io_uring" >&2
+    LANEFS_URING=on cargo test --locked -p lanefs-fuse --test mount --test dircache \
+        --test stress "$@"
+    LANEFS_URING=on cargo test --locked -p lanefs-cli --test cli --test crash --test memory "$@"
+elif [ -e "$uring_param" ]; then
+    echo "scripts/test.sh: io_uring pass SKIPPED: fuse.enable_uring is off and only root can turn it on" >&2
+else
+    echo "scripts/test.sh: io_uring pass SKIPPED: this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)" >&2
+fi

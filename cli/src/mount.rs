@@ -22,7 +22,9 @@ pub struct MountArgs {
     pub store: String,
     /// Mount options, comma-separated, as `mount -o`: ro, rw, allow_other (the default when
     /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes),
-    /// nr_inodes=N, locking=lanes|dirlock|coarse, threads=N, ttl=SECONDS, mode=OCTAL, uid=N,
+    /// nr_inodes=N, locking=lanes|dirlock|coarse, threads=N (/dev/fuse threads), ttl=SECONDS,
+    /// uring=auto|on|off (serve requests through io_uring when the kernel offers it, the
+    /// default; on: or fail; off: through /dev/fuse), mode=OCTAL, uid=N,
     /// gid=N, and the kernel's mount flags: nosuid/suid, nodev/dev, noexec/exec, sync/async,
     /// dirsync, noatime/atime/relatime/strictatime, nodiratime, lazytime, nosymfollow.
     /// A mount made by root is suid,dev unless told nosuid/nodev, as tmpfs is; a user's mount
@@ -143,6 +145,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             }
             "locking" => fs.locking = need(v)?.parse::<Locking>()?,
             "threads" => m.threads = need(v)?.parse().map_err(|_| format!("bad threads '{o}'"))?,
+            "uring" => m.uring = need(v)?.parse()?,
             "ttl" => {
                 m.ttl =
                     Duration::from_secs_f64(need(v)?.parse().map_err(|_| format!("bad ttl '{o}'"))?)
@@ -176,7 +179,9 @@ fn preflight(mp: &Path) -> Result<(), String> {
     let md = std::fs::metadata(mp).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => format!("{}: mountpoint does not exist", mp.display()),
         std::io::ErrorKind::PermissionDenied => format!("{}: permission denied", mp.display()),
-        _ if e.raw_os_error() == Some(libc::ENOTCONN) => format!(
+        // ECONNABORTED: a request that reached a dead io_uring session while the kernel was
+        // still tearing its rings down (that happens after the server process is reaped).
+        _ if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => format!(
             "{}: a FUSE mount whose server has exited is still attached here; detach it \
              with `fusermount3 -u {}` (or `umount -l` as root), then mount again",
             mp.display(),
@@ -287,8 +292,14 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     let fs = Arc::new(fs);
     let mut control = None;
     let fs2 = fs.clone();
-    let r = lanefs_fuse::mount(fs, mp, &plan.mount, |mut unmount| {
-        control = lanefs_fuse::serve_control(fs2, mp)
+    let r = lanefs_fuse::mount(fs, mp, &plan.mount, |m| {
+        let mut unmount = m.unmount;
+        eprintln!(
+            "lanefs: {} mounted; requests served through {}",
+            mp.display(),
+            m.info.describe()
+        );
+        control = lanefs_fuse::serve_control(fs2, Some(m.info), mp)
             .inspect_err(|e| eprintln!("lanefs: no `lanefs stats` for {}: {e}", mp.display()))
             .ok();
         // SIGINT/SIGTERM unmount; the session then ends and mount() returns.
@@ -521,6 +532,26 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         v["locking"].as_str().unwrap_or("?")
     );
     println!(
+        "  transport {}{}, requests {}, server CPU {}",
+        v["transport"].as_str().unwrap_or("?"),
+        match v["uring_queues"].as_u64() {
+            Some(q) if q > 0 => format!(" ({q} queues)"),
+            _ => String::new(),
+        },
+        v["requests"],
+        match (v["server_cpu_ns"].as_u64(), v["requests"].as_u64()) {
+            (Some(ns), Some(r)) if r > 0 => {
+                format!(
+                    "{:.3} s ({:.2} us per request)",
+                    ns as f64 / 1e9,
+                    ns as f64 / 1e3 / r as f64
+                )
+            }
+            (Some(ns), _) => format!("{:.3} s", ns as f64 / 1e9),
+            _ => "?".into(),
+        }
+    );
+    println!(
         "  inodes used {}, blocks used {}, open handles {}",
         v["inodes_used"], v["blocks_used"], v["open_handles"]
     );
@@ -605,7 +636,21 @@ mod tests {
             p.mount.flags,
             [MountOption::Suid, MountOption::CUSTOM("strictatime".into())]
         );
+        assert_eq!(
+            plan(&args("uring=on")).unwrap().mount.uring,
+            lanefs_fuse::Uring::On
+        );
+        assert_eq!(
+            plan(&args("uring=off")).unwrap().mount.uring,
+            lanefs_fuse::Uring::Off
+        );
+        assert_eq!(
+            plan(&args("uring=auto")).unwrap().mount.uring,
+            lanefs_fuse::Uring::Auto
+        );
         for bad in [
+            "uring=yes",
+            "uring",
             "user_id=root",
             "rootmode=9",
             "fd",

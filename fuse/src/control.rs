@@ -26,6 +26,8 @@ use std::time::{Duration, SystemTime};
 
 use lanefs::{Filesystem, LockClass, Op};
 
+use crate::SessionInfo;
+
 fn dir() -> PathBuf {
     if current_uid() == 0 {
         let run = PathBuf::from("/run/lanefs");
@@ -93,9 +95,11 @@ fn remove_if_same(path: &Path, id: (u64, u64)) {
 
 /// The statistics document: `locking`, `ops` (count per operation), `locks` (acquired,
 /// contended and wait time per lock class), `open_handles`, `inodes_used`, `blocks_used`,
-/// `data_bytes` (file data stored: blocks used times the block size) and `resident_bytes`
-/// (the serving process's resident memory).
-pub fn stats_json(fs: &Filesystem) -> serde_json::Value {
+/// `data_bytes` (file data stored: blocks used times the block size), `resident_bytes`
+/// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
+/// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
+/// `/dev/fuse`), `uring_queues` and `requests` (FUSE requests received, FORGETs included).
+pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
         .iter()
@@ -122,7 +126,23 @@ pub fn stats_json(fs: &Filesystem) -> serde_json::Value {
         // The serving process's resident memory (every filesystem it serves, and the
         // program's own).
         "resident_bytes": resident_bytes(),
+        "server_cpu_ns": cpu_ns(),
+        "transport": session.map(|s| s.transport()),
+        "uring_queues": session.map(|s| s.queues()),
+        "requests": session.map(|s| s.requests()),
     })
+}
+
+/// CPU time (user and system) this process has used, in nanoseconds.
+fn cpu_ns() -> Option<u64> {
+    // SAFETY: a zeroed rusage is a valid out-buffer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid out-buffer.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return None;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    Some(ns(ru.ru_utime) + ns(ru.ru_stime))
 }
 
 /// This process's resident set size in bytes (`/proc/self/statm`, second field, in pages),
@@ -139,7 +159,11 @@ fn resident_bytes() -> Option<u64> {
 /// the socket is removed when the returned guard drops. The mount must be in place: its
 /// device number, which names the socket, is read from this process's mount table (not with
 /// `stat(2)`, which would wait for the server to answer).
-pub fn serve(fs: Arc<Filesystem>, mountpoint: &Path) -> std::io::Result<SocketGuard> {
+pub fn serve(
+    fs: Arc<Filesystem>,
+    session: Option<Arc<SessionInfo>>,
+    mountpoint: &Path,
+) -> std::io::Result<SocketGuard> {
     let canon = crate::server::canonical(mountpoint);
     let (major, minor) = crate::mnt::mount_dev_at_canonical(&canon).ok_or_else(|| {
         std::io::Error::new(
@@ -162,7 +186,7 @@ pub fn serve(fs: Arc<Filesystem>, mountpoint: &Path) -> std::io::Result<SocketGu
         .name("lanefs-control".into())
         .spawn(move || {
             for mut conn in listener.incoming().flatten() {
-                let doc = stats_json(&fs).to_string();
+                let doc = stats_json(&fs, session.as_deref()).to_string();
                 let _ = conn.write_all(doc.as_bytes());
             }
         })?;

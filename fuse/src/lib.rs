@@ -1,8 +1,13 @@
 //! # lanefs-fuse: the FUSE server
 //!
-//! A thin translation layer (docs/DESIGN.md §2): each FUSE request is decoded by `fuser`,
-//! turned into exactly one call on the engine's inode API with the caller's credentials
-//! (`creds.rs`), and the result or errno is encoded back. The server keeps no state of its
+//! A thin translation layer (docs/DESIGN.md §2): each FUSE request is decoded by lanefs's own
+//! session layer (`session.rs`: INIT, decoding, replies, notifications; the kernel ABI's
+//! structures from `polyfuse-kernel`, `abi.rs`), turned into exactly one call on the engine's
+//! inode API with the caller's credentials (`creds.rs`), and the result or errno is encoded
+//! back. Requests travel through io_uring (`uring.rs`: one queue per CPU, each served by a
+//! thread pinned to it) when the kernel offers `FUSE_OVER_IO_URING` and the mount allows it
+//! ([`MountConfig::uring`], `-o uring=auto|on|off`), through `/dev/fuse` otherwise; the
+//! session layer's module doc lists every lock of this crate and their order. The server keeps no state of its
 //! own: lookup counts, handles, generations and readdir cookies are the engine's (a
 //! `Via::Kernel` context makes every entry the engine returns carry one lookup reference,
 //! which FORGET drops).
@@ -57,7 +62,15 @@
 //!   inode (another generation: lanefs's 64-bit generations are never reused, so their low
 //!   32 bits repeat only after 2^32 more inodes). Without it the kernel answered ESTALE for
 //!   every inode it had forgotten.
-//! - one request thread per CPU, each with its own cloned `/dev/fuse` descriptor.
+//! - `FUSE_OVER_IO_URING` (when the kernel offers it and `uring` is not `off`): requests come
+//!   through per-CPU ring queues, saving the `read` and `write` of `/dev/fuse` per request
+//!   and batching the answers of a queue into one system call; otherwise one request thread
+//!   per CPU ([`MountConfig::threads`]), each with its own cloned `/dev/fuse` descriptor.
+//! - `FUSE_ASYNC_READ`, `FUSE_BIG_WRITES`, `FUSE_MAX_PAGES` (256 pages: reads and writes of up
+//!   to 1 MiB per request), and `FUSE_INIT_EXT` (the upper 32 flags, where io_uring's is).
+//! - `O_TMPFILE` (FUSE_TMPFILE) is answered ENOSYS, which the kernel turns into EOPNOTSUPP:
+//!   the engine has no unnamed file yet (it cannot make an inode without a name, nor link an
+//!   unlinked one back, `engine/src/inode.rs`).
 //!
 //! ## Inode flags (`chattr`, `lsattr`) and whiteouts
 //! The kernel turns `FS_IOC_GETFLAGS`, `FS_IOC_SETFLAGS`, `FS_IOC_FSGETXATTR` and
@@ -155,15 +168,19 @@
 //! honours set-user-id bits and device files unless the flags say `nosuid` / `nodev`;
 //! otherwise it mounts through `fusermount3`, which always makes a user's mount
 //! `nosuid,nodev` (see `mnt.rs`). [`MOUNT_FLAGS`] is the one table of kernel mount flags.
+//! `fuser` is kept only for its [`MountOption`] type, the option list of [`MountConfig`].
 
+mod abi;
 mod control;
 mod creds;
 mod mnt;
 mod server;
+mod session;
+mod uring;
 
 pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
-pub use fuser::MountOption;
 pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
-pub use server::{Mount, MountConfig, Server, mount, mount_background};
+pub use server::{Mount, MountConfig, MountOption, Mounted, Server, mount, mount_background};
+pub use session::{SessionInfo, Uring};

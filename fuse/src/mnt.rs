@@ -2,29 +2,30 @@
 //!
 //! As root, lanefs calls `mount(2)` itself with the filesystem type `fuse.lanefs`, so that
 //! `/proc/mounts`, `findmnt` and `df -T` show what is mounted and test harnesses that look a
-//! mount up by its type (xfstests' `FSTYP=fuse` with `FUSE_SUBTYP=.lanefs`) find it. `fuser`'s
-//! own direct mount always says `fuse`; when the direct mount is refused (not root, or no
-//! `CAP_SYS_ADMIN`), lanefs lets `fuser` go through the setuid `fusermount3`, which names the
-//! subtype itself.
+//! mount up by its type (xfstests' `FSTYP=fuse` with `FUSE_SUBTYP=.lanefs`) find it. When the
+//! direct mount is refused (not root, or no `CAP_SYS_ADMIN`), lanefs runs the setuid
+//! `fusermount3`, which names the subtype itself and passes the `/dev/fuse` descriptor back
+//! over a socket (`_FUSE_COMMFD`, [`mount_fusermount`]).
 //!
 //! A mount root makes with `mount(2)` is `suid,dev` unless its flags say `nosuid` / `nodev`,
 //! as a kernel tmpfs and `mount -t fuse.lanefs` (whose `mount.fuse3` passes `suid,dev`) are;
 //! `fusermount3` makes a user's mount `nosuid,nodev` whatever is asked.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fuser::{INodeNo, MountOption, Notifier};
+use fuser::MountOption;
 use lanefs::Filesystem;
 use lanefs::notify::Invalidate;
 
 use crate::server::MountConfig;
+use crate::session::Notifier;
 
 /// The filesystem type lanefs mounts under (`-t fuse.lanefs`).
 pub const FS_TYPE: &str = "fuse.lanefs";
@@ -50,15 +51,13 @@ pub(crate) struct KernelCache(pub(crate) Notifier);
 impl KernelCache {
     /// Drops `dir`'s cached listing (its pages) and attributes.
     pub(crate) fn drop_listing(&self, dir: lanefs::Ino) {
-        let _ = self.0.inval_inode(INodeNo(dir.get()), 0, 0);
+        let _ = self.0.inval_inode(dir.get(), 0, 0);
     }
 }
 
 impl Invalidate for KernelCache {
     fn entry(&self, parent: lanefs::Ino, name: &[u8]) {
-        let _ = self
-            .0
-            .inval_entry(INodeNo(parent.get()), OsStr::from_bytes(name));
+        let _ = self.0.inval_entry(parent.get(), name);
         self.drop_listing(parent);
     }
 
@@ -67,13 +66,13 @@ impl Invalidate for KernelCache {
         let (off, len) = data.map_or((-1, 0), |(o, l)| {
             (o.min(i64::MAX as u64) as i64, l.min(i64::MAX as u64) as i64)
         });
-        let _ = self.0.inval_inode(INodeNo(ino.get()), off, len);
+        let _ = self.0.inval_inode(ino.get(), off, len);
     }
 
     fn listing(&self, dir: lanefs::Ino) {
         // `..` names no dentry: the entry invalidation only waits out the reads in flight
         // (above), and drops nothing.
-        let _ = self.0.inval_entry(INodeNo(dir.get()), OsStr::new(".."));
+        let _ = self.0.inval_entry(dir.get(), b"..");
         self.drop_listing(dir);
     }
 }
@@ -105,8 +104,8 @@ impl MountFlag {
         self.set | self.clear
     }
 
-    /// The option as `fuser` takes it (and passes it on to `fusermount3` by the same name):
-    /// its own variant where it has one, a custom option otherwise.
+    /// The option as [`MountOption`] names it (the type `fuser` defines, which lanefs keeps
+    /// for its mount options): its own variant where it has one, a custom option otherwise.
     pub fn option(&self) -> MountOption {
         match self.name {
             "ro" => MountOption::RO,
@@ -178,7 +177,7 @@ pub fn mount_flag(name: &str) -> Option<&'static MountFlag> {
     MOUNT_FLAGS.iter().find(|f| f.name == name)
 }
 
-/// The name of a `fuser` mount option, for [`mount_flag`].
+/// The name of a mount option, for [`mount_flag`] and `fusermount3 -o`.
 fn option_name(o: &MountOption) -> Option<&str> {
     Some(match o {
         MountOption::RO => "ro",
@@ -381,6 +380,110 @@ pub(crate) fn mount_direct(
             id,
         },
     )))
+}
+
+/// Mounts through the setuid `fusermount3` (a user's mount): it opens `/dev/fuse`, mounts,
+/// and sends the descriptor back over the socket named by `_FUSE_COMMFD`.
+pub(crate) fn mount_fusermount(mountpoint: &Path, cfg: &MountConfig) -> io::Result<OwnedFd> {
+    let mut opts = vec![
+        format!("fsname={}", cfg.source.replace(',', "_")),
+        "subtype=lanefs".into(),
+        "default_permissions".into(),
+    ];
+    if cfg.allow_other {
+        opts.push("allow_other".into());
+    }
+    if cfg.read_only {
+        opts.push("ro".into());
+    }
+    opts.extend(
+        cfg.flags
+            .iter()
+            .filter_map(|f| option_name(f).map(String::from)),
+    );
+    let mut fds = [0i32; 2];
+    // SAFETY: `fds` has room for two descriptors.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors are new and owned here; ours must not leak into children.
+    let (ours, theirs) = unsafe {
+        libc::fcntl(fds[0], libc::F_SETFD, libc::FD_CLOEXEC);
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    let out = std::process::Command::new("fusermount3")
+        .arg("-o")
+        .arg(opts.join(","))
+        .arg("--")
+        .arg(mountpoint)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    drop(theirs);
+    if !out.status.success() {
+        let msg = String::from_utf8_lossy(&out.stderr);
+        let kind = if msg.contains("ermission") {
+            io::ErrorKind::PermissionDenied
+        } else {
+            io::ErrorKind::Other
+        };
+        return Err(io::Error::new(kind, format!("fusermount3: {}", msg.trim())));
+    }
+    recv_fd(&ours)
+}
+
+/// Receives one descriptor sent with `SCM_RIGHTS` on `sock`.
+fn recv_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Room for one `cmsghdr` and one int, as CMSG_SPACE(sizeof(int)) (at most 32 bytes).
+    let mut cbuf = [0u64; 8];
+    // SAFETY: a zeroed msghdr is valid; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes a size.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<i32>() as u32) } as _;
+    // SAFETY: `msg` describes valid buffers.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `msg` was filled by recvmsg; CMSG_FIRSTHDR returns null or a header inside
+    // `cbuf`.
+    let c = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    // SAFETY: `c` is checked non-null and points into `cbuf`.
+    if c.is_null() || unsafe { (*c).cmsg_type } != libc::SCM_RIGHTS {
+        return Err(io::Error::other("fusermount3 sent no /dev/fuse descriptor"));
+    }
+    // SAFETY: an SCM_RIGHTS message carries at least one int after its header.
+    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<i32>()) };
+    // SAFETY: the descriptor was just received and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Unmounts a `fusermount3` mount (`fusermount3 -u`, lazily with `-z`).
+pub(crate) fn fusermount_unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
+    let out = std::process::Command::new("fusermount3")
+        .arg(if lazy { "-uz" } else { "-u" })
+        .arg("--")
+        .arg(mountpoint)
+        .output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&out.stderr);
+    if msg.contains("not mounted") || msg.contains("not found in") {
+        return Ok(());
+    }
+    if msg.contains("busy") {
+        return Err(io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    Err(io::Error::other(format!("fusermount3 -u: {}", msg.trim())))
 }
 
 #[cfg(test)]

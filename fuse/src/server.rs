@@ -1,25 +1,22 @@
 //! Request translation.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::fs::File;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use fuser::{
-    AccessFlags, BsdFileFlags, Config as FuserConfig, Errno as FErrno, FileAttr, FileHandle,
-    FileType as FType, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig,
-    LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
-};
 use lanefs::{
     Attr, Ctx, DirEnd, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy,
 };
+use zerocopy::{FromBytes, IntoBytes};
 
+use crate::abi::*;
+use crate::session::{self, Answer, Notifier, Out, Pending, Request, SessionInfo, Uring};
 use crate::{creds, mnt};
+
+pub use fuser::MountOption;
 
 /// How to mount.
 #[derive(Clone, Debug)]
@@ -36,6 +33,10 @@ pub struct MountConfig {
     pub source: String,
     /// Kernel mount flags (nosuid, nodev, noexec, sync, ...).
     pub flags: Vec<MountOption>,
+    /// The transport (`-o uring=`): io_uring when the kernel offers it (`auto`, the default
+    /// unless `LANEFS_URING` says otherwise, [`Uring::from_env`]), always (`on`: the mount
+    /// fails without it), or never (`off`: `/dev/fuse`).
+    pub uring: Uring,
 }
 
 impl Default for MountConfig {
@@ -47,6 +48,7 @@ impl Default for MountConfig {
             read_only: false,
             source: "lanefs".into(),
             flags: Vec::new(),
+            uring: Uring::from_env(),
         }
     }
 }
@@ -63,8 +65,8 @@ pub struct Server {
     /// another parent drops that directory's cached listing (its `..` changed).
     notifier: Arc<OnceLock<mnt::KernelCache>>,
     /// The kernel opens directories by itself (`FUSE_NO_OPENDIR_SUPPORT`, so OPENDIR is
-    /// answered ENOSYS): READDIR comes with handle 0 and is read by inode.
-    no_opendir: bool,
+    /// answered ENOSYS): READDIR comes with handle 0 and is read by inode. Set by INIT.
+    pub(crate) no_opendir: bool,
     /// Where the latest read from offset 0 of each directory (by node id) ends, for the reads
     /// from later offsets that follow it without a handle, and when it was made (see
     /// [`expire_listings`]). Sharded by node id; an entry goes when the kernel forgets the
@@ -114,55 +116,53 @@ fn expire_listings(
     }
 }
 
-fn err(e: Errno) -> FErrno {
-    FErrno::from_i32(e.code())
-}
-
-fn time(t: Timespec) -> SystemTime {
-    t.into()
-}
-
-fn ftype(k: FileType) -> FType {
-    match k {
-        FileType::RegularFile => FType::RegularFile,
-        FileType::Directory => FType::Directory,
-        FileType::Symlink => FType::Symlink,
-        FileType::CharDevice => FType::CharDevice,
-        FileType::BlockDevice => FType::BlockDevice,
-        FileType::NamedPipe => FType::NamedPipe,
-        FileType::Socket => FType::Socket,
-    }
-}
-
 /// The engine's inode number for a FUSE node id (they are the same numbers).
-fn node(n: INodeNo) -> Ino {
-    Ino(n.0)
+fn node(n: u64) -> Ino {
+    Ino(n)
 }
 
-fn fattr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino.get()),
+/// `d_type` of a file type, as `fuse_dirent.type` carries it.
+fn dtype(k: FileType) -> u32 {
+    match k {
+        FileType::RegularFile => libc::DT_REG,
+        FileType::Directory => libc::DT_DIR,
+        FileType::Symlink => libc::DT_LNK,
+        FileType::CharDevice => libc::DT_CHR,
+        FileType::BlockDevice => libc::DT_BLK,
+        FileType::NamedPipe => libc::DT_FIFO,
+        FileType::Socket => libc::DT_SOCK,
+    }
+    .into()
+}
+
+fn fattr(a: &Attr) -> fuse_attr {
+    fuse_attr {
+        ino: a.ino.get(),
         size: a.size,
         blocks: a.blocks,
-        atime: time(a.atime),
-        mtime: time(a.mtime),
-        ctime: time(a.ctime),
-        crtime: time(a.ctime),
-        kind: ftype(a.kind()),
-        perm: a.perm() as u16,
+        // Seconds before 1970 are negative; the kernel reads the field as signed.
+        atime: a.atime.sec as u64,
+        mtime: a.mtime.sec as u64,
+        ctime: a.ctime.sec as u64,
+        atimensec: a.atime.nsec,
+        mtimensec: a.mtime.nsec,
+        ctimensec: a.ctime.nsec,
+        mode: a.mode,
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
         rdev: a.rdev as u32,
         blksize: a.blksize,
-        flags: 0,
+        padding: 0,
     }
 }
 
-fn tset(t: TimeOrNow) -> TimeSet {
-    match t {
-        TimeOrNow::Now => TimeSet::Now,
-        TimeOrNow::SpecificTime(st) => TimeSet::At(st.into()),
+/// A time a SETATTR carries: now, or the seconds and nanoseconds given.
+fn tset(now: bool, sec: u64, nsec: u32) -> TimeSet {
+    if now {
+        TimeSet::Now
+    } else {
+        TimeSet::At(Timespec::new(sec as i64, nsec))
     }
 }
 
@@ -227,7 +227,25 @@ mod ioctl {
 
 /// The caller's credentials (`creds.rs`).
 fn ctx(req: &Request) -> Ctx {
-    creds::ctx(req.uid(), req.gid(), req.pid())
+    creds::ctx(req.h.uid, req.h.gid, req.h.pid)
+}
+
+/// A handler's result: how the request is answered, or the errno it is answered with.
+type Handled = Result<Answer, Errno>;
+
+const OK: Handled = Ok(Answer::Reply(0));
+
+fn done(r: lanefs::Result<()>) -> Handled {
+    r.map(|()| Answer::Reply(0))
+}
+
+/// Writes `t` as the reply body; ERANGE (never expected) if the buffer cannot hold it.
+fn put<T: IntoBytes + zerocopy::Immutable>(out: &mut Out, t: &T) -> Handled {
+    if out.push_obj(t) {
+        OK
+    } else {
+        Err(Errno::ERANGE)
+    }
 }
 
 impl Server {
@@ -248,17 +266,282 @@ impl Server {
         Server::new(fs, cfg.ttl)
     }
 
-    fn entry(&self, r: lanefs::Result<Attr>, reply: ReplyEntry) {
-        match r {
-            Ok(a) => reply.entry(&self.ttl, &fattr(&a), Generation(a.generation.0)),
-            Err(e) => reply.error(err(e)),
+    fn entry_out(&self, a: &Attr) -> fuse_entry_out {
+        fuse_entry_out {
+            nodeid: a.ino.get(),
+            generation: a.generation.0,
+            entry_valid: self.ttl.as_secs(),
+            attr_valid: self.ttl.as_secs(),
+            entry_valid_nsec: self.ttl.subsec_nanos(),
+            attr_valid_nsec: self.ttl.subsec_nanos(),
+            attr: fattr(a),
         }
     }
 
-    fn attr(&self, r: lanefs::Result<Attr>, reply: ReplyAttr) {
-        match r {
-            Ok(a) => reply.attr(&self.ttl, &fattr(&a)),
-            Err(e) => reply.error(err(e)),
+    fn entry(&self, r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
+        put(out, &self.entry_out(&r?))
+    }
+
+    fn attr(&self, r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
+        let a = r?;
+        put(
+            out,
+            &fuse_attr_out {
+                attr_valid: self.ttl.as_secs(),
+                attr_valid_nsec: self.ttl.subsec_nanos(),
+                dummy: 0,
+                attr: fattr(&a),
+            },
+        )
+    }
+
+    /// Serves one request with one engine call and writes its reply body into `out`
+    /// (`session.rs`); `later` gives a [`Pending`] for a request answered from another thread.
+    pub(crate) fn dispatch(
+        &self,
+        req: &Request,
+        out: &mut Out,
+        later: &dyn Fn() -> Pending,
+    ) -> Answer {
+        match self.handle(req, out, later) {
+            Ok(a) => a,
+            Err(e) => {
+                out.clear();
+                Answer::Reply(e.code())
+            }
+        }
+    }
+
+    fn handle(&self, req: &Request, out: &mut Out, later: &dyn Fn() -> Pending) -> Handled {
+        let ino = req.h.nodeid;
+        match req.h.opcode {
+            FUSE_LOOKUP => self.lookup(req, out),
+            FUSE_FORGET => {
+                let f: fuse_forget_in = req.arg()?;
+                self.forget(ino, f.nlookup);
+                Ok(Answer::None)
+            }
+            FUSE_BATCH_FORGET => {
+                let b: fuse_batch_forget_in = req.arg()?;
+                let mut rest = req.data;
+                for _ in 0..b.count {
+                    let Ok((f, r)) = fuse_forget_one::read_from_prefix(rest) else {
+                        break;
+                    };
+                    self.forget(f.nodeid, f.nlookup);
+                    rest = r;
+                }
+                Ok(Answer::None)
+            }
+            FUSE_GETATTR => self.attr(self.fs.getattr(node(ino)), out),
+            FUSE_SETATTR => self.setattr(req, out),
+            FUSE_READLINK => {
+                let t = self.fs.readlink(node(ino))?;
+                if out.push(&t) { OK } else { Err(Errno::ERANGE) }
+            }
+            FUSE_MKNOD => {
+                let a: fuse_mknod_in = req.arg()?;
+                let (name, _) = req.name()?;
+                let c = ctx(req).with_umask(a.umask);
+                let r = self
+                    .fs
+                    .mknod(&c, node(ino), name, a.mode, u64::from(a.rdev));
+                self.entry(r, out)
+            }
+            FUSE_MKDIR => {
+                let a: fuse_mkdir_in = req.arg()?;
+                let (name, _) = req.name()?;
+                let c = ctx(req).with_umask(a.umask);
+                self.entry(self.fs.mkdir(&c, node(ino), name, a.mode), out)
+            }
+            FUSE_UNLINK => {
+                let (name, _) = req.name()?;
+                done(self.fs.unlink(&ctx(req), node(ino), name))
+            }
+            FUSE_RMDIR => {
+                let (name, _) = req.name()?;
+                done(self.fs.rmdir(&ctx(req), node(ino), name))
+            }
+            FUSE_SYMLINK => {
+                let (name, rest) = req.name()?;
+                let (target, _) = session::cstr(rest)?;
+                self.entry(self.fs.symlink(&ctx(req), node(ino), name, target), out)
+            }
+            FUSE_RENAME => {
+                let a: fuse_rename_in = req.arg()?;
+                self.rename(req, a.newdir, 0)
+            }
+            FUSE_RENAME2 => {
+                let a: fuse_rename2_in = req.arg()?;
+                self.rename(req, a.newdir, a.flags)
+            }
+            FUSE_LINK => {
+                let a: fuse_link_in = req.arg()?;
+                let (name, _) = req.name()?;
+                let r = self.fs.link(&ctx(req), node(a.oldnodeid), node(ino), name);
+                self.entry(r, out)
+            }
+            // Regular files are opened by the kernel alone (no-open mode): ENOSYS tells it
+            // so, once, and it sends no OPEN, FLUSH or RELEASE for such files afterwards.
+            FUSE_OPEN => Err(Errno::ENOSYS),
+            // ENOSYS: the kernel then creates with MKNOD and opens the new file itself
+            // (no-open mode), so a created file, like an opened one, sends no RELEASE.
+            // `open(O_CREAT)` stays one system call with the creator's access: the kernel
+            // skips the permission check on a file its open created.
+            FUSE_CREATE => Err(Errno::ENOSYS),
+            // A close has nothing to write back: ENOSYS tells the kernel to stop sending
+            // FLUSH (files it opened itself come without `FOPEN_NOFLUSH`).
+            FUSE_FLUSH => Err(Errno::ENOSYS),
+            // Regular files reach the server by inode (no-open mode): the handle of a read,
+            // write, fsync, fallocate or ftruncate is always 0.
+            FUSE_READ => {
+                let a: fuse_read_in = req.arg()?;
+                let buf = out.room(a.size as usize);
+                let n = self.fs.read_inode(node(ino), a.offset, buf)?;
+                out.grow(n);
+                OK
+            }
+            FUSE_WRITE => self.write(req, out),
+            FUSE_STATFS => {
+                let s = self.fs.statfs();
+                put(
+                    out,
+                    &fuse_statfs_out {
+                        st: fuse_kstatfs {
+                            blocks: s.blocks,
+                            bfree: s.bfree,
+                            bavail: s.bavail,
+                            files: s.files,
+                            ffree: s.ffree,
+                            bsize: s.bsize,
+                            namelen: s.namelen,
+                            frsize: s.frsize,
+                            padding: 0,
+                            spare: [0; 6],
+                        },
+                    },
+                )
+            }
+            // Only a file `O_TMPFILE` made is released (no-open mode): it has no handle.
+            FUSE_RELEASE => OK,
+            FUSE_FSYNC => {
+                if self.volatile_store {
+                    // Nothing to make durable: ENOSYS, and the kernel sends no FSYNC again.
+                    return Err(Errno::ENOSYS);
+                }
+                let a: fuse_fsync_in = req.arg()?;
+                // Answered when the store's flush covers it, by the thread that sees that:
+                // the request thread goes back to other requests instead of waiting for
+                // group commit.
+                let p = later();
+                self.fs.fsync_inode_then(
+                    node(ino),
+                    a.fsync_flags & FUSE_FSYNC_FDATASYNC != 0,
+                    Box::new(move |r| p.answer(r)),
+                );
+                Ok(Answer::Later)
+            }
+            FUSE_SETXATTR => {
+                let a: fuse_setxattr_in = req.arg()?;
+                let (name, value) = req.name()?;
+                let value = value.get(..a.size as usize).ok_or(Errno::EINVAL)?;
+                done(
+                    self.fs
+                        .setxattr(&ctx(req), node(ino), name, value, a.flags as i32),
+                )
+            }
+            FUSE_GETXATTR => {
+                let a: fuse_getxattr_in = req.arg()?;
+                let (name, _) = req.name()?;
+                Self::xattr(self.fs.getxattr(&ctx(req), node(ino), name), a.size, out)
+            }
+            FUSE_LISTXATTR => {
+                let a: fuse_getxattr_in = req.arg()?;
+                Self::xattr(self.fs.listxattr(&ctx(req), node(ino)), a.size, out)
+            }
+            FUSE_REMOVEXATTR => {
+                let (name, _) = req.name()?;
+                done(self.fs.removexattr(&ctx(req), node(ino), name))
+            }
+            FUSE_OPENDIR => self.opendir(req, out),
+            FUSE_READDIR => self.readdir(req, out, false),
+            FUSE_READDIRPLUS => self.readdir(req, out, true),
+            FUSE_RELEASEDIR => {
+                let a: fuse_release_in = req.arg()?;
+                done(self.fs.releasedir(a.fh))
+            }
+            FUSE_FSYNCDIR => {
+                if self.volatile_store {
+                    // As FSYNC: the kernel sends no FSYNCDIR again.
+                    return Err(Errno::ENOSYS);
+                }
+                let a: fuse_fsync_in = req.arg()?;
+                let datasync = a.fsync_flags & FUSE_FSYNC_FDATASYNC != 0;
+                if a.fh == 0 {
+                    // A directory the kernel opened by itself (no-opendir mode); answered as
+                    // FSYNC.
+                    let p = later();
+                    self.fs
+                        .fsync_inode_then(node(ino), datasync, Box::new(move |r| p.answer(r)));
+                    return Ok(Answer::Later);
+                }
+                done(self.fs.fsync(a.fh, datasync))
+            }
+            FUSE_ACCESS => {
+                let a: fuse_access_in = req.arg()?;
+                done(self.fs.access(&ctx(req), node(ino), a.mask))
+            }
+            FUSE_IOCTL => self.ioctl(req, out),
+            // The kernel sends only `SEEK_DATA` and `SEEK_HOLE` here (it moves offsets
+            // itself).
+            FUSE_LSEEK => {
+                let a: fuse_lseek_in = req.arg()?;
+                // Before any data and after no hole: ENXIO, as tmpfs (`shmem_file_llseek`).
+                let off = i64::try_from(a.offset)
+                    .ok()
+                    .and_then(|o| u64::try_from(o).ok())
+                    .ok_or(Errno::ENXIO)?;
+                let o = self.fs.seek_data_hole(node(ino), off, a.whence as i32)?;
+                put(out, &fuse_lseek_out { offset: o })
+            }
+            FUSE_FALLOCATE => {
+                let a: fuse_fallocate_in = req.arg()?;
+                done(self.fs.fallocate_inode(
+                    &ctx(req),
+                    node(ino),
+                    a.mode as i32,
+                    a.offset,
+                    a.length,
+                ))
+            }
+            FUSE_TMPFILE => self.tmpfile(req, out),
+            // Interrupts are not acted on (`session.rs`, "Interrupts").
+            FUSE_INTERRUPT => Ok(Answer::None),
+            FUSE_DESTROY => OK,
+            // A second INIT, locks (the kernel then keeps them itself), BMAP, POLL,
+            // COPY_FILE_RANGE, SYNCFS, STATX and anything newer: not implemented.
+            _ => Err(Errno::ENOSYS),
+        }
+    }
+
+    fn lookup(&self, req: &Request, out: &mut Out) -> Handled {
+        let (name, _) = req.name()?;
+        let parent = req.h.nodeid;
+        if name == b"." {
+            return self.lookup_dot(req, parent, out);
+        }
+        match self.fs.lookup(&ctx(req), node(parent), name) {
+            // A negative entry (node id 0) with the entry timeout: the kernel caches the
+            // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
+            // creation goes through this mount, which replaces the negative dentry.
+            Err(Errno::ENOENT) if !self.ttl.is_zero() => {
+                let mut e = self.entry_out(&NEGATIVE);
+                e.nodeid = 0;
+                e.attr_valid = 0;
+                e.attr_valid_nsec = 0;
+                put(out, &e)
+            }
+            r => self.entry(r, out),
         }
     }
 
@@ -275,190 +558,35 @@ impl Server {
     /// kernel's ESTALE), as tmpfs answers for a removed file, and the reference just taken
     /// is dropped again. (An unlinked file that is still open is in the kernel's cache and
     /// is opened from there, without a LOOKUP.)
-    fn lookup_dot(&self, req: &Request, ino: INodeNo, reply: ReplyEntry) {
+    fn lookup_dot(&self, req: &Request, ino: u64, out: &mut Out) -> Handled {
         match self.fs.lookup_inode(&ctx(req), node(ino)) {
             Ok(a) if a.nlink == 0 => {
                 self.fs.forget(node(ino), 1);
-                reply.error(FErrno::ENOENT);
+                Err(Errno::ENOENT)
             }
-            r => self.entry(r, reply),
+            r => self.entry(r, out),
         }
     }
 
-    fn empty(r: lanefs::Result<()>, reply: ReplyEmpty) {
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-
-    fn read_ends(
-        &self,
-        ino: INodeNo,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
-        self.read_ends[ino.0 as usize % READ_END_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the
-    /// directory's end now and records it (under the shard's lock, so the recorded end is
-    /// always the latest taken); a read from a later offset continues to the recorded one.
-    /// The kernel reads a directory from offset 0 whenever it has no valid cached listing,
-    /// so the recorded end is never older than the latest change of the directory the
-    /// kernel knew of when the read began; a read that started earlier may end later than
-    /// where it started (names created meanwhile may be returned, as POSIX allows), but a
-    /// name renamed away and back while one read runs is not returned twice, so every read
-    /// ends.
-    fn dir_end(&self, ino: INodeNo, offset: u64) -> lanefs::Result<DirEnd> {
-        let mut ends = self.read_ends(ino);
-        match ends.get(&ino.0) {
-            Some((end, _)) if offset != 0 => Ok(end.clone()),
-            _ => {
-                let end = self.fs.read_end(node(ino))?;
-                ends.insert(ino.0, (end.clone(), Some(Instant::now())));
-                Ok(end)
-            }
-        }
-    }
-
-    /// READDIR and READDIRPLUS: by inode without a handle (`fh` 0, no-opendir mode), or
-    /// through the engine handle OPENDIR made.
-    fn read_dir(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        plus: bool,
-        f: impl FnMut(lanefs::DirEntry<'_>, Option<&Attr>) -> bool,
-    ) -> lanefs::Result<()> {
-        if fh.0 == 0 {
-            let end = self.dir_end(ino, offset)?;
-            self.fs
-                .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
-        } else {
-            self.fs.readdir(&ctx(req), fh.0, offset, plus, f)
-        }
-    }
-
-    /// After a RENAME between two directories: drops the cached listing of each directory it
-    /// moved (now `newname` in `newparent`, and with `RENAME_EXCHANGE` also `name` in
-    /// `parent`), whose `..` changed, a change the kernel does not see as one of that
-    /// directory. Sent before the reply, while the kernel holds the moved directories'
-    /// `i_rwsem` (`vfs_rename` locks a directory it moves to another parent), so no `getdents`
-    /// of them is in flight to put the old `..` back. An inode invalidation takes no inode
-    /// lock, so it is safe from a request thread.
-    fn moved_dirs(
-        &self,
-        req: &Request,
-        newparent: INodeNo,
-        newname: &OsStr,
-        parent: INodeNo,
-        name: &OsStr,
-        flags: RenameFlags,
-    ) {
-        let Some(kc) = self.notifier.get() else {
-            return;
-        };
-        // A library caller's lookup: it takes no lookup reference for the kernel.
-        let mut c = ctx(req);
-        c.via = lanefs::Via::Library;
-        let mut at = vec![(newparent, newname)];
-        if flags.bits() & lanefs::RENAME_EXCHANGE != 0 {
-            at.push((parent, name));
-        }
-        for (dir, n) in at {
-            if let Ok(a) = self.fs.lookup(&c, node(dir), n.as_bytes())
-                && a.kind() == FileType::Directory
-            {
-                kc.drop_listing(a.ino);
-            }
-        }
-    }
-
-    fn xattr(r: lanefs::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
-        match r {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() > size as usize => reply.error(FErrno::ERANGE),
-            Ok(v) => reply.data(&v),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-}
-
-impl fuser::Filesystem for Server {
-    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        let want = InitFlags::FUSE_PARALLEL_DIROPS
-            | InitFlags::FUSE_DO_READDIRPLUS
-            | InitFlags::FUSE_READDIRPLUS_AUTO
-            | InitFlags::FUSE_CACHE_SYMLINKS
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
-            | InitFlags::FUSE_POSIX_ACL
-            | InitFlags::FUSE_DONT_MASK
-            | InitFlags::FUSE_EXPORT_SUPPORT;
-        let have = config.capabilities() & want;
-        let _ = config.add_capabilities(have);
-        self.no_opendir = config
-            .capabilities()
-            .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
-        Ok(())
-    }
-
-    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        if name.as_bytes() == b"." {
-            return self.lookup_dot(req, parent, reply);
-        }
-        match self.fs.lookup(&ctx(req), node(parent), name.as_bytes()) {
-            // A negative entry (node id 0) with the entry timeout: the kernel caches the
-            // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
-            // creation goes through this mount, which replaces the negative dentry.
-            Err(Errno::ENOENT) if !self.ttl.is_zero() => {
-                let mut a = fattr(&NEGATIVE);
-                a.ino = INodeNo(0);
-                reply.entry(&self.ttl, &a, Generation(0));
-            }
-            r => self.entry(r, reply),
-        }
-    }
-
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+    fn forget(&self, ino: u64, nlookup: u64) {
         // The kernel forgets an inode once, when it evicts it: no read of it is running.
-        self.read_ends(ino).remove(&ino.0);
+        self.read_ends(ino).remove(&ino);
         self.fs.forget(node(ino), nlookup);
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.attr(self.fs.getattr(node(ino)), reply);
-    }
-
-    fn setattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        ctime: Option<SystemTime>,
-        fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
+    fn setattr(&self, req: &Request, out: &mut Out) -> Handled {
+        let a: fuse_setattr_in = req.arg()?;
+        let has = |bit: u32| a.valid & bit != 0;
         let mut set = SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime: atime.map(tset),
-            mtime: mtime.map(tset),
-            ctime: ctime.map(Into::into),
+            mode: has(FATTR_MODE).then_some(a.mode),
+            uid: has(FATTR_UID).then_some(a.uid),
+            gid: has(FATTR_GID).then_some(a.gid),
+            size: has(FATTR_SIZE).then_some(a.size),
+            atime: has(FATTR_ATIME).then(|| tset(has(FATTR_ATIME_NOW), a.atime, a.atimensec)),
+            mtime: has(FATTR_MTIME).then(|| tset(has(FATTR_MTIME_NOW), a.mtime, a.mtimensec)),
+            ctime: has(FATTR_CTIME).then(|| Timespec::new(a.ctime as i64, a.ctimensec)),
         };
+        let fh = has(FATTR_FH);
         // Without FUSE_ATOMIC_O_TRUNC, `open(O_TRUNC)` of an existing file arrives as this:
         // size 0, no handle, nothing else, exactly as a `truncate(path, 0)`. An O_TRUNC stamps
         // mtime and ctime even on an empty file (tmpfs); a truncate to an unchanged size does
@@ -468,386 +596,134 @@ impl fuser::Filesystem for Server {
             size: Some(0),
             ..SetAttr::default()
         };
-        if fh.is_none() && set == truncate_to_zero {
+        if !fh && set == truncate_to_zero {
             set.mtime = Some(lanefs::TimeSet::Now);
         }
+        // A handle means an `ftruncate` of a file the kernel holds open for writing.
+        let by = fh.then_some(TruncateBy::OpenFile);
         self.attr(
-            // A handle means an `ftruncate` of a file the kernel holds open for writing.
-            self.fs
-                .setattr(&ctx(req), node(ino), &set, fh.map(|_| TruncateBy::OpenFile)),
-            reply,
-        );
+            self.fs.setattr(&ctx(req), node(req.h.nodeid), &set, by),
+            out,
+        )
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(node(ino)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        let ctx = ctx(req).with_umask(umask);
-        self.entry(
-            self.fs
-                .mknod(&ctx, node(parent), name.as_bytes(), mode, rdev as u64),
-            reply,
-        );
-    }
-
-    fn mkdir(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        reply: ReplyEntry,
-    ) {
-        let ctx = ctx(req).with_umask(umask);
-        self.entry(
-            self.fs.mkdir(&ctx, node(parent), name.as_bytes(), mode),
-            reply,
-        );
-    }
-
-    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            self.fs.unlink(&ctx(req), node(parent), name.as_bytes()),
-            reply,
-        );
-    }
-
-    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            self.fs.rmdir(&ctx(req), node(parent), name.as_bytes()),
-            reply,
-        );
-    }
-
-    fn symlink(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        link_name: &OsStr,
-        target: &Path,
-        reply: ReplyEntry,
-    ) {
-        let r = self.fs.symlink(
-            &ctx(req),
-            node(parent),
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-        );
-        self.entry(r, reply);
-    }
-
-    fn rename(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        newparent: INodeNo,
-        newname: &OsStr,
-        flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
+    fn rename(&self, req: &Request, newparent: u64, flags: u32) -> Handled {
+        let (name, rest) = req.name()?;
+        let (newname, _) = session::cstr(rest)?;
+        let parent = req.h.nodeid;
         let r = self.fs.rename(
             &ctx(req),
             node(parent),
-            name.as_bytes(),
+            name,
             node(newparent),
-            newname.as_bytes(),
-            flags.bits(),
+            newname,
+            flags,
         );
         if r.is_ok() && parent != newparent {
             self.moved_dirs(req, newparent, newname, parent, name, flags);
         }
-        Self::empty(r, reply);
+        done(r)
     }
 
-    fn link(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        newparent: INodeNo,
-        newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        self.entry(
-            self.fs
-                .link(&ctx(req), node(ino), node(newparent), newname.as_bytes()),
-            reply,
-        );
-    }
-
-    /// Regular files are opened by the kernel alone (no-open mode): ENOSYS here tells it so,
-    /// once, and it sends no OPEN, FLUSH or RELEASE for such files afterwards.
-    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.error(FErrno::ENOSYS);
-    }
-
-    /// Regular files reach the server by inode: the kernel opened them (no-open mode), so
-    /// the handle of a read, write, fsync, fallocate or ftruncate is always 0.
-    fn read(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        size: u32,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyData,
-    ) {
-        let mut buf = vec![0u8; size as usize];
-        match self.fs.read_inode(node(ino), offset, &mut buf) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-
-    fn write(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        write_flags: WriteFlags,
-        flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
+    fn write(&self, req: &Request, out: &mut Out) -> Handled {
+        let a: fuse_write_in = req.arg()?;
+        let data = req.data.get(..a.size as usize).ok_or(Errno::EINVAL)?;
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel flags a write whose writer lacks
         // CAP_FSETID on a file with set-id bits to take away; without the flag there is
         // nothing the writer must lose.
         let mut c = ctx(req);
-        c.keeps_setid = !write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        c.keeps_setid = a.write_flags & FUSE_WRITE_KILL_SUIDGID == 0;
         // The file's open flags come along: the engine refuses a write the open would have
         // been refused for had the kernel known the inode flags (immutable, or append-only
         // without O_APPEND).
-        match self
-            .fs
-            .write_inode_flags(&c, node(ino), offset, data, flags.0)
-        {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-
-    /// A close has nothing to write back: ENOSYS tells the kernel to stop sending FLUSH (files
-    /// it opened itself come without `FOPEN_NOFLUSH`).
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lock_owner: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(FErrno::ENOSYS);
-    }
-
-    fn fsync(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        if self.volatile_store {
-            // Nothing to make durable: ENOSYS, and the kernel sends no FSYNC again.
-            return reply.error(FErrno::ENOSYS);
-        }
-        // Answered when the store's flush covers it, by the thread that sees that: the server
-        // thread goes back to other requests instead of waiting for group commit.
-        self.fs.fsync_inode_then(
-            node(ino),
-            datasync,
-            Box::new(move |r| Self::empty(r, reply)),
-        );
+        let n =
+            self.fs
+                .write_inode_flags(&c, node(req.h.nodeid), a.offset, data, a.flags as i32)?;
+        put(
+            out,
+            &fuse_write_out {
+                size: n as u32,
+                padding: 0,
+            },
+        )
     }
 
     /// With `FUSE_NO_OPENDIR_SUPPORT` (Linux 5.1 on): ENOSYS, once, and the kernel opens
     /// directories by itself from then on, with no OPENDIR or RELEASEDIR, and keeps their
     /// listings (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens); READDIR
     /// then comes with handle 0. An older kernel gets an engine handle and those two flags.
-    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, out: &mut Out) -> Handled {
         if self.no_opendir {
-            return reply.error(FErrno::ENOSYS);
+            return Err(Errno::ENOSYS);
         }
-        match self.fs.opendir_flags(&ctx(req), node(ino), flags.0) {
-            // The kernel keeps the listing it reads in the directory's page cache, and keeps
-            // it across opens (module doc, "Directory listings").
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
-                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-            ),
-            Err(e) => reply.error(err(e)),
-        }
+        let a: fuse_open_in = req.arg()?;
+        let fh = self
+            .fs
+            .opendir_flags(&ctx(req), node(req.h.nodeid), a.flags as i32)?;
+        // The kernel keeps the listing it reads in the directory's page cache, and keeps it
+        // across opens (module doc, "Directory listings").
+        put(
+            out,
+            &fuse_open_out {
+                fh,
+                open_flags: FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE,
+                padding: 0,
+            },
+        )
     }
 
-    fn readdir(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectory,
-    ) {
-        let r = self.read_dir(req, ino, fh, offset, false, |e, _| {
-            !reply.add(
-                INodeNo(e.ino.get()),
-                e.offset,
-                ftype(e.kind),
-                OsStr::from_bytes(e.name),
-            )
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
+    /// READDIR and READDIRPLUS: entries as `fuse_dirent` (`fuse_direntplus` with attributes),
+    /// each padded to 8 bytes, as many as fit in the size asked for.
+    fn readdir(&self, req: &Request, out: &mut Out, plus: bool) -> Handled {
+        let a: fuse_read_in = req.arg()?;
+        let size = a.size as usize;
+        self.read_dir(req, req.h.nodeid, a.fh, a.offset, plus, |e, attr| {
+            let d = fuse_dirent {
+                ino: e.ino.get(),
+                off: e.offset,
+                namelen: e.name.len() as u32,
+                typ: dtype(e.kind),
+                name: [],
+            };
+            let head =
+                if plus { size_of::<fuse_entry_out>() } else { 0 } + size_of::<fuse_dirent>();
+            let len = head + e.name.len();
+            let padded = len.next_multiple_of(8);
+            if out.len() + padded > size {
+                return false;
+            }
+            let start = out.len();
+            let ok = match (plus, attr) {
+                (true, Some(attr)) => out.push_obj(&self.entry_out(attr)),
+                (true, None) => false,
+                (false, _) => true,
+            } && out.push_obj(&d)
+                && out.push(e.name)
+                && out.push(&[0u8; 8][..padded - len]);
+            if !ok {
+                // Never expected (the size fits the buffer): end the read before this entry.
+                out.truncate(start);
+            }
+            ok
+        })?;
+        OK
     }
 
-    fn readdirplus(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let ttl = self.ttl;
-        let r = self.read_dir(req, ino, fh, offset, true, |e, a| {
-            let a = a.expect("readdirplus gives attributes");
-            !reply.add(
-                INodeNo(e.ino.get()),
-                e.offset,
-                OsStr::from_bytes(e.name),
-                &ttl,
-                &fattr(a),
-                Generation(a.generation.0),
-            )
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(err(e)),
-        }
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        Self::empty(self.fs.releasedir(fh.0), reply);
-    }
-
-    fn fsyncdir(
-        &self,
-        _req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        datasync: bool,
-        reply: ReplyEmpty,
-    ) {
-        if self.volatile_store {
-            // As FSYNC: the kernel sends no FSYNCDIR again.
-            return reply.error(FErrno::ENOSYS);
-        }
-        if fh.0 == 0 {
-            // A directory the kernel opened by itself (no-opendir mode); answered as FSYNC.
-            return self.fs.fsync_inode_then(
-                node(ino),
-                datasync,
-                Box::new(move |r| Self::empty(r, reply)),
+    fn xattr(r: lanefs::Result<Vec<u8>>, size: u32, out: &mut Out) -> Handled {
+        let v = r?;
+        if size == 0 {
+            return put(
+                out,
+                &fuse_getxattr_out {
+                    size: v.len() as u32,
+                    padding: 0,
+                },
             );
         }
-        Self::empty(self.fs.fsync(fh.0, datasync), reply);
-    }
-
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
-        reply.statfs(
-            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
-        );
-    }
-
-    fn setxattr(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        name: &OsStr,
-        value: &[u8],
-        flags: i32,
-        position: u32,
-        reply: ReplyEmpty,
-    ) {
-        if position != 0 {
-            return reply.error(FErrno::EINVAL);
+        if v.len() > size as usize || !out.push(&v) {
+            return Err(Errno::ERANGE);
         }
-        Self::empty(
-            self.fs
-                .setxattr(&ctx(req), node(ino), name.as_bytes(), value, flags),
-            reply,
-        );
-    }
-
-    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        Self::xattr(
-            self.fs.getxattr(&ctx(req), node(ino), name.as_bytes()),
-            size,
-            reply,
-        );
-    }
-
-    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        Self::xattr(self.fs.listxattr(&ctx(req), node(ino)), size, reply);
-    }
-
-    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            self.fs.removexattr(&ctx(req), node(ino), name.as_bytes()),
-            reply,
-        );
-    }
-
-    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        Self::empty(
-            self.fs.access(&ctx(req), node(ino), mask.bits() as u32),
-            reply,
-        );
-    }
-
-    /// ENOSYS: the kernel then creates with MKNOD and opens the new file itself (no-open
-    /// mode), so a created file, like an opened one, sends no RELEASE. `open(O_CREAT)` stays
-    /// one system call with the creator's access: the kernel skips the permission check on a
-    /// file its open created.
-    fn create(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        reply.error(FErrno::ENOSYS);
+        OK
     }
 
     /// Inode flags: the kernel turns `FS_IOC_GETFLAGS` / `FS_IOC_SETFLAGS` and
@@ -856,17 +732,11 @@ impl fuser::Filesystem for Server {
     /// `CAP_LINUX_IMMUTABLE` checks, and after fetching the old flags with
     /// `FS_IOC_FSGETXATTR`, which a `chattr` therefore needs too). Every other ioctl is
     /// ENOTTY, as on tmpfs.
-    fn ioctl(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        _flags: IoctlFlags,
-        cmd: u32,
-        in_data: &[u8],
-        out_size: u32,
-        reply: ReplyIoctl,
-    ) {
+    fn ioctl(&self, req: &Request, out: &mut Out) -> Handled {
+        let a: fuse_ioctl_in = req.arg()?;
+        let ino = node(req.h.nodeid);
+        let in_data = req.data;
+        let out_size = a.out_size as usize;
         // The kernel keeps the attributes it cached across an ioctl, and a flag change
         // stamps the ctime: made as a library caller's change, it is reported to the kernel
         // as an attribute invalidation (an inode's, never an entry's, which is safe from a
@@ -880,164 +750,279 @@ impl fuser::Filesystem for Server {
             b.get(i * 4..i * 4 + 4)
                 .map(|w| u32::from_ne_bytes(w.try_into().expect("4 bytes")))
         };
-        match cmd {
-            ioctl::GETFLAGS | ioctl::GETFLAGS32 => match self.fs.get_flags(node(ino)) {
-                Ok(f) => {
-                    let b = f.to_ne_bytes();
-                    reply.ioctl(0, &b[..(out_size as usize).min(b.len())]);
-                }
-                Err(e) => reply.error(err(e)),
-            },
-            ioctl::SETFLAGS | ioctl::SETFLAGS32 => match word(in_data, 0) {
-                Some(f) => match self.fs.set_flags(&setter(), node(ino), f) {
-                    Ok(_) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(err(e)),
-                },
-                None => reply.error(FErrno::EINVAL),
-            },
-            ioctl::FSGETXATTR => match self.fs.get_flags(node(ino)) {
-                Ok(f) => {
-                    let mut b = [0u8; ioctl::FSXATTR_SIZE];
-                    b[..4].copy_from_slice(&ioctl::xflags_of(f).to_ne_bytes());
-                    reply.ioctl(0, &b[..(out_size as usize).min(b.len())]);
-                }
-                Err(e) => reply.error(err(e)),
-            },
+        let reply = |out: &mut Out, data: &[u8]| -> Handled {
+            let o = fuse_ioctl_out {
+                result: 0,
+                flags: 0,
+                in_iovs: 0,
+                out_iovs: 0,
+            };
+            if out.push_obj(&o) && out.push(&data[..out_size.min(data.len())]) {
+                OK
+            } else {
+                Err(Errno::ERANGE)
+            }
+        };
+        match a.cmd {
+            ioctl::GETFLAGS | ioctl::GETFLAGS32 => {
+                let f = self.fs.get_flags(ino)?;
+                reply(out, &f.to_ne_bytes())
+            }
+            ioctl::SETFLAGS | ioctl::SETFLAGS32 => {
+                let f = word(in_data, 0).ok_or(Errno::EINVAL)?;
+                self.fs.set_flags(&setter(), ino, f)?;
+                reply(out, &[])
+            }
+            ioctl::FSGETXATTR => {
+                let f = self.fs.get_flags(ino)?;
+                let mut b = [0u8; ioctl::FSXATTR_SIZE];
+                b[..4].copy_from_slice(&ioctl::xflags_of(f).to_ne_bytes());
+                reply(out, &b)
+            }
             ioctl::FSSETXATTR => {
                 // tmpfs keeps no extent sizes or project ids, and of the xflags only the
                 // common ones, which map to inode flags (`fileattr_has_fsx`).
-                let fields: Option<Vec<u32>> = (0..5).map(|i| word(in_data, i)).collect();
-                let Some(x) = fields else {
-                    return reply.error(FErrno::EINVAL);
-                };
+                let x: Vec<u32> = (0..5)
+                    .map(|i| word(in_data, i))
+                    .collect::<Option<_>>()
+                    .ok_or(Errno::EINVAL)?;
                 let (xflags, extsize, projid, cowextsize) = (x[0], x[1], x[3], x[4]);
                 if xflags & !ioctl::XFLAG_COMMON != 0 || extsize | projid | cowextsize != 0 {
-                    return reply.error(FErrno::EOPNOTSUPP);
+                    return Err(Errno::EOPNOTSUPP);
                 }
-                match self
-                    .fs
-                    .set_flags(&setter(), node(ino), ioctl::flags_of(xflags))
-                {
-                    Ok(_) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(err(e)),
-                }
+                self.fs.set_flags(&setter(), ino, ioctl::flags_of(xflags))?;
+                reply(out, &[])
             }
-            _ => reply.error(FErrno::from_i32(libc::ENOTTY)),
+            _ => Err(Errno::ENOTTY),
         }
     }
 
-    /// The kernel sends only `SEEK_DATA` and `SEEK_HOLE` here (it moves offsets itself).
-    fn lseek(
+    /// `O_TMPFILE`: not supported yet.
+    fn tmpfile(&self, _req: &Request, _out: &mut Out) -> Handled {
+        Err(Errno::ENOSYS)
+    }
+
+    fn read_ends(
         &self,
-        _req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
-        offset: i64,
-        whence: i32,
-        reply: ReplyLseek,
-    ) {
-        // Before any data and after no hole: ENXIO, as tmpfs (`shmem_file_llseek`) answers.
-        let Ok(offset) = u64::try_from(offset) else {
-            return reply.error(FErrno::ENXIO);
-        };
-        match self.fs.seek_data_hole(node(ino), offset, whence) {
-            Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(err(e)),
+        ino: u64,
+    ) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
+        self.read_ends[ino as usize % READ_END_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the
+    /// directory's end now and records it (under the shard's lock, so the recorded end is
+    /// always the latest taken); a read from a later offset continues to the recorded one.
+    /// The kernel reads a directory from offset 0 whenever it has no valid cached listing,
+    /// so the recorded end is never older than the latest change of the directory the
+    /// kernel knew of when the read began; a read that started earlier may end later than
+    /// where it started (names created meanwhile may be returned, as POSIX allows), but a
+    /// name renamed away and back while one read runs is not returned twice, so every read
+    /// ends.
+    fn dir_end(&self, ino: u64, offset: u64) -> lanefs::Result<DirEnd> {
+        let mut ends = self.read_ends(ino);
+        match ends.get(&ino) {
+            Some((end, _)) if offset != 0 => Ok(end.clone()),
+            _ => {
+                let end = self.fs.read_end(node(ino))?;
+                ends.insert(ino, (end.clone(), Some(Instant::now())));
+                Ok(end)
+            }
         }
     }
 
-    fn fallocate(
+    /// READDIR and READDIRPLUS: by inode without a handle (`fh` 0, no-opendir mode), or
+    /// through the engine handle OPENDIR made.
+    fn read_dir(
         &self,
         req: &Request,
-        ino: INodeNo,
-        _fh: FileHandle,
+        ino: u64,
+        fh: u64,
         offset: u64,
-        length: u64,
-        mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        Self::empty(
+        plus: bool,
+        f: impl FnMut(lanefs::DirEntry<'_>, Option<&Attr>) -> bool,
+    ) -> lanefs::Result<()> {
+        if fh == 0 {
+            let end = self.dir_end(ino, offset)?;
             self.fs
-                .fallocate_inode(&ctx(req), node(ino), mode, offset, length),
-            reply,
-        );
+                .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
+        } else {
+            self.fs.readdir(&ctx(req), fh, offset, plus, f)
+        }
+    }
+
+    /// After a RENAME between two directories: drops the cached listing of each directory it
+    /// moved (now `newname` in `newparent`, and with `RENAME_EXCHANGE` also `name` in
+    /// `parent`), whose `..` changed, a change the kernel does not see as one of that
+    /// directory. Sent before the reply, while the kernel holds the moved directories'
+    /// `i_rwsem` (`vfs_rename` locks a directory it moves to another parent), so no `getdents`
+    /// of them is in flight to put the old `..` back. An inode invalidation takes no inode
+    /// lock, so it is safe from a request thread.
+    fn moved_dirs(
+        &self,
+        req: &Request,
+        newparent: u64,
+        newname: &[u8],
+        parent: u64,
+        name: &[u8],
+        flags: u32,
+    ) {
+        let Some(kc) = self.notifier.get() else {
+            return;
+        };
+        // A library caller's lookup: it takes no lookup reference for the kernel.
+        let mut c = ctx(req);
+        c.via = lanefs::Via::Library;
+        let mut at = vec![(newparent, newname)];
+        if flags & lanefs::RENAME_EXCHANGE != 0 {
+            at.push((parent, name));
+        }
+        for (dir, n) in at {
+            if let Ok(a) = self.fs.lookup(&c, node(dir), n)
+                && a.kind() == FileType::Directory
+            {
+                kc.drop_listing(a.ino);
+            }
+        }
     }
 }
 
-fn options(cfg: &MountConfig) -> FuserConfig {
-    let mut o = FuserConfig::default();
-    o.mount_options = vec![
-        MountOption::FSName(cfg.source.clone()),
-        MountOption::Subtype("lanefs".into()),
-        MountOption::DefaultPermissions,
-    ];
-    if cfg.read_only {
-        o.mount_options.push(MountOption::RO);
-    }
-    o.mount_options.extend(cfg.flags.iter().cloned());
-    if cfg.allow_other {
-        o.acl = SessionACL::All;
-    }
-    o.n_threads = Some(cfg.threads.max(1));
-    o.clone_fd = true;
-    o
+/// How a mount is undone: lanefs's own `mount(2)` as root, or `fusermount3` for a user.
+enum Unmounter {
+    Direct(mnt::DirectMount),
+    Fusermount(PathBuf),
 }
 
-/// Mounts `fs` and opens its FUSE session: with `mount(2)` as root (the returned
-/// `DirectMount` then is the mount), through `fusermount3` otherwise (the session owns it).
-fn new_session(
-    fs: &Arc<Filesystem>,
-    mountpoint: &Path,
-    cfg: &MountConfig,
-) -> io::Result<(fuser::Session<Server>, Option<mnt::DirectMount>)> {
-    let server = Server::with_config(fs.clone(), cfg);
-    let notifier = server.notifier.clone();
+impl Unmounter {
+    /// Unmounts; `lazy` detaches a busy mount (as `umount -l`) instead of failing with EBUSY.
+    fn unmount(&self, lazy: bool) -> io::Result<()> {
+        match self {
+            Unmounter::Direct(d) => d.unmount(lazy),
+            Unmounter::Fusermount(p) => mnt::fusermount_unmount(p, lazy),
+        }
+    }
+}
+
+/// A mounted, initialised session, not yet served.
+struct Started {
+    server: Arc<Server>,
+    dev: Arc<File>,
+    neg: session::Negotiated,
+    info: Arc<SessionInfo>,
+    unmounter: Unmounter,
+}
+
+/// Mounts `fs` (with `mount(2)` as root, through `fusermount3` otherwise) and answers INIT.
+fn new_session(fs: &Arc<Filesystem>, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Started> {
+    let mut server = Server::with_config(fs.clone(), cfg);
+    let (dev, unmounter) = match mnt::mount_direct(mountpoint, cfg)? {
+        Some((fd, direct)) => (File::from(fd), Unmounter::Direct(direct)),
+        None => {
+            let fd = mnt::mount_fusermount(mountpoint, cfg)?;
+            (File::from(fd), Unmounter::Fusermount(canonical(mountpoint)))
+        }
+    };
+    let neg = match session::init(&dev, &mut server, cfg.uring) {
+        Ok(n) => n,
+        Err(e) => {
+            drop(dev);
+            let _ = unmounter.unmount(true);
+            return Err(e);
+        }
+    };
+    let dev = Arc::new(dev);
+    let _ = server.notifier.set(mnt::KernelCache(Notifier(dev.clone())));
     if !cfg.ttl.is_zero() {
-        let (ends, kc, ttl) = (Arc::downgrade(&server.read_ends), notifier.clone(), cfg.ttl);
+        let (ends, kc, ttl) = (
+            Arc::downgrade(&server.read_ends),
+            server.notifier.clone(),
+            cfg.ttl,
+        );
         std::thread::Builder::new()
             .name("lanefs-listings".into())
             .spawn(move || expire_listings(ends, kc, ttl))?;
     }
-    let opts = options(cfg);
-    let (session, direct) = match mnt::mount_direct(mountpoint, cfg)? {
-        Some((fd, direct)) => {
-            let s = fuser::Session::from_fd(server, fd, opts.acl, opts.clone())
-                .inspect_err(|_| drop(direct.unmount(true)))?;
-            (s, Some(direct))
-        }
-        None => (fuser::Session::new(server, mountpoint, &opts)?, None),
-    };
-    let _ = notifier.set(mnt::KernelCache(session.notifier()));
-    Ok((session, direct))
+    Ok(Started {
+        server: Arc::new(server),
+        dev,
+        neg,
+        info: Arc::default(),
+        unmounter,
+    })
+}
+
+impl Started {
+    /// Serves the session until it ends (in the calling thread, and the transport's).
+    fn serve(
+        server: Arc<Server>,
+        dev: Arc<File>,
+        info: Arc<SessionInfo>,
+        neg: session::Negotiated,
+        cfg: &MountConfig,
+    ) -> io::Result<()> {
+        session::serve(dev, server, info, neg, cfg.threads, cfg.uring)
+    }
+}
+
+/// What [`mount`] tells its caller once the mount is in place.
+pub struct Mounted {
+    /// Unmounts, for signal handlers (a busy mount is detached lazily, and served until its
+    /// last open file is closed).
+    pub unmount: Box<dyn FnMut() -> io::Result<()> + Send>,
+    /// The session's transport and request count, for `lanefs stats`.
+    pub info: Arc<SessionInfo>,
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
-/// mount is in place, with a function that unmounts it for signal handlers (a busy mount is
-/// detached lazily, and served until its last open file is closed).
+/// mount is in place and INIT is answered.
 pub fn mount(
     fs: Arc<Filesystem>,
     mountpoint: &Path,
     cfg: &MountConfig,
-    on_mounted: impl FnOnce(Box<dyn FnMut() -> io::Result<()> + Send>),
+    on_mounted: impl FnOnce(Mounted),
 ) -> io::Result<()> {
-    let (mut session, direct) = new_session(&fs, mountpoint, cfg)?;
-    let unmount: Box<dyn FnMut() -> io::Result<()> + Send> = match direct {
-        // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily; the
-        // session ends when its last open file is closed.
-        Some(direct) => Box::new(move || match direct.unmount(false) {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => direct.unmount(true),
-            r => r,
-        }),
-        None => {
-            let mut u = session.unmount_callable();
-            Box::new(move || u.unmount())
-        }
-    };
-    mnt::install_invalidator(&fs, session.notifier());
-    on_mounted(unmount);
-    let r = session.run();
+    let s = new_session(&fs, mountpoint, cfg)?;
+    let unmounter = Arc::new(s.unmounter);
+    let u = unmounter.clone();
+    // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily; the
+    // session ends when its last open file is closed.
+    let unmount = Box::new(move || match u.unmount(false) {
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => u.unmount(true),
+        r => r,
+    });
+    mnt::install_invalidator(&fs, Notifier(s.dev.clone()));
+    let info = s.info.clone();
+    let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
+        on_mounted(Mounted { unmount, info })
+    });
     fs.set_invalidator(None);
+    if r.is_err() {
+        let _ = unmounter.unmount(true);
+    }
     r
+}
+
+/// Serves, calling `ready` once the transport is settled (from the calling thread).
+fn serve_reporting(
+    server: Arc<Server>,
+    dev: Arc<File>,
+    info: Arc<SessionInfo>,
+    neg: session::Negotiated,
+    cfg: &MountConfig,
+    ready: impl FnOnce(),
+) -> io::Result<()> {
+    let cfg2 = cfg.clone();
+    let info2 = info.clone();
+    let h = std::thread::Builder::new()
+        .name("lanefs-session".into())
+        .spawn(move || Started::serve(server, dev, info2, neg, &cfg2))?;
+    while info.transport() == "starting" && !h.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ready();
+    h.join()
+        .unwrap_or_else(|_| Err(io::Error::other("the session thread panicked")))
 }
 
 /// A lanefs filesystem mounted and served from background threads, for tests and for
@@ -1048,8 +1033,9 @@ pub fn mount(
 /// it lazily (as `umount -l`) without waiting.
 pub struct Mount {
     fs: Arc<Filesystem>,
-    session: Option<fuser::BackgroundSession>,
-    direct: Option<mnt::DirectMount>,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    unmounter: Unmounter,
+    info: Arc<SessionInfo>,
 }
 
 impl Mount {
@@ -1057,25 +1043,30 @@ impl Mount {
     /// call may be repeated) and waits until the server threads have answered their last
     /// request.
     pub fn unmount(&mut self) -> io::Result<()> {
-        if let Some(d) = &self.direct {
-            d.unmount(false)?;
+        if self.thread.is_some() {
+            self.unmounter.unmount(false)?;
         }
         self.fs.set_invalidator(None);
-        match (self.session.take(), &self.direct) {
-            (Some(s), Some(_)) => s.join(),
-            (Some(s), None) => s.umount_and_join(),
-            (None, _) => Ok(()),
+        match self.thread.take() {
+            Some(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the session thread panicked"))),
+            None => Ok(()),
         }
+    }
+
+    /// The session's transport and request count.
+    pub fn info(&self) -> &Arc<SessionInfo> {
+        &self.info
     }
 }
 
 impl Drop for Mount {
     fn drop(&mut self) {
         self.fs.set_invalidator(None);
-        if let (Some(d), Some(_)) = (&self.direct, &self.session) {
-            let _ = d.unmount(true);
+        if self.thread.is_some() {
+            let _ = self.unmounter.unmount(true);
         }
-        // A session mounted through fusermount3 unmounts itself when dropped.
     }
 }
 
@@ -1086,13 +1077,31 @@ pub fn mount_background(
     mountpoint: &Path,
     cfg: &MountConfig,
 ) -> io::Result<Mount> {
-    let (session, direct) = new_session(&fs, mountpoint, cfg)?;
-    let session = session.spawn()?;
-    mnt::install_invalidator(&fs, session.notifier());
+    let s = new_session(&fs, mountpoint, cfg)?;
+    mnt::install_invalidator(&fs, Notifier(s.dev.clone()));
+    let info = s.info.clone();
+    let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());
+    let thread = std::thread::Builder::new()
+        .name("lanefs-session".into())
+        .spawn(move || Started::serve(server, dev, info2, neg, &cfg2))?;
+    while info.transport() == "starting" && !thread.is_finished() {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if thread.is_finished() {
+        let r = thread
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the session thread panicked")));
+        let _ = s.unmounter.unmount(true);
+        fs.set_invalidator(None);
+        return Err(r
+            .err()
+            .unwrap_or_else(|| io::Error::other("the session ended at once")));
+    }
     Ok(Mount {
         fs,
-        session: Some(session),
-        direct,
+        thread: Some(thread),
+        unmounter: s.unmounter,
+        info,
     })
 }
 

@@ -666,7 +666,7 @@ fn requests_are_counted_in_engine_statistics() {
         d.op(lanefs::Op::Mknod)
     );
     assert!(d.op(lanefs::Op::Write) >= 20);
-    let json = lanefs_fuse::stats_json(&m.fs);
+    let json = lanefs_fuse::stats_json(&m.fs, None);
     assert!(json["ops"]["mknod"].as_u64().unwrap() >= 20);
     let _ = (Who::Root, Op::SleepMs(0));
 }
