@@ -14,13 +14,11 @@
 use lanefs::{InodeId, Record, Timespec};
 use redb::{ReadableTable, Table};
 
-use super::kv::{self, EntryVal, InodeVal};
+use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
 
 /// Page size of file data (the engine's).
 pub(crate) const PAGE: u64 = 4096;
 
-const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
-const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 /// The inode flags a user sets (what `SetFlags` carries).
 const USER_FLAGS: u32 =
     lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL | lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL;

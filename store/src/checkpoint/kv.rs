@@ -30,6 +30,10 @@ pub(crate) const ORPHAN: u8 = b'o';
 pub(crate) const PAGE_TAG: u8 = b'b';
 pub(crate) const COOKIE: u8 = b'c';
 
+/// The xattr names POSIX ACLs are kept under.
+pub(crate) const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+pub(crate) const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
 const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
 /// Length of an encoded superblock.
 const SUPER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;

@@ -21,7 +21,7 @@ use lanefs::{AttrChange, InodeId, NewInode, Record, Recovery, ReplayError, Times
 use redb::ReadTransaction;
 
 use super::apply::PAGE;
-use super::kv::{self, EntryVal, InodeVal, Superblock};
+use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal, Superblock};
 use super::{DATA, META};
 
 /// Where loading failed: the key and what is wrong.
@@ -34,9 +34,6 @@ fn db(e: impl std::fmt::Display) -> String {
 fn applied(r: Result<(), ReplayError>, what: impl FnOnce() -> String) -> R<()> {
     r.map_err(|e| format!("{}: {e}", what()))
 }
-
-const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
-const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 fn new_inode(id: InodeId, v: &InodeVal) -> NewInode<'_> {
     NewInode {
