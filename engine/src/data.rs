@@ -5,6 +5,34 @@
 //! for new pages before calling a function that adds them, and credits the space of pages a
 //! function reports as freed.
 //!
+//! # Pages the store keeps
+//!
+//! With a store that keeps file data (the disk store, whose checkpoint holds every page), a
+//! page is either **in memory** ([`Slot::Mem`], labelled with the epoch of its last change) or
+//! **kept** ([`Slot::Kept`]: not in memory; [`Store::read_pages`](crate::Store::read_pages)
+//! reads it). Opening a store makes every page kept; a change brings the page into memory;
+//! an eviction pass (`fs/cache.rs`) sends pages back once the store holds them, so memory
+//! holds the pages changed since the store's last checkpoint plus a bounded cache, not the
+//! whole filesystem's data.
+//!
+//! When a page may leave memory is decided by epochs ([`PageEpochs`]), which tie the engine's
+//! changes to the store's checkpoints without a lock between them:
+//! - every change to a page appends its record first, then, still under the data lock, labels
+//!   the page with the current epoch, read *after* the append;
+//! - a checkpoint first advances the epoch ([`PageEpochs::begin`] returns the old one, `e`),
+//!   then makes every record appended so far durable and applies them all; once committed it
+//!   declares `e` kept ([`PageEpochs::kept`]);
+//! - a page labelled `<= e` may then be dropped: its label was read before the epoch moved
+//!   (the atomics are sequentially consistent), so its last record was appended before the
+//!   checkpoint's sync and is in the checkpoint, and no later change touched it (a change
+//!   would have relabelled it). A page faulted in from the store, unchanged, is labelled 0.
+//!
+//! Changes that keep part of a kept page (a partial write, the zeroing of a truncated or
+//! punched page's edge) read it back first: the caller calls `prepare_*` before the change's
+//! record is appended, so a read error refuses the change instead of losing bytes. Bytes of a
+//! file's last page beyond its size are always zero (truncation zeroes them), so growing a
+//! file never needs its kept last page.
+//!
 //! # Freeing
 //!
 //! A file's pages are freed when the file is: `Filesystem::free_inode` takes them out under the
@@ -25,6 +53,9 @@
 //! them, as mimalloc already does, and would put a shared free list on every writer's path.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+
+use crate::errno::Result;
 
 /// Page size of file data.
 pub const PAGE: u64 = 4096;
@@ -38,16 +69,94 @@ fn new_page() -> Page {
         .expect("PAGE-sized vec")
 }
 
+/// Reads pages `first..` of the file from its store into the buffer (a whole number of pages).
+pub(crate) type Fetch<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
+
+/// The epochs that decide when a page the store keeps may leave memory (module doc), and the
+/// count of pages out of memory. Shared by the engine and the store that checkpoints it.
+#[derive(Debug)]
+pub struct PageEpochs {
+    /// The label a change gives the page it changes.
+    current: AtomicU64,
+    /// Pages labelled at or below this are held by the store.
+    kept: AtomicU64,
+    /// Pages of all files that are kept, not in memory.
+    out: AtomicU64,
+    /// The `kept` value the last eviction pass started from (`fs/cache.rs`).
+    pub(crate) passed: AtomicU64,
+}
+
+impl Default for PageEpochs {
+    fn default() -> Self {
+        PageEpochs {
+            current: AtomicU64::new(1),
+            kept: AtomicU64::new(0),
+            out: AtomicU64::new(0),
+            passed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl PageEpochs {
+    /// Starts a checkpoint: advances the epoch and returns the one it ends. Every page whose
+    /// last change was labelled with it or before had its record appended before this call.
+    pub fn begin(&self) -> u64 {
+        self.current.fetch_add(1, SeqCst)
+    }
+
+    /// Tells that the store holds every record appended before [`PageEpochs::begin`] returned
+    /// `epoch`: pages labelled up to it may leave memory.
+    pub fn kept(&self, epoch: u64) {
+        self.kept.fetch_max(epoch, SeqCst);
+    }
+
+    /// The label of a change whose record was just appended.
+    pub(crate) fn label(&self) -> u64 {
+        self.current.load(SeqCst)
+    }
+
+    /// The highest epoch the store holds.
+    pub(crate) fn kept_epoch(&self) -> u64 {
+        self.kept.load(SeqCst)
+    }
+
+    /// Pages of all files that are out of memory.
+    pub(crate) fn out(&self) -> u64 {
+        self.out.load(Relaxed)
+    }
+
+    fn went_out(&self, n: u64) {
+        if n > 0 {
+            self.out.fetch_add(n, Relaxed);
+        }
+    }
+
+    fn came_in(&self, n: u64) {
+        if n > 0 {
+            self.out.fetch_sub(n, Relaxed);
+        }
+    }
+}
+
+/// One page of a file.
+enum Slot {
+    /// In memory, labelled with the epoch of its last change (0: unchanged since read from
+    /// the store).
+    Mem { page: Page, epoch: u64 },
+    /// Kept by the store, not in memory.
+    Kept,
+}
+
 /// The pages of one regular file. The map is allocated at the first page, so an empty file
 /// costs one pointer here, not a map's three words (the inode's size matters at millions of
 /// files: see the size assertion in `inode.rs`).
 #[derive(Default)]
 pub(crate) struct FileData {
     #[allow(clippy::box_collection)]
-    pages: Option<Box<BTreeMap<u64, Page>>>,
+    pages: Option<Box<BTreeMap<u64, Slot>>>,
 }
 
-static NO_PAGES: BTreeMap<u64, Page> = BTreeMap::new();
+static NO_PAGES: BTreeMap<u64, Slot> = BTreeMap::new();
 
 /// Page indexes covering bytes `off..off+len` (empty if `len == 0`).
 fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
@@ -57,17 +166,21 @@ fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
     off / PAGE..(off + len - 1) / PAGE + 1
 }
 
+/// The bytes `off..off+len` cover of page `idx`, as offsets in the page.
+fn in_page(idx: u64, off: u64, len: u64) -> std::ops::Range<usize> {
+    let start = idx * PAGE;
+    let from = off.max(start);
+    let to = off.saturating_add(len).min(start.saturating_add(PAGE));
+    (from - start) as usize..(to - start) as usize
+}
+
 impl FileData {
-    fn map(&self) -> &BTreeMap<u64, Page> {
+    fn map(&self) -> &BTreeMap<u64, Slot> {
         self.pages.as_deref().unwrap_or(&NO_PAGES)
     }
 
-    fn map_mut(&mut self) -> &mut BTreeMap<u64, Page> {
+    fn map_mut(&mut self) -> &mut BTreeMap<u64, Slot> {
         self.pages.get_or_insert_with(Default::default)
-    }
-
-    fn page_mut(&mut self, idx: u64) -> Option<&mut Page> {
-        self.pages.as_mut().and_then(|m| m.get_mut(&idx))
     }
 
     /// Frees the map once it holds no page.
@@ -77,9 +190,18 @@ impl FileData {
         }
     }
 
-    /// Pages currently allocated.
+    /// Pages currently allocated (in memory or kept).
     pub fn pages(&self) -> u64 {
         self.map().len() as u64
+    }
+
+    /// Pages in memory.
+    #[cfg(test)]
+    pub fn resident(&self) -> u64 {
+        self.map()
+            .values()
+            .filter(|s| matches!(s, Slot::Mem { .. }))
+            .count() as u64
     }
 
     /// Pages that writing `off..off+len` would add.
@@ -89,42 +211,186 @@ impl FileData {
         (span.end - span.start) - present
     }
 
-    /// Copies bytes `off..off+buf.len()` into `buf`, holes as zeros. The caller clamps the range
-    /// to the file size.
-    pub fn read(&self, off: u64, buf: &mut [u8]) {
+    /// Copies bytes `off..off+buf.len()` into `buf`, holes as zeros, kept pages read through
+    /// `fetch`. The caller clamps the range to the file size.
+    pub fn read(&self, off: u64, buf: &mut [u8], fetch: Fetch<'_>) -> Result<()> {
         buf.fill(0);
         let len = buf.len() as u64;
-        for (&idx, page) in self.map().range(page_span(off, len)) {
-            let page_start = idx * PAGE;
-            let from = off.max(page_start);
-            let to = (off + len).min(page_start + PAGE);
-            buf[(from - off) as usize..(to - off) as usize]
-                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+        let mut kept: Option<(u64, u64)> = None;
+        let fetch_run = |run: (u64, u64), buf: &mut [u8]| -> Result<()> {
+            let mut tmp = vec![0u8; ((run.1 - run.0) * PAGE) as usize];
+            fetch(run.0, &mut tmp)?;
+            let (from, to) = (off.max(run.0 * PAGE), (off + len).min(run.1 * PAGE));
+            buf[(from - off) as usize..(to - off) as usize].copy_from_slice(
+                &tmp[(from - run.0 * PAGE) as usize..(to - run.0 * PAGE) as usize],
+            );
+            Ok(())
+        };
+        for (&idx, slot) in self.map().range(page_span(off, len)) {
+            match slot {
+                Slot::Mem { page, .. } => {
+                    let r = in_page(idx, off, len);
+                    let at = (idx * PAGE + r.start as u64 - off) as usize;
+                    buf[at..at + r.len()].copy_from_slice(&page[r]);
+                }
+                Slot::Kept => match kept {
+                    Some((a, b)) if b == idx => kept = Some((a, b + 1)),
+                    _ => {
+                        if let Some(run) = kept.take() {
+                            fetch_run(run, buf)?;
+                        }
+                        kept = Some((idx, idx + 1));
+                    }
+                },
+            }
         }
+        if let Some(run) = kept {
+            fetch_run(run, buf)?;
+        }
+        Ok(())
     }
 
-    /// Writes `data` at `off`, allocating pages as needed; returns the pages added (which the
-    /// caller reserved beforehand, see [`FileData::missing_pages`]).
-    pub fn write(&mut self, off: u64, data: &[u8]) -> u64 {
+    /// Brings kept page `idx` into memory, unchanged (label 0).
+    fn fault_in(&mut self, idx: u64, fetch: Fetch<'_>, e: &PageEpochs) -> Result<()> {
+        if let Some(slot @ Slot::Kept) = self.pages.as_mut().and_then(|m| m.get_mut(&idx)) {
+            let mut page = new_page();
+            fetch(idx, &mut page[..])?;
+            *slot = Slot::Mem { page, epoch: 0 };
+            e.came_in(1);
+        }
+        Ok(())
+    }
+
+    /// Brings into memory the kept pages that a change of bytes `off..off+len` keeps part of
+    /// (the pages at either end, when the range covers them partly).
+    fn prepare_edges(
+        &mut self,
+        off: u64,
+        len: u64,
+        fetch: Fetch<'_>,
+        e: &PageEpochs,
+    ) -> Result<()> {
+        let span = page_span(off, len);
+        if span.is_empty() {
+            return Ok(());
+        }
+        for idx in [span.start, span.end - 1] {
+            if in_page(idx, off, len).len() < PAGE as usize {
+                self.fault_in(idx, fetch, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What [`FileData::write`] of `off..off+len` needs first (module doc).
+    pub fn prepare_write(
+        &mut self,
+        off: u64,
+        len: u64,
+        fetch: Fetch<'_>,
+        e: &PageEpochs,
+    ) -> Result<()> {
+        self.prepare_edges(off, len, fetch, e)
+    }
+
+    /// What [`FileData::punch`] of `off..off+len` needs first.
+    pub fn prepare_punch(
+        &mut self,
+        off: u64,
+        len: u64,
+        fetch: Fetch<'_>,
+        e: &PageEpochs,
+    ) -> Result<()> {
+        self.prepare_edges(off, len.min(u64::MAX - off), fetch, e)
+    }
+
+    /// What [`FileData::truncate`] from `old_size` to `size` needs first: the page the new
+    /// end falls in, when the file shrinks into it (its bytes beyond `size` become zeros).
+    pub fn prepare_truncate(
+        &mut self,
+        size: u64,
+        old_size: u64,
+        fetch: Fetch<'_>,
+        e: &PageEpochs,
+    ) -> Result<()> {
+        if size < old_size && size % PAGE != 0 {
+            self.fault_in(size / PAGE, fetch, e)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `off`, allocating pages as needed, labelling them `epoch`; returns the
+    /// pages added (which the caller reserved beforehand, see [`FileData::missing_pages`]).
+    /// Kept pages it covers partly were brought in by [`FileData::prepare_write`].
+    pub fn write(&mut self, off: u64, data: &[u8], epoch: u64, e: &PageEpochs) -> u64 {
         let mut added = 0;
         let len = data.len() as u64;
         for idx in page_span(off, len) {
-            let page_start = idx * PAGE;
-            let from = off.max(page_start);
-            let to = (off + len).min(page_start + PAGE);
-            let page = self.map_mut().entry(idx).or_insert_with(|| {
+            let r = in_page(idx, off, len);
+            let src = &data[(idx * PAGE + r.start as u64 - off) as usize..][..r.len()];
+            let slot = self.map_mut().entry(idx).or_insert_with(|| {
                 added += 1;
-                new_page()
+                Slot::Mem {
+                    page: new_page(),
+                    epoch,
+                }
             });
-            page[(from - page_start) as usize..(to - page_start) as usize]
-                .copy_from_slice(&data[(from - off) as usize..(to - off) as usize]);
+            if let Slot::Kept = slot {
+                assert!(
+                    r.len() == PAGE as usize,
+                    "page {idx}: a partial write of a kept page must be prepared"
+                );
+                e.came_in(1);
+                *slot = Slot::Mem {
+                    page: new_page(),
+                    epoch,
+                };
+            }
+            let Slot::Mem { page, epoch: label } = slot else {
+                unreachable!("made resident above")
+            };
+            page[r].copy_from_slice(src);
+            *label = epoch;
         }
         added
     }
 
+    /// Zeroes bytes `r` of page `idx` if it is in memory, labelling it `epoch`. (A kept page
+    /// whose bytes there must become zeros was brought in by a `prepare_*` call.)
+    fn zero_in(&mut self, idx: u64, r: std::ops::Range<usize>, epoch: u64) {
+        if r.is_empty() {
+            return;
+        }
+        if let Some(Slot::Mem { page, epoch: label }) =
+            self.pages.as_mut().and_then(|m| m.get_mut(&idx))
+        {
+            page[r].fill(0);
+            *label = epoch;
+        }
+    }
+
+    /// Removes the pages `range` (page indexes); returns how many there were.
+    fn remove_pages(
+        &mut self,
+        range: std::ops::RangeFrom<u64>,
+        end: Option<u64>,
+        e: &PageEpochs,
+    ) -> u64 {
+        let Some(map) = self.pages.as_mut() else {
+            return 0;
+        };
+        let mut tail = map.split_off(&range.start);
+        if let Some(end) = end {
+            let mut rest = tail.split_off(&end);
+            map.append(&mut rest);
+        }
+        e.came_in(tail.values().filter(|s| matches!(s, Slot::Kept)).count() as u64);
+        tail.len() as u64
+    }
+
     /// Zeroes bytes `off..off+len` inside existing pages and frees pages wholly inside the
     /// range; returns the pages freed.
-    pub fn punch(&mut self, off: u64, len: u64) -> u64 {
+    pub fn punch(&mut self, off: u64, len: u64, epoch: u64, e: &PageEpochs) -> u64 {
         if len == 0 {
             return 0;
         }
@@ -133,46 +399,35 @@ impl FileData {
         let end_full = end / PAGE;
         let mut freed = 0;
         if first_full < end_full {
-            let doomed: Vec<u64> = self
-                .map()
-                .range(first_full..end_full)
-                .map(|(&k, _)| k)
-                .collect();
-            freed = doomed.len() as u64;
-            for k in doomed {
-                self.map_mut().remove(&k);
-            }
+            freed = self.remove_pages(first_full.., Some(end_full), e);
         }
         // Partial pages at either end keep their other bytes.
         for idx in [off / PAGE, end.saturating_sub(1) / PAGE] {
-            if let Some(page) = self.page_mut(idx) {
-                let page_start = idx * PAGE;
-                let from = off.max(page_start);
-                let to = end.min(page_start + PAGE);
-                if from < to {
-                    page[(from - page_start) as usize..(to - page_start) as usize].fill(0);
-                }
+            let r = in_page(idx, off, end - off);
+            if r.len() < PAGE as usize {
+                self.zero_in(idx, r, epoch);
             }
         }
         self.tidy();
         freed
     }
 
-    /// Drops everything at or beyond byte `size` (zeroing the tail of a partial last page);
-    /// returns the pages freed.
-    pub fn truncate(&mut self, size: u64) -> u64 {
-        let keep = size.div_ceil(PAGE);
-        let doomed: Vec<u64> = self.map().range(keep..).map(|(&k, _)| k).collect();
-        for k in &doomed {
-            self.map_mut().remove(k);
-        }
+    /// Drops everything at or beyond byte `size` (zeroing the tail of a partial last page,
+    /// labelled `epoch`); returns the pages freed.
+    pub fn truncate(&mut self, size: u64, epoch: u64, e: &PageEpochs) -> u64 {
+        let freed = self.remove_pages(size.div_ceil(PAGE).., None, e);
         if size % PAGE != 0 {
-            if let Some(page) = self.page_mut(size / PAGE) {
-                page[(size % PAGE) as usize..].fill(0);
-            }
+            self.zero_in(size / PAGE, (size % PAGE) as usize..PAGE as usize, epoch);
         }
         self.tidy();
-        doomed.len() as u64
+        freed
+    }
+
+    /// Drops every page (the file is freed); returns how many there were.
+    pub fn clear(&mut self, e: &PageEpochs) -> u64 {
+        let n = self.remove_pages(0.., None, e);
+        self.pages = None;
+        n
     }
 
     /// Pages that remain after truncating to `size` bytes.
@@ -202,38 +457,80 @@ impl FileData {
         (want * PAGE).max(off)
     }
 
-    /// Allocates zeroed pages for `off..off+len`; returns the pages added (reserved beforehand).
-    pub fn allocate(&mut self, off: u64, len: u64) -> u64 {
+    /// Allocates zeroed pages for `off..off+len`, labelled `epoch`; returns the pages added
+    /// (reserved beforehand).
+    pub fn allocate(&mut self, off: u64, len: u64, epoch: u64) -> u64 {
         let mut added = 0;
         for idx in page_span(off, len) {
             self.map_mut().entry(idx).or_insert_with(|| {
                 added += 1;
-                new_page()
+                Slot::Mem {
+                    page: new_page(),
+                    epoch,
+                }
             });
         }
         added
+    }
+
+    /// Adds page `idx` as kept by the store (loading a store); returns whether it is new.
+    pub fn add_kept(&mut self, idx: u64, e: &PageEpochs) -> bool {
+        let new = match self.map_mut().entry(idx) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(Slot::Kept);
+                true
+            }
+            std::collections::btree_map::Entry::Occupied(_) => false,
+        };
+        e.went_out(new as u64);
+        new
+    }
+
+    /// Sends out of memory every page labelled at or below `kept` (the store holds them);
+    /// returns how many went.
+    pub fn evict(&mut self, kept: u64, e: &PageEpochs) -> u64 {
+        let Some(map) = self.pages.as_mut() else {
+            return 0;
+        };
+        let mut n = 0;
+        for slot in map.values_mut() {
+            if matches!(slot, Slot::Mem { epoch, .. } if *epoch <= kept) {
+                *slot = Slot::Kept;
+                n += 1;
+            }
+        }
+        e.went_out(n);
+        n
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::errno::Errno;
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    fn no_store(_: u64, _: &mut [u8]) -> Result<()> {
+        panic!("nothing is kept")
+    }
 
     fn read(d: &FileData, off: u64, len: usize) -> Vec<u8> {
         let mut b = vec![0xAA; len];
-        d.read(off, &mut b);
+        d.read(off, &mut b, &no_store).unwrap();
         b
     }
 
     #[test]
     fn sparse_write_read_and_holes() {
+        let e = PageEpochs::default();
         let mut d = FileData::default();
         assert_eq!(d.missing_pages(4090, 10), 2);
-        assert_eq!(d.write(4090, b"0123456789"), 2);
+        assert_eq!(d.write(4090, b"0123456789", 1, &e), 2);
         assert_eq!(d.pages(), 2);
         assert_eq!(read(&d, 4088, 14), b"\0\x000123456789\0\0");
         // A write far away adds one page and leaves the hole unallocated.
-        assert_eq!(d.write(1 << 30, b"x"), 1);
+        assert_eq!(d.write(1 << 30, b"x", 1, &e), 1);
         assert_eq!(d.pages(), 3);
         assert_eq!(read(&d, 1 << 20, 4), vec![0; 4]);
         assert_eq!(d.missing_pages(4090, 10), 0);
@@ -241,35 +538,42 @@ mod tests {
 
     #[test]
     fn truncate_zeroes_partial_tail_and_frees_pages() {
+        let e = PageEpochs::default();
         let mut d = FileData::default();
-        d.write(0, &[1u8; 3 * PAGE as usize]);
-        assert_eq!(d.truncate(PAGE + 10), 1);
+        d.write(0, &[1u8; 3 * PAGE as usize], 1, &e);
+        assert_eq!(d.truncate(PAGE + 10, 1, &e), 1);
         assert_eq!(d.pages(), 2);
         // Growing again must expose zeros, not the old bytes.
         assert_eq!(read(&d, PAGE + 8, 4), vec![1, 1, 0, 0]);
-        assert_eq!(d.truncate(0), 2);
+        assert_eq!(d.truncate(0, 1, &e), 2);
         assert_eq!(d.pages(), 0);
     }
 
     #[test]
     fn punch_frees_whole_pages_and_zeroes_edges() {
+        let e = PageEpochs::default();
         let mut d = FileData::default();
-        d.write(0, &[7u8; 4 * PAGE as usize]);
-        assert_eq!(d.punch(100, 2 * PAGE), 1, "only page 1 lies wholly inside");
+        d.write(0, &[7u8; 4 * PAGE as usize], 1, &e);
+        assert_eq!(
+            d.punch(100, 2 * PAGE, 1, &e),
+            1,
+            "only page 1 lies wholly inside"
+        );
         assert_eq!(read(&d, 98, 4), vec![7, 7, 0, 0]);
         assert_eq!(read(&d, 2 * PAGE + 98, 4), vec![0, 0, 7, 7]);
         assert_eq!(d.pages(), 3);
-        assert_eq!(d.punch(0, u64::MAX), 3);
+        assert_eq!(d.punch(0, u64::MAX, 1, &e), 3);
     }
 
     #[test]
     fn data_and_holes_are_found_at_page_granularity() {
+        let e = PageEpochs::default();
         let mut d = FileData::default();
         assert_eq!(d.next_data(0), None);
         assert_eq!(d.next_hole(5), 5);
-        d.write(PAGE + 10, b"x");
-        d.write(2 * PAGE, b"y");
-        d.write(5 * PAGE, b"z");
+        d.write(PAGE + 10, b"x", 1, &e);
+        d.write(2 * PAGE, b"y", 1, &e);
+        d.write(5 * PAGE, b"z", 1, &e);
         assert_eq!(d.next_data(0), Some(PAGE));
         assert_eq!(d.next_data(PAGE + 100), Some(PAGE + 100));
         assert_eq!(d.next_data(3 * PAGE), Some(5 * PAGE));
@@ -285,9 +589,110 @@ mod tests {
 
     #[test]
     fn allocate_counts_only_new_pages() {
+        let e = PageEpochs::default();
         let mut d = FileData::default();
-        d.write(PAGE, b"a");
-        assert_eq!(d.allocate(0, 3 * PAGE), 2);
+        d.write(PAGE, b"a", 1, &e);
+        assert_eq!(d.allocate(0, 3 * PAGE, 1), 2);
         assert_eq!(read(&d, PAGE, 2), b"a\0");
+    }
+
+    /// A store of pages: what was evicted is written here first, as a checkpoint would.
+    struct Kept(RefCell<HashMap<u64, Vec<u8>>>, RefCell<u32>);
+
+    impl Kept {
+        fn fetch(&self, first: u64, buf: &mut [u8]) -> Result<()> {
+            *self.1.borrow_mut() += 1;
+            for (k, chunk) in buf.chunks_mut(PAGE as usize).enumerate() {
+                let p = self.0.borrow();
+                let page = p.get(&(first + k as u64)).ok_or(Errno::EIO)?;
+                chunk.copy_from_slice(page);
+            }
+            Ok(())
+        }
+
+        /// What a checkpoint does: copies the file's bytes, then the engine evicts.
+        fn checkpoint(&self, d: &mut FileData, e: &PageEpochs) -> u64 {
+            let ep = e.begin();
+            for idx in 0..64 {
+                if d.map().contains_key(&idx) {
+                    let mut b = vec![0u8; PAGE as usize];
+                    d.read(idx * PAGE, &mut b, &|f, b| self.fetch(f, b))
+                        .unwrap();
+                    self.0.borrow_mut().insert(idx, b);
+                }
+            }
+            e.kept(ep);
+            d.evict(e.kept_epoch(), e)
+        }
+    }
+
+    #[test]
+    fn kept_pages_read_back_and_partial_changes_fault_them_in() {
+        let e = PageEpochs::default();
+        let s = Kept(Default::default(), Default::default());
+        let fetch = |f: u64, b: &mut [u8]| s.fetch(f, b);
+        let mut d = FileData::default();
+        let mut model = vec![0u8; 4 * PAGE as usize];
+        for (i, b) in model.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        d.write(0, &model, e.label(), &e);
+        // Not yet kept: a page changed after the checkpoint began stays in memory.
+        let ep = e.begin();
+        d.write(PAGE, b"late", e.label(), &e);
+        model[PAGE as usize..PAGE as usize + 4].copy_from_slice(b"late");
+        e.kept(ep);
+        // Only the store's view of pages 0, 2, 3 is current: a checkpoint copies them all.
+        assert_eq!(s.checkpoint(&mut d, &e), 4);
+        assert_eq!(d.resident(), 0);
+        assert_eq!(e.out(), 4);
+        let mut got = vec![0u8; model.len()];
+        d.read(0, &mut got, &fetch).unwrap();
+        assert_eq!(got, model);
+        // A partial write brings the page in first; a whole-page write does not read it.
+        let before = *s.1.borrow();
+        d.prepare_write(10, 5, &fetch, &e).unwrap();
+        d.write(10, b"hello", e.label(), &e);
+        model[10..15].copy_from_slice(b"hello");
+        assert_eq!(*s.1.borrow(), before + 1);
+        d.prepare_write(2 * PAGE, PAGE, &fetch, &e).unwrap();
+        d.write(2 * PAGE, &[9u8; PAGE as usize], e.label(), &e);
+        model[2 * PAGE as usize..3 * PAGE as usize].fill(9);
+        assert_eq!(*s.1.borrow(), before + 1, "a whole page is not read");
+        assert_eq!((d.resident(), e.out()), (2, 2));
+        // Punch and truncate keep edges right through kept pages.
+        d.prepare_punch(PAGE + 100, 200, &fetch, &e).unwrap();
+        d.punch(PAGE + 100, 200, e.label(), &e);
+        model[PAGE as usize + 100..PAGE as usize + 300].fill(0);
+        d.prepare_truncate(3 * PAGE + 7, 4 * PAGE, &fetch, &e)
+            .unwrap();
+        d.truncate(3 * PAGE + 7, e.label(), &e);
+        model.truncate(3 * PAGE as usize + 7);
+        let mut got = vec![0u8; model.len()];
+        d.read(0, &mut got, &fetch).unwrap();
+        assert_eq!(got, model);
+        assert_eq!(d.clear(&e), 4);
+        assert_eq!(e.out(), 0, "the kept pages' count follows them out");
+    }
+
+    #[test]
+    fn a_failed_fetch_is_an_error_not_zeros() {
+        let e = PageEpochs::default();
+        let mut d = FileData::default();
+        assert!(d.add_kept(3, &e));
+        assert!(!d.add_kept(3, &e));
+        let fail = |_: u64, _: &mut [u8]| Err(Errno::EIO);
+        let mut b = [0u8; 10];
+        assert_eq!(d.read(3 * PAGE, &mut b, &fail), Err(Errno::EIO));
+        assert_eq!(d.prepare_write(3 * PAGE + 1, 1, &fail, &e), Err(Errno::EIO));
+        // Growing the file past a kept last page needs nothing from the store.
+        assert_eq!(
+            d.prepare_truncate(5 * PAGE, 3 * PAGE + 9, &fail, &e),
+            Ok(())
+        );
+        assert_eq!(
+            d.prepare_truncate(3 * PAGE + 1, 3 * PAGE + 9, &fail, &e),
+            Err(Errno::EIO)
+        );
     }
 }

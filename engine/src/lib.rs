@@ -69,6 +69,7 @@ mod xattr;
 pub use attr::{
     Attr, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, FileType, SetAttr, TimeSet,
 };
+pub use data::{PAGE, PageEpochs};
 pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{

@@ -13,9 +13,12 @@
 //! the argument for why records can be replayed in the order the store keeps them are in
 //! docs/RECORDS.md; the tests below keep that document and this code in step.
 
+use std::sync::Arc;
+
 use crate::attr::flags;
+use crate::data::PageEpochs;
 use crate::dir::{FIRST_COOKIE, NAME_MAX};
-use crate::errno::Result;
+use crate::errno::{Errno, Result};
 use crate::id::{Generation, Ino, InodeId};
 use crate::time::Timespec;
 
@@ -289,6 +292,22 @@ pub trait Store: Send + Sync {
     /// Whether this store keeps records at all (false: the memory store). The engine uses it
     /// only to skip work that serves durability alone.
     fn durable(&self) -> bool;
+
+    /// The epochs by which this store tells the engine which file pages it holds, so that
+    /// they may leave memory (`data.rs`, "Pages the store keeps"); `None` (the default): the
+    /// store keeps no pages, and every page stays in memory.
+    fn page_epochs(&self) -> Option<Arc<PageEpochs>> {
+        None
+    }
+
+    /// Reads pages `first..` of file `inode`, as the store holds them, into `buf` (a whole
+    /// number of pages): only pages the engine sent out of memory, which the store holds
+    /// because it declared their epoch kept. Called under the file's data lock; must not
+    /// wait on anything an engine operation could hold. EIO if the store cannot read them.
+    fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<()> {
+        let _ = (inode, first, buf);
+        Err(Errno::EIO)
+    }
 }
 
 /// The memory store: nothing survives the process, so records are dropped.

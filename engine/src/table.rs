@@ -132,6 +132,45 @@ impl InodeTable {
     }
 }
 
+impl InodeTable {
+    /// Calls `f` on the inodes numbered `start` and up, then on those below `start`, until
+    /// `f` returns false; returns the number of the inode it stopped at (`None`: it went
+    /// round). The eviction pass's clock hand (`fs/cache.rs`). Re-pins `g` between leaves, so
+    /// `f` must not keep an inode past its call.
+    pub fn for_each_from(
+        &self,
+        start: Ino,
+        g: &mut Guard,
+        mut f: impl FnMut(&Inode) -> bool,
+    ) -> Option<Ino> {
+        let first = (start.0 as usize).min(TOP * LEAF - 1);
+        // Leaves from the start's, round to it again (its slots below `first` last).
+        for k in 0..=TOP {
+            let top = ((first >> LEAF_BITS) + k) % TOP;
+            let slots = match k {
+                0 => first & (LEAF - 1)..LEAF,
+                k if k == TOP => 0..first & (LEAF - 1),
+                _ => 0..LEAF,
+            };
+            g.repin();
+            // SAFETY: as in `leaf`: leaves live as long as the table.
+            let Some(leaf) = (unsafe { self.top[top].load(Acquire).as_ref() }) else {
+                continue;
+            };
+            for n in slots {
+                // SAFETY: as in `get`: the guard keeps loaded inodes alive until it is
+                // re-pinned, which happens only between leaves, after `f` returned.
+                if let Some(i) = unsafe { leaf[n].load(Acquire, g).as_ref() } {
+                    if !f(i) {
+                        return Some(Ino(((top << LEAF_BITS) + n) as u64));
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
 impl Drop for InodeTable {
     fn drop(&mut self) {
         for entry in self.top.iter() {

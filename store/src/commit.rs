@@ -31,6 +31,13 @@
 //! The buffers the committer takes are given back to the threads, so their memory is
 //! reused rather than faulted in afresh.
 //!
+//! **Backpressure**: a thread whose buffer reaches 16 MiB waits until the committer takes
+//! it, so a writer that outruns the disk is slowed to the disk's pace instead of buffering
+//! without bound (a round writes what it took in bounded pieces, so the committer holds at
+//! most one buffer's worth per thread besides). The wait happens inside `append`, with the
+//! engine's locks of that change held: the committer takes none of them, so it cannot
+//! deadlock; operations that need those locks wait too, as they would for the disk.
+//!
 //! **Errors**: the host's errors are of two kinds (`journal::out_of_space` tells them apart).
 //!
 //! *Out of space* (ENOSPC or EDQUOT writing a batch or making a segment) is not fatal, and
@@ -110,6 +117,8 @@ pub(crate) fn frees_space(rec: &Record<'_>) -> bool {
 
 /// A buffer wakes the committer early once it holds this many bytes.
 const WAKE_BYTES: usize = 2 << 20;
+/// A thread whose buffer holds this many bytes waits for the committer to take it.
+const FULL_BYTES: usize = 8 * WAKE_BYTES;
 /// Records are buffered in chunks of this size, which are never reallocated: a full chunk is
 /// followed by another, and the committer gives them back for reuse.
 const CHUNK: usize = 256 << 10;
@@ -203,6 +212,8 @@ pub(crate) struct Log {
     work: Condvar,
     /// Waiters in `sync` wait here for rounds.
     done: Condvar,
+    /// Appenders whose buffer is full wait here for the committer to take it.
+    drained: Condvar,
     /// The errno of a stopped store, or [`LOW`] (0: neither), read by every append.
     mode: AtomicU32,
     /// While the store is low on space: bytes that records other than those that free space
@@ -237,6 +248,7 @@ impl Log {
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             done: Condvar::new(),
+            drained: Condvar::new(),
             mode: AtomicU32::new(0),
             budget: AtomicI64::new(0),
             flushes: AtomicU64::new(0),
@@ -312,12 +324,33 @@ impl Log {
         if kick {
             b.kicked = true;
         }
+        let full = b.bytes >= FULL_BYTES;
         drop(guard);
         if kick {
             self.state.lock().kicked = true;
             self.work.notify_one();
         }
+        if full {
+            self.throttle(cell);
+        }
         Ok(())
+    }
+
+    /// Waits until the committer has taken the buffer `cell` (module doc, "Backpressure"),
+    /// or the store stopped.
+    #[cold]
+    fn throttle(&self, cell: &Mutex<Buf>) {
+        while cell.lock().bytes >= FULL_BYTES && self.mode.load(Relaxed) & !LOW == 0 {
+            let mut s = self.state.lock();
+            if s.shutdown {
+                return;
+            }
+            s.kicked = true;
+            self.work.notify_one();
+            // Bounded: the committer notifies after taking the buffers, outside this lock's
+            // hold by the waiter, so a wake-up can fall between the check and the wait.
+            self.drained.wait_for(&mut s, Duration::from_millis(5));
+        }
     }
 
     /// Waits until every record appended before the call is durable (see the module doc).
@@ -412,6 +445,7 @@ impl Log {
                 b.bytes = 0;
                 b.kicked = false;
             }
+            self.drained.notify_all();
             // Written in pieces of at most `PIECE` bytes, so that the memory a round touches
             // stays bounded (and warm) however far the committer fell behind.
             let began = Instant::now();

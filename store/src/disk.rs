@@ -44,6 +44,12 @@ pub trait Disk: Send + Sync + 'static {
     /// Takes the exclusive lock of `path` (creating the file), held until the returned guard
     /// is dropped; `WouldBlock` if someone holds it.
     fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>>;
+    /// The size in bytes of the filesystem holding `dir`, if known (a store's default size
+    /// limit: it may hold as much as its disk, not as much as the host's memory).
+    fn capacity(&self, dir: &Path) -> Option<u64> {
+        let _ = dir;
+        None
+    }
 }
 
 /// An open file of a [`Disk`].
@@ -135,6 +141,20 @@ impl Disk for RealDisk {
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         File::open(dir)?.sync_all()
+    }
+
+    fn capacity(&self, dir: &Path) -> Option<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+        // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the
+        // struct's size, which statvfs fills when it returns 0.
+        if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+            return None;
+        }
+        // SAFETY: statvfs returned 0, so it filled `st`.
+        let st = unsafe { st.assume_init() };
+        Some((st.f_blocks as u64).saturating_mul(st.f_frsize as u64))
     }
 
     fn exists(&self, path: &Path) -> bool {

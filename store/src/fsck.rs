@@ -18,9 +18,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use lanefs::{Config, Filesystem, MemoryStore, Record};
+use lanefs::{Config, Filesystem, InodeId, Record, Store};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, PageReader};
 use crate::error::StoreError;
 use crate::{Options, identity, journal};
 
@@ -58,13 +58,48 @@ type Replayed = (
     Result<(CheckReport, Filesystem), StoreError>,
 );
 
+/// The store under fsck's replay: it keeps nothing, and reads the pages a loaded checkpoint
+/// left in place from it.
+struct Reading {
+    pages: Option<PageReader>,
+}
+
+impl Store for Reading {
+    fn append(&self, _: &Record<'_>) -> lanefs::Result<()> {
+        Ok(())
+    }
+
+    fn sync(&self) -> lanefs::Result<()> {
+        Ok(())
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+
+    fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
+        match &self.pages {
+            Some(p) => p.read(inode, first, buf),
+            None => Err(lanefs::Errno::EIO),
+        }
+    }
+}
+
 fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError> {
     let disk = &*opts.disk;
     let (uuid, created) = identity(disk, dir, false)?;
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
-    let mut rec = Filesystem::recover(Config::default(), Arc::new(MemoryStore));
     let ck = Checkpoint::open(disk, dir, uuid, false)?;
+    let store = Arc::new(Reading {
+        pages: ck.as_ref().map(Checkpoint::pages),
+    });
+    let cfg = Config {
+        // No limit of the host's memory: a store is as large as its disk.
+        max_bytes: Some(lanefs::MAX_FILE_SIZE),
+        ..Config::default()
+    };
+    let mut rec = Filesystem::recover(cfg, store);
     if let Some(ck) = &ck {
         ck.load(&mut rec)?;
     }

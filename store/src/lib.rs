@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanefs::{Config, Filesystem, Record, Store};
+use lanefs::{Config, Filesystem, InodeId, PageEpochs, Record, Store};
 
 pub use crate::commit::Counters;
 use crate::commit::Log;
@@ -138,6 +138,8 @@ impl std::fmt::Debug for Opened {
 /// The engine's view of the store: appends go to the log.
 struct DiskStore {
     log: Arc<Log>,
+    epochs: Arc<PageEpochs>,
+    pages: checkpoint::PageReader,
 }
 
 impl Store for DiskStore {
@@ -156,6 +158,14 @@ impl Store for DiskStore {
 
     fn durable(&self) -> bool {
         true
+    }
+
+    fn page_epochs(&self) -> Option<Arc<PageEpochs>> {
+        Some(self.epochs.clone())
+    }
+
+    fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
+        self.pages.read(inode, first, buf)
     }
 }
 
@@ -327,12 +337,16 @@ fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool
 
 /// Opens the store in `dir`, creating it if the directory is empty or missing (see the
 /// module doc). `cfg` gives the filesystem's limits and locking mode, and the root's
-/// attributes when the store is new.
-pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError> {
+/// attributes when the store is new; without a size limit the store may hold as much as the
+/// filesystem its directory is on.
+pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreError> {
     let disk = &*opts.disk;
     let jd = journal::dir(dir);
     disk.create_dir_all(&jd)
         .map_err(StoreError::io(&jd, "create"))?;
+    if cfg.max_bytes.is_none() {
+        cfg.max_bytes = disk.capacity(dir).map(|b| b.min(lanefs::MAX_FILE_SIZE));
+    }
     let lock = lock(disk, dir)?;
     let (uuid, created) = identity(disk, dir, true)?;
     if created {
@@ -340,8 +354,13 @@ pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError
             .map_err(StoreError::io(dir, "flush directory"))?;
     }
     let log = Arc::new(Log::new(opts.commit_interval));
-    let store: Arc<dyn Store> = Arc::new(DiskStore { log: log.clone() });
     let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true)?.expect("made if missing");
+    let epochs = Arc::new(PageEpochs::default());
+    let store: Arc<dyn Store> = Arc::new(DiskStore {
+        log: log.clone(),
+        epochs: epochs.clone(),
+        pages: ck.pages(),
+    });
     let mut rec = Filesystem::recover(cfg, store);
     let loaded = ck.load(&mut rec)?;
     let checkpoint_lsn = ck.lsn();
@@ -358,7 +377,7 @@ pub fn open(dir: &Path, cfg: Config, opts: Options) -> Result<Opened, StoreError
         segments: opts.checkpoint_segments,
         poll: Duration::from_millis(500),
     };
-    let checkpointer = checkpoint::spawn(ck, log.clone(), opts.disk.clone(), policy);
+    let checkpointer = checkpoint::spawn(ck, log.clone(), opts.disk.clone(), epochs, policy);
     let handle = StoreHandle {
         checkpointer,
         log: log.clone(),

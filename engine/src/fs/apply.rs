@@ -446,12 +446,15 @@ impl Filesystem {
         match (change.size, &i.body) {
             (Some(size), Body::File(data)) => {
                 let mut d = self.stats.write(crate::stats::LockClass::FileData, data);
+                let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
+                d.prepare_truncate(size, i.attr.size(), &fetch, &self.page_epochs)?;
                 let kept = d.pages_below(size);
                 let _ = i.attr.update::<(), ()>(&self.stats, |v| {
                     Self::apply_attr(v, &change, kept);
                     Ok(())
                 });
-                self.space.give(d.truncate(size));
+                let label = self.page_epochs.label();
+                self.space.give(d.truncate(size, label, &self.page_epochs));
             }
             (Some(_), _) => return Err(Errno::EINVAL),
             (None, _) => {
@@ -492,7 +495,7 @@ impl Filesystem {
         else {
             unreachable!("apply_write of {rec:?}")
         };
-        d.write(offset, data);
+        d.write(offset, data, self.page_epochs.label(), &self.page_epochs);
         let pages = d.pages();
         let _ = i.attr.update::<(), ()>(&self.stats, |v| {
             v.size = v.size.max(offset + data.len() as u64);
@@ -514,13 +517,14 @@ impl Filesystem {
                 time,
                 ..
             } => {
-                d.allocate(offset, len);
+                d.allocate(offset, len, self.page_epochs.label());
                 (time, (!keep_size).then_some(offset + len))
             }
             Record::Punch {
                 offset, len, time, ..
             } => {
-                self.space.give(d.punch(offset, len));
+                self.space
+                    .give(d.punch(offset, len, self.page_epochs.label(), &self.page_epochs));
                 (time, None)
             }
             _ => unreachable!("apply_fallocate of {rec:?}"),

@@ -301,13 +301,16 @@ impl Filesystem {
                 0
             } else {
                 let n = (buf.len() as u64).min(size - offset) as usize;
-                d.read(offset, &mut buf[..n]);
+                d.read(offset, &mut buf[..n], &|first, b| {
+                    self.fetch_pages(i, first, b)
+                })?;
                 n
             }
         };
         if h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
             self.touch_atime(i, &g);
         }
+        self.maybe_evict();
         Ok(n)
     }
 
@@ -459,14 +462,23 @@ impl Filesystem {
             data: &data[..n],
             time,
         };
-        if let Err(e) = self
-            .remove_privs(ctx, i, time, true)
+        if let Err(e) = d
+            .prepare_write(
+                off,
+                n as u64,
+                &|f, b| self.fetch_pages(i, f, b),
+                &self.page_epochs,
+            )
+            .and_then(|()| self.remove_privs(ctx, i, time, true))
             .and_then(|()| self.commit(&rec))
         {
             self.space.give(reserved);
             return Err(e);
         }
         self.apply_write(i, &mut d, &rec);
+        drop(d);
+        drop(_held);
+        self.maybe_evict();
         Ok((i.ino, off, n))
     }
 
@@ -542,6 +554,10 @@ impl Filesystem {
             Body::File(data) => Some(self.stats.write(LockClass::FileData, data)),
             _ => None,
         };
+        if let (Some(d), Some(size)) = (data.as_mut(), set.size) {
+            let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
+            d.prepare_truncate(size, i.attr.size(), &fetch, &self.page_epochs)?;
+        }
         if size_change || owner_change && !i.is_dir() {
             self.remove_privs(ctx, i, now, size_change)?;
         }
@@ -608,7 +624,8 @@ impl Filesystem {
         if let (Some(d), Some(size)) = (data.as_mut(), set.size) {
             // Outside the attribute seqlock (readers must not spin while pages are freed),
             // still under the data lock, so no reader sees bytes beyond the new size.
-            self.space.give(d.truncate(size));
+            let label = self.page_epochs.label();
+            self.space.give(d.truncate(size, label, &self.page_epochs));
         }
         Ok(())
     }
@@ -678,6 +695,10 @@ impl Filesystem {
         self.writable()?;
         let _held = self.hold(i, &g)?;
         let mut d = self.stats.write(LockClass::FileData, data);
+        if punch {
+            let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
+            d.prepare_punch(offset, len, &fetch, &self.page_epochs)?;
+        }
         let time = Timespec::now();
         let (rec, reserved) = if punch {
             let rec = Record::Punch {
@@ -717,9 +738,18 @@ impl Filesystem {
             return Err(Errno::EINVAL);
         };
         let mut d = self.stats.write(LockClass::FileData, data);
+        let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
+        let e = &self.page_epochs;
         let need = match *rec {
-            Record::Write { offset, data, .. } => d.missing_pages(offset, data.len() as u64),
+            Record::Write { offset, data, .. } => {
+                d.prepare_write(offset, data.len() as u64, &fetch, e)?;
+                d.missing_pages(offset, data.len() as u64)
+            }
             Record::Allocate { offset, len, .. } => d.missing_pages(offset, len),
+            Record::Punch { offset, len, .. } => {
+                d.prepare_punch(offset, len, &fetch, e)?;
+                0
+            }
             _ => 0,
         };
         self.space.take(need)?;

@@ -13,6 +13,7 @@
 //! means what those three functions say, in one place.
 
 mod apply;
+mod cache;
 mod check;
 mod file;
 mod inode_flags;
@@ -37,6 +38,7 @@ pub use recovery::{Recovery, ReplayError};
 
 use crate::acl::{ACL_ACCESS_NAME, Acl};
 use crate::attr::{Attr, AttrVals, flags};
+use crate::data::PageEpochs;
 use crate::dir::{Dirent, Dirents, NAME_MAX};
 use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
@@ -148,6 +150,10 @@ pub struct Config {
     /// running kernel's setting (`/proc/sys/fs/protected_hardlinks`; on if unreadable).
     /// Through a mount the kernel applies its own setting and lanefs does not check again.
     pub protected_hardlinks: bool,
+    /// File data kept in memory beyond what changed since the store's last checkpoint, with
+    /// a store that holds pages (`fs/cache.rs`); `None`: a sixteenth of physical memory, at
+    /// least 64 MiB. Ignored by the memory store, where every page lives in memory.
+    pub cache_bytes: Option<u64>,
 }
 
 /// The running kernel's `fs.protected_hardlinks`, on if it cannot be read.
@@ -168,6 +174,7 @@ impl Default for Config {
             root_uid: 0,
             root_gid: 0,
             protected_hardlinks: kernel_protects_hardlinks(),
+            cache_bytes: None,
         }
     }
 }
@@ -225,6 +232,13 @@ pub struct Filesystem {
     store: Arc<dyn Store>,
     /// `store.durable()`, read once: a store that keeps nothing is not called per change.
     durable: bool,
+    /// Which pages the store holds (`data.rs`; the store's own with a store that keeps
+    /// pages, else one no checkpoint advances).
+    page_epochs: Arc<PageEpochs>,
+    /// Pages of file data the eviction pass keeps in memory (`Config::cache_bytes`).
+    cache_pages: u64,
+    /// The eviction pass's clock hand: the inode number it goes on from (`fs/cache.rs`).
+    evictor: Mutex<Ino>,
     /// Set while recovery replays records (single-threaded, before any caller): records are
     /// then applied, not appended, and inode numbers are not recycled (`recovery.rs`).
     replaying: AtomicBool,
@@ -297,6 +311,12 @@ impl Filesystem {
             stats: Stats::default(),
             watch: Watch::default(),
             durable: store.durable(),
+            page_epochs: store.page_epochs().unwrap_or_default(),
+            cache_pages: cfg
+                .cache_bytes
+                .unwrap_or((physical_memory() / 16).max(64 << 20))
+                .div_ceil(crate::data::PAGE),
+            evictor: Mutex::new(Ino::ROOT),
             store,
             replaying: AtomicBool::new(true),
             cfg,
@@ -599,8 +619,11 @@ impl Filesystem {
         }
         if let Body::File(data) = &i.body {
             // The pages go back now, not when the epoch drops the inode (data.rs, "Freeing").
-            let pages = std::mem::take(&mut *self.stats.write(LockClass::FileData, data));
-            self.space.give(pages.pages());
+            let pages = self
+                .stats
+                .write(LockClass::FileData, data)
+                .clear(&self.page_epochs);
+            self.space.give(pages);
         }
         if i.attr.flags() & flags::XATTRS != 0 {
             self.xattrs.lock(i.ino, &self.stats).remove(&i.ino);

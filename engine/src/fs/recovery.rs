@@ -257,6 +257,37 @@ impl Recovery {
         self.fs.dirents.observe_cookie(cookie);
     }
 
+    /// Adds page `page` of regular file `inode` as one the store keeps: it counts as an
+    /// allocated page (the size limit, `st_blocks`) but its bytes stay in the store until a
+    /// read or a change asks for them (`data.rs`, "Pages the store keeps"). A store loading
+    /// its checkpoint says so instead of replaying the bytes; the file's size is set after.
+    pub fn kept_page(&mut self, inode: InodeId, page: u64) -> Result<(), ReplayError> {
+        let g = epoch::pin();
+        let i = self.inode(inode, &g)?;
+        let crate::inode::Body::File(data) = &i.body else {
+            return err(format!("inode {inode} is not a regular file"));
+        };
+        if page > crate::fs::MAX_FILE_SIZE / crate::data::PAGE {
+            return err(format!(
+                "file {inode}: page {page} is beyond the largest file"
+            ));
+        }
+        let mut d = data.write();
+        if d.missing_pages(page * crate::data::PAGE, 1) == 1 {
+            self.fs
+                .space
+                .take(1)
+                .map_err(|e| ReplayError(format!("file {inode}: page {page}: {e}")))?;
+            d.add_kept(page, &self.fs.page_epochs);
+            let pages = d.pages();
+            let _ = i.attr.update::<(), ()>(&self.fs.stats, |v| {
+                v.blocks = pages * (crate::data::PAGE / 512);
+                Ok(())
+            });
+        }
+        Ok(())
+    }
+
     /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps
     /// because it was still open when its last name went (records after the checkpoint may
     /// still change it, and its `Free` may follow). It is made by a create in the root

@@ -7,8 +7,9 @@
 //!    the first time the inode is met, a `Link` after that; then the orphans
 //!    (`Recovery::orphan`: made and unnamed again, after the tree so that the fresh cookie
 //!    of their passing name cannot be one a live entry holds);
-//! 3. every inode in number order: its pages (`Write` for runs of data, clipped to the
-//!    size; then `SetAttr` of the size; then `Allocate` for allocated pages of zeros), its
+//! 3. every inode in number order: its pages (each one left in the checkpoint, which the
+//!    engine reads when asked for it: `Recovery::kept_page`; the size is set after the
+//!    pages within it and before those beyond it), its
 //!    xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`), and
 //!    last its inode flags (`SetFlags`), since the creates, links and writes before moved
 //!    its times and an immutable flag would refuse them.
@@ -215,63 +216,35 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     Ok(count)
 }
 
-/// File `id`'s pages: data as `Write`s of runs (at most 1 MiB, clipped to the size), the
-/// size, then the allocated pages of zeros. Returns whether it applied anything (an empty
-/// file without pages needs nothing).
+/// File `id`'s pages, each one the store keeps (`Recovery::kept_page`: its bytes stay in
+/// the checkpoint until a read or a change asks for them), then the size, then the pages
+/// allocated beyond the size (which setting the size would drop). Returns whether it applied
+/// anything (an empty file without pages needs nothing).
 fn load_pages(
     data: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
     rec: &mut Recovery,
     id: InodeId,
     v: &InodeVal,
 ) -> R<bool> {
-    const RUN: usize = 1 << 20;
     let ino = id.ino.0;
     let what = || format!("file {id}");
-    let mut zeros = Vec::new();
-    let mut run: Vec<u8> = Vec::new();
-    let mut run_at = 0u64;
-    let flush = |rec: &mut Recovery, run: &mut Vec<u8>, at: u64| -> R<()> {
-        if run.is_empty() {
-            return Ok(());
-        }
-        let end = (at + run.len() as u64).min(v.size.max(at));
-        run.truncate((end - at) as usize);
-        let r = rec.apply(&Record::Write {
-            inode: id,
-            offset: at,
-            data: run,
-            time: v.mtime,
-        });
-        run.clear();
-        applied(r, what)
-    };
+    let mut beyond = Vec::new();
     let (a, b) = (kv::page_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
     let mut any = v.size != 0;
     for kvp in data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
         let (k, p) = kvp.map_err(db)?;
         let page = kv::page_of(k.value()).ok_or("page key too short")?;
         any = true;
-        let bytes = p.value();
-        if bytes.len() > PAGE as usize {
-            return Err(format!(
-                "{}: page {page} holds {} bytes",
-                what(),
-                bytes.len()
-            ));
+        let len = p.value().len();
+        if len > PAGE as usize {
+            return Err(format!("{}: page {page} holds {len} bytes", what()));
         }
-        if bytes.is_empty() || page * PAGE >= v.size {
-            zeros.push(page);
+        if page.saturating_mul(PAGE) >= v.size {
+            beyond.push(page);
             continue;
         }
-        let at = page * PAGE;
-        if run.is_empty() || run_at + run.len() as u64 != at || run.len() >= RUN {
-            flush(rec, &mut run, run_at)?;
-            run_at = at;
-        }
-        run.extend_from_slice(bytes);
-        run.resize(run.len() + PAGE as usize - bytes.len(), 0);
+        applied(rec.kept_page(id, page), what)?;
     }
-    flush(rec, &mut run, run_at)?;
     if !any {
         return Ok(false);
     }
@@ -286,17 +259,8 @@ fn load_pages(
         }),
         what,
     )?;
-    for page in zeros {
-        applied(
-            rec.apply(&Record::Allocate {
-                inode: id,
-                offset: page * PAGE,
-                len: PAGE,
-                keep_size: true,
-                time: v.mtime,
-            }),
-            what,
-        )?;
+    for page in beyond {
+        applied(rec.kept_page(id, page), what)?;
     }
     Ok(true)
 }

@@ -33,12 +33,15 @@ pub(crate) mod apply;
 mod backend;
 pub(crate) mod kv;
 mod load;
+mod pages;
+
+pub(crate) use pages::PageReader;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lanefs::{Record, Recovery};
+use lanefs::{PageEpochs, Record, Recovery};
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadableDatabase, TableDefinition};
 
@@ -60,7 +63,7 @@ const CACHE: usize = 64 << 20;
 
 /// The checkpoint of an open store.
 pub(crate) struct Checkpoint {
-    db: Database,
+    db: Arc<Database>,
     path: PathBuf,
     store: PathBuf,
     uuid: [u8; 16],
@@ -155,7 +158,7 @@ impl Checkpoint {
             return Err(damaged(&path, "checkpoint of another store"));
         }
         Ok(Checkpoint {
-            db,
+            db: Arc::new(db),
             path,
             store: dir.to_path_buf(),
             uuid,
@@ -218,6 +221,11 @@ impl Checkpoint {
     /// The checkpoint's file.
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A reader of the checkpoint's file pages (`pages.rs`).
+    pub(crate) fn pages(&self) -> PageReader {
+        PageReader::new(self.db.clone(), self.path.clone())
     }
 
     /// Loads the checkpoint into `rec` (see `load.rs`); returns the inodes loaded.
@@ -362,22 +370,42 @@ pub(crate) struct Checkpointer {
     ck: Arc<Mutex<Checkpoint>>,
     log: Arc<Log>,
     disk: Arc<dyn Disk>,
+    epochs: Arc<PageEpochs>,
+}
+
+/// Takes a checkpoint of every record appended so far; returns the records it applied. It
+/// begins a page epoch first and declares it kept once the checkpoint is committed, so that
+/// the engine may drop the pages it holds (engine `data.rs`, "Pages the store keeps").
+fn take(
+    ck: &mut Checkpoint,
+    log: &Log,
+    disk: &dyn Disk,
+    epochs: &PageEpochs,
+    stop: &dyn Fn() -> bool,
+) -> Result<u64, String> {
+    let epoch = epochs.begin();
+    // Every record appended before the first sync (so every change labelled with `epoch` or
+    // before) is written when it returns; the second makes every record written by then
+    // durable.
+    log.sync().map_err(|e| format!("journal commit: {e}"))?;
+    let written = log.counters().lsn;
+    log.sync().map_err(|e| format!("journal commit: {e}"))?;
+    let applied = ck.advance(disk, written, stop)?;
+    epochs.kept(epoch);
+    Ok(applied)
 }
 
 impl Checkpointer {
     /// Takes a checkpoint of every record appended so far, now; returns the records it
     /// applied.
     pub(crate) fn now(&self) -> Result<u64, String> {
-        // Every record appended before the first sync is written when it returns; the second
-        // makes every record written by then durable.
-        self.log
-            .sync()
-            .map_err(|e| format!("journal commit: {e}"))?;
-        let written = self.log.counters().lsn;
-        self.log
-            .sync()
-            .map_err(|e| format!("journal commit: {e}"))?;
-        self.ck.lock().advance(&*self.disk, written, &|| false)
+        take(
+            &mut self.ck.lock(),
+            &self.log,
+            &*self.disk,
+            &self.epochs,
+            &|| false,
+        )
     }
 
     /// Every record up to this LSN is in the checkpoint.
@@ -406,12 +434,13 @@ pub(crate) fn spawn(
     ck: Checkpoint,
     log: Arc<Log>,
     disk: Arc<dyn Disk>,
+    epochs: Arc<PageEpochs>,
     policy: Policy,
 ) -> Checkpointer {
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
     let s = stop.clone();
     let ck = Arc::new(Mutex::new(ck));
-    let (ck2, log2, disk2) = (ck.clone(), log.clone(), disk.clone());
+    let (ck2, log2, disk2, epochs2) = (ck.clone(), log.clone(), disk.clone(), epochs.clone());
     let thread = std::thread::Builder::new()
         .name("lanefs-checkpoint".into())
         .spawn(move || {
@@ -432,10 +461,10 @@ pub(crate) fn spawn(
                 let segments = journal::segments(&*disk, &ck.store).map_or(0, |s| s.len());
                 let due = written.saturating_sub(ck.lsn()) >= policy.records
                     || (segments >= policy.segments && written > ck.lsn());
-                if !due || log.sync().is_err() {
+                if !due {
                     continue;
                 }
-                match ck.advance(&*disk, written, &stopped) {
+                match take(&mut ck, &log, &*disk, &epochs, &stopped) {
                     Ok(_) => failed = false,
                     Err(_) if stopped() => return,
                     Err(e) => {
@@ -458,5 +487,6 @@ pub(crate) fn spawn(
         ck: ck2,
         log: log2,
         disk: disk2,
+        epochs: epochs2,
     }
 }
