@@ -37,6 +37,7 @@ pub fn all() -> Vec<Case> {
         posix_acls(),
         inode_flags(),
         rename_whiteout(),
+        o_tmpfile(),
     ]
 }
 
