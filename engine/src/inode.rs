@@ -5,19 +5,24 @@
 //! freed" is decided by single atomic transitions, never by reading two fields apart:
 //!
 //! ```text
-//!   bit 63      bits 62..32        bits 31..0
-//!   DEAD        nlink (31 bits)    refs (32 bits)
+//!   bit 63   bit 62     bits 61..32        bits 31..0
+//!   DEAD     LINKABLE   nlink (30 bits)    refs (32 bits)
 //! ```
 //!
 //! - `nlink` counts directory entries naming the inode (directories: 2 + subdirectories, and 0
 //!   once removed). It changes only under the stripe lock of a name that is being added or
 //!   removed.
 //! - `refs` counts open handles and, for FUSE, kernel lookups not yet forgotten.
-//! - `DEAD` is set exactly once, by the transition that sees `nlink == 0 && refs == 0`; its
-//!   winner frees the inode (removes it from the inode table, which defers the memory to epoch
-//!   reclamation, and recycles the number). Once set, no transition succeeds: a lookup that
-//!   raced the last unlink and still holds a pointer to the inode fails to take a reference
-//!   ([`Inode::get_ref`]) instead of resurrecting it.
+//! - `LINKABLE` marks an `O_TMPFILE` file that has never had a name and was not made with
+//!   `O_EXCL` (Linux's `I_LINKABLE`): the one kind of inode whose link count may go up from 0
+//!   ([`Inode::link_existing`]). The link that does so clears it in the same transition, so
+//!   of two links racing, one finds it and the other finds a count of 1; once the file has
+//!   had a name and lost it again, it is an unlinked open file like any other.
+//! - `DEAD` is set exactly once, by the transition that sees `nlink == 0 && refs == 0`
+//!   (whatever `LINKABLE` says); its winner frees the inode (removes it from the inode table,
+//!   which defers the memory to epoch reclamation, and recycles the number). Once set, no
+//!   transition succeeds: a lookup that raced the last unlink and still holds a pointer to
+//!   the inode fails to take a reference ([`Inode::get_ref`]) instead of resurrecting it.
 //!
 //! All transitions are compare-and-swap loops on the one word, so they have a single
 //! modification order; each returns what the caller must do ([`Fate`]).
@@ -35,11 +40,20 @@ use crate::id::{Generation, Ino, InoGen, InodeId};
 
 const REFS_MASK: u64 = (1 << 32) - 1;
 const NLINK_ONE: u64 = 1 << 32;
-const NLINK_MASK: u64 = ((1 << 31) - 1) << 32;
+const NLINK_MASK: u64 = ((1 << 30) - 1) << 32;
+const LINKABLE: u64 = 1 << 62;
 const DEAD: u64 = 1 << 63;
 
-/// Largest link count (directories: subdirectories + 2).
-pub(crate) const NLINK_MAX: u32 = (1 << 31) - 1;
+/// Largest link count (directories: subdirectories + 2); above the inode table's capacity
+/// (`id::MAX_INO`), so only a file's hard links can reach it.
+pub(crate) const NLINK_MAX: u32 = (1 << 30) - 1;
+const _: () = assert!(NLINK_MAX as u64 > crate::id::MAX_INO + 2);
+
+/// Whether a word has neither links nor references (and is not dead): the inode may be freed.
+#[inline]
+fn idle(w: u64) -> bool {
+    w & (DEAD | NLINK_MASK | REFS_MASK) == 0
+}
 
 /// What the caller of a lifecycle transition must do next.
 #[must_use]
@@ -101,12 +115,23 @@ pub(crate) struct Inode {
 
 impl Inode {
     pub fn new(id: InodeId, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
+        debug_assert!(nlink <= NLINK_MAX);
         Inode {
             ino: id.ino,
             generation: id.generation,
             life: AtomicU64::new(((nlink as u64) << 32) | refs as u64),
             attr,
             body,
+        }
+    }
+
+    /// An inode with no name (an `O_TMPFILE` file) and `refs` references; `linkable`: a link
+    /// may give it its first name ([`Inode::link_existing`]).
+    pub fn new_unnamed(id: InodeId, refs: u32, linkable: bool, attr: AttrCell, body: Body) -> Self {
+        let mark = if linkable { LINKABLE } else { 0 };
+        Inode {
+            life: AtomicU64::new(mark | refs as u64),
+            ..Inode::new(id, 0, refs, attr, body)
         }
     }
 
@@ -152,6 +177,13 @@ impl Inode {
         (self.life.load(Acquire) & REFS_MASK) as u32
     }
 
+    /// Whether a link may still give this nameless inode its first name (`O_TMPFILE` without
+    /// `O_EXCL`, never linked yet).
+    #[inline]
+    pub fn is_linkable(&self) -> bool {
+        self.life.load(Acquire) & LINKABLE != 0
+    }
+
     #[inline]
     pub fn is_dead(&self) -> bool {
         self.life.load(Acquire) & DEAD != 0
@@ -169,12 +201,17 @@ impl Inode {
         }
     }
 
-    /// Sets `DEAD` if the word has neither links nor references.
+    /// Sets `DEAD` if the word has neither links nor references (a `LINKABLE` mark goes
+    /// with it: no one holds the file any more to link it).
     fn reap(&self) -> Fate {
-        match self.life.compare_exchange(0, DEAD, AcqRel, Acquire) {
-            Ok(_) => Fate::Free,
-            Err(_) => Fate::Lives,
+        let mut cur = self.life.load(Acquire);
+        while idle(cur) {
+            match self.life.compare_exchange(cur, DEAD, AcqRel, Acquire) {
+                Ok(_) => return Fate::Free,
+                Err(actual) => cur = actual,
+            }
         }
+        Fate::Lives
     }
 
     /// Takes a reference (open handle or kernel lookup). Fails on a dead inode.
@@ -198,32 +235,49 @@ impl Inode {
             Ok(w - n)
         });
         match r {
-            Ok((_, 0)) => self.reap(),
+            Ok((_, new)) if idle(new) => self.reap(),
             _ => Fate::Lives,
         }
     }
 
     /// Adds a link for `link(2)`: fails with ENOENT once the last link is gone (an unlinked
-    /// open file cannot be linked back), EMLINK at the limit.
-    pub fn link_existing(&self) -> Result<()> {
+    /// open file cannot be linked back), unless the inode is a `LINKABLE` tmpfile, whose
+    /// first name this is (the mark goes); EMLINK at the limit. Returns whether it took the
+    /// mark, for [`Inode::unlink_failed`].
+    pub fn link_existing(&self) -> Result<bool> {
         self.transition(|w| {
             let nlink = (w & NLINK_MASK) >> 32;
-            if w & DEAD != 0 || nlink == 0 {
+            if w & DEAD != 0 || nlink == 0 && w & LINKABLE == 0 {
                 return Err(Errno::ENOENT);
             }
             if nlink >= NLINK_MAX as u64 {
                 return Err(Errno::EMLINK);
             }
-            Ok(w + NLINK_ONE)
+            Ok((w & !LINKABLE) + NLINK_ONE)
         })
-        .map(|_| ())
+        .map(|(old, _)| old & LINKABLE != 0)
+    }
+
+    /// Takes back a link [`Inode::link_existing`] added whose name could not be made; `was_linkable`
+    /// (what it returned) puts the tmpfile's mark back, so the file is as before the attempt.
+    pub fn unlink_failed(&self, was_linkable: bool) -> Fate {
+        let r = self.transition(|w| {
+            assert!(w & NLINK_MASK != 0, "nlink underflow on ino {}", self.ino);
+            let back = if was_linkable { LINKABLE } else { 0 };
+            Ok((w - NLINK_ONE) | back)
+        });
+        match r {
+            Ok((_, new)) if idle(new) => self.reap(),
+            _ => Fate::Lives,
+        }
     }
 
     /// Adds a link during recovery, even to an inode whose count is 0: a link and the unlink
     /// of another name of the same inode take different stripes, the link raises the count
     /// before its record is committed and the unlink commits before it lowers it, so replay
-    /// may apply them in the other order and pass through 0. Recovery holds every inode until
-    /// its `Free` record (`fs/recovery.rs`), so the inode is still there.
+    /// may apply them in the other order and pass through 0; and a tmpfile's first link
+    /// raises it from 0 by design. Recovery holds every inode until its `Free` record
+    /// (`fs/recovery.rs`), so the inode is still there.
     pub fn relink(&self) -> Result<()> {
         self.transition(|w| {
             if w & DEAD != 0 {
@@ -232,7 +286,7 @@ impl Inode {
             if (w & NLINK_MASK) >> 32 >= NLINK_MAX as u64 {
                 return Err(Errno::EMLINK);
             }
-            Ok(w + NLINK_ONE)
+            Ok((w & !LINKABLE) + NLINK_ONE)
         })
         .map(|_| ())
     }
@@ -256,7 +310,7 @@ impl Inode {
             Ok(w - NLINK_ONE)
         });
         match r {
-            Ok((_, 0)) => self.reap(),
+            Ok((_, new)) if idle(new) => self.reap(),
             _ => Fate::Lives,
         }
     }
@@ -265,7 +319,7 @@ impl Inode {
     pub fn clear_nlink(&self) -> Fate {
         let r = self.transition(|w| Ok(w & !NLINK_MASK));
         match r {
-            Ok((_, 0)) => self.reap(),
+            Ok((_, new)) if idle(new) => self.reap(),
             _ => Fate::Lives,
         }
     }
@@ -351,6 +405,70 @@ mod tests {
                 }
             });
             assert_eq!(frees.load(Relaxed), 1);
+        }
+    }
+
+    fn tmpfile(refs: u32, linkable: bool) -> Inode {
+        let i = file(0, refs);
+        Inode::new_unnamed(i.id(), refs, linkable, AttrCell::new(i.attr.load()), i.body)
+    }
+
+    #[test]
+    fn a_tmpfile_takes_one_first_name_and_is_an_unlinked_file_after() {
+        let i = tmpfile(1, true);
+        assert!(i.is_linkable());
+        assert_eq!(i.nlink(), 0);
+        assert_eq!(i.link_existing(), Ok(true), "its first name");
+        assert!(!i.is_linkable(), "the mark goes with the first link");
+        assert_eq!(i.nlink(), 1);
+        assert_eq!(i.link_existing(), Ok(false), "a second name, as any file");
+        assert_eq!(i.dec_nlink(), Fate::Lives);
+        assert_eq!(i.dec_nlink(), Fate::Lives, "its handle keeps it");
+        assert_eq!(
+            i.link_existing(),
+            Err(Errno::ENOENT),
+            "named once and unlinked: as an unlinked open file"
+        );
+        assert_eq!(i.put_refs(1), Fate::Free);
+    }
+
+    #[test]
+    fn an_excl_tmpfile_is_never_linked_and_a_failed_link_keeps_the_mark() {
+        let i = tmpfile(1, false);
+        assert!(!i.is_linkable());
+        assert_eq!(i.link_existing(), Err(Errno::ENOENT));
+        assert_eq!(i.put_refs(1), Fate::Free, "freed with its last reference");
+
+        let i = tmpfile(1, true);
+        assert_eq!(i.link_existing(), Ok(true));
+        assert_eq!(i.unlink_failed(true), Fate::Lives, "the handle keeps it");
+        assert!(i.is_linkable(), "as before the attempt");
+        assert_eq!(i.nlink(), 0);
+        assert_eq!(
+            i.put_refs(1),
+            Fate::Free,
+            "a linkable mark does not keep an inode nobody holds"
+        );
+        assert!(i.is_dead());
+        assert_eq!(i.link_existing(), Err(Errno::ENOENT), "dead");
+    }
+
+    #[test]
+    fn racing_first_links_make_two_names() {
+        for _ in 0..200 {
+            let i = tmpfile(1, true);
+            let firsts = std::sync::atomic::AtomicU32::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..4 {
+                    s.spawn(|| {
+                        if i.link_existing() == Ok(true) {
+                            firsts.fetch_add(1, Relaxed);
+                        }
+                    });
+                }
+            });
+            assert_eq!(firsts.load(Relaxed), 1, "one link takes the mark");
+            assert_eq!(i.nlink(), 4);
         }
     }
 

@@ -89,6 +89,8 @@
 //! | getattr, access, readlink | none | none (a directory's size is counted without a lock) |
 //! | path walk (`Client`) | none | one `dirent_shard` (read) per component |
 //! | create, mknod, mkdir, symlink, link | `(parent, name)` | `ino_alloc`, the creating slot's `index_shard` in the parent, `dirent_shard` (read, then write), `attr` of the parent once per clock tick |
+//! | tmpfile (`O_TMPFILE`) | none | `ino_alloc`; `xattr` of the directory (its default ACL, if it has one) and of the new inode (an inherited ACL); `handles`: each alone, none nested. The directory is only read (no entry, no time); an rmdir racing it is not excluded, since neither changes what the other reads, and the file is refused only if the directory was already dead |
+//! | link of a tmpfile (its first name) | as link | as link: the first name raises the link count from 0 in the same lifecycle transition that clears the inode's `LINKABLE` mark (`inode.rs`), so no lock is added |
 //! | unlink | `(parent, name)` | `dirent_shard`, `index_shard` of the entry's run, `attr` |
 //! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock |
 //! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent; with `RENAME_WHITEOUT` also `ino_alloc`, the whiteout's `index_shard` in `p1`, `xattr` of `p1` (read its default ACL) and of the whiteout (an inherited ACL), before the map shards |
@@ -158,8 +160,9 @@
 //! ## Records
 //!
 //! Every change is appended to the store as a record while the locks that order it are held
-//! and before any of it is visible (`fs/apply.rs` says where, kind by kind): the stripes of
-//! the names it changes for namespace records, inside a removal's decision for an rmdir or
+//! and before any of it is visible (`fs/apply.rs` says where, kind by kind): none for a
+//! tmpfile's record (nothing else can reach its inode before it is installed, after the
+//! append), the stripes of the names it changes for namespace records, inside a removal's decision for an rmdir or
 //! a rename over a directory, the data lock for data records, the attribute seqlock for
 //! attribute records, the xattr shard lock for xattr records. Two changes whose order
 //! matters share one of those locks (or one causally follows the other), so the order in

@@ -729,6 +729,31 @@ impl Client {
         }
     }
 
+    /// `open(dir, O_TMPFILE)`: a new regular file with no name, made in directory `dir`
+    /// ([`Filesystem::tmpfile`]); `opts` gives its access mode (it must allow writing), its
+    /// permission bits, and with [`OpenOptions::create_new`] `O_EXCL`: the file can never be
+    /// given a name. [`Client::link_file`] gives it one; if nothing does, it is freed when
+    /// closed.
+    pub fn open_tmpfile(&self, dir: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File<'_>> {
+        let (a, fh) = self.at(dir.as_ref(), true, |i, _| {
+            self.fs.tmpfile(&self.ctx, i.id(), opts.mode, opts.flags())
+        })?;
+        Ok(self.file(fh, a.ino, opts))
+    }
+
+    /// `linkat(fd, "", AT_FDCWD, dst, AT_EMPTY_PATH)`: gives the open file `f` the name `dst`
+    /// (a second one, or an [`Client::open_tmpfile`] file's first; ENOENT for a file whose
+    /// last name is gone).
+    pub fn link_file(&self, f: &File<'_>, dst: impl AsRef<Path>) -> io::Result<()> {
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &g)?;
+        if slash {
+            return Err(Errno::ENOENT.into());
+        }
+        self.fs.link(&self.ctx, f.ino, dir.id(), name)?;
+        Ok(())
+    }
+
     fn file(&self, fh: Fh, ino: Ino, opts: &OpenOptions) -> File<'_> {
         File {
             fs: &self.fs,

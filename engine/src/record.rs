@@ -261,6 +261,16 @@ pub enum Record<'a> {
         /// The whiteout's inode flags (inherited from the source directory; may be empty).
         whiteout_flags: u32,
     },
+    /// `open(O_TMPFILE)`: a new regular file with no name (link count 0), open. A later
+    /// [`Record::Link`] gives it its first name; without one, its [`Record::Free`] follows
+    /// when it is closed, and recovery frees it if the crash came first.
+    Tmpfile {
+        /// The new inode (a regular file, with the group and ACL the directory it was made in
+        /// gave it; the directory itself is not changed).
+        inode: NewInode<'a>,
+        /// Its inode flags, inherited from that directory (may be empty).
+        flags: u32,
+    },
 }
 
 /// What [`Store::sync_then`] calls with the sync's result.
@@ -364,6 +374,7 @@ mod tag {
     pub const SET_FLAGS: u8 = 14;
     pub const CREATE_WITH_FLAGS: u8 = 15;
     pub const RENAME_WHITEOUT: u8 = 16;
+    pub const TMPFILE: u8 = 17;
 }
 
 /// Largest symlink target, xattr name and value a record may carry.
@@ -829,6 +840,11 @@ impl Record<'_> {
                 e.u64(whiteout_cookie);
                 e.u32(whiteout_flags);
             }
+            Record::Tmpfile { inode, flags } => {
+                e.u8(tag::TMPFILE);
+                e.new_inode(&inode);
+                e.u32(flags);
+            }
         }
     }
 
@@ -1043,6 +1059,24 @@ impl<'a> Record<'a> {
                     whiteout,
                     whiteout_cookie: d.cookie()?,
                     whiteout_flags: d.flags(flags::INHERITED)?,
+                }
+            }
+            tag::TMPFILE => {
+                let at = d.at;
+                let inode = d.new_inode()?;
+                let plain = inode.mode & libc::S_IFMT == libc::S_IFREG
+                    && inode.rdev == 0
+                    && inode.target.is_empty()
+                    && inode.default_acl.is_empty();
+                if !plain {
+                    return Err(DecodeError {
+                        offset: at,
+                        what: "tmpfile is not a plain regular file",
+                    });
+                }
+                Record::Tmpfile {
+                    inode,
+                    flags: d.flags(flags::INHERITED)?,
                 }
             }
             _ => {
@@ -1266,6 +1300,19 @@ mod tests {
                 whiteout_cookie: FIRST_COOKIE + 14,
                 whiteout_flags: flags::NODUMP | flags::NOATIME,
             },
+            Record::Tmpfile {
+                inode: file,
+                flags: 0,
+            },
+            Record::Tmpfile {
+                inode: NewInode {
+                    id: id(1028, 10),
+                    mode: libc::S_IFREG | 0o600,
+                    access_acl: ACL,
+                    ..file
+                },
+                flags: flags::NOATIME,
+            },
         ]
     }
 
@@ -1468,6 +1515,46 @@ mod tests {
         let shape = 1 + 2 + 2 + 2 + 2 + 3; // tag, 9.3, "a", 9.3, "b", 1025.7
         b[shape] = 2; // an exchange bit: no such shape for a whiteout
         assert_eq!(Record::decode(&b).unwrap_err().what, "unknown rename flags");
+    }
+
+    #[test]
+    fn a_tmpfile_is_a_plain_regular_file() {
+        let file = NewInode {
+            mode: libc::S_IFREG | 0o600,
+            ..whiteout()
+        };
+        let tmp = |inode, flags| Record::Tmpfile { inode, flags };
+        for bad in [
+            NewInode {
+                mode: libc::S_IFDIR | 0o700,
+                ..file
+            },
+            NewInode {
+                mode: libc::S_IFLNK | 0o777,
+                target: b"t",
+                ..file
+            },
+            NewInode { rdev: 5, ..file },
+            NewInode {
+                target: b"t",
+                ..file
+            },
+            NewInode {
+                default_acl: ACL,
+                ..file
+            },
+        ] {
+            let e = Record::decode(&tmp(bad, 0).to_bytes()).unwrap_err();
+            assert_eq!(
+                (e.offset, e.what),
+                (1, "tmpfile is not a plain regular file"),
+                "{bad:?}"
+            );
+        }
+        let e = Record::decode(&tmp(file, flags::APPEND).to_bytes()).unwrap_err();
+        assert_eq!(e.what, "unknown inode flags", "only inherited flags");
+        let ok = tmp(file, flags::NODUMP);
+        assert_eq!(Record::decode(&ok.to_bytes()), Ok(ok));
     }
 
     /// docs/RECORDS.md, read at build time: its worked example decodes to the record it

@@ -72,6 +72,7 @@ named_enum! {
         Mknod => "mknod",
         Mkdir => "mkdir",
         Create => "create",
+        Tmpfile => "tmpfile",
         Symlink => "symlink",
         Link => "link",
         Unlink => "unlink",

@@ -36,6 +36,11 @@ fn run(c: Case) {
 }
 
 #[test]
+fn o_tmpfile() {
+    run(cases::o_tmpfile());
+}
+
+#[test]
 fn basics_nlink_sizes_and_readdir() {
     run(cases::basics_nlink_sizes_and_readdir());
 }

@@ -5,8 +5,8 @@
 //! engine is built from the records alone (`Filesystem::recover`) and the two trees are
 //! compared: names, readdir cookies and order, inode numbers and generations, types, modes,
 //! owners, sizes, link counts, device numbers, symlink targets, file contents, extended
-//! attributes, and (single-threaded) timestamps. Orphans, files unlinked while open, must be
-//! gone from the rebuilt tree, as after a crash.
+//! attributes, and (single-threaded) timestamps. Orphans, files unlinked while open and
+//! `O_TMPFILE` files still unnamed, must be gone from the rebuilt tree, as after a crash.
 //!
 //! Seeds are printed; `LANEFS_SEED=<n>` replays a run's random choices.
 
@@ -77,11 +77,15 @@ fn rebuild(rec: &Recorder) -> Filesystem {
     let flags = count(|r| matches!(r, Record::SetFlags { .. }));
     let inherited = count(|r| matches!(r, Record::CreateWithFlags { .. }));
     let whiteouts = count(|r| matches!(r, Record::RenameWhiteout { .. }));
-    eprintln!("  {flags} flag changes, {inherited} inheriting creates, {whiteouts} whiteouts");
+    let tmpfiles = count(|r| matches!(r, Record::Tmpfile { .. }));
+    eprintln!(
+        "  {flags} flag changes, {inherited} inheriting creates, {whiteouts} whiteouts, \
+         {tmpfiles} tmpfiles"
+    );
     // (A short run may draw no whiteout.)
     assert!(
-        flags > 0 && (whiteouts > 0 || records.len() < 1000),
-        "the workload set no flag or made no whiteout"
+        flags > 0 && (whiteouts > 0 && tmpfiles > 0 || records.len() < 1000),
+        "the workload set no flag or made no whiteout or tmpfile"
     );
     for (i, b) in records.iter().enumerate() {
         let record = Record::decode(b).unwrap();
@@ -145,7 +149,7 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
     };
     let (a, b) = (name(rng), name(rng));
     let flags = [0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT][rng.random_range(0..4)];
-    let _ = match rng.random_range(0..24) {
+    let _ = match rng.random_range(0..25) {
         0 | 1 => c.write(&a, vec![b'a' + d as u8; rng.random_range(0..9000)]),
         2 => c.create_dir(&a),
         3 => c.remove_file(&a),
@@ -250,6 +254,26 @@ fn random_op(c: &Client, rng: &mut StdRng, kept: &mut Vec<Fh>) {
                 .map(drop)
                 .map_err(Into::into)
         }),
+        23 => {
+            // An `O_TMPFILE` file in a's directory, written, then named a (which may be
+            // taken: it stays unnamed), or kept open unnamed (freed when closed, or by
+            // recovery), or made with O_EXCL (never named).
+            let dir = &a[..a.rfind('/').expect("absolute")];
+            let mut o = OpenOptions::new();
+            o.read(true).write(true).mode(0o640);
+            let excl = rng.random_bool(0.2);
+            o.create_new(excl);
+            c.open_tmpfile(dir, &o).map(|mut f| {
+                use std::io::Write;
+                let _ = f.write_all(&vec![b't'; rng.random_range(0..9000)]);
+                let r = c.link_file(&f, &a);
+                assert!(!excl || r.is_err(), "an O_EXCL tmpfile was linked");
+                if rng.random_bool(0.3) {
+                    kept.push(f.handle());
+                    std::mem::forget(f);
+                }
+            })
+        }
         _ => c.read(&a).map(drop),
     };
 }

@@ -68,9 +68,14 @@
 //!   per CPU ([`MountConfig::threads`]), each with its own cloned `/dev/fuse` descriptor.
 //! - `FUSE_ASYNC_READ`, `FUSE_BIG_WRITES`, `FUSE_MAX_PAGES` (256 pages: reads and writes of up
 //!   to 1 MiB per request), and `FUSE_INIT_EXT` (the upper 32 flags, where io_uring's is).
-//! - `O_TMPFILE` (FUSE_TMPFILE) is answered ENOSYS, which the kernel turns into EOPNOTSUPP:
-//!   the engine has no unnamed file yet (it cannot make an inode without a name, nor link an
-//!   unlinked one back, `engine/src/inode.rs`).
+//! - `O_TMPFILE` (FUSE_TMPFILE, 7.37) is answered as a CREATE without a name: the engine
+//!   makes a regular file with link count 0 ([`lanefs::Filesystem::tmpfile`]); the reply's
+//!   entry carries the lookup reference that keeps it alive until the kernel forgets it
+//!   after the last close, and its open handle is 0, since the file is then served by inode
+//!   like every regular file (no-open mode, above). `linkat` of it (through
+//!   `/proc/self/fd/N` with `AT_SYMLINK_FOLLOW`, or `AT_EMPTY_PATH`) arrives as a LINK of its
+//!   node id, which the engine accepts for a file that never had a name unless it was made
+//!   with `O_EXCL` (the kernel checks that too, `I_LINKABLE`).
 //!
 //! ## Inode flags (`chattr`, `lsattr`) and whiteouts
 //! The kernel turns `FS_IOC_GETFLAGS`, `FS_IOC_SETFLAGS`, `FS_IOC_FSGETXATTR` and

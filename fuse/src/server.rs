@@ -422,7 +422,8 @@ impl Server {
                     },
                 )
             }
-            // Only a file `O_TMPFILE` made is released (no-open mode): it has no handle.
+            // Only a file `O_TMPFILE` made is released (no-open mode), and only before any
+            // OPEN has switched no-open mode on: its handle is 0 (`Server::tmpfile`).
             FUSE_RELEASE => OK,
             FUSE_FSYNC => {
                 if self.volatile_store {
@@ -797,9 +798,39 @@ impl Server {
         }
     }
 
-    /// `O_TMPFILE`: not supported yet.
-    fn tmpfile(&self, _req: &Request, _out: &mut Out) -> Handled {
-        Err(Errno::ENOSYS)
+    /// `O_TMPFILE` (FUSE_TMPFILE: CREATE's arguments, with the name "/", and CREATE's
+    /// reply): a regular file with no name, made by the engine as the directory allows
+    /// ([`lanefs::Filesystem::tmpfile`]; the mode comes unmasked with the umask, as MKNOD's,
+    /// and the open flags carry `O_EXCL` when the file may never be linked). The kernel gets
+    /// its entry (one lookup reference, which FORGET drops after the last close: until then
+    /// it keeps the nameless file alive) and an open reply. Regular files are served by
+    /// inode (no-open mode), so the engine's handle is released at once and the reply's
+    /// handle is 0: reads and writes come by inode, and a RELEASE (sent for it when no OPEN
+    /// has switched no-open mode on yet) is answered OK. A LINK of its node id then gives it
+    /// a name (`linkat` through `/proc/self/fd` or `AT_EMPTY_PATH`).
+    fn tmpfile(&self, req: &Request, out: &mut Out) -> Handled {
+        let a: fuse_create_in = req.arg()?;
+        let c = ctx(req).with_umask(a.umask);
+        let (attr, fh) = self
+            .fs
+            .tmpfile(&c, node(req.h.nodeid), a.mode, a.flags as i32)?;
+        // The lookup reference the entry carries keeps the file; the handle is not needed.
+        if let Err(e) = self.fs.release(fh) {
+            self.fs.forget(attr.ino, 1); // never expected: a handle just made
+            return Err(e);
+        }
+        let open = fuse_open_out {
+            fh: 0,
+            open_flags: FOPEN_KEEP_CACHE,
+            padding: 0,
+        };
+        if out.push_obj(&self.entry_out(&attr)) && out.push_obj(&open) {
+            OK
+        } else {
+            // Never expected (the reply is small): the kernel will not hold the reference.
+            self.fs.forget(attr.ino, 1);
+            Err(Errno::ERANGE)
+        }
     }
 
     fn read_ends(

@@ -1325,3 +1325,272 @@ fn overlayfs_upper_on_lanefs() {
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0, "{wh:?}");
     m.unmount_and_check();
 }
+
+/// `open(dir, O_TMPFILE | flags, 0600)` through the mount (FUSE_TMPFILE): the file as an open
+/// `File`, or the errno.
+fn open_tmpfile(dir: &Path, flags: i32) -> Result<std::fs::File, i32> {
+    use std::os::fd::FromRawFd;
+    let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: `c` is a valid C string; open has no other memory-safety preconditions.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_TMPFILE | flags, 0o600) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap());
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Gives the open file `f` the name `to`: `linkat` of `/proc/self/fd/N` following the
+/// symlink (any user may), or with `AT_EMPTY_PATH` (as root).
+fn link_open_file(f: &std::fs::File, to: &Path, empty_path: bool) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    let to = CString::new(to.as_os_str().as_bytes()).unwrap();
+    let r = if empty_path {
+        // SAFETY: valid C strings and an open descriptor.
+        unsafe {
+            libc::linkat(
+                f.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            )
+        }
+    } else {
+        let from = CString::new(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap();
+        // SAFETY: valid C strings.
+        unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        }
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap())
+    }
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Waits (the kernel forgets an unnamed file's inode after its last close, asynchronously)
+/// until the engine holds `n` inodes.
+fn wait_for_inodes(fs: &Filesystem, n: u64) {
+    let used = || fs.statfs().files - fs.statfs().ffree;
+    for _ in 0..500 {
+        if used() == n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(used(), n, "inodes in the engine");
+}
+
+/// `O_TMPFILE` through the mount: a file with no name, in no listing, written, then linked
+/// through `/proc/self/fd` (and with `AT_EMPTY_PATH`) with its data; not after `O_EXCL`, and
+/// an unlinked file cannot be linked back; one never linked is freed after its close.
+#[test]
+fn o_tmpfile_and_linkat_through_the_mount() {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("other"), b"x").unwrap();
+    let base = m.fs.statfs().files - m.fs.statfs().ffree;
+
+    let mut f = open_tmpfile(&d, libc::O_RDWR).expect("O_TMPFILE through the mount");
+    let md = f.metadata().unwrap();
+    assert_eq!(md.nlink(), 0);
+    assert_eq!(md.mode(), libc::S_IFREG | 0o600);
+    f.write_all(b"written before the link").unwrap();
+    assert_eq!(listing(&d), ["other"], "no name before the link");
+    assert_eq!(m.fs.statfs().files - m.fs.statfs().ffree, base + 1);
+    link_open_file(&f, &d.join("named"), false).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    assert_eq!(listing(&d), ["named", "other"]);
+    assert_eq!(
+        std::fs::read(d.join("named")).unwrap(),
+        b"written before the link"
+    );
+    f.write_all(b", and after").unwrap();
+    f.rewind().unwrap();
+    let mut back = String::new();
+    f.read_to_string(&mut back).unwrap();
+    assert_eq!(back, "written before the link, and after");
+    drop(f);
+    assert_eq!(
+        std::fs::read(d.join("named")).unwrap(),
+        b"written before the link, and after"
+    );
+    let st = std::fs::metadata(d.join("named")).unwrap();
+    assert_eq!((st.nlink(), st.len()), (1, 34));
+
+    // AT_EMPTY_PATH names it too.
+    let mut f = open_tmpfile(&d, libc::O_WRONLY).unwrap();
+    f.write_all(b"empty path").unwrap();
+    link_open_file(&f, &d.join("by-fd"), true).unwrap();
+    drop(f);
+    assert_eq!(std::fs::read(d.join("by-fd")).unwrap(), b"empty path");
+
+    // O_EXCL: never a name.
+    let f = open_tmpfile(&d, libc::O_RDWR | libc::O_EXCL).unwrap();
+    assert_eq!(
+        link_open_file(&f, &d.join("excl"), false),
+        Err(libc::ENOENT)
+    );
+    drop(f);
+    // An ordinary file whose last name went: not linked back.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(d.join("plain"))
+        .unwrap();
+    std::fs::remove_file(d.join("plain")).unwrap();
+    assert_eq!(
+        link_open_file(&f, &d.join("back"), false),
+        Err(libc::ENOENT)
+    );
+    drop(f);
+
+    // Unnamed ones, written and closed, never show and leave nothing.
+    for i in 0..20 {
+        let mut f = open_tmpfile(&d, libc::O_RDWR).unwrap();
+        f.write_all(&vec![b'u'; 5000 + i]).unwrap();
+        assert_eq!(listing(&d), ["by-fd", "named", "other"]);
+    }
+    // Read-only access: EINVAL from the kernel; a regular file: ENOTDIR.
+    assert_eq!(open_tmpfile(&d, libc::O_RDONLY).err(), Some(libc::EINVAL));
+    assert_eq!(
+        open_tmpfile(&d.join("other"), libc::O_RDWR).err(),
+        Some(libc::ENOTDIR)
+    );
+    wait_for_inodes(&m.fs, base + 2);
+    assert_eq!(listing(&d), ["by-fd", "named", "other"]);
+    m.unmount_and_check();
+}
+
+/// Threads make `O_TMPFILE` files through the mount, write them and link them into one
+/// directory (some under two names, some never), while others list it and read what they
+/// list: a listed name always has its whole contents and a link count of at least 1, and at
+/// the end every file's link count is its number of names and no unnamed file is left.
+#[test]
+fn tmpfiles_linked_into_one_directory_while_it_is_listed_through_the_mount() {
+    use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+    const MAKERS: usize = 4;
+    const FILES: usize = 60;
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let content = |t: usize, i: usize| format!("{t}-{i};").repeat(1 + i * 37);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let makers: Vec<_> = (0..MAKERS)
+            .map(|t| {
+                let d = d.clone();
+                s.spawn(move || {
+                    for i in 0..FILES {
+                        let mut f = open_tmpfile(&d, libc::O_RDWR).unwrap();
+                        f.write_all(content(t, i).as_bytes()).unwrap();
+                        if i % 5 == 4 {
+                            continue; // never named
+                        }
+                        link_open_file(&f, &d.join(format!("a{t}-{i}")), false).unwrap();
+                        if i % 3 == 0 {
+                            link_open_file(&f, &d.join(format!("b{t}-{i}")), i % 2 == 0).unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let listers: Vec<_> = (0..2)
+            .map(|_| {
+                let (d, done) = (d.clone(), &done);
+                s.spawn(move || {
+                    let mut listed = 0;
+                    while !done.load(Relaxed) {
+                        for name in listing(&d) {
+                            let p = d.join(&name);
+                            let st = std::fs::metadata(&p).unwrap();
+                            assert!(st.nlink() >= 1, "{name} listed with no link");
+                            let (t, i) = name[1..].split_once('-').unwrap();
+                            let want = content(t.parse().unwrap(), i.parse().unwrap());
+                            assert_eq!(std::fs::read(&p).unwrap(), want.as_bytes(), "{name}");
+                            listed += 1;
+                        }
+                    }
+                    listed
+                })
+            })
+            .collect();
+        for h in makers {
+            h.join().unwrap();
+        }
+        done.store(true, Relaxed);
+        let listed: usize = listers.into_iter().map(|h| h.join().unwrap()).sum();
+        eprintln!("{listed} names listed and read while the files were linked");
+    });
+    let names = listing(&d);
+    let per_maker = (0..FILES).filter(|i| i % 5 != 4).count();
+    let seconds = (0..FILES).filter(|i| i % 5 != 4 && i % 3 == 0).count();
+    assert_eq!(names.len(), MAKERS * (per_maker + seconds));
+    for name in &names {
+        let i: usize = name.split_once('-').unwrap().1.parse().unwrap();
+        let st = std::fs::metadata(d.join(name)).unwrap();
+        assert_eq!(st.nlink(), if i % 3 == 0 { 2 } else { 1 }, "{name}");
+    }
+    wait_for_inodes(&m.fs, 2 + (MAKERS * per_maker) as u64);
+    m.unmount_and_check();
+}
+
+/// On a disk store: a tmpfile linked and fsynced through the mount is there after the store
+/// is closed and reopened; one left unnamed is not, and fsck finds the store clean.
+#[test]
+fn a_tmpfile_linked_through_the_mount_is_durable_on_a_disk_store() {
+    use std::io::Write;
+
+    let store = tempfile::tempdir().unwrap();
+    let m = Mounted::on_store(store.path(), Duration::from_secs(60));
+    let mut f = open_tmpfile(m.path(), libc::O_RDWR).unwrap();
+    f.write_all(&vec![b'k'; 10_000]).unwrap();
+    link_open_file(&f, &m.path().join("kept"), false).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let mut unnamed = open_tmpfile(m.path(), libc::O_RDWR).unwrap();
+    unnamed.write_all(&vec![b'u'; 10_000]).unwrap();
+    unnamed.sync_all().unwrap();
+    drop(unnamed);
+    m.unmount_and_check();
+    let r = lanefs_store::fsck::check(store.path(), &lanefs_store::Options::default()).unwrap();
+    assert_eq!(r.inodes, 2, "root and kept: {r:?}");
+    let o = lanefs_store::open(
+        store.path(),
+        Config::default(),
+        lanefs_store::Options::default(),
+    )
+    .unwrap();
+    let c = lanefs::Client::root(Arc::new(o.fs));
+    assert_eq!(c.read("/kept").unwrap(), vec![b'k'; 10_000]);
+    assert_eq!(c.read_dir("/").unwrap().len(), 1);
+    let s = c.fs().statfs();
+    assert_eq!(s.files - s.ffree, 2);
+    assert_eq!(s.blocks - s.bfree, 3, "the kept file's pages only");
+    c.fs().check_invariants().unwrap();
+}

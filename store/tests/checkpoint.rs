@@ -1,7 +1,7 @@
 //! Checkpoints: a store whose journal was folded into its checkpoint (by the background
 //! checkpointer, racing the workload, and by `StoreHandle::checkpoint`) reopens to exactly
 //! the filesystem it served (tree, inode numbers, generations, cookies, attributes, times,
-//! contents, holes, xattrs, ACLs, flags), orphans included; the journal segments it covers
+//! contents, holes, xattrs, ACLs, flags, `O_TMPFILE` files named), orphans included; the journal segments it covers
 //! are gone; a power cut anywhere in a checkpoint loses nothing; damage to the checkpoint
 //! is refused naming the file.
 
@@ -64,7 +64,7 @@ fn churn(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
                     let (a, b) = (p(&mut rng), p(&mut rng));
                     let off = rng.random_range(0..20_000u64);
                     let len = rng.random_range(0..9000u64);
-                    let _ = match rng.random_range(0..22) {
+                    let _ = match rng.random_range(0..23) {
                         0..=2 => c.write(&a, vec![t as u8 + 1; len as usize]),
                         3 => c
                             .open(&a, OpenOptions::new().write(true))
@@ -124,6 +124,19 @@ fn churn(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
                         20 => c
                             .create_dir(format!("{a}x"))
                             .and_then(|()| c.rename(format!("{a}x"), &b)),
+                        21 => {
+                            // An O_TMPFILE file, written, then named a (when a is free)
+                            // or closed unnamed.
+                            let dir = &a[..a.rfind('/').unwrap()];
+                            c.open_tmpfile(dir, OpenOptions::new().write(true))
+                                .and_then(|f| {
+                                    f.write_at(&vec![t as u8 + 1; len as usize], off)?;
+                                    if rng.random_bool(0.8) {
+                                        c.link_file(&f, &a)?;
+                                    }
+                                    Ok(())
+                                })
+                        }
                         _ => c.metadata(&a).map(drop),
                     };
                 }

@@ -2,12 +2,13 @@
 //!
 //! A store on a simulated disk (`SimDisk`) gets a small tree, made durable. Then a workload of
 //! one to four operations (create, mkdir, link, unlink, rename, rmdir, truncate, write,
-//! setxattr, punch), each possibly followed by an fsync, and always ending with one. Around
+//! setxattr, punch, an `O_TMPFILE` file written and linked, one written and left open
+//! unnamed), each possibly followed by an fsync, and always ending with one. Around
 //! every flush the disk makes, crash images are taken: what a power cut at that moment would
 //! leave, with the unflushed writes lost, kept, or torn at sector boundaries. Every image is
 //! opened as a store and must hold the tree as it was after some prefix of the operations,
-//! at least as long as the prefix the last returned fsync covered, and pass the engine's
-//! invariant check.
+//! at least as long as the prefix the last returned fsync covered, pass the engine's
+//! invariant check, and hold no inode the tree does not name.
 //!
 //! The workloads: every single operation and every pair, then random ones of three and four
 //! (their seed is printed; `LANEFS_SEED=<n>` replays).
@@ -53,6 +54,11 @@ enum Step {
     Punch(&'static str, u64, u64),
     /// fsync of this file or directory (through an open handle).
     Fsync(&'static str),
+    /// An `O_TMPFILE` file made in the directory, written, then linked under the name.
+    Tmpfile(&'static str, &'static str),
+    /// An `O_TMPFILE` file made in the directory and written, left open and never named
+    /// (past the power cut: recovery must leave nothing of it).
+    TmpfileOpen(&'static str),
 }
 
 const STEPS: &[Step] = &[
@@ -77,6 +83,8 @@ const STEPS: &[Step] = &[
     Step::SetXattr("/foo"),
     Step::SetXattr("/A"),
     Step::Punch("/foo", 0, 4096),
+    Step::Tmpfile("/A", "/A/tmp"),
+    Step::TmpfileOpen("/B"),
 ];
 
 fn setup(c: &Client) {
@@ -122,6 +130,19 @@ fn run(c: &Client, s: Step) -> bool {
         Step::Fsync(p) => c
             .open(p, OpenOptions::new().read(true))
             .and_then(|f| f.sync_all()),
+        Step::Tmpfile(dir, name) => c
+            .open_tmpfile(dir, OpenOptions::new().write(true).mode(0o640))
+            .and_then(|f| {
+                f.write_at(&vec![b't'; 5000], 0)?;
+                c.link_file(&f, name)
+            }),
+        Step::TmpfileOpen(dir) => c
+            .open_tmpfile(dir, OpenOptions::new().write(true))
+            .and_then(|f| {
+                f.write_at(&vec![b'o'; 6000], 100)?;
+                std::mem::forget(f); // open until the filesystem goes
+                Ok(())
+            }),
     };
     r.is_ok()
 }
@@ -194,8 +215,18 @@ fn check(workload: &[Step], interval: Duration, seed: u64) -> usize {
         let r = open(store_dir, Config::default(), options(&img.disk, interval))
             .unwrap_or_else(|e| panic!("{workload:?}, {}: open failed: {e}", img.what));
         let got = dump(&r.fs, true);
-        r.fs.check_invariants()
-            .unwrap_or_else(|e| panic!("{workload:?}, {}: {e}", img.what));
+        let report =
+            r.fs.check_invariants()
+                .unwrap_or_else(|e| panic!("{workload:?}, {}: {e}", img.what));
+        // Nothing without a name survives recovery (an unnamed tmpfile, an unlinked open
+        // file): every inode is one the tree reaches.
+        let named: std::collections::HashSet<_> = got.values().map(|n| n.ino).collect();
+        assert_eq!(
+            report.inodes,
+            named.len() as u64,
+            "{workload:?}, {}: inodes without a name",
+            img.what
+        );
         let matched = (img.durable..states.len()).find(|&j| states[j] == got);
         if matched.is_none() {
             let want = &states[img.durable];

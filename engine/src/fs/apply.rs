@@ -7,6 +7,8 @@
 //! - a create, link, or rename to a free name: after the new entry is admitted into the
 //!   directory's index (so a failed admission, in a directory being removed, leaves no
 //!   record) and before the inode is installed or the name revealed;
+//! - a tmpfile: before its inode is installed (it has no name, so no lock orders it: no
+//!   other change can reach the inode before it is installed);
 //! - an unlink: before the name leaves the map;
 //! - an rmdir, or a rename over a directory: inside the removal protocol's decision, after the
 //!   directory was found empty and before it is declared dead (a refused record leaves it
@@ -37,6 +39,7 @@ use crate::attr::{AttrCell, AttrVals, FileType, flags};
 use crate::data::{FileData, PAGE};
 use crate::dir::{Pending, RenameMap};
 use crate::errno::{Errno, Result};
+use crate::id::InoGen;
 use crate::inode::{Body, DirBody, Fate, Inode};
 use crate::record::{AttrChange, NewInode, Record};
 use crate::time::Timespec;
@@ -94,7 +97,7 @@ impl Filesystem {
             self.dirents.cancel(pending, d, g, &self.stats);
             return undo(e);
         }
-        let inode = self.install_new(&n, inherited, dir, refs, g);
+        let inode = self.install_new(&n, inherited, Named(dir.key()), refs, g);
         let is_dir = inode.is_dir();
         self.dirents.reveal(pending, &self.stats, || {
             if is_dir {
@@ -107,6 +110,38 @@ impl Filesystem {
         Ok(inode)
     }
 
+    /// [`Record::Tmpfile`]: makes a regular file with no name and `refs` references (its
+    /// open handle and kernel lookup, or recovery's hold); `linkable`: a link may give it its
+    /// first name (`O_TMPFILE` without `O_EXCL`; never in recovery, which frees every inode
+    /// left without a name at its end). The inode is counted in the inode quota from now on,
+    /// and freed, like an unlinked open file, when its last reference goes.
+    pub(super) fn apply_tmpfile<'g>(
+        &self,
+        rec: &Record<'_>,
+        refs: u32,
+        linkable: bool,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let Record::Tmpfile { inode: n, flags } = *rec else {
+            unreachable!("apply_tmpfile of {rec:?}")
+        };
+        let give_back = || {
+            if !self.replaying() {
+                self.ids.free(n.id.ino, &self.stats);
+            }
+        };
+        if let Err(e) = self.inode_quota.take(1) {
+            give_back();
+            return Err(e);
+        }
+        if let Err(e) = self.commit(rec) {
+            self.inode_quota.give(1);
+            give_back();
+            return Err(e);
+        }
+        Ok(self.install_new(&n, flags, Unnamed { linkable }, refs, g))
+    }
+
     /// Installs the inode a create's record describes, with its inherited ACLs (stored
     /// before the inode is in the table, so that no one sees its ACL flags without the ACLs;
     /// a freed inode's entry goes before its number is recycled) and inode flags.
@@ -114,7 +149,7 @@ impl Filesystem {
         &self,
         n: &NewInode<'_>,
         inherited: u32,
-        dir: &Inode,
+        place: Place,
         refs: u32,
         g: &'g Guard,
     ) -> &'g Inode {
@@ -130,7 +165,7 @@ impl Filesystem {
                 }
             }
         }
-        self.table.install(new_inode(n, inherited, dir, refs), g)
+        self.table.install(new_inode(n, inherited, place, refs), g)
     }
 
     /// [`Record::Root`]: a new filesystem's root attributes.
@@ -160,13 +195,16 @@ impl Filesystem {
         else {
             unreachable!("apply_link of {rec:?}")
         };
-        if self.replaying() {
+        // A tmpfile's first link raises its count from 0 (`link_existing` lets only a
+        // linkable one do so; replay lets any, `Inode::relink`).
+        let was_linkable = if self.replaying() {
             inode.relink()?;
+            false
         } else {
-            inode.link_existing()?;
-        }
+            inode.link_existing()?
+        };
         let unlink = |e| {
-            if inode.dec_nlink() == Fate::Free {
+            if inode.unlink_failed(was_linkable) == Fate::Free {
                 self.free_inode(inode, g, true);
             }
             Err(e)
@@ -326,7 +364,7 @@ impl Filesystem {
         // The whiteout's inode, in the table once the record is committed, and its entry.
         let install = |wo: Option<(NewInode<'_>, u32, Pending)>| {
             wo.map(|(w, wflags, p)| {
-                self.install_new(&w, wflags, d1, u32::from(self.replaying()), g);
+                self.install_new(&w, wflags, Named(d1.key()), u32::from(self.replaying()), g);
                 p
             })
         };
@@ -700,23 +738,42 @@ fn new_vals(n: &NewInode<'_>, size: u64, inherited: u32) -> AttrVals {
     }
 }
 
-/// The inode a [`NewInode`] describes, with inode flags `inherited`, created in directory
-/// `dir` with `refs` references.
-fn new_inode(n: &NewInode<'_>, inherited: u32, dir: &Inode, refs: u32) -> Inode {
+/// Where a new inode is made.
+#[derive(Clone, Copy)]
+enum Place {
+    /// Named in the directory with this key (a directory's `..`).
+    Named(InoGen),
+    /// Nowhere (a tmpfile, always a regular file): link count 0.
+    Unnamed { linkable: bool },
+}
+use Place::{Named, Unnamed};
+
+/// The inode a [`NewInode`] describes, with inode flags `inherited`, made at `place` with
+/// `refs` references.
+fn new_inode(n: &NewInode<'_>, inherited: u32, place: Place, refs: u32) -> Inode {
     let kind = FileType::from_mode(n.mode).expect("records carry valid types");
+    let parent = match place {
+        Named(dir) => dir,
+        Unnamed { .. } => InoGen::ROOT, // never read: a tmpfile is no directory
+    };
     let (body, size, nlink) = match kind {
         FileType::RegularFile => (Body::File(Default::default()), 0, 1),
-        FileType::Directory => (Body::Dir(DirBody::new(dir.key())), 0, 2),
+        FileType::Directory => (Body::Dir(DirBody::new(parent)), 0, 2),
         FileType::Symlink => (Body::Symlink(n.target.into()), n.target.len() as u64, 1),
         _ => (Body::Special { rdev: n.rdev }, 0, 1),
     };
-    Inode::new(
-        n.id,
-        nlink,
-        refs,
-        AttrCell::new(new_vals(n, size, inherited)),
-        body,
-    )
+    let attr = AttrCell::new(new_vals(n, size, inherited));
+    match place {
+        Named(_) => Inode::new(n.id, nlink, refs, attr, body),
+        Unnamed { linkable } => {
+            debug_assert_eq!(
+                kind,
+                FileType::RegularFile,
+                "records make tmpfiles plain files"
+            );
+            Inode::new_unnamed(n.id, refs, linkable, attr, body)
+        }
+    }
 }
 
 /// The root directory a new filesystem starts with, before any record.

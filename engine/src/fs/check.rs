@@ -40,8 +40,9 @@ impl Filesystem {
     /// (directories: 2 + subdirectories); every directory but the root has exactly one name,
     /// in the directory its `..` names; no entry lives in a removed directory; every linked
     /// inode is reachable from the root and the tree has no cycle; unlinked inodes are kept
-    /// only by references; the inode, space and xattr bookkeeping matches what exists; the
-    /// flags word holds known flags only, and 'i' or 'a' only on a regular file or directory.
+    /// only by references, and only a nameless regular file (a tmpfile) may be linkable; the
+    /// inode, space and xattr bookkeeping matches what exists; the flags word holds known
+    /// flags only, and 'i' or 'a' only on a regular file or directory.
     pub fn check_invariants(&self) -> Result<CheckReport, String> {
         let g = epoch::pin();
         let mut errs: Vec<String> = Vec::new();
@@ -162,6 +163,14 @@ impl Filesystem {
                     }
                     _ => {}
                 }
+            }
+            // Only a tmpfile that never had a name may get its first one.
+            if i.is_linkable() && (i.nlink() != 0 || !matches!(i.body, Body::File(_))) {
+                errs.push(format!(
+                    "inode {ino}: linkable as a tmpfile but a {:?} with {} links",
+                    i.kind(),
+                    i.nlink()
+                ));
             }
             let names = names_of.get(&k).map_or(0, Vec::len) as u32;
             match &i.body {

@@ -1,5 +1,5 @@
-//! File operations: open, create, read, write, setattr (chmod, chown, truncate, utimes),
-//! fallocate, flush, fsync, release.
+//! File operations: open, create, tmpfile (`O_TMPFILE`), read, write, setattr (chmod, chown,
+//! truncate, utimes), fallocate, flush, fsync, release.
 //!
 //! A change to a file's data or attributes is committed while the lock that orders such
 //! changes is held: the data lock for writes, truncates and fallocate, the attribute seqlock
@@ -222,6 +222,39 @@ impl Filesystem {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// `open(dir, O_TMPFILE | flags, mode)`: makes a regular file with no name, in
+    /// directory `dir` as far as permissions, group, ACLs and inherited inode flags go, and
+    /// opens it. The access mode must allow writing (EINVAL otherwise, as Linux);
+    /// `O_EXCL` forbids it ever to get a name, otherwise a [`Filesystem::link`] gives it its
+    /// first (`linkat(fd, "", dirfd, name, AT_EMPTY_PATH)`). Its link count is 0: it is in
+    /// no listing, counts against the inode and space limits, and is freed, as an unlinked
+    /// open file, when its last handle (and, for a [`crate::Via::Kernel`] caller, the
+    /// lookup reference the call takes for it) goes. The directory is not changed.
+    pub fn tmpfile(
+        &self,
+        ctx: &Ctx,
+        dir: impl Into<InodeRef>,
+        mode: u32,
+        flags: i32,
+    ) -> Result<(Attr, Fh)> {
+        let _c = self.begin(Op::Tmpfile);
+        let acc = flags & libc::O_ACCMODE;
+        if acc != libc::O_WRONLY && acc != libc::O_RDWR {
+            return Err(Errno::EINVAL);
+        }
+        let g = epoch::pin();
+        let linkable = flags & libc::O_EXCL == 0;
+        let i = self.make_unnamed(ctx, dir.into(), mode, linkable, 1, &g)?;
+        let h = Handle {
+            inode: i.key(),
+            // `O_TMPFILE` holds `O_DIRECTORY`, which is the directory's, not the file's.
+            flags: flags & !(libc::O_TMPFILE | libc::O_CREAT | libc::O_EXCL),
+            is_dir: false,
+        };
+        let fh = self.handles.insert(h, &self.stats);
+        Ok((self.attr_of(i, &g), fh))
     }
 
     /// The inode of `f`, with its handle when it names one.

@@ -1,6 +1,7 @@
-//! Namespace mutations: mknod, mkdir, symlink, create (the creating half), link, unlink,
-//! rmdir, rename (with `RENAME_WHITEOUT` too). Each resolves its directories, takes the stripe
-//! of every name it changes (`locking.rs`), re-reads the names under the stripes, checks what
+//! Namespace mutations: mknod, mkdir, symlink, create (the creating half), the nameless file
+//! of `O_TMPFILE` (the creating half), link, unlink, rmdir, rename (with `RENAME_WHITEOUT`
+//! too). Each resolves its directories, takes the stripe of every name it changes
+//! (`locking.rs`; a tmpfile changes none), re-reads the names under the stripes, checks what
 //! Linux checks in the order Linux checks it (so errnos match tmpfs), describes the change as
 //! a record and makes it through `apply.rs`.
 //!
@@ -49,6 +50,17 @@ pub(crate) enum NewNode<'a> {
     Dir,
     Symlink(&'a [u8]),
     Special(FileType, u64),
+}
+
+/// What a new inode gets from its directory ([`Filesystem::inherit`]).
+struct Inherited {
+    /// Permission bits.
+    bits: u32,
+    /// Group.
+    gid: u32,
+    /// The access and default ACLs it inherits (`system.posix_acl_*` bytes; empty: none).
+    access_acl: Vec<u8>,
+    default_acl: Vec<u8>,
 }
 
 /// A directory and its body, the name's inode, and the locks that keep the name stable.
@@ -163,39 +175,12 @@ impl Filesystem {
                 (t, rdev, &b""[..])
             }
         };
-        // A directory's default ACL decides the new inode's permission bits and ACLs (not
-        // for symlinks, which have no ACLs).
-        let inherited = match kind {
-            NewNode::Symlink(_) => None,
-            _ if dv.flags & flags::DEFAULT_ACL != 0 => self.default_acl(dir).map(|def| {
-                let keep = if matches!(kind, NewNode::Dir) {
-                    0o1777
-                } else {
-                    0o7777
-                };
-                acl::inherit(
-                    Some(&def),
-                    mode & keep,
-                    ctx.umask,
-                    matches!(kind, NewNode::Dir),
-                )
-            }),
-            _ => None,
-        };
-        let (bits, gid) = new_owner(ctx, &dv, mode, &kind, inherited.as_ref().map(|i| i.mode));
-        let (access_acl, default_acl) = match &inherited {
-            Some(i) => (
-                i.access
-                    .as_ref()
-                    .map(acl::Acl::to_xattr)
-                    .unwrap_or_default(),
-                i.default
-                    .as_ref()
-                    .map(acl::Acl::to_xattr)
-                    .unwrap_or_default(),
-            ),
-            None => (Vec::new(), Vec::new()),
-        };
+        let Inherited {
+            bits,
+            gid,
+            access_acl,
+            default_acl,
+        } = self.inherit(ctx, dir, &dv, mode, &kind);
         let inode = NewInode {
             id: self.ids.alloc(&self.stats)?,
             mode: ftype.mode_bits() | bits,
@@ -225,6 +210,94 @@ impl Filesystem {
         };
         let refs = extra_refs + u32::from(ctx.counts_lookups());
         self.apply_create(&rec, (dir, d), refs, g)
+    }
+
+    /// What a new inode of `kind`, made by `ctx` with permission bits `mode` in directory
+    /// `dir` (whose values are `dv`), gets from the directory: its default ACL, when it has
+    /// one, decides the bits and the ACLs the inode inherits (not for symlinks, which have no
+    /// ACLs); otherwise the umask applies; then the setgid rules (`new_owner`).
+    fn inherit(
+        &self,
+        ctx: &Ctx,
+        dir: &Inode,
+        dv: &AttrVals,
+        mode: u32,
+        kind: &NewNode<'_>,
+    ) -> Inherited {
+        let inherited = match kind {
+            NewNode::Symlink(_) => None,
+            _ if dv.flags & flags::DEFAULT_ACL != 0 => self.default_acl(dir).map(|def| {
+                let keep = if matches!(kind, NewNode::Dir) {
+                    0o1777
+                } else {
+                    0o7777
+                };
+                acl::inherit(
+                    Some(&def),
+                    mode & keep,
+                    ctx.umask,
+                    matches!(kind, NewNode::Dir),
+                )
+            }),
+            _ => None,
+        };
+        let (bits, gid) = new_owner(ctx, dv, mode, kind, inherited.as_ref().map(|i| i.mode));
+        let xattr = |a: Option<&acl::Acl>| a.map(acl::Acl::to_xattr).unwrap_or_default();
+        let (access_acl, default_acl) = match &inherited {
+            Some(i) => (xattr(i.access.as_ref()), xattr(i.default.as_ref())),
+            None => (Vec::new(), Vec::new()),
+        };
+        Inherited {
+            bits,
+            gid,
+            access_acl,
+            default_acl,
+        }
+    }
+
+    /// Makes a regular file with no name, as `open(O_TMPFILE)` in directory `parent` makes
+    /// it (`vfs_tmpfile`, `shmem_tmpfile`), and returns it with `refs` references (plus one
+    /// lookup reference for a [`Via::Kernel`] caller). The directory is checked as for a
+    /// create (write and search permission, alive) and gives the file what a create in it
+    /// would (group, ACLs, inherited inode flags), but is not changed: no name, no times.
+    /// `linkable`: a link may give the file its first name (not after `O_EXCL`).
+    pub(crate) fn make_unnamed<'g>(
+        &self,
+        ctx: &Ctx,
+        parent: InodeRef,
+        mode: u32,
+        linkable: bool,
+        refs: u32,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let (dir, d) = self.dir_inode(parent, g)?;
+        self.writable()?;
+        let dv = dir.attr.load();
+        self.permission(ctx, dir, &dv, MAY_WRITE | MAY_EXEC)?;
+        // Linux does not look; lanefs refuses a removed directory, as a create in it. No
+        // lock orders this against an rmdir: the file takes no entry in the directory, so
+        // a removal racing it changes nothing either of them does.
+        if d.life.is_dead() {
+            return Err(Errno::ENOENT);
+        }
+        let a = self.inherit(ctx, dir, &dv, mode, &NewNode::File);
+        debug_assert!(a.default_acl.is_empty(), "only directories inherit one");
+        let rec = Record::Tmpfile {
+            inode: NewInode {
+                id: self.ids.alloc(&self.stats)?,
+                mode: libc::S_IFREG | a.bits,
+                uid: ctx.uid,
+                gid: a.gid,
+                rdev: 0,
+                target: b"",
+                time: Timespec::now(),
+                access_acl: &a.access_acl,
+                default_acl: b"",
+            },
+            flags: dv.flags & flags::INHERITED,
+        };
+        let refs = refs + u32::from(ctx.counts_lookups());
+        self.apply_tmpfile(&rec, refs, linkable, g)
     }
 
     /// Creates a device node, FIFO, socket or (type bits 0 or `S_IFREG`) regular file.
@@ -314,7 +387,10 @@ impl Filesystem {
         }
     }
 
-    /// Adds the name `newname` in `newparent` for inode `ino` (not a directory).
+    /// Adds the name `newname` in `newparent` for inode `ino` (not a directory). An inode
+    /// with no name left is refused (ENOENT), unless it is an `O_TMPFILE` file that never had
+    /// one and was not made with `O_EXCL` ([`Filesystem::tmpfile`]): this gives it its first
+    /// name, after which it is an ordinary file (Linux's `I_LINKABLE`).
     pub fn link(
         &self,
         ctx: &Ctx,

@@ -8,8 +8,8 @@
 //! - every inode was held by recovery while records were replayed (so that a link and an
 //!   unlink replayed in the other order than they ran, see `Inode::relink`, cannot free it
 //!   in between), and those holds are dropped now: an inode with no name left (a file that
-//!   was unlinked while open, whose `Free` record the crash prevented) is freed, and the
-//!   store told;
+//!   was unlinked while open, or an `O_TMPFILE` file never linked, whose `Free` record the
+//!   crash prevented) is freed, and the store told;
 //! - inode numbers no restored inode holds go back to the allocator.
 //!
 //! Nothing else runs while records are replayed: the filesystem is handed out by `finish`.
@@ -85,6 +85,7 @@ pub(super) fn observe(fs: &Filesystem, rec: &Record<'_>) {
             fs.ids.observe(whiteout.id);
             fs.dirents.observe_cookie(whiteout_cookie);
         }
+        Record::Tmpfile { inode, .. } => fs.ids.observe(inode.id),
         Record::Link { cookie, .. } => fs.dirents.observe_cookie(cookie),
         Record::Rename { cookie, .. } if cookie != 0 => fs.dirents.observe_cookie(cookie),
         _ => {}
@@ -160,6 +161,10 @@ impl Recovery {
                 self.names(d, name, None)?;
                 self.new_inode_ok(&inode, &g)?;
                 fs.apply_create(rec, (d, db), 1, &g).map(drop)
+            }
+            Record::Tmpfile { inode, .. } => {
+                self.new_inode_ok(&inode, &g)?;
+                fs.apply_tmpfile(rec, 1, false, &g).map(drop)
             }
             Record::Link {
                 dir, name, inode, ..

@@ -37,6 +37,7 @@ pub fn all() -> Vec<Case> {
         posix_acls(),
         inode_flags(),
         rename_whiteout(),
+        o_tmpfile(),
     ]
 }
 
@@ -1074,4 +1075,62 @@ pub fn rename_whiteout() -> Case {
         ],
     ));
     Case::new("rename_whiteout", 0o022, &steps)
+}
+
+fn tmp(dir: &str, flags: i32, mode: u32, data: &[u8], link: Option<&str>) -> Op {
+    Tmpfile {
+        dir: s(dir),
+        flags,
+        mode,
+        data: data.to_vec(),
+        link: link.map(s),
+    }
+}
+
+/// `open(O_TMPFILE)` and `linkat` of the file through `/proc/self/fd`: the new file's mode,
+/// owner, group (setgid directories), size and blocks, link count before and after the
+/// link; the errnos of the open (read-only access, not a directory, missing, no write
+/// permission) and of the link (`O_EXCL`, a taken name); the directory's times untouched
+/// by a tmpfile never named.
+pub fn o_tmpfile() -> Case {
+    let rw = libc::O_RDWR;
+    Case::new(
+        "o_tmpfile",
+        0o022,
+        &[
+            (root(), Mkdir(s("d"), 0o755)),
+            (root(), Mkdir(s("w"), 0o777)),
+            (root(), Chmod(s("w"), 0o777)),
+            (root(), Mkdir(s("g"), 0o777)),
+            (root(), Chown(s("g"), None, Some(3000))),
+            (root(), Chmod(s("g"), 0o2777)),
+            (root(), Create(s("d/f"), 0o644)),
+            (root(), tmp("d", rw, 0o640, b"data", Some("d/named"))),
+            (root(), Stat(s("d/named"))),
+            (root(), Read(s("d/named"))),
+            (root(), ReadDir(s("d"))),
+            (root(), Stamp("d", s("d"))),
+            (root(), SleepMs(20)),
+            (root(), tmp("d", libc::O_WRONLY, 0o666, &[7; 9000], None)),
+            (root(), Changed("d", s("d"))),
+            (
+                root(),
+                tmp("d", rw | libc::O_EXCL, 0o600, b"x", Some("d/excl")),
+            ),
+            (root(), tmp("d", rw, 0o600, b"", Some("d/f"))),
+            (root(), ReadDir(s("d"))),
+            (root(), Stat(s("d"))),
+            (root(), tmp("d", libc::O_RDONLY, 0o600, b"", None)),
+            (root(), tmp("d/f", rw, 0o600, b"", None)),
+            (root(), tmp("missing", rw, 0o600, b"", None)),
+            (u1(), tmp("d", rw, 0o600, b"", None)),
+            (u1(), tmp("w", rw, 0o4777, b"mine", Some("w/u1"))),
+            (u1(), Stat(s("w/u1"))),
+            (u1(), tmp("g", rw, 0o2775, b"", Some("g/in-group"))),
+            (u2(), tmp("g", rw, 0o2775, b"", Some("g/not-in-group"))),
+            (u2(), tmp("g", rw, 0o640, &[1; 5000], Some("g/in-group"))),
+            (root(), ReadDir(s("g"))),
+            (root(), Stat(s("g/not-in-group"))),
+        ],
+    )
 }

@@ -103,6 +103,16 @@ pub enum Op {
     /// open(O_RDONLY|O_NONBLOCK) + ioctl(FS_IOC_FSSETXATTR) + close, with these
     /// `fsx_xflags` and the other fields 0
     SetXflags(String, u32),
+    /// open(dir, O_TMPFILE | flags, mode) + pwrite(data, 0) + (if a name is given)
+    /// linkat("/proc/self/fd/N", name, AT_SYMLINK_FOLLOW) + fstat + close: the stat after
+    /// the link and the link's errno (`Val::Tmpfile`), or the open's errno
+    Tmpfile {
+        dir: String,
+        flags: i32,
+        mode: u32,
+        data: Vec<u8>,
+        link: Option<String>,
+    },
 }
 
 /// `FS_IOC_FSGETXATTR` and `FS_IOC_FSSETXATTR` (`_IOR/_IOW('X', 31/32, struct fsxattr)`).
@@ -155,6 +165,8 @@ pub enum Val {
     Times(bool, bool, bool),
     Bool(bool),
     Flags(u32),
+    /// An `O_TMPFILE` file's stat, and the errno of the link that tried to name it.
+    Tmpfile(StatView, Option<i32>),
 }
 
 pub type Outcome = Result<Val, i32>;
@@ -633,6 +645,37 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             Op::SetFlags(a, f) => flags_ioctl(&p(&a), FS_IOC_SETFLAGS, f),
             Op::GetXflags(a) => flags_ioctl(&p(&a), FS_IOC_FSGETXATTR, 0),
             Op::SetXflags(a, x) => flags_ioctl(&p(&a), FS_IOC_FSSETXATTR, x),
+            Op::Tmpfile {
+                dir,
+                flags,
+                mode,
+                data,
+                link,
+            } => {
+                let fd = libc::open(p(&dir).as_ptr(), libc::O_TMPFILE | flags, mode);
+                check(fd as i64)?;
+                let n = libc::pwrite(fd, data.as_ptr().cast(), data.len(), 0);
+                assert_eq!(n, data.len() as isize, "tmpfile write");
+                let linked = match link {
+                    Some(to) => {
+                        let from = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+                        let r = libc::linkat(
+                            libc::AT_FDCWD,
+                            from.as_ptr(),
+                            libc::AT_FDCWD,
+                            p(&to).as_ptr(),
+                            libc::AT_SYMLINK_FOLLOW,
+                        );
+                        (r < 0).then(errno)
+                    }
+                    None => None,
+                };
+                let mut st: libc::stat = std::mem::zeroed();
+                let r = libc::fstat(fd, &mut st);
+                libc::close(fd);
+                check(r as i64)?;
+                Ok(Val::Tmpfile(view(&st), linked))
+            }
             Op::Stamp(..) | Op::Changed(..) => unreachable!("handled by the executor"),
         }
     }
@@ -855,6 +898,25 @@ impl Executor for Lanes {
             Op::SleepMs(ms) => {
                 std::thread::sleep(std::time::Duration::from_millis(ms));
                 Ok(Val::Unit)
+            }
+            Op::Tmpfile {
+                dir,
+                flags,
+                mode,
+                data,
+                link,
+            } => {
+                let acc = flags & libc::O_ACCMODE;
+                let mut o = OpenOptions::new();
+                o.read(acc != libc::O_WRONLY)
+                    .write(acc != libc::O_RDONLY)
+                    .create_new(flags & libc::O_EXCL != 0)
+                    .mode(mode);
+                let f = c.open_tmpfile(p(&dir), &o).map_err(io_errno)?;
+                assert_eq!(f.write_at(&data, 0).unwrap(), data.len(), "tmpfile write");
+                let linked = link.and_then(|to| c.link_file(&f, p(&to)).err().map(io_errno));
+                let m = f.metadata().map_err(io_errno)?;
+                Ok(Val::Tmpfile(lstat_view(m), linked))
             }
             // As the kernel's side: the open(O_RDONLY) needs read permission, then the
             // ioctl is the inode API's flags call (the FS_IOC_FS*XATTR forms translate the

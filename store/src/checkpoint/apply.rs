@@ -449,6 +449,15 @@ impl Tables<'_> {
                     },
                 )
             }
+            Record::Tmpfile { inode, flags } => {
+                if inode.mode & libc::S_IFMT != libc::S_IFREG {
+                    return Err(format!("tmpfile {} is not a regular file", inode.id));
+                }
+                self.new_inode(&inode, flags, 0)?;
+                // No name: an orphan (`update` keeps the mark in step) until a Link names it
+                // or a Free ends it.
+                self.update(inode.id, |v| v.nlink = 0)
+            }
             Record::SetAttr { inode, change } => {
                 let v = self.inode(inode)?;
                 if let Some(size) = change.size {

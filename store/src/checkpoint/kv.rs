@@ -11,7 +11,7 @@
 //! | `i` ino | an inode ([`InodeVal`]) | `meta` |
 //! | `d` parent name | an entry ([`EntryVal`]) | `meta` |
 //! | `x` ino name | an xattr's value (ACLs are the xattrs `system.posix_acl_*`) | `meta` |
-//! | `o` ino | empty: the inode has no name left but was not freed (an orphan) | `meta` |
+//! | `o` ino | empty: the inode has no name but was not freed (an orphan: open when its last name went, or an `O_TMPFILE` file not named yet) | `meta` |
 //! | `c` lane | the highest readdir cookie of that lane (its top 16 bits) ever handed out | `meta` |
 //! | `b` ino page | the page's bytes, trailing zeros cut (empty: an allocated page of zeros) | `data` |
 //!
