@@ -21,7 +21,9 @@ pub struct MountArgs {
     #[arg(long, default_value = "memory")]
     pub store: String,
     /// Mount options, comma-separated, as `mount -o`: ro, rw, allow_other (the default when
-    /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes),
+    /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes;
+    /// a disk store: its disk's size by default), cache=BYTES (a disk store's file data kept
+    /// in memory beyond what changed since its last checkpoint),
     /// nr_inodes=N, locking=lanes|dirlock|coarse, threads=N (/dev/fuse threads), ttl=SECONDS,
     /// uring=auto|on|off (serve requests through io_uring when the kernel offers it, the
     /// default; on: or fail; off: through /dev/fuse), mode=OCTAL, uid=N,
@@ -136,6 +138,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
                 m.flags.push(f.option());
             }
             "size" => fs.max_bytes = Some(size(need(v)?)?),
+            "cache" => fs.cache_bytes = Some(size(need(v)?)?),
             "nr_inodes" => {
                 fs.max_inodes = Some(
                     need(v)?

@@ -25,6 +25,9 @@
 //!   list passes 8192 numbers (once per 4096 frees) or a slot with no numbers left drains it;
 //! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
 //!   calls the engine and once when it exits;
+//! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
+//!   which a read or write runs after releasing its locks once the store declared file pages
+//!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);
 //! - the **invalidation sink** (`notify.rs`, 1 per filesystem, a read-write lock): read only
 //!   by a mutation made through the library (not by the kernel) while a FUSE mount has a sink
 //!   installed, after the operation has released every other lock; written when a mount
@@ -95,7 +98,7 @@
 //! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock |
 //! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent; with `RENAME_WHITEOUT` also `ino_alloc`, the whiteout's `index_shard` in `p1`, `xattr` of `p1` (read its default ACL) and of the whiteout (an inherited ACL), before the map shards |
 //! | open, release | none | `handles` of a slot |
-//! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared) |
+//! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared; a page the store keeps is read from the store under it) |
 //! | write, truncate, fallocate | none | `handles` (not by inode), `file_data` (exclusive), `attr`; `xattr` if the file has extended attributes |
 //! | readdir | none | `handles`, the `index_shard`s of the directory's runs, `dirent_shard`s (read) |
 //! | setattr, xattrs | none | `attr` / `xattr` of the inode |

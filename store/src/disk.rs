@@ -154,7 +154,7 @@ impl Disk for RealDisk {
         }
         // SAFETY: statvfs returned 0, so it filled `st`.
         let st = unsafe { st.assume_init() };
-        Some((st.f_blocks as u64).saturating_mul(st.f_frsize as u64))
+        Some(st.f_blocks.saturating_mul(st.f_frsize))
     }
 
     fn exists(&self, path: &Path) -> bool {

@@ -24,8 +24,10 @@
 //!
 //! Checkpoints (`checkpoint/`) fold the journal into `checkpoint.redb` in the background and
 //! remove the segments they cover, so the journal and the time to open are bounded by the
-//! filesystem's size, not its history. Not built yet: file data kept outside memory (the
-//! engine loads every inode and page at open).
+//! filesystem's size, not its history. File data is not loaded at open: pages the checkpoint
+//! holds stay there until read, and leave memory again once a checkpoint holds their last
+//! change (docs/STORE.md, "File data out of memory"). Not built yet: a bounded inode cache
+//! (every inode and name is loaded at open).
 
 #![deny(missing_docs)]
 

@@ -127,7 +127,7 @@ fn pages_out_of_memory_read_back_under_racing_checkpoints() {
             // Passes far more often than checkpoints: a pass that dropped a page the last
             // checkpoint does not hold would leave it stale for many reads.
             while !done.load(Relaxed) {
-                if rounds % 8 == 0 {
+                if rounds.is_multiple_of(8) {
                     store.checkpoint().unwrap();
                     checkpoints.fetch_add(1, Relaxed);
                 }
@@ -152,11 +152,7 @@ fn pages_out_of_memory_read_back_under_racing_checkpoints() {
                 let c = Client::root(fs.clone());
                 let mut rng = StdRng::seed_from_u64(seed ^ t);
                 let mut models = vec![Vec::new(); files];
-                let open = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .clone();
+                let open = *OpenOptions::new().read(true).write(true).create(true);
                 let handles: Vec<_> = (0..files)
                     .map(|k| c.open(format!("/t{t}-f{k}"), &open).unwrap())
                     .collect();
@@ -196,11 +192,10 @@ fn pages_out_of_memory_read_back_under_racing_checkpoints() {
     fs.check_invariants().unwrap();
     let want = dump(&fs, true);
     drop(c);
-    let fs = Arc::try_unwrap(fs).ok().expect("no other reference");
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference"));
     drop(fs);
     Arc::try_unwrap(store)
-        .ok()
-        .expect("no other reference")
+        .unwrap_or_else(|_| panic!("no other reference"))
         .close()
         .unwrap();
     let report = fsck::check(dir, &opts).unwrap();
@@ -267,7 +262,7 @@ fn memory_holds_the_cache_budget_not_the_data() {
         "the data counts as used space"
     );
     drop(c);
-    drop(Arc::try_unwrap(fs).ok().expect("no other reference"));
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
     o.store.close().unwrap();
     let r = open(dir.path(), cfg, opts()).unwrap();
     assert_eq!(r.fs.resident_pages(), 0);

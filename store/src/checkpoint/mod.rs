@@ -26,8 +26,13 @@
 //! - **Opening** ([`Checkpoint::load`], `load.rs`) turns the keys into records that the
 //!   engine's recovery applies, then the journal after the LSN is replayed as before.
 //!
-//! The engine still holds every inode and every page in memory; the checkpoint bounds the
-//! journal and the time to open, not the memory.
+//! - **Pages** (`pages.rs`): the engine reads back the file pages it sent out of memory;
+//!   a checkpoint begins a page epoch before its sync and declares it kept after its commit
+//!   (`take`), which is what allows the engine to drop them (docs/STORE.md, "File data out of
+//!   memory").
+//!
+//! The engine holds every inode and name in memory; the checkpoint bounds the journal, the
+//! time to open, and the file data in memory.
 
 pub(crate) mod apply;
 mod backend;
