@@ -1,0 +1,506 @@
+//! Adversarial tests of file data out of memory (docs/STORE.md "File data out of memory"):
+//! pages evicted after a checkpoint, faulted back in by partial writes, truncations and hole
+//! punches, while other threads change the same files. Every check is against a plain model
+//! (a `Vec<u8>` per file). `PAGEATTACK_SEED=<n>` replays one seed.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lanefs::{Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions};
+use lanefs_store::disk::{SimDisk, Unflushed};
+use lanefs_store::{Options, open};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const STORE: &str = "/store";
+const PAGE: u64 = 4096;
+
+fn opts(disk: &SimDisk) -> Options {
+    Options {
+        disk: Arc::new(disk.clone()),
+        segment_size: 64 << 10,
+        commit_interval: Duration::from_millis(5),
+        ..Options::default()
+    }
+}
+
+fn cfg() -> Config {
+    Config {
+        protected_hardlinks: false,
+        cache_bytes: Some(0),
+        ..Config::default()
+    }
+}
+
+fn seeds(n: u64, base: u64) -> Vec<u64> {
+    if let Ok(s) = std::env::var("PAGEATTACK_SEED") {
+        return vec![s.parse().unwrap()];
+    }
+    (0..n).map(|i| base + i).collect()
+}
+
+fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    o
+}
+
+fn rwc() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+fn open_fs(disk: &SimDisk) -> (Arc<Filesystem>, lanefs_store::StoreHandle) {
+    let o = open(Path::new(STORE), cfg(), opts(disk)).expect("open store");
+    (Arc::new(o.fs), o.store)
+}
+
+fn close(fs: Arc<Filesystem>, store: lanefs_store::StoreHandle) {
+    drop(fs);
+    store.close().expect("clean close");
+}
+
+fn fsck(disk: &SimDisk, what: &str) {
+    lanefs_store::fsck::check(Path::new(STORE), &opts(disk))
+        .unwrap_or_else(|e| panic!("{what}: fsck: {e:?}"));
+}
+
+fn read_all(f: &lanefs::File<'_>, len: usize) -> Vec<u8> {
+    let mut buf = vec![0xEEu8; len + 4096];
+    let mut got = 0;
+    loop {
+        let n = f.read_at(&mut buf[got..], got as u64).expect("read");
+        if n == 0 {
+            break;
+        }
+        got += n;
+        if got == buf.len() {
+            buf.resize(buf.len() * 2, 0xEE);
+        }
+    }
+    buf.truncate(got);
+    buf
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> String {
+    if a.len() != b.len() {
+        let i = a.iter().zip(b).position(|(x, y)| x != y);
+        return format!("len {} vs model {}, first diff {:?}", a.len(), b.len(), i);
+    }
+    let i = a.iter().zip(b).position(|(x, y)| x != y).unwrap();
+    format!("first diff at {i}: got {:#x} model {:#x}", a[i], b[i])
+}
+
+fn check_eq(got: &[u8], model: &[u8], what: &str) {
+    if got != model {
+        panic!("{what}: {}", first_diff(got, model));
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| r.random_range(1..=255u8)).collect()
+}
+
+fn blocks(fs: &Filesystem, ino: lanefs::Ino) -> u64 {
+    fs.getattr(ino).unwrap().blocks
+}
+
+/// Applies one random op to file `f` and its model; returns a description.
+fn random_op(
+    fs: &Filesystem,
+    f: &lanefs::File<'_>,
+    model: &mut Vec<u8>,
+    rng: &mut StdRng,
+) -> String {
+    let max = 6 * PAGE;
+    match rng.random_range(0..10) {
+        0..=3 => {
+            let off = rng.random_range(0..max);
+            let len = rng.random_range(1..2 * PAGE + 10) as usize;
+            let data = pattern(rng.random(), len);
+            f.write_at(&data, off).unwrap();
+            let end = off as usize + len;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[off as usize..end].copy_from_slice(&data);
+            format!("write {off}+{len}")
+        }
+        4 | 5 => {
+            let n = rng.random_range(0..max);
+            f.set_len(n).unwrap();
+            model.resize(n as usize, 0);
+            format!("set_len {n}")
+        }
+        6 | 7 => {
+            let off = rng.random_range(0..max);
+            let len = rng.random_range(1..2 * PAGE + 10);
+            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
+                .unwrap();
+            let s = (off as usize).min(model.len());
+            let e = ((off + len) as usize).min(model.len());
+            model[s..e].fill(0);
+            format!("punch {off}+{len}")
+        }
+        8 => {
+            let off = rng.random_range(0..max);
+            let len = rng.random_range(1..2 * PAGE);
+            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, off, len).unwrap();
+            format!("falloc keep {off}+{len}")
+        }
+        _ => {
+            let off = rng.random_range(0..max);
+            let len = rng.random_range(1..2 * PAGE);
+            fs.fallocate(&Ctx::root(), f.handle(), 0, off, len).unwrap();
+            let end = (off + len) as usize;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            format!("falloc {off}+{len}")
+        }
+    }
+}
+
+/// Several threads change and read the same files (serialized per file by the model's lock)
+/// while another thread checkpoints and evicts in a loop; every read equals the model, a
+/// file's st_blocks do not change across an eviction, and the reopened store equals the
+/// model and passes fsck.
+#[test]
+fn concurrent_same_files_vs_model() {
+    for seed in seeds(3, 1000) {
+        eprintln!("seed {seed}");
+        let disk = SimDisk::new();
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        const FILES: usize = 3;
+        let models: Vec<Mutex<Vec<u8>>> = (0..FILES).map(|_| Mutex::new(Vec::new())).collect();
+        let files: Vec<_> = (0..FILES).map(|i| c.open(format!("/f{i}"), &rwc()).unwrap()).collect();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let store = &store;
+            let fs2 = fs.clone();
+            let stop2 = &stop;
+            s.spawn(move || {
+                while !stop2.load(SeqCst) {
+                    store.checkpoint().expect("checkpoint");
+                    fs2.evict();
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            let mut hs = Vec::new();
+            for t in 0..3u64 {
+                let fs = fs.clone();
+                let models = &models;
+                let files = &files;
+                hs.push(s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed * 31 + t);
+                    let mut log = Vec::new();
+                    for op in 0..250 {
+                        let i = rng.random_range(0..FILES);
+                        let mut m = models[i].lock().unwrap();
+                        let f = &files[i];
+                        log.push(format!("t{t} f{i} {}", random_op(&fs, f, &mut m, &mut rng)));
+                        if log.len() > 8 {
+                            log.remove(0);
+                        }
+                        let got = read_all(f, m.len());
+                        if got != *m {
+                            panic!("seed {seed} op {op}: {} after {log:#?}", first_diff(&got, &m));
+                        }
+                        if op % 7 == 0 {
+                            let b = blocks(&fs, f.ino());
+                            fs.evict();
+                            let b2 = blocks(&fs, f.ino());
+                            assert_eq!(b, b2, "seed {seed}: st_blocks changed across evict");
+                            let got = read_all(f, m.len());
+                            check_eq(&got, &m, &format!("seed {seed} op {op} after evict"));
+                        }
+                    }
+                }));
+            }
+            for h in hs {
+                let r = h.join();
+                stop.store(true, SeqCst);
+                if let Err(e) = r {
+                    std::panic::resume_unwind(e);
+                }
+            }
+            stop.store(true, SeqCst);
+        });
+        let blocks_before: Vec<u64> = files.iter().map(|f| blocks(&fs, f.ino())).collect();
+        let bfree = fs.statfs().bfree;
+        drop(files);
+        drop(c);
+        close(fs, store);
+        fsck(&disk, &format!("seed {seed}"));
+        let (fs, store) = open_fs(&disk);
+        assert_eq!(fs.statfs().bfree, bfree, "seed {seed}: statfs bfree after reopen");
+        let c = Client::root(fs.clone());
+        for i in 0..FILES {
+            let f = c.open(format!("/f{i}"), &rw()).unwrap();
+            let m = models[i].lock().unwrap();
+            assert_eq!(blocks(&fs, f.ino()), blocks_before[i], "seed {seed}: f{i} blocks after reopen");
+            check_eq(&read_all(&f, m.len()), &m, &format!("seed {seed} reopen f{i}"));
+        }
+        drop(c);
+        close(fs, store);
+    }
+}
+
+/// Truncating into an evicted last page, then extending (by set_len, by a write past EOF,
+/// by fallocate): the bytes past the truncation point read as zeros, before and after
+/// another checkpoint/evict, and after reopen.
+#[test]
+fn truncate_into_evicted_then_extend() {
+    for variant in 0..6u32 {
+        let disk = SimDisk::new();
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        let f = c.open("/a", &rwc()).unwrap();
+        let mut m = pattern(variant as u64, (3 * PAGE + 1000) as usize);
+        f.write_at(&m, 0).unwrap();
+        store.checkpoint().unwrap();
+        assert!(fs.evict() > 0 || variant > 0);
+        let cut = [PAGE + 17, 3 * PAGE + 5, 2 * PAGE - 1][(variant % 3) as usize];
+        f.set_len(cut).unwrap();
+        m.truncate(cut as usize);
+        if variant >= 3 {
+            store.checkpoint().unwrap();
+            fs.evict();
+        }
+        let newlen = 5 * PAGE + 3;
+        match variant % 3 {
+            0 => f.set_len(newlen).unwrap(),
+            1 => {
+                f.write_at(b"Z", newlen - 1).unwrap();
+            }
+            _ => fs.fallocate(&Ctx::root(), f.handle(), 0, 0, newlen).unwrap(),
+        }
+        m.resize(newlen as usize, 0);
+        if variant % 3 == 1 {
+            m[newlen as usize - 1] = b'Z';
+        }
+        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} live"));
+        store.checkpoint().unwrap();
+        fs.evict();
+        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} after evict"));
+        drop(f);
+        drop(c);
+        close(fs, store);
+        fsck(&disk, "truncate");
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        let f = c.open("/a", &rw()).unwrap();
+        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} reopen"));
+        drop(f);
+        drop(c);
+        close(fs, store);
+    }
+}
+
+/// fallocate KEEP_SIZE beyond EOF of an evicted file, evict again, then extend: the new
+/// region reads as zeros and old bytes are intact; st_blocks unchanged by evict.
+#[test]
+fn falloc_keep_size_beyond_eof_evicted() {
+    let disk = SimDisk::new();
+    let (fs, store) = open_fs(&disk);
+    let c = Client::root(fs.clone());
+    let f = c.open("/k", &rwc()).unwrap();
+    let mut m = pattern(7, (PAGE + 100) as usize);
+    f.write_at(&m, 0).unwrap();
+    store.checkpoint().unwrap();
+    fs.evict();
+    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 50, 6 * PAGE).unwrap();
+    assert_eq!(f.metadata().unwrap().attr.size, m.len() as u64);
+    let b = blocks(&fs, f.ino());
+    store.checkpoint().unwrap();
+    fs.evict();
+    assert_eq!(blocks(&fs, f.ino()), b, "blocks across evict after falloc keep");
+    check_eq(&read_all(&f, m.len()), &m, "after falloc keep");
+    f.set_len(4 * PAGE).unwrap();
+    m.resize(4 * PAGE as usize, 0);
+    check_eq(&read_all(&f, m.len()), &m, "extended");
+    f.write_at(b"xy", 5 * PAGE + 10).unwrap();
+    m.resize(5 * PAGE as usize + 12, 0);
+    m[5 * PAGE as usize + 10..].copy_from_slice(b"xy");
+    check_eq(&read_all(&f, m.len()), &m, "written past");
+    store.checkpoint().unwrap();
+    fs.evict();
+    check_eq(&read_all(&f, m.len()), &m, "evicted again");
+    let b = blocks(&fs, f.ino());
+    drop(f);
+    drop(c);
+    close(fs, store);
+    fsck(&disk, "falloc");
+    let (fs, store) = open_fs(&disk);
+    let c = Client::root(fs.clone());
+    let f = c.open("/k", &rw()).unwrap();
+    check_eq(&read_all(&f, m.len()), &m, "reopen");
+    assert_eq!(blocks(&fs, f.ino()), b, "blocks after reopen");
+    drop(f);
+    drop(c);
+    close(fs, store);
+}
+
+/// A file with evicted pages, open, is renamed and then unlinked; reads and partial writes
+/// through the handle still see its bytes, across more checkpoints/evictions; after close and
+/// reopen the name is gone and fsck is clean; statfs bfree returns to what it was.
+#[test]
+fn unlink_rename_open_evicted() {
+    let disk = SimDisk::new();
+    let (fs, store) = open_fs(&disk);
+    let c = Client::root(fs.clone());
+    let free0 = fs.statfs().bfree;
+    let f = c.open("/u", &rwc()).unwrap();
+    let mut m = pattern(9, (4 * PAGE + 7) as usize);
+    f.write_at(&m, 0).unwrap();
+    store.checkpoint().unwrap();
+    fs.evict();
+    c.rename("/u", "/v").unwrap();
+    store.checkpoint().unwrap();
+    fs.evict();
+    check_eq(&read_all(&f, m.len()), &m, "after rename");
+    c.remove_file("/v").unwrap();
+    check_eq(&read_all(&f, m.len()), &m, "after unlink");
+    store.checkpoint().unwrap();
+    fs.evict();
+    check_eq(&read_all(&f, m.len()), &m, "after unlink+checkpoint+evict");
+    f.write_at(b"hello", PAGE + 3).unwrap();
+    m[PAGE as usize + 3..PAGE as usize + 8].copy_from_slice(b"hello");
+    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 2 * PAGE + 100, 300)
+        .unwrap();
+    m[2 * PAGE as usize + 100..2 * PAGE as usize + 400].fill(0);
+    store.checkpoint().unwrap();
+    fs.evict();
+    check_eq(&read_all(&f, m.len()), &m, "orphan after writes");
+    drop(f);
+    store.checkpoint().unwrap();
+    fs.evict();
+    assert_eq!(fs.statfs().bfree, free0, "bfree after orphan released");
+    drop(c);
+    close(fs, store);
+    fsck(&disk, "unlink");
+    let (fs, store) = open_fs(&disk);
+    assert!(fs.statfs().bfree == free0, "bfree after reopen");
+    let c = Client::root(fs.clone());
+    assert!(c.metadata("/u").is_err() && c.metadata("/v").is_err());
+    drop(c);
+    close(fs, store);
+}
+
+/// Delete a file whose pages were evicted, then create files until its inode number comes
+/// back; the new file must never show the old bytes (extended by set_len, by a sparse write,
+/// by fallocate), live, after checkpoint+evict and after reopen.
+#[test]
+fn ino_reuse_never_shows_old_bytes() {
+    let disk = SimDisk::new();
+    let (fs, store) = open_fs(&disk);
+    let c = Client::root(fs.clone());
+    let mut reused = 0;
+    for round in 0..4u64 {
+        let f = c.open("/old", &rwc()).unwrap();
+        let old = f.ino();
+        f.write_at(&vec![0xAB; 5 * PAGE as usize], 0).unwrap();
+        store.checkpoint().unwrap();
+        fs.evict();
+        drop(f);
+        c.remove_file("/old").unwrap();
+        if round % 2 == 1 {
+            store.checkpoint().unwrap();
+            fs.evict();
+        }
+        let mut made = Vec::new();
+        for n in 0..200 {
+            let name = format!("/n{round}_{n}");
+            let g = c.open(&name, &rwc()).unwrap();
+            let hit = g.ino() == old;
+            made.push(name.clone());
+            if hit {
+                reused += 1;
+                match round % 3 {
+                    0 => g.set_len(5 * PAGE).unwrap(),
+                    1 => {
+                        g.write_at(b"q", 5 * PAGE - 1).unwrap();
+                    }
+                    _ => fs.fallocate(&Ctx::root(), g.handle(), 0, 0, 5 * PAGE).unwrap(),
+                }
+                let mut m = vec![0u8; 5 * PAGE as usize];
+                if round % 3 == 1 {
+                    m[5 * PAGE as usize - 1] = b'q';
+                }
+                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} reused ino live"));
+                g.write_at(b"p", PAGE + 1).unwrap();
+                m[PAGE as usize + 1] = b'p';
+                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} partial write"));
+                store.checkpoint().unwrap();
+                fs.evict();
+                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} after evict"));
+                break;
+            }
+        }
+        for n in made {
+            c.remove_file(&n).unwrap();
+        }
+    }
+    eprintln!("inode numbers reused in {reused} of 4 rounds");
+    drop(c);
+    close(fs, store);
+    fsck(&disk, "ino reuse");
+    let (fs, store) = open_fs(&disk);
+    drop(fs);
+    store.close().unwrap();
+}
+
+/// Crash images taken right after an eviction (and after faulting changes on evicted pages
+/// followed by fsync) recover to the model at the last fsync/checkpoint and pass fsck.
+#[test]
+fn crash_after_evict() {
+    for seed in seeds(4, 2000) {
+        let disk = SimDisk::new();
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        let mut rng = StdRng::seed_from_u64(seed);
+        let f = c.open("/c", &rwc()).unwrap();
+        let mut m = Vec::new();
+        let mut images = Vec::new();
+        for step in 0..12 {
+            for _ in 0..rng.random_range(1..5) {
+                random_op(&fs, &f, &mut m, &mut rng);
+            }
+            if step % 2 == 0 {
+                store.checkpoint().unwrap();
+                fs.evict();
+            } else {
+                f.sync_all().unwrap();
+                store.checkpoint().unwrap();
+                fs.evict();
+                // a faulting change, synced
+                let off = rng.random_range(0..4 * PAGE);
+                fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, 100).unwrap();
+                let s = (off as usize).min(m.len());
+                let e = (off as usize + 100).min(m.len());
+                m[s..e].fill(0);
+                f.sync_all().unwrap();
+            }
+            images.push((disk.crash(Unflushed::Lost), m.clone(), step));
+        }
+        drop(f);
+        drop(c);
+        close(fs, store);
+        for (img, model, step) in images {
+            let what = format!("seed {seed} image after step {step}");
+            let (fs, store) = open_fs(&img);
+            let c = Client::root(fs.clone());
+            let f = c.open("/c", &rw()).unwrap();
+            check_eq(&read_all(&f, model.len()), &model, &what);
+            drop(f);
+            drop(c);
+            close(fs, store);
+            fsck(&img, &what);
+        }
+    }
+}
