@@ -504,3 +504,168 @@ fn crash_after_evict() {
         }
     }
 }
+
+/// Threads change, recreate (unlink + create, so inode numbers come back) and read the same
+/// files while another thread checkpoints and evicts in a loop; now and then the main thread
+/// takes every file's lock, fsyncs them all and takes a crash image: each image must recover
+/// to exactly the models of that moment, with fsck clean. Also checks that evictions happened
+/// (pages_out) and that reads of freshly recreated files never show old bytes.
+#[test]
+fn concurrent_recreate_crash_images() {
+    for seed in seeds(4, 3000) {
+        eprintln!("seed {seed}");
+        let disk = SimDisk::new();
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        const FILES: usize = 4;
+        let slots: Vec<Mutex<(lanefs::File<'_>, Vec<u8>)>> = (0..FILES)
+            .map(|i| Mutex::new((c.open(format!("/f{i}"), &rwc()).unwrap(), Vec::new())))
+            .collect();
+        let stop = AtomicBool::new(false);
+        let mut images = Vec::new();
+        let mut max_out = 0;
+        std::thread::scope(|s| {
+            let store = &store;
+            let fs2 = fs.clone();
+            let stop2 = &stop;
+            s.spawn(move || {
+                while !stop2.load(SeqCst) {
+                    store.checkpoint().expect("checkpoint");
+                    fs2.evict();
+                }
+            });
+            let mut hs = Vec::new();
+            for t in 0..3u64 {
+                let fs = fs.clone();
+                let slots = &slots;
+                let c = &c;
+                hs.push(s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed * 131 + t);
+                    for op in 0..1500 {
+                        let i = rng.random_range(0..FILES);
+                        let mut g = slots[i].lock().unwrap();
+                        let (f, m) = &mut *g;
+                        let what = if rng.random_range(0..12) == 0 {
+                            c.remove_file(format!("/f{i}")).unwrap();
+                            *f = c.open(format!("/f{i}"), &rwc()).unwrap();
+                            m.clear();
+                            let n = rng.random_range(0..4 * PAGE);
+                            let kind = rng.random_range(0..3);
+                            m.resize(n as usize, 0);
+                            if kind == 1 && n > 0 {
+                                m[n as usize - 1] = b'w';
+                            }
+                            match kind {
+                                0 => f.set_len(n).unwrap(),
+                                1 => {
+                                    if n > 0 {
+                                        f.write_at(b"w", n - 1).unwrap();
+                                    }
+                                }
+                                _ => {
+                                    if n > 0 {
+                                        fs.fallocate(&Ctx::root(), f.handle(), 0, 0, n).unwrap()
+                                    }
+                                }
+                            }
+                            format!("recreate {n}")
+                        } else {
+                            random_op(&fs, f, m, &mut rng)
+                        };
+                        let got = read_all(f, m.len());
+                        if got != *m {
+                            panic!("seed {seed} t{t} op {op} f{i} {what}: {}", first_diff(&got, m));
+                        }
+                    }
+                }));
+            }
+            let mut rng = StdRng::seed_from_u64(seed);
+            while !hs.iter().all(|h| h.is_finished()) {
+                std::thread::sleep(Duration::from_millis(rng.random_range(1..4)));
+                let gs: Vec<_> = slots.iter().map(|s| s.lock().unwrap()).collect();
+                for g in &gs {
+                    g.0.sync_all().unwrap();
+                }
+                if rng.random_range(0..2) == 0 {
+                    store.checkpoint().unwrap();
+                    fs.evict();
+                }
+                max_out = max_out.max(fs.pages_out());
+                let img = disk.crash(Unflushed::Lost);
+                images.push((img, gs.iter().map(|g| g.1.clone()).collect::<Vec<_>>()));
+                max_out = max_out.max(fs.pages_out());
+            }
+            stop.store(true, SeqCst);
+            for h in hs {
+                if let Err(e) = h.join() {
+                    std::panic::resume_unwind(e);
+                }
+            }
+        });
+        eprintln!("seed {seed}: {} images, max pages_out {max_out}", images.len());
+        drop(slots);
+        drop(c);
+        close(fs, store);
+        for (k, (img, models)) in images.into_iter().enumerate() {
+            let what = format!("seed {seed} image {k}");
+            let (fs, store) = open_fs(&img);
+            let c = Client::root(fs.clone());
+            for (i, m) in models.iter().enumerate() {
+                let f = c.open(format!("/f{i}"), &rw()).unwrap();
+                check_eq(&read_all(&f, m.len()), m, &format!("{what} f{i}"));
+            }
+            drop(c);
+            close(fs, store);
+            fsck(&img, &what);
+        }
+    }
+}
+
+/// With `cache_bytes: Some(0)` and no explicit evict, the automatic pass sends pages out on
+/// reads/writes after a checkpoint; contents stay right, st_blocks and statfs do not move.
+#[test]
+fn automatic_eviction_keeps_contents_and_accounting() {
+    let disk = SimDisk::new();
+    let (fs, store) = open_fs(&disk);
+    let c = Client::root(fs.clone());
+    let mut models = Vec::new();
+    for i in 0..8u64 {
+        let m = pattern(i, (i * 3000 + 5000) as usize);
+        c.write(format!("/a{i}"), &m).unwrap();
+        models.push(m);
+    }
+    let blocks0: Vec<u64> = (0..8).map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks).collect();
+    let free0 = fs.statfs().bfree;
+    store.checkpoint().unwrap();
+    for (i, m) in models.iter().enumerate() {
+        check_eq(&c.read(format!("/a{i}")).unwrap(), m, &format!("a{i}"));
+    }
+    let _ = c.read("/a0").unwrap();
+    assert!(fs.pages_out() > 0, "automatic pass evicted nothing");
+    let blocks1: Vec<u64> = (0..8).map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks).collect();
+    assert_eq!(blocks0, blocks1);
+    assert_eq!(fs.statfs().bfree, free0);
+    // partial overwrite of an evicted page, truncate into one, punch one
+    let f = c.open("/a3", &rw()).unwrap();
+    f.write_at(b"abc", 4097).unwrap();
+    models[3][4097..4100].copy_from_slice(b"abc");
+    f.set_len(10000).unwrap();
+    models[3].truncate(10000);
+    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 200).unwrap();
+    models[3][100..300].fill(0);
+    f.set_len(20000).unwrap();
+    models[3].resize(20000, 0);
+    check_eq(&read_all(&f, 20000), &models[3], "a3 after changes");
+    drop(f);
+    drop(c);
+    close(fs, store);
+    fsck(&disk, "auto");
+    let (fs, store) = open_fs(&disk);
+    assert_eq!(fs.pages_out() > 0, true, "open loads no page");
+    let c = Client::root(fs.clone());
+    for (i, m) in models.iter().enumerate() {
+        check_eq(&c.read(format!("/a{i}")).unwrap(), m, &format!("reopen a{i}"));
+    }
+    drop(c);
+    close(fs, store);
+}
