@@ -669,3 +669,72 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     drop(c);
     close(fs, store);
 }
+
+/// Readers without any lock read a region of a file nobody changes, while a writer rewrites,
+/// truncates and punches other pages of the same file (beyond the stable region) and another
+/// thread checkpoints and evicts in a loop: the stable region always reads the same.
+#[test]
+fn unlocked_readers_race_eviction() {
+    for seed in seeds(3, 4000) {
+        let disk = SimDisk::new();
+        let (fs, store) = open_fs(&disk);
+        let c = Client::root(fs.clone());
+        let stable = pattern(seed, (8 * PAGE) as usize);
+        let f = c.open("/r", &rwc()).unwrap();
+        f.write_at(&stable, 0).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let (store, fs2, stop2) = (&store, fs.clone(), &stop);
+            s.spawn(move || {
+                while !stop2.load(SeqCst) {
+                    store.checkpoint().unwrap();
+                    fs2.evict();
+                }
+            });
+            let f = &f;
+            let fs3 = fs.clone();
+            let stop3 = &stop;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed);
+                while !stop3.load(SeqCst) {
+                    let off = 8 * PAGE + rng.random_range(0..4 * PAGE);
+                    match rng.random_range(0..3) {
+                        0 => {
+                            f.write_at(&pattern(rng.random(), 5000), off).unwrap();
+                        }
+                        1 => f.set_len(off).unwrap(),
+                        _ => fs3
+                            .fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, 3000)
+                            .unwrap(),
+                    }
+                }
+            });
+            let mut hs = Vec::new();
+            for t in 0..2u64 {
+                let stable = &stable;
+                hs.push(s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed ^ t);
+                    for _ in 0..3000 {
+                        let off = rng.random_range(0..8 * PAGE);
+                        let len = rng.random_range(1..=(8 * PAGE - off).min(3 * PAGE)) as usize;
+                        let mut b = vec![0u8; len];
+                        let n = f.read_at(&mut b, off).unwrap();
+                        assert_eq!(n, len);
+                        check_eq(&b, &stable[off as usize..off as usize + len], &format!("seed {seed} read {off}+{len}"));
+                    }
+                }));
+            }
+            for h in hs {
+                let r = h.join();
+                stop.store(true, SeqCst);
+                if let Err(e) = r {
+                    std::panic::resume_unwind(e);
+                }
+            }
+        });
+        drop(f);
+        drop(c);
+        close(fs, store);
+        fsck(&disk, "readers");
+    }
+}
