@@ -960,3 +960,69 @@ fn dropped_kept_pages_do_not_return_after_reopen() {
         fsck(&d, &what);
     }
 }
+
+/// With a size limit of 16 pages, a full filesystem whose pages are evicted: partial writes
+/// into evicted pages need no new space (no ENOSPC), a write past the limit is refused, a
+/// rename over a file with evicted pages frees them, an O_TMPFILE file with evicted pages
+/// linked in survives a crash; statfs equal before/after evict and after reopen.
+#[test]
+fn size_limit_with_evicted_pages() {
+    let disk = SimDisk::new();
+    let mut cf = cfg();
+    cf.max_bytes = Some(16 * PAGE);
+    let o = open(Path::new(STORE), cf.clone(), opts(&disk)).unwrap();
+    let (fs, store) = (Arc::new(o.fs), o.store);
+    let c = Client::root(fs.clone());
+    let mut a = pattern(1, 10 * PAGE as usize);
+    let b = pattern(2, 6 * PAGE as usize);
+    c.write("/a", &a).unwrap();
+    c.write("/b", &b).unwrap();
+    let st = fs.statfs();
+    assert_eq!(st.bfree, 0, "full");
+    store.checkpoint().unwrap();
+    assert!(fs.evict() > 0);
+    assert_eq!(fs.statfs().bfree, st.bfree, "bfree across evict");
+    let f = c.open("/a", &rw()).unwrap();
+    f.write_at(b"partial", 3 * PAGE + 11).expect("partial write into an evicted page of a full fs");
+    a[3 * PAGE as usize + 11..3 * PAGE as usize + 18].copy_from_slice(b"partial");
+    assert!(f.write_at(b"x", 20 * PAGE).is_err(), "write past the limit");
+    check_eq(&read_all(&f, a.len()), &a, "a");
+    f.set_len(6 * PAGE).unwrap();
+    a.truncate(6 * PAGE as usize);
+    assert_eq!(fs.statfs().bfree, 4, "truncate of evicted pages frees them");
+    drop(f);
+    // rename over /b (evicted) frees its 6 pages
+    let t = c.open_tmpfile("/", &rw()).unwrap();
+    let tdata = pattern(3, 4 * PAGE as usize);
+    t.write_at(&tdata, 0).unwrap();
+    store.checkpoint().unwrap();
+    fs.evict();
+    check_eq(&read_all(&t, tdata.len()), &tdata, "tmpfile evicted");
+    c.link_file(&t, "/tl").unwrap();
+    c.rename("/tl", "/b").unwrap();
+    drop(t);
+    let free = fs.statfs().bfree;
+    assert_eq!(free, 6, "6 pages freed by the rename");
+    c.write("/c", &[9u8; 2 * PAGE as usize]).expect("freed space is usable");
+    let cdata = vec![9u8; 2 * PAGE as usize];
+    let sync = c.open("/c", &rw()).unwrap();
+    sync.sync_all().unwrap();
+    drop(sync);
+    store.checkpoint().unwrap();
+    fs.evict();
+    let img = disk.crash(Unflushed::Lost);
+    drop(c);
+    close(fs, store);
+    for d in [disk.clone(), img] {
+        let o = open(Path::new(STORE), cf.clone(), opts(&d)).unwrap();
+        let (fs, store) = (Arc::new(o.fs), o.store);
+        assert_eq!(fs.statfs().bfree, 4, "bfree after reopen");
+        let c = Client::root(fs.clone());
+        check_eq(&c.read("/a").unwrap(), &a, "a reopen");
+        check_eq(&c.read("/b").unwrap(), &tdata, "b reopen");
+        check_eq(&c.read("/c").unwrap(), &cdata, "c reopen");
+        drop(c);
+        close(fs, store);
+        fsck(&d, "size limit");
+    }
+}
