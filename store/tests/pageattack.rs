@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lanefs::{Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions};
+use lanefs::{
+    Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions,
+};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Options, open};
 use rand::rngs::StdRng;
@@ -139,8 +141,14 @@ fn random_op(
         6 | 7 => {
             let off = rng.random_range(0..max);
             let len = rng.random_range(1..2 * PAGE + 10);
-            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len)
-                .unwrap();
+            fs.fallocate(
+                &Ctx::root(),
+                f.handle(),
+                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                off,
+                len,
+            )
+            .unwrap();
             let s = (off as usize).min(model.len());
             let e = ((off + len) as usize).min(model.len());
             model[s..e].fill(0);
@@ -149,7 +157,8 @@ fn random_op(
         8 => {
             let off = rng.random_range(0..max);
             let len = rng.random_range(1..2 * PAGE);
-            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, off, len).unwrap();
+            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, off, len)
+                .unwrap();
             format!("falloc keep {off}+{len}")
         }
         _ => {
@@ -178,7 +187,9 @@ fn concurrent_same_files_vs_model() {
         let c = Client::root(fs.clone());
         const FILES: usize = 3;
         let models: Vec<Mutex<Vec<u8>>> = (0..FILES).map(|_| Mutex::new(Vec::new())).collect();
-        let files: Vec<_> = (0..FILES).map(|i| c.open(format!("/f{i}"), &rwc()).unwrap()).collect();
+        let files: Vec<_> = (0..FILES)
+            .map(|i| c.open(format!("/f{i}"), &rwc()).unwrap())
+            .collect();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             let store = &store;
@@ -209,7 +220,10 @@ fn concurrent_same_files_vs_model() {
                         }
                         let got = read_all(f, m.len());
                         if got != *m {
-                            panic!("seed {seed} op {op}: {} after {log:#?}", first_diff(&got, &m));
+                            panic!(
+                                "seed {seed} op {op}: {} after {log:#?}",
+                                first_diff(&got, &m)
+                            );
                         }
                         if op % 7 == 0 {
                             let b = blocks(&fs, f.ino());
@@ -238,13 +252,25 @@ fn concurrent_same_files_vs_model() {
         close(fs, store);
         fsck(&disk, &format!("seed {seed}"));
         let (fs, store) = open_fs(&disk);
-        assert_eq!(fs.statfs().bfree, bfree, "seed {seed}: statfs bfree after reopen");
+        assert_eq!(
+            fs.statfs().bfree,
+            bfree,
+            "seed {seed}: statfs bfree after reopen"
+        );
         let c = Client::root(fs.clone());
         for i in 0..FILES {
             let f = c.open(format!("/f{i}"), &rw()).unwrap();
             let m = models[i].lock().unwrap();
-            assert_eq!(blocks(&fs, f.ino()), blocks_before[i], "seed {seed}: f{i} blocks after reopen");
-            check_eq(&read_all(&f, m.len()), &m, &format!("seed {seed} reopen f{i}"));
+            assert_eq!(
+                blocks(&fs, f.ino()),
+                blocks_before[i],
+                "seed {seed}: f{i} blocks after reopen"
+            );
+            check_eq(
+                &read_all(&f, m.len()),
+                &m,
+                &format!("seed {seed} reopen f{i}"),
+            );
         }
         drop(c);
         close(fs, store);
@@ -278,16 +304,26 @@ fn truncate_into_evicted_then_extend() {
             1 => {
                 f.write_at(b"Z", newlen - 1).unwrap();
             }
-            _ => fs.fallocate(&Ctx::root(), f.handle(), 0, 0, newlen).unwrap(),
+            _ => fs
+                .fallocate(&Ctx::root(), f.handle(), 0, 0, newlen)
+                .unwrap(),
         }
         m.resize(newlen as usize, 0);
         if variant % 3 == 1 {
             m[newlen as usize - 1] = b'Z';
         }
-        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} live"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("variant {variant} live"),
+        );
         store.checkpoint().unwrap();
         fs.evict();
-        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} after evict"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("variant {variant} after evict"),
+        );
         drop(f);
         drop(c);
         close(fs, store);
@@ -295,7 +331,11 @@ fn truncate_into_evicted_then_extend() {
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
         let f = c.open("/a", &rw()).unwrap();
-        check_eq(&read_all(&f, m.len()), &m, &format!("variant {variant} reopen"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("variant {variant} reopen"),
+        );
         drop(f);
         drop(c);
         close(fs, store);
@@ -314,12 +354,17 @@ fn falloc_keep_size_beyond_eof_evicted() {
     f.write_at(&m, 0).unwrap();
     store.checkpoint().unwrap();
     fs.evict();
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 50, 6 * PAGE).unwrap();
+    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 50, 6 * PAGE)
+        .unwrap();
     assert_eq!(f.metadata().unwrap().attr.size, m.len() as u64);
     let b = blocks(&fs, f.ino());
     store.checkpoint().unwrap();
     fs.evict();
-    assert_eq!(blocks(&fs, f.ino()), b, "blocks across evict after falloc keep");
+    assert_eq!(
+        blocks(&fs, f.ino()),
+        b,
+        "blocks across evict after falloc keep"
+    );
     check_eq(&read_all(&f, m.len()), &m, "after falloc keep");
     f.set_len(4 * PAGE).unwrap();
     m.resize(4 * PAGE as usize, 0);
@@ -371,8 +416,14 @@ fn unlink_rename_open_evicted() {
     check_eq(&read_all(&f, m.len()), &m, "after unlink+checkpoint+evict");
     f.write_at(b"hello", PAGE + 3).unwrap();
     m[PAGE as usize + 3..PAGE as usize + 8].copy_from_slice(b"hello");
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 2 * PAGE + 100, 300)
-        .unwrap();
+    fs.fallocate(
+        &Ctx::root(),
+        f.handle(),
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        2 * PAGE + 100,
+        300,
+    )
+    .unwrap();
     m[2 * PAGE as usize + 100..2 * PAGE as usize + 400].fill(0);
     store.checkpoint().unwrap();
     fs.evict();
@@ -426,19 +477,33 @@ fn ino_reuse_never_shows_old_bytes() {
                     1 => {
                         g.write_at(b"q", 5 * PAGE - 1).unwrap();
                     }
-                    _ => fs.fallocate(&Ctx::root(), g.handle(), 0, 0, 5 * PAGE).unwrap(),
+                    _ => fs
+                        .fallocate(&Ctx::root(), g.handle(), 0, 0, 5 * PAGE)
+                        .unwrap(),
                 }
                 let mut m = vec![0u8; 5 * PAGE as usize];
                 if round % 3 == 1 {
                     m[5 * PAGE as usize - 1] = b'q';
                 }
-                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} reused ino live"));
+                check_eq(
+                    &read_all(&g, m.len()),
+                    &m,
+                    &format!("round {round} reused ino live"),
+                );
                 g.write_at(b"p", PAGE + 1).unwrap();
                 m[PAGE as usize + 1] = b'p';
-                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} partial write"));
+                check_eq(
+                    &read_all(&g, m.len()),
+                    &m,
+                    &format!("round {round} partial write"),
+                );
                 store.checkpoint().unwrap();
                 fs.evict();
-                check_eq(&read_all(&g, m.len()), &m, &format!("round {round} after evict"));
+                check_eq(
+                    &read_all(&g, m.len()),
+                    &m,
+                    &format!("round {round} after evict"),
+                );
                 break;
             }
         }
@@ -480,7 +545,14 @@ fn crash_after_evict() {
                 fs.evict();
                 // a faulting change, synced
                 let off = rng.random_range(0..4 * PAGE);
-                fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, 100).unwrap();
+                fs.fallocate(
+                    &Ctx::root(),
+                    f.handle(),
+                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    off,
+                    100,
+                )
+                .unwrap();
                 let s = (off as usize).min(m.len());
                 let e = (off as usize + 100).min(m.len());
                 m[s..e].fill(0);
@@ -574,7 +646,10 @@ fn concurrent_recreate_crash_images() {
                         };
                         let got = read_all(f, m.len());
                         if got != *m {
-                            panic!("seed {seed} t{t} op {op} f{i} {what}: {}", first_diff(&got, m));
+                            panic!(
+                                "seed {seed} t{t} op {op} f{i} {what}: {}",
+                                first_diff(&got, m)
+                            );
                         }
                     }
                 }));
@@ -602,7 +677,10 @@ fn concurrent_recreate_crash_images() {
                 }
             }
         });
-        eprintln!("seed {seed}: {} images, max pages_out {max_out}", images.len());
+        eprintln!(
+            "seed {seed}: {} images, max pages_out {max_out}",
+            images.len()
+        );
         drop(slots);
         drop(c);
         close(fs, store);
@@ -634,7 +712,9 @@ fn automatic_eviction_keeps_contents_and_accounting() {
         c.write(format!("/a{i}"), &m).unwrap();
         models.push(m);
     }
-    let blocks0: Vec<u64> = (0..8).map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks).collect();
+    let blocks0: Vec<u64> = (0..8)
+        .map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks)
+        .collect();
     let free0 = fs.statfs().bfree;
     store.checkpoint().unwrap();
     for (i, m) in models.iter().enumerate() {
@@ -642,7 +722,9 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     }
     let _ = c.read("/a0").unwrap();
     assert!(fs.pages_out() > 0, "automatic pass evicted nothing");
-    let blocks1: Vec<u64> = (0..8).map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks).collect();
+    let blocks1: Vec<u64> = (0..8)
+        .map(|i| c.metadata(format!("/a{i}")).unwrap().attr.blocks)
+        .collect();
     assert_eq!(blocks0, blocks1);
     assert_eq!(fs.statfs().bfree, free0);
     // partial overwrite of an evicted page, truncate into one, punch one
@@ -651,7 +733,14 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     models[3][4097..4100].copy_from_slice(b"abc");
     f.set_len(10000).unwrap();
     models[3].truncate(10000);
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 200).unwrap();
+    fs.fallocate(
+        &Ctx::root(),
+        f.handle(),
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        100,
+        200,
+    )
+    .unwrap();
     models[3][100..300].fill(0);
     f.set_len(20000).unwrap();
     models[3].resize(20000, 0);
@@ -664,7 +753,11 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     assert_eq!(fs.pages_out() > 0, true, "open loads no page");
     let c = Client::root(fs.clone());
     for (i, m) in models.iter().enumerate() {
-        check_eq(&c.read(format!("/a{i}")).unwrap(), m, &format!("reopen a{i}"));
+        check_eq(
+            &c.read(format!("/a{i}")).unwrap(),
+            m,
+            &format!("reopen a{i}"),
+        );
     }
     drop(c);
     close(fs, store);
@@ -704,7 +797,13 @@ fn unlocked_readers_race_eviction() {
                         }
                         1 => f.set_len(off).unwrap(),
                         _ => fs3
-                            .fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, 3000)
+                            .fallocate(
+                                &Ctx::root(),
+                                f.handle(),
+                                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                off,
+                                3000,
+                            )
                             .unwrap(),
                     }
                 }
@@ -720,7 +819,11 @@ fn unlocked_readers_race_eviction() {
                         let mut b = vec![0u8; len];
                         let n = f.read_at(&mut b, off).unwrap();
                         assert_eq!(n, len);
-                        check_eq(&b, &stable[off as usize..off as usize + len], &format!("seed {seed} read {off}+{len}"));
+                        check_eq(
+                            &b,
+                            &stable[off as usize..off as usize + len],
+                            &format!("seed {seed} read {off}+{len}"),
+                        );
                     }
                 }));
             }
@@ -750,8 +853,22 @@ fn seek_data_hole_across_eviction() {
     f.write_at(&[1u8; 100], PAGE + 5).unwrap();
     f.write_at(&[2u8; 100], 4 * PAGE).unwrap();
     f.write_at(&[3u8; 10], 7 * PAGE + 1).unwrap();
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4 * PAGE, PAGE).unwrap();
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 9 * PAGE, PAGE).unwrap();
+    fs.fallocate(
+        &Ctx::root(),
+        f.handle(),
+        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+        4 * PAGE,
+        PAGE,
+    )
+    .unwrap();
+    fs.fallocate(
+        &Ctx::root(),
+        f.handle(),
+        FALLOC_FL_KEEP_SIZE,
+        9 * PAGE,
+        PAGE,
+    )
+    .unwrap();
     let ino = f.ino();
     let probe = |fs: &Filesystem| -> Vec<(u64, i32, Option<u64>)> {
         let mut v = Vec::new();
@@ -803,8 +920,16 @@ fn journal_replay_onto_kept_pages() {
             }
         }
         f.sync_all().unwrap();
-        let imgs = [disk.crash(Unflushed::Lost), disk.crash(Unflushed::Kept), disk.crash(Unflushed::Torn(seed))];
-        check_eq(&read_all(&f, m.len()), &m, &format!("seed {seed} live {log:?}"));
+        let imgs = [
+            disk.crash(Unflushed::Lost),
+            disk.crash(Unflushed::Kept),
+            disk.crash(Unflushed::Torn(seed)),
+        ];
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("seed {seed} live {log:?}"),
+        );
         drop(f);
         drop(c);
         close(fs, store);
@@ -826,7 +951,11 @@ fn journal_replay_onto_kept_pages() {
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
         let f = c.open("/j", &rw()).unwrap();
-        check_eq(&read_all(&f, m.len()), &m, &format!("seed {seed} clean reopen"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("seed {seed} clean reopen"),
+        );
         drop(f);
         drop(c);
         close(fs, store);
@@ -870,7 +999,9 @@ fn ino_reuse_across_crash_and_reopen() {
                 g.write_at(b"e", 6 * PAGE - 1).unwrap();
                 m[6 * PAGE as usize - 1] = b'e';
             }
-            _ => fs.fallocate(&Ctx::root(), g.handle(), 0, 0, 6 * PAGE).unwrap(),
+            _ => fs
+                .fallocate(&Ctx::root(), g.handle(), 0, 0, 6 * PAGE)
+                .unwrap(),
         }
         g.write_at(b"mid", 2 * PAGE + 10).unwrap();
         m[2 * PAGE as usize + 10..2 * PAGE as usize + 13].copy_from_slice(b"mid");
@@ -886,14 +1017,25 @@ fn ino_reuse_across_crash_and_reopen() {
         drop(c);
         close(fs, store);
         for (k, d) in [img, disk.clone()].iter().enumerate() {
-            let what = format!("round {round} {}", if k == 0 { "crash image" } else { "clean reopen" });
+            let what = format!(
+                "round {round} {}",
+                if k == 0 {
+                    "crash image"
+                } else {
+                    "clean reopen"
+                }
+            );
             let (fs, store) = open_fs(d);
             let c = Client::root(fs.clone());
             let g = c.open(&name, &rw()).unwrap();
             check_eq(&read_all(&g, m.len()), &m, &what);
             store.checkpoint().unwrap();
             fs.evict();
-            check_eq(&read_all(&g, m.len()), &m, &format!("{what} checkpointed+evicted"));
+            check_eq(
+                &read_all(&g, m.len()),
+                &m,
+                &format!("{what} checkpointed+evicted"),
+            );
             drop(g);
             drop(c);
             close(fs, store);
@@ -927,7 +1069,14 @@ fn dropped_kept_pages_do_not_return_after_reopen() {
             f.set_len(PAGE / 2).unwrap();
             m.truncate(PAGE as usize / 2);
         } else {
-            fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 5 * PAGE).unwrap();
+            fs.fallocate(
+                &Ctx::root(),
+                f.handle(),
+                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                100,
+                5 * PAGE,
+            )
+            .unwrap();
             m[100..100 + 5 * PAGE as usize].fill(0);
         }
         if variant & 2 == 0 {
@@ -950,10 +1099,18 @@ fn dropped_kept_pages_do_not_return_after_reopen() {
         assert_eq!(fs.statfs().bfree, free, "{what}: bfree after reopen");
         f.set_len(6 * PAGE).unwrap();
         m.resize(6 * PAGE as usize, 0);
-        check_eq(&read_all(&f, m.len()), &m, &format!("{what} extended after reopen"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("{what} extended after reopen"),
+        );
         store.checkpoint().unwrap();
         fs.evict();
-        check_eq(&read_all(&f, m.len()), &m, &format!("{what} extended, evicted"));
+        check_eq(
+            &read_all(&f, m.len()),
+            &m,
+            &format!("{what} extended, evicted"),
+        );
         drop(f);
         drop(c);
         close(fs, store);
@@ -983,7 +1140,8 @@ fn size_limit_with_evicted_pages() {
     assert!(fs.evict() > 0);
     assert_eq!(fs.statfs().bfree, st.bfree, "bfree across evict");
     let f = c.open("/a", &rw()).unwrap();
-    f.write_at(b"partial", 3 * PAGE + 11).expect("partial write into an evicted page of a full fs");
+    f.write_at(b"partial", 3 * PAGE + 11)
+        .expect("partial write into an evicted page of a full fs");
     a[3 * PAGE as usize + 11..3 * PAGE as usize + 18].copy_from_slice(b"partial");
     assert!(f.write_at(b"x", 20 * PAGE).is_err(), "write past the limit");
     check_eq(&read_all(&f, a.len()), &a, "a");
@@ -1003,7 +1161,8 @@ fn size_limit_with_evicted_pages() {
     drop(t);
     let free = fs.statfs().bfree;
     assert_eq!(free, 6, "6 pages freed by the rename");
-    c.write("/c", &[9u8; 2 * PAGE as usize]).expect("freed space is usable");
+    c.write("/c", &[9u8; 2 * PAGE as usize])
+        .expect("freed space is usable");
     let cdata = vec![9u8; 2 * PAGE as usize];
     let sync = c.open("/c", &rw()).unwrap();
     sync.sync_all().unwrap();
@@ -1024,5 +1183,53 @@ fn size_limit_with_evicted_pages() {
         drop(c);
         close(fs, store);
         fsck(&d, "size limit");
+    }
+}
+
+/// The same model check on a store in a real directory (the real disk backend under redb):
+/// random ops with checkpoints and evictions in between, reads compared to the model, then
+/// close, fsck and reopen.
+#[test]
+fn real_dir_random_ops_vs_model() {
+    for seed in seeds(1, 6000) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("s");
+        let o = open(&dir, cfg(), Options::default()).unwrap();
+        let (fs, store) = (Arc::new(o.fs), o.store);
+        let c = Client::root(fs.clone());
+        let mut rng = StdRng::seed_from_u64(seed);
+        let files: Vec<_> = (0..3)
+            .map(|i| c.open(format!("/f{i}"), &rwc()).unwrap())
+            .collect();
+        let mut models = vec![Vec::new(); 3];
+        for op in 0..400 {
+            let i = rng.random_range(0..3);
+            let what = random_op(&fs, &files[i], &mut models[i], &mut rng);
+            if op % 20 == 0 {
+                store.checkpoint().unwrap();
+                fs.evict();
+            }
+            check_eq(
+                &read_all(&files[i], models[i].len()),
+                &models[i],
+                &format!("seed {seed} op {op} {what}"),
+            );
+        }
+        drop(files);
+        drop(c);
+        close(fs, store);
+        lanefs_store::fsck::check(&dir, &Options::default()).expect("fsck");
+        let o = open(&dir, cfg(), Options::default()).unwrap();
+        let (fs, store) = (Arc::new(o.fs), o.store);
+        let c = Client::root(fs.clone());
+        for (i, m) in models.iter().enumerate() {
+            check_eq(
+                &c.read(format!("/f{i}")).unwrap(),
+                m,
+                &format!("seed {seed} reopen f{i}"),
+            );
+        }
+        drop(c);
+        close(fs, store);
     }
 }
