@@ -750,7 +750,7 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     close(fs, store);
     fsck(&disk, "auto");
     let (fs, store) = open_fs(&disk);
-    assert_eq!(fs.pages_out() > 0, true, "open loads no page");
+    assert!(fs.pages_out() > 0, "open loads no page");
     let c = Client::root(fs.clone());
     for (i, m) in models.iter().enumerate() {
         check_eq(
@@ -1161,7 +1161,7 @@ fn size_limit_with_evicted_pages() {
     drop(t);
     let free = fs.statfs().bfree;
     assert_eq!(free, 6, "6 pages freed by the rename");
-    c.write("/c", &[9u8; 2 * PAGE as usize])
+    c.write("/c", [9u8; 2 * PAGE as usize])
         .expect("freed space is usable");
     let cdata = vec![9u8; 2 * PAGE as usize];
     let sync = c.open("/c", &rw()).unwrap();
