@@ -386,8 +386,8 @@ impl SimDisk {
         self.shared.state.lock().syncs
     }
 
-    /// From now on, writes and allocations that would store more than `bytes` in all fail
-    /// with ENOSPC (`None`: no limit).
+    /// From now on, writes, allocations and growing `set_len`s that would store more than
+    /// `bytes` in all fail with ENOSPC (`None`: no limit).
     pub fn set_space(&self, bytes: Option<u64>) {
         self.shared.state.lock().space = bytes;
     }
@@ -720,6 +720,19 @@ impl DiskFile for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.disk.with(|s| {
+            // Growing stores more bytes (this disk counts a file's length as its usage), so
+            // it is refused past the space limit like a write or an allocation; else a file
+            // grown past the limit would leave every later write failing, even those into
+            // space already allocated.
+            let grow = len.saturating_sub(s.files[&self.id].data.len() as u64);
+            if let Some(space) = s.space
+                && grow > 0
+            {
+                let used: u64 = s.files.values().map(|f| f.data.len() as u64).sum();
+                if used + grow > space {
+                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+                }
+            }
             let f = s.files.get_mut(&self.id).expect("open file");
             f.data.resize(len as usize, 0);
             f.pending.push(Change::SetLen(len));

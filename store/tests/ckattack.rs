@@ -19,7 +19,7 @@ use lanefs::{
     FS_NOATIME_FL, FS_NODUMP_FL, Filesystem, OpenOptions, RENAME_EXCHANGE, RENAME_WHITEOUT,
 };
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
-use lanefs_store::{Opened, Options, StoreError, fsck, open};
+use lanefs_store::{Opened, Options, StoreError, StoreHandle, fsck, open};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
@@ -998,9 +998,338 @@ fn a_missing_checkpoint_after_recycling_is_damage() {
     }
 }
 
-/// Checkpoints while the host is full: they fail (or succeed) without losing anything; once
-/// there is room again a checkpoint succeeds and the reopened store is the live one. Power
-/// cuts during the full period keep every fsynced file.
+/// The journal's segments, in order: (sequence number, LSN of the first record; `None` for
+/// a spare), read from the files as docs/STORE.md ("Segments") lays them out.
+fn segments(disk: &SimDisk) -> Vec<(u64, Option<u64>)> {
+    let jd = Path::new(DIR).join("journal");
+    let mut v: Vec<_> = disk
+        .files()
+        .into_iter()
+        .filter(|(p, _)| p.parent() == Some(&jd))
+        .map(|(p, b)| {
+            let name = p.file_name().unwrap().to_str().unwrap().to_owned();
+            let seq = u64::from_str_radix(name.strip_suffix(".seg").unwrap(), 16).unwrap();
+            let used = b.len() >= 64 && b[..64].iter().any(|&x| x != 0);
+            (
+                seq,
+                used.then(|| u64::from_le_bytes(b[40..48].try_into().unwrap())),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// After a checkpoint up to `lsn`: no segment it covers is left (one whose successor starts
+/// at or below `lsn + 1`), and none it does not cover is gone (the first one left starts at
+/// or below `lsn + 1`, and the sequence numbers have no gap).
+fn assert_recycled(segs: &[(u64, Option<u64>)], lsn: u64, what: &str) {
+    for w in segs.windows(2) {
+        if let Some(first) = w[1].1 {
+            assert!(
+                first > lsn + 1,
+                "{what}: segment {} is covered by the checkpoint up to {lsn} (segment {} starts \
+                 at {first}) but was not removed: {segs:?}",
+                w[0].0,
+                w[1].0
+            );
+        }
+        assert_eq!(w[0].0 + 1, w[1].0, "{what}: a gap in the journal: {segs:?}");
+    }
+    if let Some(&(_, Some(first))) = segs.first() {
+        assert!(
+            first <= lsn + 1,
+            "{what}: the journal starts at record {first}, the checkpoint ends at {lsn}: {segs:?}"
+        );
+    }
+}
+
+/// Whether a checkpoint's error is the host's ENOSPC.
+fn is_enospc(e: &str) -> bool {
+    e.contains(&std::io::Error::from_raw_os_error(libc::ENOSPC).to_string())
+}
+
+fn file_len(disk: &SimDisk, path: &Path) -> u64 {
+    disk.files()
+        .into_iter()
+        .find(|(p, _)| p == path)
+        .map_or(0, |(_, b)| b.len() as u64)
+}
+
+/// A store with a checkpoint, journal after it, and more new file data after it than
+/// `checkpoint.redb` holds in all (so that the next checkpoint must grow the file), all
+/// durable. Returns the store, its filesystem and client, and the workload's generator.
+fn grown_past_checkpoint(
+    disk: &SimDisk,
+    seed: u64,
+) -> (StoreHandle, Arc<Filesystem>, Client, StdRng) {
+    let Opened { fs, store, .. } = reopen(opts(disk, 8192, u64::MAX, usize::MAX));
+    let fs = Arc::new(fs);
+    let c = Client::root(fs.clone());
+    let mut rng = StdRng::seed_from_u64(seed);
+    setup_dirs(&c);
+    for k in 0..300 {
+        step(&c, &mut rng, k % 4);
+    }
+    assert!(store.checkpoint().unwrap() > 0);
+    for k in 0..200 {
+        step(&c, &mut rng, k % 4);
+    }
+    let ck_len = file_len(disk, &ckpt_path());
+    let (mut big, mut k) = (0u64, 0u64);
+    while big < 2 * ck_len + (64 << 10) {
+        let n = rng.random_range(20_000..60_000);
+        c.write(format!("/big{k}"), vec![(k as u8) | 1; n]).unwrap();
+        big += n as u64;
+        k += 1;
+    }
+    fs.sync_all().unwrap();
+    journal_idle(disk);
+    (store, fs, c, rng)
+}
+
+/// Waits until the journal is idle after a sync: the spare segment made ahead of need
+/// (docs/STORE.md, "Segment switch") is whole and durable, so that nothing but a checkpoint
+/// touches the disk until the workload goes on.
+fn journal_idle(disk: &SimDisk) {
+    let size = 8192;
+    let jd = Path::new(DIR).join("journal");
+    let last = |d: &SimDisk| {
+        d.files()
+            .into_iter()
+            .filter(|(p, _)| p.parent() == Some(&jd))
+            .max_by(|a, b| a.0.cmp(&b.0))
+    };
+    let t = std::time::Instant::now();
+    loop {
+        let img = disk.crash(Unflushed::Lost);
+        if let (Some((p, b)), Some((q, _))) = (last(&img), last(disk))
+            && p == q
+            && b.len() as u64 >= size
+            && b.iter().all(|&x| x == 0)
+        {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no spare segment is made"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Checkpoints while the host is full: each fails with ENOSPC (every one of them, not just
+/// the first: redb refuses every transaction after a failed one until its database is
+/// reopened), removes no segment and loses nothing acknowledged (power cuts during the full
+/// period keep every fsynced file); once there is room again a checkpoint of the same open
+/// store succeeds, the segments it covers are removed, a power cut then keeps it, and the
+/// reopened store is exactly the live one.
+#[test]
+fn checkpoint_while_out_of_space_then_recovers() {
+    let seed = seed();
+    eprintln!("seed {seed}");
+    let disk = SimDisk::new();
+    let (store, fs, c, mut rng) = grown_past_checkpoint(&disk, seed);
+    let ck_lsn = store.checkpoint_lsn();
+    assert!(ck_lsn > 0);
+    let mut acked_dump = dump(&fs, false);
+    // Little room: less than the checkpoint must grow by, so every try fails.
+    for extra in [0u64, 0, 0, 100, 1000, 5000, 20000] {
+        let before = segments(&disk);
+        disk.set_space(Some(disk.used() + extra));
+        let r = store.checkpoint();
+        eprintln!("checkpoint with {extra} bytes of room: {r:?}");
+        match r {
+            Ok(n) => panic!(
+                "seed {seed}: a checkpoint of {n} records needing more than {extra} bytes of \
+                 room succeeded"
+            ),
+            Err(e) => assert!(
+                is_enospc(&e),
+                "seed {seed}: a checkpoint with {extra} bytes of room failed, but not for \
+                 lack of space: {e}"
+            ),
+        }
+        assert_eq!(store.checkpoint_lsn(), ck_lsn, "seed {seed}");
+        // (A spare the journal could not make for lack of room is removed by the journal:
+        // it holds no record. Waiting for an idle journal keeps that from happening here,
+        // but it would not be wrong.)
+        let after = segments(&disk);
+        for s in before.iter().filter(|s| s.1.is_some()) {
+            assert!(
+                after.contains(s),
+                "seed {seed}: segment {} removed by a failed checkpoint",
+                s.0
+            );
+        }
+        // Images of the full host keep what was acknowledged.
+        let img = disk.crash(Unflushed::Lost);
+        let oi = open(Path::new(DIR), Config::default(), manual(&img))
+            .unwrap_or_else(|e| panic!("seed {seed}: image while full ({extra}): {e}"));
+        assert_eq!(oi.report.checkpoint_lsn, ck_lsn, "seed {seed}");
+        let back = dump(&oi.fs, false);
+        for (p, n) in &acked_dump {
+            let b = back
+                .get(p)
+                .unwrap_or_else(|| panic!("seed {seed}: {} lost", String::from_utf8_lossy(p)));
+            assert!(
+                b.content == n.content,
+                "seed {seed}: {} content differs ({} vs {} bytes)",
+                String::from_utf8_lossy(p),
+                b.content.len(),
+                n.content.len()
+            );
+        }
+        drop(oi);
+        // Let more records in for the next try.
+        disk.set_space(None);
+        for k in 0..30 {
+            step(&c, &mut rng, k % 4);
+        }
+        fs.sync_all()
+            .unwrap_or_else(|e| panic!("seed {seed}: sync with room: {e:?}"));
+        journal_idle(&disk);
+        acked_dump = dump(&fs, false);
+    }
+    // Room again; the same open store.
+    let before = segments(&disk);
+    let n = store
+        .checkpoint()
+        .unwrap_or_else(|e| panic!("seed {seed}: checkpoint once there is room: {e}"));
+    eprintln!("checkpoint with room: {n} records");
+    assert!(n > 0, "seed {seed}");
+    let lsn = store.checkpoint_lsn();
+    assert_eq!(
+        lsn,
+        store.counters().lsn,
+        "seed {seed}: the checkpoint holds every record written"
+    );
+    let after = segments(&disk);
+    eprintln!("segments before {before:?}\nafter {after:?}");
+    assert_recycled(&after, lsn, &format!("seed {seed}"));
+    let removed: Vec<u64> = before
+        .iter()
+        .map(|s| s.0)
+        .filter(|q| !after.iter().any(|a| a.0 == *q))
+        .collect();
+    assert!(
+        !removed.is_empty(),
+        "seed {seed}: no segment removed: {before:?}"
+    );
+    assert!(
+        removed.iter().all(|&q| q < after[0].0),
+        "seed {seed}: removed {removed:?}, left {after:?}"
+    );
+    // The new checkpoint is durable: a power cut now keeps it and the whole live tree.
+    let live = dump(&fs, true);
+    let img = disk.crash(Unflushed::Lost);
+    let oi = open(Path::new(DIR), Config::default(), manual(&img)).unwrap();
+    assert_eq!(oi.report.checkpoint_lsn, lsn, "seed {seed}");
+    let back = dump(&oi.fs, true);
+    assert!(
+        live == back,
+        "seed {seed}: power cut after the checkpoint:\n{}",
+        diff(&live, &back)
+    );
+    drop(oi);
+    for k in 0..50 {
+        step(&c, &mut rng, k % 4);
+    }
+    let live = dump(&fs, true);
+    drop(c);
+    drop(fs);
+    store.close().unwrap();
+    fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
+    let o = reopen(manual(&disk));
+    assert_eq!(o.report.checkpoint_lsn, lsn, "seed {seed}");
+    let back = dump(&o.fs, true);
+    assert!(
+        live == back,
+        "seed {seed}: reopened differs:\n{}",
+        diff(&live, &back)
+    );
+}
+
+/// A checkpoint that fails for lack of space, on a host that also fails (EIO) from the next
+/// flush on, which is the drop or the reopen of the checkpoint's database after the failure:
+/// the reopen fails, and so does the next one; the store goes on from its journal; once the
+/// host works, the next checkpoint reopens the database and succeeds, without reopening the
+/// store.
+#[test]
+fn checkpoint_reopen_that_fails_is_tried_again() {
+    let seed = seed();
+    eprintln!("seed {seed}");
+    let disk = SimDisk::new();
+    let (store, fs, c, mut rng) = grown_past_checkpoint(&disk, seed);
+    let ck_lsn = store.checkpoint_lsn();
+    let before = segments(&disk);
+    let live = dump(&fs, true);
+    // No room (the checkpoint fails growing its file, before any flush of its own); the
+    // first flush goes through, everything after it fails.
+    disk.set_space(Some(disk.used()));
+    disk.on_sync(|d, at| {
+        if at == SyncPoint::Before {
+            d.set_failing(true);
+        }
+    });
+    let r = store.checkpoint();
+    disk.clear_hook();
+    eprintln!("checkpoint on a failing host: {r:?}");
+    let e = r.expect_err("a checkpoint on a failing host succeeded");
+    assert!(
+        is_enospc(&e) && e.contains("reopening the checkpoint"),
+        "seed {seed}: not ENOSPC, then a failed reopen: {e}"
+    );
+    assert_eq!(store.checkpoint_lsn(), ck_lsn);
+    // Still failing: the reopen fails again, nothing else happens.
+    let e = store
+        .checkpoint()
+        .expect_err("checkpoint on a failing host");
+    assert!(e.contains("reopening the checkpoint"), "seed {seed}: {e}");
+    // A power cut now keeps the last checkpoint and every synced change.
+    let img = disk.crash(Unflushed::Lost);
+    let oi = open(Path::new(DIR), Config::default(), manual(&img)).unwrap();
+    assert_eq!(oi.report.checkpoint_lsn, ck_lsn, "seed {seed}");
+    let back = dump(&oi.fs, true);
+    assert!(live == back, "seed {seed}: image:\n{}", diff(&live, &back));
+    drop(oi);
+    disk.set_failing(false);
+    disk.set_space(None);
+    assert_eq!(segments(&disk), before, "seed {seed}");
+    // The journal never failed: the store serves on.
+    fs.sync_all().unwrap();
+    for k in 0..30 {
+        step(&c, &mut rng, k % 4);
+    }
+    let n = store
+        .checkpoint()
+        .unwrap_or_else(|e| panic!("seed {seed}: checkpoint once the host works: {e}"));
+    assert!(n > 0);
+    let lsn = store.checkpoint_lsn();
+    assert_eq!(lsn, store.counters().lsn, "seed {seed}");
+    assert_recycled(&segments(&disk), lsn, &format!("seed {seed}"));
+    assert!(
+        segments(&disk)[0].0 > before[0].0,
+        "seed {seed}: nothing removed"
+    );
+    let live2 = dump(&fs, true);
+    drop(c);
+    drop(fs);
+    store.close().unwrap();
+    fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
+    let o = reopen(manual(&disk));
+    assert_eq!(o.report.checkpoint_lsn, lsn, "seed {seed}");
+    let back = dump(&o.fs, true);
+    assert!(
+        live2 == back,
+        "seed {seed}: reopened differs:\n{}",
+        diff(&live2, &back)
+    );
+}
+
+/// A checkpoint when the host fails (EIO) is refused; what was acknowledged survives; and the
+/// store (stopped by EIO) reopens to a state including every acknowledged change. Also with
+/// the host failing only during the checkpoint's own flushes.
 #[test]
 fn checkpoint_on_a_failing_host_loses_nothing_acknowledged() {
     for variant in 0..2 {

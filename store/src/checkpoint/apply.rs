@@ -9,7 +9,9 @@
 //! workloads checkpointed and reloaded must dump the same tree, attributes, contents and
 //! xattrs as the live filesystem. A record that does not fit the keys (an inode or entry
 //! that is missing or has another generation) is an error: the checkpoint is abandoned and
-//! the journal keeps the records.
+//! the journal keeps the records. Errors say which of the two they are ([`ApplyError`]):
+//! redb's own failure (the host's error underneath) leaves the database to be reopened
+//! (mod.rs), a record that does not fit leaves it as it is.
 
 use lanefs::{InodeId, Record, Timespec};
 use redb::{ReadableTable, Table};
@@ -32,10 +34,34 @@ pub(crate) struct Tables<'t> {
     pub max_generation: u64,
 }
 
-type R<T> = Result<T, String>;
+/// Why a record could not be applied.
+#[derive(Debug)]
+pub(crate) enum ApplyError {
+    /// redb failed (the host refused a read, write or flush, or redb itself): the write
+    /// transaction is lost, and the database may refuse every later one until reopened.
+    Db(String),
+    /// The record does not fit the keys; redb is unharmed.
+    Misfit(String),
+}
 
-fn db(e: impl std::fmt::Display) -> String {
-    format!("checkpoint: {e}")
+impl From<String> for ApplyError {
+    fn from(s: String) -> ApplyError {
+        ApplyError::Misfit(s)
+    }
+}
+
+impl std::fmt::Display for ApplyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApplyError::Db(s) | ApplyError::Misfit(s) => f.write_str(s),
+        }
+    }
+}
+
+type R<T> = Result<T, ApplyError>;
+
+fn db(e: impl std::fmt::Display) -> ApplyError {
+    ApplyError::Db(format!("checkpoint: {e}"))
 }
 
 impl Tables<'_> {
@@ -60,10 +86,9 @@ impl Tables<'_> {
             .ok_or_else(|| format!("inode {id} is not in the checkpoint"))?;
         let v = InodeVal::decode(&v).map_err(|e| format!("inode {}: {e}", id.ino))?;
         if v.generation != id.generation.0 {
-            return Err(format!(
-                "inode {id}: the checkpoint has generation {}",
-                v.generation
-            ));
+            return Err(
+                format!("inode {id}: the checkpoint has generation {}", v.generation).into(),
+            );
         }
         Ok(v)
     }
@@ -95,7 +120,7 @@ impl Tables<'_> {
                     String::from_utf8_lossy(name)
                 )
             })?;
-        EntryVal::decode(&v)
+        Ok(EntryVal::decode(&v)?)
     }
 
     fn put_entry(&mut self, dir: InodeId, name: &[u8], e: EntryVal) -> R<()> {
@@ -107,7 +132,8 @@ impl Tables<'_> {
             return Err(format!(
                 "{dir}/{} is not in the checkpoint",
                 String::from_utf8_lossy(name)
-            ));
+            )
+            .into());
         }
         Ok(())
     }
@@ -152,7 +178,7 @@ impl Tables<'_> {
         };
         let k = kv::ino_key(kv::INODE, n.id.ino.0);
         if n.id.ino.0 != 1 && self.get(&k)?.is_some() {
-            return Err(format!("inode number {} is in use", n.id.ino));
+            return Err(format!("inode number {} is in use", n.id.ino).into());
         }
         self.put(&k, &v.encode())?;
         self.set_xattr(
@@ -451,7 +477,7 @@ impl Tables<'_> {
             }
             Record::Tmpfile { inode, flags } => {
                 if inode.mode & libc::S_IFMT != libc::S_IFREG {
-                    return Err(format!("tmpfile {} is not a regular file", inode.id));
+                    return Err(format!("tmpfile {} is not a regular file", inode.id).into());
                 }
                 self.new_inode(&inode, flags, 0)?;
                 // No name: an orphan (`update` keeps the mark in step) until a Link names it
@@ -462,7 +488,7 @@ impl Tables<'_> {
                 let v = self.inode(inode)?;
                 if let Some(size) = change.size {
                     if !v.is_file() {
-                        return Err(format!("size set on inode {inode}, not a file"));
+                        return Err(format!("size set on inode {inode}, not a file").into());
                     }
                     self.truncate(inode.ino.0, size)?;
                 }
@@ -553,10 +579,9 @@ impl Tables<'_> {
             Record::Free { inode } => {
                 let v = self.inode(inode)?;
                 if v.nlink != 0 {
-                    return Err(format!(
-                        "free of inode {inode}, which has {} links",
-                        v.nlink
-                    ));
+                    return Err(
+                        format!("free of inode {inode}, which has {} links", v.nlink).into(),
+                    );
                 }
                 let ino = inode.ino.0;
                 self.del(&kv::ino_key(kv::INODE, ino))?;
@@ -572,7 +597,7 @@ impl Tables<'_> {
         if self.inode(id)?.is_file() {
             Ok(())
         } else {
-            Err(format!("data record for inode {id}, not a file"))
+            Err(format!("data record for inode {id}, not a file").into())
         }
     }
 
@@ -592,7 +617,8 @@ impl Tables<'_> {
             return Err(format!(
                 "{from}/{} does not name inode {inode}",
                 String::from_utf8_lossy(from_name)
-            ));
+            )
+            .into());
         }
         match replaced {
             Some(t) if exchange => {

@@ -31,6 +31,40 @@
 //!   (`take`), which is what allows the engine to drop them (docs/STORE.md, "File data out of
 //!   memory").
 //!
+//! **Errors.** After redb fails in a write transaction (the host's ENOSPC or EIO in a write,
+//! a growth of the file or a flush, or redb's own error), the `Database` refuses every later
+//! transaction ("close and re-open the database"). So when redb's error ends a checkpoint
+//! (`apply::ApplyError::Db`, or any error from beginning, writing or committing the
+//! transaction, or a panic in redb), [`Checkpoint::advance`] drops the `Database` (after an
+//! I/O failure redb writes nothing more to the file, leaving it as a crash would: the last
+//! committed transaction, whole, since redb's commit is crash-safe) and opens it again from
+//! the same file through the same backend, as the store's opening does (redb's recovery,
+//! the superblock; not the integrity check, see `reopen`). If that fails too (still no room, EIO), the store goes on without it,
+//! serving from the journal, and the next checkpoint tries the reopen first. A record that
+//! does not fit the keys, a journal that cannot be read, or a stop leave redb as it is
+//! (the transaction is dropped, i.e. aborted). Segments are removed only up to
+//! `committed`, the LSN of the last commit known durable (one that returned `Ok`, or the one
+//! found at opening), never past it: a reopen that finds a commit that reported an error
+//! builds on it but removes nothing for it until a later commit succeeds, and a reopen that
+//! finds less than `committed` is refused (the segments for it may be gone).
+//!
+//! **Locking.** The open store's [`Checkpoint`] lives in one mutex (`Checkpointer::ck`).
+//! Every use of its `Database`, and the drop and reopen that replace it, happen with that
+//! mutex held and `&mut Checkpoint`: by the checkpointer's thread, by
+//! [`Checkpointer::now`] (`StoreHandle::checkpoint`), and by [`Checkpointer::lsn`]
+//! (`StoreHandle::checkpoint_lsn`, which therefore waits for a checkpoint in progress).
+//! Transactions never outlive [`Checkpoint::advance`] or [`Checkpoint::load`], so when the
+//! `Database` is dropped nothing holds a transaction of it (redb would otherwise defer its
+//! close to the transaction's end), and no one sees the swap. [`Checkpoint::load`] runs
+//! while the store is being opened, before the checkpointer exists. fsck opens a
+//! `Database` of its own, under the store's lock file, so never while a store has it open.
+//!
+//! The page readers (`pages.rs`) share the open `Database` through a slot of their own
+//! (`Shared`), outside the mutex: a reopen first empties the slot, waits until no reader
+//! holds the old `Database` (a read transaction is short), drops it, and puts the new one
+//! in. While the slot is empty (between the failure and a successful reopen), reads of file
+//! pages out of memory fail with EIO.
+//!
 //! The engine holds every inode and name in memory; the checkpoint bounds the journal, the
 //! time to open, and the file data in memory.
 
@@ -40,7 +74,7 @@ pub(crate) mod kv;
 mod load;
 mod pages;
 
-pub(crate) use pages::PageReader;
+pub(crate) use pages::{PageReader, Shared};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,11 +102,48 @@ const CACHE: usize = 64 << 20;
 
 /// The checkpoint of an open store.
 pub(crate) struct Checkpoint {
-    db: Arc<Database>,
+    /// `None` after redb failed, until [`Checkpoint::advance`] reopens it (module doc,
+    /// "Errors").
+    db: Option<Arc<Database>>,
+    /// The same database, for the page readers (module doc, "Locking").
+    shared: Shared,
     path: PathBuf,
     store: PathBuf,
     uuid: [u8; 16],
+    /// The superblock of the state `db` holds: what the next transaction builds on.
     sb: Superblock,
+    /// Every record up to this LSN is in a checkpoint whose commit was known durable: one
+    /// that returned without error, or the one found when the store was opened. Segments are
+    /// removed up to it, never past it. Below `sb.lsn` only when a reopen found a commit that
+    /// had reported an error (its flush may not have made it durable), until the next
+    /// commit succeeds.
+    committed: u64,
+    /// The segments `committed` covers may still be there (their removal failed).
+    recycle_due: bool,
+}
+
+/// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
+struct Failed {
+    why: String,
+    /// redb failed (or panicked): the database may refuse every later transaction, so it is
+    /// dropped and reopened.
+    reopen: bool,
+}
+
+impl Failed {
+    fn db(e: impl std::fmt::Display) -> Failed {
+        Failed {
+            why: e.to_string(),
+            reopen: true,
+        }
+    }
+
+    fn other(why: impl Into<String>) -> Failed {
+        Failed {
+            why: why.into(),
+            reopen: false,
+        }
+    }
 }
 
 fn damaged(path: &Path, what: impl std::fmt::Display) -> StoreError {
@@ -96,14 +167,33 @@ fn guarded<T, E>(f: impl FnOnce() -> Result<T, E>, err: impl FnOnce(String) -> E
         .unwrap_or_else(|p| Err(err(format!("reading it panicked: {}", panic_text(p)))))
 }
 
-fn open_db(disk: &dyn Disk, path: &Path) -> Result<Database, StoreError> {
+/// redb's error opening or checking the checkpoint: the host's error (one with an errno:
+/// EIO, ENOSPC) as such, anything else as damage (a read past the end of a truncated file
+/// is damage, not the host's failure).
+fn open_error(path: &Path, what: &str, e: redb::DatabaseError) -> StoreError {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(source))
+            if source.raw_os_error().is_some() =>
+        {
+            StoreError::Io {
+                path: path.to_path_buf(),
+                op: "open the checkpoint",
+                source,
+            }
+        }
+        e => damaged(path, format_args!("{what}: {e}")),
+    }
+}
+
+/// Opens `path` as a redb database (`create`: making the file if it is missing).
+fn open_db(disk: &dyn Disk, path: &Path, create: bool) -> Result<Database, StoreError> {
     let file = disk
-        .open(path, true)
+        .open(path, create)
         .map_err(StoreError::io(path, "open"))?;
     Database::builder()
         .set_cache_size(CACHE)
         .create_with_backend(backend::Backend::new(file, path))
-        .map_err(|e| damaged(path, format_args!("the checkpoint cannot be opened: {e}")))
+        .map_err(|e| open_error(path, "the checkpoint cannot be opened", e))
 }
 
 impl Checkpoint {
@@ -125,26 +215,28 @@ impl Checkpoint {
             Self::make(disk, dir, uuid)?;
         }
         guarded(
-            || Self::open_made(disk, dir, &path, uuid),
+            || Self::open_made(disk, dir, &path, uuid, true),
             |e| damaged(&path, e),
         )
         .map(Some)
     }
 
+    /// Opens the existing checkpoint `path`; `verify` runs redb's integrity check.
     fn open_made(
         disk: &dyn Disk,
         dir: &Path,
         path: &Path,
         uuid: [u8; 16],
+        verify: bool,
     ) -> Result<Checkpoint, StoreError> {
         let path = path.to_path_buf();
-        let mut db = open_db(disk, &path)?;
+        let mut db = open_db(disk, &path, false)?;
         // redb verifies its page checksums here, not on every read: without this check a
         // damaged data page would load as file contents.
-        match db.check_integrity() {
-            Ok(true) => {}
-            Ok(false) => return Err(damaged(&path, "redb's integrity check failed")),
-            Err(e) => return Err(damaged(&path, format_args!("redb's integrity check: {e}"))),
+        match verify.then(|| db.check_integrity()) {
+            None | Some(Ok(true)) => {}
+            Some(Ok(false)) => return Err(damaged(&path, "redb's integrity check failed")),
+            Some(Err(e)) => return Err(open_error(&path, "redb's integrity check", e)),
         }
         let sb = {
             let txn = db
@@ -162,12 +254,16 @@ impl Checkpoint {
         if sb.uuid != uuid {
             return Err(damaged(&path, "checkpoint of another store"));
         }
+        let db = Arc::new(db);
         Ok(Checkpoint {
-            db: Arc::new(db),
+            shared: Arc::new(parking_lot::RwLock::new(Some(db.clone()))),
+            db: Some(db),
             path,
             store: dir.to_path_buf(),
             uuid,
+            committed: sb.lsn,
             sb,
+            recycle_due: false,
         })
     }
 
@@ -192,7 +288,7 @@ impl Checkpoint {
             disk.remove(&tmp).map_err(StoreError::io(&tmp, "remove"))?;
         }
         {
-            let db = open_db(disk, &tmp)?;
+            let db = open_db(disk, &tmp, true)?;
             let fail = |e: &dyn std::fmt::Display| StoreError::Io {
                 path: tmp.clone(),
                 op: "make the checkpoint",
@@ -230,7 +326,7 @@ impl Checkpoint {
 
     /// A reader of the checkpoint's file pages (`pages.rs`).
     pub(crate) fn pages(&self) -> PageReader {
-        PageReader::new(self.db.clone(), self.path.clone())
+        PageReader::new(self.shared.clone(), self.path.clone())
     }
 
     /// Loads the checkpoint into `rec` (see `load.rs`); returns the inodes loaded.
@@ -238,9 +334,13 @@ impl Checkpoint {
         if self.sb.lsn == 0 {
             return Ok(0);
         }
+        let db = self
+            .db
+            .as_ref()
+            .ok_or_else(|| damaged(&self.path, "the checkpoint is not open"))?;
         guarded(
             || {
-                let txn = self.db.begin_read().map_err(|e| {
+                let txn = db.begin_read().map_err(|e| {
                     damaged(&self.path, format_args!("reading the checkpoint: {e}"))
                 })?;
                 load::load(&txn, &self.sb, rec).map_err(|e| damaged(&self.path, e))
@@ -251,14 +351,96 @@ impl Checkpoint {
 
     /// Applies the journal's records after the checkpoint up to LSN `upto` (which must be
     /// durable in the journal) and commits them; then removes the segments it covers. `stop`
-    /// abandons it between records. Returns the records applied.
+    /// abandons it between records. Returns the records applied. If redb failed, the
+    /// database is dropped and reopened, here or (if that fails too) by the next call
+    /// (module doc, "Errors").
     pub(crate) fn advance(
         &mut self,
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
     ) -> Result<u64, String> {
-        guarded(|| self.advance_inner(disk, upto, stop), |e| e)
+        if upto <= self.sb.lsn {
+            if self.recycle_due {
+                // Segments the last commit covers, left by a removal that failed (a commit
+                // removes them itself).
+                self.recycle(disk).map_err(|e| e.to_string())?;
+            }
+            return Ok(0);
+        }
+        if self.db.is_none() {
+            self.reopen(disk)?;
+        }
+        let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
+        match r {
+            Ok(applied) => Ok(applied),
+            Err(f) if f.reopen => {
+                // redb refuses every transaction after some failures ("close and re-open the
+                // database"): drop it (its file is left as a crash would leave it: the last
+                // committed transaction, which the reopen recovers) and reopen it now.
+                self.close_db();
+                match self.reopen(disk) {
+                    Ok(()) => Err(f.why),
+                    Err(e) => Err(format!("{}; then {e}", f.why)),
+                }
+            }
+            Err(f) => Err(f.why),
+        }
+    }
+
+    /// Drops the database (redb closes its file), never panicking.
+    fn close_db(&mut self) {
+        *self.shared.write() = None;
+        if let Some(mut db) = self.db.take() {
+            // Page readers that took it before the slot was emptied finish their read
+            // transaction: wait for them, so that the reopen never opens the file while
+            // another `Database` of it is alive.
+            let db = loop {
+                match Arc::try_unwrap(db) {
+                    Ok(db) => break db,
+                    Err(still) => {
+                        db = still;
+                        std::thread::sleep(Duration::from_micros(100));
+                    }
+                }
+            };
+            // Nothing of it is borrowed: transactions live only inside `advance_inner`.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
+        }
+    }
+
+    /// Opens the database again from its file, through the same storage seam, after redb
+    /// failed: it recovers to its last committed transaction, as after a crash. The
+    /// superblock found there becomes the base of the next transaction. Without redb's
+    /// integrity check (a read of the whole file, which opening the store did): a failed
+    /// transaction never writes over a page the last committed one uses (redb's commit is
+    /// crash-safe at any point), so the reopened database holds what the dropped one had
+    /// committed, no less trustworthy than it, and retrying on a full host does not read the
+    /// whole checkpoint each time.
+    fn reopen(&mut self, disk: &dyn Disk) -> Result<(), String> {
+        let fresh = guarded(
+            || Self::open_made(disk, &self.store, &self.path, self.uuid, false),
+            |e| damaged(&self.path, e),
+        )
+        .map_err(|e| format!("reopening the checkpoint: {e}"))?;
+        let sb = fresh.sb;
+        if sb.lsn < self.committed {
+            // A commit that returned Ok is gone, and the segments it covered may be too.
+            return Err(format!(
+                "reopening the checkpoint: {}: it holds records up to {}, but a commit up to {} \
+                 had succeeded",
+                self.path.display(),
+                sb.lsn,
+                self.committed
+            ));
+        }
+        // Above `committed` only if a commit that reported an error (in its last flush)
+        // reached the file anyway: build on it, but remove no segment for it until a commit
+        // is known durable (`committed` stays).
+        self.sb = sb;
+        *self.shared.write() = fresh.db.clone();
+        self.db = fresh.db;
+        Ok(())
     }
 
     fn advance_inner(
@@ -266,22 +448,23 @@ impl Checkpoint {
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
-    ) -> Result<u64, String> {
-        if upto <= self.sb.lsn {
-            return Ok(0);
-        }
+    ) -> Result<u64, Failed> {
         let from = self.sb.lsn + 1;
-        let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        let db = self
+            .db
+            .as_ref()
+            .ok_or_else(|| Failed::db("the checkpoint is not open"))?;
+        let mut txn = db.begin_write().map_err(Failed::db)?;
         txn.set_quick_repair(true);
         let mut applied = 0u64;
         let sb = {
             let mut t = apply::Tables {
-                meta: txn.open_table(META).map_err(|e| e.to_string())?,
-                data: txn.open_table(DATA).map_err(|e| e.to_string())?,
+                meta: txn.open_table(META).map_err(Failed::db)?,
+                data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
             };
             let mut past = false;
-            let mut why = None;
+            let mut why: Option<Failed> = None;
             let scanned = journal::scan(disk, &self.store, self.uuid, from, |lsn, bytes| {
                 if lsn > upto || stop() {
                     past = true;
@@ -289,8 +472,13 @@ impl Checkpoint {
                 }
                 let r = Record::decode(bytes).map_err(|e| e.to_string())?;
                 t.apply(&r).map_err(|e| {
-                    why = Some(format!("record {lsn}: {e}"));
-                    e
+                    let f = Failed {
+                        why: format!("record {lsn}: {e}"),
+                        reopen: matches!(e, apply::ApplyError::Db(_)),
+                    };
+                    let s = f.why.clone();
+                    why = Some(f);
+                    s
                 })?;
                 applied += 1;
                 if lsn == upto {
@@ -306,13 +494,13 @@ impl Checkpoint {
             }
             match scanned {
                 Err(_) if past && !stop() => {}
-                Err(e) if !past => return Err(e.to_string()),
-                Err(_) => return Err("stopped".into()),
+                Err(e) if !past => return Err(Failed::other(e.to_string())),
+                Err(_) => return Err(Failed::other("stopped")),
                 Ok(end) if end.next_lsn <= upto => {
-                    return Err(format!(
+                    return Err(Failed::other(format!(
                         "the journal ends at record {}, before record {upto}",
                         end.next_lsn
-                    ));
+                    )));
                 }
                 Ok(_) => {}
             }
@@ -324,23 +512,28 @@ impl Checkpoint {
             };
             t.meta
                 .insert(kv::SUPER, &sb.encode()[..])
-                .map_err(|e| e.to_string())?;
+                .map_err(Failed::db)?;
             sb
         };
-        txn.commit().map_err(|e| e.to_string())?;
+        txn.commit().map_err(Failed::db)?;
+        // Durable now (redb's commit flushed it): only now may segments go.
         self.sb = sb;
-        self.recycle(disk).map_err(|e| e.to_string())?;
+        self.committed = sb.lsn;
+        self.recycle_due = true;
+        self.recycle(disk)
+            .map_err(|e| Failed::other(format!("the checkpoint is committed, but: {e}")))?;
         Ok(applied)
     }
 
     /// Removes the journal segments whose records are all in the checkpoint, oldest first:
     /// segment `k` goes when segment `k + 1` starts at or below the record after it.
-    fn recycle(&self, disk: &dyn Disk) -> Result<(), StoreError> {
+    /// Only segments that `committed` covers go: never one a crash could still need.
+    fn recycle(&mut self, disk: &dyn Disk) -> Result<(), StoreError> {
         let seqs = journal::segments(disk, &self.store)?;
         let mut removed = false;
         for w in seqs.windows(2) {
             match journal::first_lsn(disk, &self.store, w[1])? {
-                Some(first) if first <= self.sb.lsn + 1 => {
+                Some(first) if first <= self.committed + 1 => {
                     let p = journal::segment_path(&self.store, w[0]);
                     disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
                     removed = true;
@@ -353,6 +546,7 @@ impl Checkpoint {
             disk.sync_dir(&jd)
                 .map_err(StoreError::io(&jd, "flush directory"))?;
         }
+        self.recycle_due = false;
         Ok(())
     }
 }

@@ -11,20 +11,25 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use lanefs::{Errno, InodeId};
+use parking_lot::RwLock;
 use redb::{Database, ReadableDatabase};
 
 use super::apply::PAGE;
 use super::{DATA, guarded, kv};
 
+/// The checkpoint's open database as the page readers see it: `None` while the checkpoint
+/// reopens it after an error (`mod.rs`, "Locking").
+pub(crate) type Shared = Arc<RwLock<Option<Arc<Database>>>>;
+
 /// Reads pages of the checkpoint (cloned into the store the engine calls).
 #[derive(Clone)]
 pub(crate) struct PageReader {
-    db: Arc<Database>,
+    db: Shared,
     path: PathBuf,
 }
 
 impl PageReader {
-    pub(crate) fn new(db: Arc<Database>, path: PathBuf) -> Self {
+    pub(crate) fn new(db: Shared, path: PathBuf) -> Self {
         PageReader { db, path }
     }
 
@@ -36,7 +41,12 @@ impl PageReader {
         let ino = inode.ino.0;
         let r = guarded(
             || -> Result<(), String> {
-                let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+                let db = self
+                    .db
+                    .read()
+                    .clone()
+                    .ok_or("the checkpoint is closed, being reopened after an error")?;
+                let txn = db.begin_read().map_err(|e| e.to_string())?;
                 let t = txn.open_table(DATA).map_err(|e| e.to_string())?;
                 let (a, b) = (kv::page_key(ino, first), kv::page_key(ino, first + n));
                 let mut want = first;
