@@ -262,14 +262,16 @@ impl FileData {
     }
 
     /// Brings into memory the kept pages that a change of bytes `off..off+len` keeps part of
-    /// (the pages at either end, when the range covers them partly).
-    fn prepare_edges(
+    /// (the pages at either end, when the range covers them partly): what a write or a punched
+    /// hole needs first (module doc). A range past the largest offset is cut there.
+    pub fn prepare_edges(
         &mut self,
         off: u64,
         len: u64,
         fetch: Fetch<'_>,
         e: &PageEpochs,
     ) -> Result<()> {
+        let len = len.min(u64::MAX - off);
         let span = page_span(off, len);
         if span.is_empty() {
             return Ok(());
@@ -280,28 +282,6 @@ impl FileData {
             }
         }
         Ok(())
-    }
-
-    /// What [`FileData::write`] of `off..off+len` needs first (module doc).
-    pub fn prepare_write(
-        &mut self,
-        off: u64,
-        len: u64,
-        fetch: Fetch<'_>,
-        e: &PageEpochs,
-    ) -> Result<()> {
-        self.prepare_edges(off, len, fetch, e)
-    }
-
-    /// What [`FileData::punch`] of `off..off+len` needs first.
-    pub fn prepare_punch(
-        &mut self,
-        off: u64,
-        len: u64,
-        fetch: Fetch<'_>,
-        e: &PageEpochs,
-    ) -> Result<()> {
-        self.prepare_edges(off, len.min(u64::MAX - off), fetch, e)
     }
 
     /// What [`FileData::truncate`] from `old_size` to `size` needs first: the page the new
@@ -321,7 +301,7 @@ impl FileData {
 
     /// Writes `data` at `off`, allocating pages as needed, labelling them `epoch`; returns the
     /// pages added (which the caller reserved beforehand, see [`FileData::missing_pages`]).
-    /// Kept pages it covers partly were brought in by [`FileData::prepare_write`].
+    /// Kept pages it covers partly were brought in by [`FileData::prepare_edges`].
     pub fn write(&mut self, off: u64, data: &[u8], epoch: u64, e: &PageEpochs) -> u64 {
         let mut added = 0;
         let len = data.len() as u64;
@@ -651,17 +631,17 @@ mod tests {
         assert_eq!(got, model);
         // A partial write brings the page in first; a whole-page write does not read it.
         let before = *s.1.borrow();
-        d.prepare_write(10, 5, &fetch, &e).unwrap();
+        d.prepare_edges(10, 5, &fetch, &e).unwrap();
         d.write(10, b"hello", e.label(), &e);
         model[10..15].copy_from_slice(b"hello");
         assert_eq!(*s.1.borrow(), before + 1);
-        d.prepare_write(2 * PAGE, PAGE, &fetch, &e).unwrap();
+        d.prepare_edges(2 * PAGE, PAGE, &fetch, &e).unwrap();
         d.write(2 * PAGE, &[9u8; PAGE as usize], e.label(), &e);
         model[2 * PAGE as usize..3 * PAGE as usize].fill(9);
         assert_eq!(*s.1.borrow(), before + 1, "a whole page is not read");
         assert_eq!((d.resident(), e.out()), (2, 2));
         // Punch and truncate keep edges right through kept pages.
-        d.prepare_punch(PAGE + 100, 200, &fetch, &e).unwrap();
+        d.prepare_edges(PAGE + 100, 200, &fetch, &e).unwrap();
         d.punch(PAGE + 100, 200, e.label(), &e);
         model[PAGE as usize + 100..PAGE as usize + 300].fill(0);
         d.prepare_truncate(3 * PAGE + 7, 4 * PAGE, &fetch, &e)
@@ -684,7 +664,7 @@ mod tests {
         let fail = |_: u64, _: &mut [u8]| Err(Errno::EIO);
         let mut b = [0u8; 10];
         assert_eq!(d.read(3 * PAGE, &mut b, &fail), Err(Errno::EIO));
-        assert_eq!(d.prepare_write(3 * PAGE + 1, 1, &fail, &e), Err(Errno::EIO));
+        assert_eq!(d.prepare_edges(3 * PAGE + 1, 1, &fail, &e), Err(Errno::EIO));
         // Growing the file past a kept last page needs nothing from the store.
         assert_eq!(
             d.prepare_truncate(5 * PAGE, 3 * PAGE + 9, &fail, &e),

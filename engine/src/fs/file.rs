@@ -496,7 +496,7 @@ impl Filesystem {
             time,
         };
         if let Err(e) = d
-            .prepare_write(
+            .prepare_edges(
                 off,
                 n as u64,
                 &|f, b| self.fetch_pages(i, f, b),
@@ -730,7 +730,7 @@ impl Filesystem {
         let mut d = self.stats.write(LockClass::FileData, data);
         if punch {
             let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
-            d.prepare_punch(offset, len, &fetch, &self.page_epochs)?;
+            d.prepare_edges(offset, len, &fetch, &self.page_epochs)?;
         }
         let time = Timespec::now();
         let (rec, reserved) = if punch {
@@ -775,12 +775,12 @@ impl Filesystem {
         let e = &self.page_epochs;
         let need = match *rec {
             Record::Write { offset, data, .. } => {
-                d.prepare_write(offset, data.len() as u64, &fetch, e)?;
+                d.prepare_edges(offset, data.len() as u64, &fetch, e)?;
                 d.missing_pages(offset, data.len() as u64)
             }
             Record::Allocate { offset, len, .. } => d.missing_pages(offset, len),
             Record::Punch { offset, len, .. } => {
-                d.prepare_punch(offset, len, &fetch, e)?;
+                d.prepare_edges(offset, len, &fetch, e)?;
                 0
             }
             _ => 0,
