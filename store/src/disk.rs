@@ -292,6 +292,10 @@ struct SimState {
     space: Option<u64>,
     /// Error injection: every operation fails with EIO.
     failing: bool,
+    /// Error injection: reads of the file with this name fail with EIO.
+    failing_reads: Option<PathBuf>,
+    /// Error injection: the file with this name cannot grow (ENOSPC).
+    full_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Default)]
@@ -300,6 +304,8 @@ struct SimFileState {
     durable: Vec<u8>,
     /// Changes since the last `sync_data`, in order.
     pending: Vec<Change>,
+    /// Calls of `read_at` so far.
+    reads: u64,
 }
 
 #[derive(Clone)]
@@ -397,6 +403,30 @@ impl SimDisk {
         self.shared.state.lock().failing = failing;
     }
 
+    /// From now on every read of the file named `path` fails with EIO (`None`: reads work
+    /// again): a host that cannot read some of a file's blocks. Writes, flushes and every
+    /// other file are untouched. The name is looked up at each read, so the file is the one
+    /// that has the name then (through any open descriptor, as after a rename into place).
+    pub fn set_read_failing(&self, path: Option<&Path>) {
+        self.shared.state.lock().failing_reads = path.map(Path::to_path_buf);
+    }
+
+    /// From now on the file named `path` cannot grow (`None`: it can again): a write past its
+    /// end, or a `set_len` or an allocation that would lengthen it, fails with ENOSPC, while
+    /// writes within it go on, as on a full host whose other files (the journal's segments)
+    /// were allocated ahead. Every other file is untouched; the name is looked up at each
+    /// call, as for [`SimDisk::set_read_failing`].
+    pub fn set_file_full(&self, path: Option<&Path>) {
+        self.shared.state.lock().full_file = path.map(Path::to_path_buf);
+    }
+
+    /// Reads (calls of `read_at`, failed ones included) of the file named `path` since it
+    /// was made or the disk was built by [`SimDisk::crash`] (0 if there is no such file).
+    pub fn reads(&self, path: &Path) -> u64 {
+        let s = self.shared.state.lock();
+        s.names.get(path).map_or(0, |id| s.files[id].reads)
+    }
+
     /// Bytes stored in all files.
     pub fn used(&self) -> u64 {
         let s = self.shared.state.lock();
@@ -464,6 +494,7 @@ impl SimDisk {
                     durable: data.clone(),
                     data,
                     pending: Vec::new(),
+                    reads: 0,
                 },
             );
         }
@@ -478,6 +509,8 @@ impl SimDisk {
             syncs: 0,
             space: None,
             failing: false,
+            failing_reads: None,
+            full_file: None,
         };
         SimDisk {
             shared: Arc::new(Shared {
@@ -515,6 +548,7 @@ impl SimDisk {
                 durable: data.clone(),
                 data,
                 pending: Vec::new(),
+                reads: 0,
             },
         );
     }
@@ -552,6 +586,24 @@ impl SimDisk {
 impl SimState {
     fn has_dir(&self, dir: &Path) -> bool {
         self.dirs.iter().any(|d| d == dir)
+    }
+
+    /// ENOSPC if file `id` would grow by `grow` bytes and cannot ([`SimDisk::set_space`],
+    /// [`SimDisk::set_file_full`]).
+    fn room(&self, id: u64, grow: u64) -> io::Result<()> {
+        let full = grow > 0
+            && self
+                .full_file
+                .as_ref()
+                .is_some_and(|p| self.names.get(p) == Some(&id));
+        let over = self.space.is_some_and(|space| {
+            let used: u64 = self.files.values().map(|f| f.data.len() as u64).sum();
+            used + grow > space
+        });
+        if full || over {
+            return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        Ok(())
     }
 }
 
@@ -683,6 +735,13 @@ struct SimFile {
 impl DiskFile for SimFile {
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
         self.disk.with(|s| {
+            let f = s.files.get_mut(&self.id).expect("open file");
+            f.reads += 1;
+            if let Some(p) = &s.failing_reads
+                && s.names.get(p) == Some(&self.id)
+            {
+                return Err(eio());
+            }
             let d = &s.files[&self.id].data;
             let off = (off as usize).min(d.len());
             let n = buf.len().min(d.len() - off);
@@ -695,12 +754,7 @@ impl DiskFile for SimFile {
         self.disk.with(|s| {
             let end = off as usize + buf.len();
             let grow = end.saturating_sub(s.files[&self.id].data.len()) as u64;
-            if let Some(space) = s.space {
-                let used: u64 = s.files.values().map(|f| f.data.len() as u64).sum();
-                if used + grow > space {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-                }
-            }
+            s.room(self.id, grow)?;
             let f = s.files.get_mut(&self.id).expect("open file");
             if f.data.len() < end {
                 f.data.resize(end, 0);
@@ -725,13 +779,8 @@ impl DiskFile for SimFile {
             // grown past the limit would leave every later write failing, even those into
             // space already allocated.
             let grow = len.saturating_sub(s.files[&self.id].data.len() as u64);
-            if let Some(space) = s.space
-                && grow > 0
-            {
-                let used: u64 = s.files.values().map(|f| f.data.len() as u64).sum();
-                if used + grow > space {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-                }
+            if grow > 0 {
+                s.room(self.id, grow)?;
             }
             let f = s.files.get_mut(&self.id).expect("open file");
             f.data.resize(len as usize, 0);
@@ -746,12 +795,7 @@ impl DiskFile for SimFile {
             if grow == 0 {
                 return Ok(());
             }
-            if let Some(space) = s.space {
-                let used: u64 = s.files.values().map(|f| f.data.len() as u64).sum();
-                if used + grow > space {
-                    return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-                }
-            }
+            s.room(self.id, grow)?;
             let f = s.files.get_mut(&self.id).expect("open file");
             f.data.resize(len as usize, 0);
             f.pending.push(Change::SetLen(len));
@@ -833,5 +877,44 @@ mod tests {
         f.write_at(&[0; 10], 0).unwrap();
         d.set_failing(true);
         assert_eq!(f.sync_data().unwrap_err().raw_os_error(), Some(libc::EIO));
+        d.set_failing(false);
+        d.set_space(None);
+        // Failing reads of one file: its reads fail (and are counted), its writes and flushes
+        // and the other files' reads go on; a rename carries the failure to the new name.
+        let g = d.open(Path::new("/s/b"), true).unwrap();
+        g.write_at(b"bb", 0).unwrap();
+        d.set_read_failing(Some(Path::new("/s/a")));
+        let mut b = [0u8; 2];
+        assert_eq!(
+            f.read_at(&mut b, 0).unwrap_err().raw_os_error(),
+            Some(libc::EIO)
+        );
+        assert_eq!(d.reads(Path::new("/s/a")), 1);
+        f.write_at(b"x", 0).unwrap();
+        f.sync_data().unwrap();
+        assert_eq!(g.read_at(&mut b, 0).unwrap(), 2);
+        d.rename(Path::new("/s/b"), Path::new("/s/a")).unwrap();
+        assert_eq!(
+            g.read_at(&mut b, 0).unwrap_err().raw_os_error(),
+            Some(libc::EIO)
+        );
+        assert_eq!(f.read_at(&mut b, 0).unwrap(), 2, "no longer named /s/a");
+        d.set_read_failing(None);
+        assert_eq!(g.read_at(&mut b, 0).unwrap(), 2);
+        assert_eq!(d.reads(Path::new("/s/a")), 3);
+        // A full file: what would lengthen it fails with ENOSPC; writes within it, shrinking,
+        // its reads and flushes, and the other files, go on.
+        d.set_file_full(Some(Path::new("/s/a")));
+        for r in [g.write_at(b"zzz", 0), g.set_len(3), g.allocate(100)] {
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        }
+        g.write_at(b"z", 1).unwrap();
+        g.set_len(1).unwrap();
+        g.sync_data().unwrap();
+        assert_eq!(g.read_at(&mut b, 0).unwrap(), 1);
+        assert_eq!(&b[..1], b"b");
+        f.write_at(&[1; 20], 0).unwrap();
+        d.set_file_full(None);
+        g.write_at(b"zzz", 0).unwrap();
     }
 }

@@ -90,7 +90,7 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     let (uuid, created) = identity(disk, dir, false)?;
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
-    let ck = Checkpoint::open(disk, dir, uuid, false)?;
+    let ck = Checkpoint::open(disk, dir, uuid, false, opts.checkpoint_cache)?;
     let store = Arc::new(Reading {
         pages: ck.as_ref().map(Checkpoint::pages),
     });
@@ -193,7 +193,7 @@ pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let n = seg
         .read_at(&mut head, 0)
         .map_err(StoreError::io(&seg_path, "read"))?;
-    let base = match Checkpoint::open(disk, dir, uuid, false)? {
+    let base = match Checkpoint::open(disk, dir, uuid, false, opts.checkpoint_cache)? {
         Some(ck) => ck.lsn(),
         None => 0,
     };

@@ -26,12 +26,14 @@
 //! remove the segments they cover, so the journal and the time to open are bounded by the
 //! filesystem's size, not its history. File data is not loaded at open: pages the checkpoint
 //! holds stay there until read, and leave memory again once a checkpoint holds their last
-//! change (docs/STORE.md, "File data out of memory"). Not built yet: a bounded inode cache
-//! (every inode and name is loaded at open).
+//! change (docs/STORE.md, "File data out of memory"). A checkpoint that fails is tried
+//! again after waits that double up to a minute (docs/STORE.md, "Checkpoints", Retrying).
+//! Not built yet: a bounded inode cache (every inode and name is loaded at open).
 
 #![deny(missing_docs)]
 
 pub(crate) mod checkpoint;
+pub mod clock;
 pub mod disk;
 pub mod error;
 pub mod fsck;
@@ -48,6 +50,8 @@ use std::time::Duration;
 
 use lanefs::{Config, Filesystem, InodeId, PageEpochs, Record, Store};
 
+pub use crate::checkpoint::CheckpointStatus;
+use crate::clock::{Clock, RealClock};
 pub use crate::commit::Counters;
 use crate::commit::Log;
 use crate::disk::{Disk, RealDisk};
@@ -76,6 +80,21 @@ pub struct Options {
     pub checkpoint_records: u64,
     /// ...or this many segments.
     pub checkpoint_segments: usize,
+    /// How often the checkpointer looks whether a checkpoint is due (and whether the
+    /// checkpoint's database must be reopened).
+    pub checkpoint_poll: Duration,
+    /// After a checkpoint fails, the checkpointer waits this long before it tries again,
+    /// twice as long after each further failure, at most `checkpoint_retry_max`, until one
+    /// succeeds (docs/STORE.md, "Checkpoints", Retrying). [`StoreHandle::checkpoint`] does
+    /// not wait.
+    pub checkpoint_retry: Duration,
+    /// The longest wait between failed checkpoints.
+    pub checkpoint_retry_max: Duration,
+    /// redb's page cache for the checkpoint, in bytes (pages of file data out of memory are
+    /// read through it).
+    pub checkpoint_cache: usize,
+    /// The clock of those waits (the host's, unless a test simulates it).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for Options {
@@ -86,6 +105,11 @@ impl Default for Options {
             commit_interval: Duration::from_millis(100),
             checkpoint_records: 2_000_000,
             checkpoint_segments: 4,
+            checkpoint_poll: Duration::from_millis(500),
+            checkpoint_retry: Duration::from_secs(1),
+            checkpoint_retry_max: Duration::from_secs(60),
+            checkpoint_cache: 64 << 20,
+            clock: Arc::new(RealClock),
         }
     }
 }
@@ -97,6 +121,10 @@ impl std::fmt::Debug for Options {
             .field("commit_interval", &self.commit_interval)
             .field("checkpoint_records", &self.checkpoint_records)
             .field("checkpoint_segments", &self.checkpoint_segments)
+            .field("checkpoint_poll", &self.checkpoint_poll)
+            .field("checkpoint_retry", &self.checkpoint_retry)
+            .field("checkpoint_retry_max", &self.checkpoint_retry_max)
+            .field("checkpoint_cache", &self.checkpoint_cache)
             .finish_non_exhaustive()
     }
 }
@@ -220,9 +248,18 @@ impl StoreHandle {
 
     /// Takes a checkpoint of every change so far, now (the checkpointer also takes them on
     /// its own, docs/STORE.md "Checkpoints"); returns the records it applied. An error says
-    /// why the checkpoint was abandoned; the journal still holds every record.
+    /// why the checkpoint was abandoned; the journal still holds every record. It does not
+    /// wait out the checkpointer's delay after failed checkpoints
+    /// ([`Options::checkpoint_retry`]); its outcome counts as theirs (a success ends the
+    /// delays, a failure doubles the next).
     pub fn checkpoint(&self) -> Result<u64, String> {
         self.checkpointer.now()
+    }
+
+    /// What the checkpointer has done: checkpoints tried, failures in a row, when it tries
+    /// again. Waits for a checkpoint in progress.
+    pub fn checkpoint_status(&self) -> CheckpointStatus {
+        self.checkpointer.status()
     }
 
     /// Every record up to this LSN is in the checkpoint (0: none).
@@ -356,7 +393,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
             .map_err(StoreError::io(dir, "flush directory"))?;
     }
     let log = Arc::new(Log::new(opts.commit_interval));
-    let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true)?.expect("made if missing");
+    let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
+        .expect("made if missing");
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {
         log: log.clone(),
@@ -377,9 +415,18 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let policy = checkpoint::Policy {
         records: opts.checkpoint_records,
         segments: opts.checkpoint_segments,
-        poll: Duration::from_millis(500),
+        poll: opts.checkpoint_poll,
+        retry: opts.checkpoint_retry,
+        retry_max: opts.checkpoint_retry_max,
     };
-    let checkpointer = checkpoint::spawn(ck, log.clone(), opts.disk.clone(), epochs, policy);
+    let checkpointer = checkpoint::spawn(
+        ck,
+        log.clone(),
+        opts.disk.clone(),
+        epochs,
+        policy,
+        opts.clock.clone(),
+    );
     let handle = StoreHandle {
         checkpointer,
         log: log.clone(),

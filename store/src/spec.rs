@@ -332,4 +332,11 @@ fn the_names_and_constants_quoted_match_the_code() {
         crate::Options::default().commit_interval,
         std::time::Duration::from_millis(100)
     );
+    let ck = section("Checkpoints");
+    assert!(ck.contains("1 s after the first\n  failure of a run, twice as long after each further one, at most a minute"));
+    let o = crate::Options::default();
+    assert_eq!(o.checkpoint_retry, std::time::Duration::from_secs(1));
+    assert_eq!(o.checkpoint_retry_max, std::time::Duration::from_secs(60));
+    assert!(DOC.contains("(every `Options::checkpoint_poll`, 500 ms)"));
+    assert_eq!(o.checkpoint_poll, std::time::Duration::from_millis(500));
 }

@@ -39,6 +39,7 @@ fn opts(disk: &SimDisk, segment: u64, records: u64, segments: usize) -> Options 
         commit_interval: Duration::from_millis(2),
         checkpoint_records: records,
         checkpoint_segments: segments,
+        ..Options::default()
     }
 }
 

@@ -27,6 +27,7 @@ fn opts(disk: &SimDisk) -> Options {
         commit_interval: Duration::from_secs(3600),
         checkpoint_records: u64::MAX,
         checkpoint_segments: usize::MAX,
+        ..Options::default()
     }
 }
 

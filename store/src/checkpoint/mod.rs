@@ -22,7 +22,9 @@
 //!   the checkpoint; the committer never waits for it, and the engine never sees it. A
 //!   checkpoint that fails (the host's error, or a record that does not fit the keys) is
 //!   abandoned whole and said on stderr; the journal keeps every record, so nothing is lost,
-//!   and the next try starts from the same place.
+//!   and the next try starts from the same place, after a wait that doubles with each
+//!   failure in a row ("Retrying"). It also reopens, at its next look, a database that a page
+//!   read found broken.
 //! - **Opening** ([`Checkpoint::load`], `load.rs`) turns the keys into records that the
 //!   engine's recovery applies, then the journal after the LSN is replayed as before.
 //!
@@ -48,6 +50,23 @@
 //! builds on it but removes nothing for it until a later commit succeeds, and a reopen that
 //! finds less than `committed` is refused (the segments for it may be gone).
 //!
+//! redb also refuses every transaction after a failed *read* of its file, read transactions
+//! included. A page reader that meets redb's error (the host failed a read of a page out of
+//! memory: the caller gets EIO) marks the database broken (`pages::Slot`); the checkpointer
+//! reopens it at its next look ([`Checkpoint::repair`]), and a checkpoint on demand first
+//! thing, so that once the host reads again the pages read back without a checkpoint being
+//! due or the store being reopened.
+//!
+//! **Retrying.** Each try of a checkpoint applies every record after the last good one
+//! again, so while they keep failing the checkpointer waits between tries ([`Backoff`]):
+//! `checkpoint_retry` (1 s) after the first failure of a run, twice as long after each
+//! further one, at most `checkpoint_retry_max` (a minute), on the store's clock
+//! ([`crate::clock`]). Its reopens of the database count as tries: a failed one is a
+//! failure, and none is tried while it waits. A checkpoint that succeeds ends the run.
+//! [`Checkpointer::now`] (`StoreHandle::checkpoint`) never waits, but counts: its success
+//! ends the run, its failure doubles the next wait. The backoff lives in the [`Checkpoint`],
+//! under its mutex, with the tries counted for `StoreHandle::checkpoint_status`.
+//!
 //! **Locking.** The open store's [`Checkpoint`] lives in one mutex (`Checkpointer::ck`).
 //! Every use of its `Database`, and the drop and reopen that replace it, happen with that
 //! mutex held and `&mut Checkpoint`: by the checkpointer's thread, by
@@ -63,7 +82,9 @@
 //! (`Shared`), outside the mutex: a reopen first empties the slot, waits until no reader
 //! holds the old `Database` (a read transaction is short), drops it, and puts the new one
 //! in. While the slot is empty (between the failure and a successful reopen), reads of file
-//! pages out of memory fail with EIO.
+//! pages out of memory fail with EIO. A reader marks the slot broken only if it still holds
+//! the `Database` the reader failed on, and putting a database in clears the mark, so a
+//! reader of a replaced one never breaks its successor.
 //!
 //! The engine holds every inode and name in memory; the checkpoint bounds the journal, the
 //! time to open, and the file data in memory.
@@ -74,16 +95,18 @@ pub(crate) mod kv;
 mod load;
 mod pages;
 
-pub(crate) use pages::{PageReader, Shared};
+pub(crate) use pages::{PageReader, Shared, Slot};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use lanefs::{PageEpochs, Record, Recovery};
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadableDatabase, TableDefinition};
 
+use crate::clock::Clock;
 use crate::commit::Log;
 use crate::disk::Disk;
 use crate::error::StoreError;
@@ -96,9 +119,6 @@ const TMP: &str = "checkpoint.redb.tmp";
 
 pub(crate) const META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("meta");
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
-
-/// redb's page cache for the checkpoint (its default is 1 GiB).
-const CACHE: usize = 64 << 20;
 
 /// The checkpoint of an open store.
 pub(crate) struct Checkpoint {
@@ -120,6 +140,12 @@ pub(crate) struct Checkpoint {
     committed: u64,
     /// The segments `committed` covers may still be there (their removal failed).
     recycle_due: bool,
+    /// redb's page cache, in bytes ([`crate::Options::checkpoint_cache`]).
+    cache: usize,
+    /// When the checkpointer tries again after failures (module doc, "Retrying").
+    backoff: Backoff,
+    /// Checkpoints begun, by the checkpointer or on demand.
+    attempts: u64,
 }
 
 /// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
@@ -185,26 +211,34 @@ fn open_error(path: &Path, what: &str, e: redb::DatabaseError) -> StoreError {
     }
 }
 
-/// Opens `path` as a redb database (`create`: making the file if it is missing).
-fn open_db(disk: &dyn Disk, path: &Path, create: bool) -> Result<Database, StoreError> {
+/// Opens `path` as a redb database with a page cache of `cache` bytes (`create`: making the
+/// file if it is missing).
+fn open_db(
+    disk: &dyn Disk,
+    path: &Path,
+    create: bool,
+    cache: usize,
+) -> Result<Database, StoreError> {
     let file = disk
         .open(path, create)
         .map_err(StoreError::io(path, "open"))?;
     Database::builder()
-        .set_cache_size(CACHE)
+        .set_cache_size(cache)
         .create_with_backend(backend::Backend::new(file, path))
         .map_err(|e| open_error(path, "the checkpoint cannot be opened", e))
 }
 
 impl Checkpoint {
-    /// Opens the checkpoint of the store in `dir` (id `uuid`). A store that has none is
-    /// one whose journal starts at its beginning (else the checkpoint is missing: damage);
-    /// with `create` an empty one is made for it, without, `None` is returned.
+    /// Opens the checkpoint of the store in `dir` (id `uuid`), with a page cache of `cache`
+    /// bytes. A store that has none is one whose journal starts at its beginning (else the
+    /// checkpoint is missing: damage); with `create` an empty one is made for it, without,
+    /// `None` is returned.
     pub(crate) fn open(
         disk: &dyn Disk,
         dir: &Path,
         uuid: [u8; 16],
         create: bool,
+        cache: usize,
     ) -> Result<Option<Checkpoint>, StoreError> {
         let path = dir.join(FILE);
         if !disk.exists(&path) {
@@ -212,10 +246,10 @@ impl Checkpoint {
             if !create {
                 return Ok(None);
             }
-            Self::make(disk, dir, uuid)?;
+            Self::make(disk, dir, uuid, cache)?;
         }
         guarded(
-            || Self::open_made(disk, dir, &path, uuid, true),
+            || Self::open_made(disk, dir, &path, uuid, true, cache),
             |e| damaged(&path, e),
         )
         .map(Some)
@@ -228,9 +262,10 @@ impl Checkpoint {
         path: &Path,
         uuid: [u8; 16],
         verify: bool,
+        cache: usize,
     ) -> Result<Checkpoint, StoreError> {
         let path = path.to_path_buf();
-        let mut db = open_db(disk, &path, false)?;
+        let mut db = open_db(disk, &path, false, cache)?;
         // redb verifies its page checksums here, not on every read: without this check a
         // damaged data page would load as file contents.
         match verify.then(|| db.check_integrity()) {
@@ -256,7 +291,7 @@ impl Checkpoint {
         }
         let db = Arc::new(db);
         Ok(Checkpoint {
-            shared: Arc::new(parking_lot::RwLock::new(Some(db.clone()))),
+            shared: Slot::new(Some(db.clone())),
             db: Some(db),
             path,
             store: dir.to_path_buf(),
@@ -264,6 +299,9 @@ impl Checkpoint {
             committed: sb.lsn,
             sb,
             recycle_due: false,
+            cache,
+            backoff: Backoff::default(),
+            attempts: 0,
         })
     }
 
@@ -282,13 +320,13 @@ impl Checkpoint {
     }
 
     /// Makes an empty checkpoint (LSN 0) under a temporary name and renames it into place.
-    fn make(disk: &dyn Disk, dir: &Path, uuid: [u8; 16]) -> Result<(), StoreError> {
+    fn make(disk: &dyn Disk, dir: &Path, uuid: [u8; 16], cache: usize) -> Result<(), StoreError> {
         let tmp = dir.join(TMP);
         if disk.exists(&tmp) {
             disk.remove(&tmp).map_err(StoreError::io(&tmp, "remove"))?;
         }
         {
-            let db = open_db(disk, &tmp, true)?;
+            let db = open_db(disk, &tmp, true, cache)?;
             let fail = |e: &dyn std::fmt::Display| StoreError::Io {
                 path: tmp.clone(),
                 op: "make the checkpoint",
@@ -352,14 +390,18 @@ impl Checkpoint {
     /// Applies the journal's records after the checkpoint up to LSN `upto` (which must be
     /// durable in the journal) and commits them; then removes the segments it covers. `stop`
     /// abandons it between records. Returns the records applied. If redb failed, the
-    /// database is dropped and reopened, here or (if that fails too) by the next call
-    /// (module doc, "Errors").
+    /// database is dropped and reopened, here or (if that fails too) by the next call or
+    /// [`Checkpoint::repair`] (module doc, "Errors"); a database a page read found failing
+    /// is reopened first.
     pub(crate) fn advance(
         &mut self,
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
     ) -> Result<u64, String> {
+        if self.needs_repair() {
+            self.repair(disk)?;
+        }
         if upto <= self.sb.lsn {
             if self.recycle_due {
                 // Segments the last commit covers, left by a removal that failed (a commit
@@ -367,9 +409,6 @@ impl Checkpoint {
                 self.recycle(disk).map_err(|e| e.to_string())?;
             }
             return Ok(0);
-        }
-        if self.db.is_none() {
-            self.reopen(disk)?;
         }
         let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
         match r {
@@ -388,9 +427,21 @@ impl Checkpoint {
         }
     }
 
+    /// Whether the database is to be reopened: a failure left it closed, or a page read
+    /// found redb failing (module doc, "Errors").
+    pub(crate) fn needs_repair(&self) -> bool {
+        self.db.is_none() || self.shared.broken()
+    }
+
+    /// Drops the database, if open, and opens it again from its file.
+    pub(crate) fn repair(&mut self, disk: &dyn Disk) -> Result<(), String> {
+        self.close_db();
+        self.reopen(disk)
+    }
+
     /// Drops the database (redb closes its file), never panicking.
     fn close_db(&mut self) {
-        *self.shared.write() = None;
+        self.shared.put(None);
         if let Some(mut db) = self.db.take() {
             // Page readers that took it before the slot was emptied finish their read
             // transaction: wait for them, so that the reopen never opens the file while
@@ -419,7 +470,7 @@ impl Checkpoint {
     /// whole checkpoint each time.
     fn reopen(&mut self, disk: &dyn Disk) -> Result<(), String> {
         let fresh = guarded(
-            || Self::open_made(disk, &self.store, &self.path, self.uuid, false),
+            || Self::open_made(disk, &self.store, &self.path, self.uuid, false, self.cache),
             |e| damaged(&self.path, e),
         )
         .map_err(|e| format!("reopening the checkpoint: {e}"))?;
@@ -438,7 +489,7 @@ impl Checkpoint {
         // reached the file anyway: build on it, but remove no segment for it until a commit
         // is known durable (`committed` stays).
         self.sb = sb;
-        *self.shared.write() = fresh.db.clone();
+        self.shared.put(fresh.db.clone());
         self.db = fresh.db;
         Ok(())
     }
@@ -560,6 +611,65 @@ pub(crate) struct Policy {
     pub segments: usize,
     /// How often it looks.
     pub poll: Duration,
+    /// The wait after the first failure in a row ([`Backoff`]).
+    pub retry: Duration,
+    /// The longest wait.
+    pub retry_max: Duration,
+}
+
+/// The waits between failed tries (module doc, "Retrying"): after the `n`th failure in a row
+/// the checkpointer waits `retry * 2^(n-1)`, at most `retry_max`, by the store's clock; a
+/// checkpoint that succeeds ends the run. Kept with the [`Checkpoint`], under its mutex, so
+/// that a checkpoint on demand counts too.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Backoff {
+    /// Failures since the last checkpoint that succeeded.
+    failures: u32,
+    /// When the checkpointer may try again (`None`: whenever a checkpoint is due).
+    until: Option<Duration>,
+}
+
+impl Backoff {
+    /// Whether the checkpointer may try at `now`.
+    pub(crate) fn ready(&self, now: Duration) -> bool {
+        self.until.is_none_or(|t| now >= t)
+    }
+
+    /// Counts a failure that ended at `now`; returns the wait before the next try.
+    pub(crate) fn failed(&mut self, now: Duration, p: &Policy) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        let wait = delay(self.failures, p.retry, p.retry_max);
+        self.until = Some(now.saturating_add(wait));
+        wait
+    }
+
+    /// A checkpoint succeeded: the next one is taken as soon as it is due.
+    pub(crate) fn succeeded(&mut self) {
+        *self = Backoff::default();
+    }
+}
+
+/// The wait after the `n`th failure in a row (`n >= 1`): `first` doubled `n - 1` times, at
+/// most `max`.
+fn delay(n: u32, first: Duration, max: Duration) -> Duration {
+    let doubled = 2u32.saturating_pow(n.saturating_sub(1));
+    first.saturating_mul(doubled).min(max)
+}
+
+/// What the checkpointer has done ([`crate::StoreHandle::checkpoint_status`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointStatus {
+    /// Times the checkpointer's thread has looked whether a checkpoint is due
+    /// ([`crate::Options::checkpoint_poll`]), each counted once it has done what it found to do.
+    pub polls: u64,
+    /// Checkpoints begun, by the checkpointer or on demand.
+    pub attempts: u64,
+    /// Failed tries (checkpoints, or reopens of the checkpoint's database) since the last
+    /// checkpoint that succeeded.
+    pub failures: u32,
+    /// While there are failures: when the checkpointer tries again, by the store's clock
+    /// ([`crate::Options::clock`]).
+    pub retry_at: Option<Duration>,
 }
 
 /// The checkpointer's thread and how to stop it.
@@ -570,6 +680,10 @@ pub(crate) struct Checkpointer {
     log: Arc<Log>,
     disk: Arc<dyn Disk>,
     epochs: Arc<PageEpochs>,
+    policy: Policy,
+    clock: Arc<dyn Clock>,
+    /// [`CheckpointStatus::polls`].
+    polls: Arc<AtomicU64>,
 }
 
 /// Takes a checkpoint of every record appended so far; returns the records it applied. It
@@ -594,22 +708,61 @@ fn take(
     Ok(applied)
 }
 
+/// What [`take`] needs besides the checkpoint.
+struct Ctx<'a> {
+    log: &'a Log,
+    disk: &'a dyn Disk,
+    epochs: &'a PageEpochs,
+    policy: &'a Policy,
+    clock: &'a dyn Clock,
+}
+
+/// [`take`], counted in the checkpoint's attempts and its [`Backoff`] (a failure that a
+/// stop caused is not counted as one).
+fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<u64, String> {
+    ck.attempts += 1;
+    let r = take(ck, c.log, c.disk, c.epochs, stop);
+    match &r {
+        Ok(_) => ck.backoff.succeeded(),
+        Err(_) if stop() => {}
+        Err(_) => {
+            ck.backoff.failed(c.clock.now(), c.policy);
+        }
+    }
+    r
+}
+
 impl Checkpointer {
-    /// Takes a checkpoint of every record appended so far, now; returns the records it
-    /// applied.
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            log: &self.log,
+            disk: &*self.disk,
+            epochs: &self.epochs,
+            policy: &self.policy,
+            clock: &*self.clock,
+        }
+    }
+
+    /// Takes a checkpoint of every record appended so far, now (whatever the [`Backoff`]
+    /// says; its outcome counts there); returns the records it applied.
     pub(crate) fn now(&self) -> Result<u64, String> {
-        take(
-            &mut self.ck.lock(),
-            &self.log,
-            &*self.disk,
-            &self.epochs,
-            &|| false,
-        )
+        attempt(&mut self.ck.lock(), &self.ctx(), &|| false)
     }
 
     /// Every record up to this LSN is in the checkpoint.
     pub(crate) fn lsn(&self) -> u64 {
         self.ck.lock().lsn()
+    }
+
+    /// What the checkpointer has done.
+    pub(crate) fn status(&self) -> CheckpointStatus {
+        let ck = self.ck.lock();
+        CheckpointStatus {
+            polls: self.polls.load(SeqCst),
+            attempts: ck.attempts,
+            failures: ck.backoff.failures,
+            retry_at: ck.backoff.until,
+        }
     }
 
     /// Stops the thread (a checkpoint in progress is abandoned) and waits for it.
@@ -628,6 +781,66 @@ impl Drop for Checkpointer {
     }
 }
 
+/// One look of the checkpointer's thread (module doc, "Errors" and "Retrying"): unless
+/// it is waiting after failures, it reopens a database that a page read found failing or a
+/// failed checkpoint left closed, and takes a checkpoint if one is due. `said`: a failure of
+/// the current run was said on stderr. Returns false if it was stopped.
+fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut bool) -> bool {
+    if !ck.backoff.ready(c.clock.now()) {
+        return true;
+    }
+    if ck.needs_repair() {
+        // Cheap (no integrity check), and reads of pages out of memory fail until it is done:
+        // not left for a checkpoint to become due.
+        if let Err(e) = ck.repair(c.disk) {
+            let wait = ck.backoff.failed(c.clock.now(), c.policy);
+            if !*said {
+                eprintln!(
+                    "lanefs: {e} (pages out of memory cannot be read until it reopens; will try \
+                     again in {wait:?}, then less often)"
+                );
+                *said = true;
+            }
+            return true;
+        }
+    }
+    let written = c.log.counters().lsn;
+    let segments = journal::segments(c.disk, &ck.store).map_or(0, |s| s.len());
+    let due = written.saturating_sub(ck.lsn()) >= c.policy.records
+        || (segments >= c.policy.segments && written > ck.lsn());
+    if !due {
+        return true;
+    }
+    let failures = ck.backoff.failures;
+    match attempt(ck, c, stopped) {
+        Ok(_) => {
+            if *said {
+                eprintln!(
+                    "lanefs: checkpoint of {} succeeded after {failures} failed tries",
+                    ck.path().display()
+                );
+            }
+            *said = false;
+        }
+        Err(_) if stopped() => return false,
+        Err(e) => {
+            if !*said {
+                eprintln!(
+                    "lanefs: checkpoint of {} failed (the journal keeps every record; will try \
+                     again in {:?}, then less often): {e}",
+                    ck.path().display(),
+                    ck.backoff
+                        .until
+                        .unwrap_or_default()
+                        .saturating_sub(c.clock.now()),
+                );
+                *said = true;
+            }
+        }
+    }
+    true
+}
+
 /// Starts the checkpointer of an open store (see the module doc).
 pub(crate) fn spawn(
     ck: Checkpoint,
@@ -635,16 +848,43 @@ pub(crate) fn spawn(
     disk: Arc<dyn Disk>,
     epochs: Arc<PageEpochs>,
     policy: Policy,
+    clock: Arc<dyn Clock>,
 ) -> Checkpointer {
     let stop = Arc::new((Mutex::new(false), Condvar::new()));
-    let s = stop.clone();
+    let polls = Arc::new(AtomicU64::new(0));
     let ck = Arc::new(Mutex::new(ck));
-    let (ck2, log2, disk2, epochs2) = (ck.clone(), log.clone(), disk.clone(), epochs.clone());
+    let mut c = Checkpointer {
+        stop,
+        thread: None,
+        ck,
+        log,
+        disk,
+        epochs,
+        policy,
+        clock,
+        polls,
+    };
+    let (s, ck, log, disk, epochs, clock, polls) = (
+        c.stop.clone(),
+        c.ck.clone(),
+        c.log.clone(),
+        c.disk.clone(),
+        c.epochs.clone(),
+        c.clock.clone(),
+        c.polls.clone(),
+    );
     let thread = std::thread::Builder::new()
         .name("lanefs-checkpoint".into())
         .spawn(move || {
             let stopped = || *s.0.lock();
-            let mut failed = false;
+            let ctx = Ctx {
+                log: &log,
+                disk: &*disk,
+                epochs: &epochs,
+                policy: &policy,
+                clock: &*clock,
+            };
+            let mut said = false;
             loop {
                 {
                     let mut g = s.0.lock();
@@ -655,37 +895,76 @@ pub(crate) fn spawn(
                         return;
                     }
                 }
-                let written = log.counters().lsn;
-                let mut ck = ck.lock();
-                let segments = journal::segments(&*disk, &ck.store).map_or(0, |s| s.len());
-                let due = written.saturating_sub(ck.lsn()) >= policy.records
-                    || (segments >= policy.segments && written > ck.lsn());
-                if !due {
-                    continue;
+                if !look(&mut ck.lock(), &ctx, &stopped, &mut said) {
+                    return;
                 }
-                match take(&mut ck, &log, &*disk, &epochs, &stopped) {
-                    Ok(_) => failed = false,
-                    Err(_) if stopped() => return,
-                    Err(e) => {
-                        if !failed {
-                            eprintln!(
-                                "lanefs: checkpoint of {} failed (the journal keeps every \
-                                 record; will try again): {e}",
-                                ck.path().display()
-                            );
-                        }
-                        failed = true;
-                    }
-                }
+                polls.fetch_add(1, SeqCst);
             }
         })
         .expect("spawn the checkpointer");
-    Checkpointer {
-        stop,
-        thread: Some(thread),
-        ck: ck2,
-        log: log2,
-        disk: disk2,
-        epochs: epochs2,
+    c.thread = Some(thread);
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(retry: u64, max: u64) -> Policy {
+        Policy {
+            records: 1,
+            segments: 1,
+            poll: Duration::from_millis(1),
+            retry: Duration::from_secs(retry),
+            retry_max: Duration::from_secs(max),
+        }
+    }
+
+    #[test]
+    fn waits_double_from_the_first_up_to_the_longest_and_a_success_ends_them() {
+        let p = policy(1, 60);
+        let mut b = Backoff::default();
+        let s = Duration::from_secs;
+        assert!(b.ready(s(0)));
+        let mut now = s(100);
+        let mut waits = Vec::new();
+        for _ in 0..9 {
+            let w = b.failed(now, &p);
+            waits.push(w.as_secs());
+            assert!(!b.ready(now + w - Duration::from_nanos(1)));
+            assert!(b.ready(now + w));
+            now += w;
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(b.failures, 9);
+        b.succeeded();
+        assert_eq!(b, Backoff::default());
+        assert!(b.ready(now));
+        assert_eq!(
+            b.failed(now, &p),
+            s(1),
+            "a new run starts from the first wait"
+        );
+    }
+
+    #[test]
+    fn a_long_run_of_failures_never_overflows() {
+        let p = policy(1, 60);
+        assert_eq!(delay(1, p.retry, p.retry_max), Duration::from_secs(1));
+        assert_eq!(delay(u32::MAX, p.retry, p.retry_max), p.retry_max);
+        assert_eq!(
+            delay(40, Duration::MAX, Duration::MAX),
+            Duration::MAX,
+            "saturates"
+        );
+        let mut b = Backoff {
+            failures: u32::MAX,
+            until: None,
+        };
+        assert_eq!(b.failed(Duration::MAX, &p), p.retry_max);
+        assert_eq!(b.failures, u32::MAX);
+        assert_eq!(b.until, Some(Duration::MAX));
+        // A first wait longer than the longest is cut to it.
+        assert_eq!(delay(1, Duration::from_secs(90), p.retry_max), p.retry_max);
     }
 }

@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use lanefs::{Errno, InodeId};
 use parking_lot::RwLock;
@@ -17,64 +18,92 @@ use redb::{Database, ReadableDatabase};
 use super::apply::PAGE;
 use super::{DATA, guarded, kv};
 
-/// The checkpoint's open database as the page readers see it: `None` while the checkpoint
-/// reopens it after an error (`mod.rs`, "Locking").
-pub(crate) type Shared = Arc<RwLock<Option<Arc<Database>>>>;
+/// The checkpoint's open database as the page readers see it (`mod.rs`, "Locking").
+pub(crate) type Shared = Arc<Slot>;
+
+/// The slot the page readers take the database from.
+#[derive(Default)]
+pub(crate) struct Slot {
+    /// `None` while the checkpoint reopens it after an error.
+    db: RwLock<Option<Arc<Database>>>,
+    /// A read of the database in the slot failed in redb (the host's error): redb refuses
+    /// every later transaction of it, reads included, so the checkpointer reopens it.
+    broken: AtomicBool,
+}
+
+impl Slot {
+    pub(crate) fn new(db: Option<Arc<Database>>) -> Shared {
+        Arc::new(Slot {
+            db: RwLock::new(db),
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// The database now in the slot.
+    fn get(&self) -> Option<Arc<Database>> {
+        self.db.read().clone()
+    }
+
+    /// Puts `db` in the slot (`None`: empties it), which is not broken.
+    pub(crate) fn put(&self, db: Option<Arc<Database>>) {
+        let mut g = self.db.write();
+        *g = db;
+        self.broken.store(false, SeqCst);
+    }
+
+    /// Says that redb failed reading `db`, if it is still the one in the slot (a reader of
+    /// a database already replaced says nothing).
+    fn broke(&self, db: &Arc<Database>) {
+        let g = self.db.read();
+        if g.as_ref().is_some_and(|d| Arc::ptr_eq(d, db)) {
+            self.broken.store(true, SeqCst);
+        }
+    }
+
+    /// Whether a read found the database in the slot failing.
+    pub(crate) fn broken(&self) -> bool {
+        self.broken.load(SeqCst)
+    }
+}
+
+/// Why a read failed.
+enum Failed {
+    /// redb's error (the host's, or a panic): the database is to be reopened.
+    Db(String),
+    /// What was read is wrong (damage): reopening would read the same.
+    Damaged(String),
+}
 
 /// Reads pages of the checkpoint (cloned into the store the engine calls).
 #[derive(Clone)]
 pub(crate) struct PageReader {
-    db: Shared,
+    slot: Shared,
     path: PathBuf,
 }
 
 impl PageReader {
-    pub(crate) fn new(db: Shared, path: PathBuf) -> Self {
-        PageReader { db, path }
+    pub(crate) fn new(slot: Shared, path: PathBuf) -> Self {
+        PageReader { slot, path }
     }
 
     /// Fills `buf` (a whole number of pages) with pages `first..` of file `inode`. A page the
     /// checkpoint lacks, or one longer than a page, is damage: EIO, said on stderr with the
-    /// file it was read from (the engine asks only for pages it was told are there).
+    /// file it was read from (the engine asks only for pages it was told are there). redb's
+    /// error (the host failed a read) is EIO too, and marks the database for the checkpointer
+    /// to reopen ([`Slot::broken`]): redb fails every later read of it.
     pub(crate) fn read(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         let n = buf.len() as u64 / PAGE;
-        let ino = inode.ino.0;
-        let r = guarded(
-            || -> Result<(), String> {
-                let db = self
-                    .db
-                    .read()
-                    .clone()
-                    .ok_or("the checkpoint is closed, being reopened after an error")?;
-                let txn = db.begin_read().map_err(|e| e.to_string())?;
-                let t = txn.open_table(DATA).map_err(|e| e.to_string())?;
-                let (a, b) = (kv::page_key(ino, first), kv::page_key(ino, first + n));
-                let mut want = first;
-                for kvp in t
-                    .range::<&[u8]>(&a[..]..&b[..])
-                    .map_err(|e| e.to_string())?
-                {
-                    let (k, v) = kvp.map_err(|e| e.to_string())?;
-                    let page = kv::page_of(k.value()).ok_or("a page key too short")?;
-                    if page != want {
-                        break;
-                    }
-                    let bytes = v.value();
-                    if bytes.len() > PAGE as usize {
-                        return Err(format!("page {page} holds {} bytes", bytes.len()));
-                    }
-                    let at = ((page - first) * PAGE) as usize;
-                    buf[at..at + bytes.len()].copy_from_slice(bytes);
-                    buf[at + bytes.len()..at + PAGE as usize].fill(0);
-                    want += 1;
+        let r = match self.slot.get() {
+            None => Err("the checkpoint is closed, being reopened after an error".to_string()),
+            Some(db) => match guarded(|| read_pages(&db, inode, first, buf), Failed::Db) {
+                Ok(()) => Ok(()),
+                Err(Failed::Db(e)) => {
+                    self.slot.broke(&db);
+                    Err(e)
                 }
-                if want < first + n {
-                    return Err(format!("page {want} is missing"));
-                }
-                Ok(())
+                Err(Failed::Damaged(e)) => Err(e),
             },
-            |e| e,
-        );
+        };
         r.map_err(|e| {
             eprintln!(
                 "lanefs: reading file {inode}'s pages {first}..{} from {}: {e}",
@@ -84,4 +113,41 @@ impl PageReader {
             Errno::EIO
         })
     }
+}
+
+/// [`PageReader::read`] from `db`.
+fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<(), Failed> {
+    let n = buf.len() as u64 / PAGE;
+    let ino = inode.ino.0;
+    let txn = db.begin_read().map_err(db_err)?;
+    let t = txn.open_table(DATA).map_err(db_err)?;
+    let (a, b) = (kv::page_key(ino, first), kv::page_key(ino, first + n));
+    let mut want = first;
+    for kvp in t.range::<&[u8]>(&a[..]..&b[..]).map_err(db_err)? {
+        let (k, v) = kvp.map_err(db_err)?;
+        let page =
+            kv::page_of(k.value()).ok_or_else(|| Failed::Damaged("a page key too short".into()))?;
+        if page != want {
+            break;
+        }
+        let bytes = v.value();
+        if bytes.len() > PAGE as usize {
+            return Err(Failed::Damaged(format!(
+                "page {page} holds {} bytes",
+                bytes.len()
+            )));
+        }
+        let at = ((page - first) * PAGE) as usize;
+        buf[at..at + bytes.len()].copy_from_slice(bytes);
+        buf[at + bytes.len()..at + PAGE as usize].fill(0);
+        want += 1;
+    }
+    if want < first + n {
+        return Err(Failed::Damaged(format!("page {want} is missing")));
+    }
+    Ok(())
+}
+
+fn db_err(e: impl std::fmt::Display) -> Failed {
+    Failed::Db(e.to_string())
 }
