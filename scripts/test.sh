@@ -14,11 +14,20 @@
 #
 # The tests run twice over the two FUSE transports (fuse/src/session.rs): the whole workspace
 # with every mount on /dev/fuse (LANEFS_URING=off), then the mount suites (fuse/tests/mount.rs
-# with pjdfstest, dircache.rs, stress.rs, cli/tests) with every mount on io_uring
-# (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with FUSE
-# over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
+# with pjdfstest, dircache.rs, stress.rs, cli/tests/{cli,crash,memory}.rs) with every mount on
+# io_uring (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with
+# FUSE over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
 # where the kernel has none, or it is off and this is not root, the io_uring pass is skipped
 # with a message.
+#
+# cli/tests/uring_unavailable.rs (uring=on|auto|off where io_uring cannot be had) turns
+# fuse.enable_uring, which is the whole machine's, off for a moment in each of its tests, and
+# puts it back. So it runs in the first pass only, where no mount asks for io_uring, and never
+# in the io_uring pass; and it takes /run/lanefs-enable_uring.lock exclusively while the
+# setting is off, which the io_uring pass below holds shared (as root), so that a run from
+# another checkout on the same machine cannot turn it off under this one's io_uring pass.
+# Without root, or while anything else may be mounting through io_uring, its tests skip with
+# a message.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,6 +63,7 @@ else
 fi
 
 uring_param=/sys/module/fuse/parameters/enable_uring
+uring_lock=/run/lanefs-enable_uring.lock
 if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ]; then
     echo Y > "$uring_param"
 fi
@@ -61,11 +71,20 @@ fi
 echo "scripts/test.sh: pass 1: every test, mounts served through /dev/fuse" >&2
 LANEFS_URING=off cargo test --workspace --locked "$@"
 
+# The io_uring pass holds $uring_lock shared on descriptor 9 (closed for the commands it
+# runs, so that no server they leave running keeps it), and turns the setting on again
+# under it.
+if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ] && command -v flock >/dev/null 2>&1; then
+    exec 9>>"$uring_lock"
+    flock -s 9
+    echo Y > "$uring_param"
+fi
 if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     echo "scripts/test.sh: pass 2: the mount suites, served through io_uring" >&2
     LANEFS_URING=on cargo test --locked -p lanefs-fuse --test mount --test dircache \
-        --test stress "$@"
-    LANEFS_URING=on cargo test --locked -p lanefs-cli --test cli --test crash --test memory "$@"
+        --test stress "$@" 9>&-
+    LANEFS_URING=on cargo test --locked -p lanefs-cli --test cli --test crash --test memory \
+        "$@" 9>&-
 elif [ -e "$uring_param" ]; then
     echo "scripts/test.sh: io_uring pass SKIPPED: fuse.enable_uring is off and only root can turn it on" >&2
 else

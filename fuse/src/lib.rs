@@ -62,7 +62,8 @@
 //!   inode (another generation: lanefs's 64-bit generations are never reused, so their low
 //!   32 bits repeat only after 2^32 more inodes). Without it the kernel answered ESTALE for
 //!   every inode it had forgotten.
-//! - `FUSE_OVER_IO_URING` (when the kernel offers it and `uring` is not `off`): requests come
+//! - `FUSE_OVER_IO_URING` (when the kernel offers it, `uring` is not `off`, and this process
+//!   can set up an io_uring: `session.rs`, `init`): requests come
 //!   through per-CPU ring queues, saving the `read` and `write` of `/dev/fuse` per request
 //!   and batching the answers of a queue into one system call; otherwise one request thread
 //!   per CPU ([`MountConfig::threads`]), each with its own cloned `/dev/fuse` descriptor.

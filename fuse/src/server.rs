@@ -1006,7 +1006,9 @@ pub struct Mounted {
 }
 
 /// Mounts `fs` at `mountpoint` and serves it until unmounted. `on_mounted` runs once the
-/// mount is in place and INIT is answered.
+/// mount is in place, INIT is answered and the transport settled ([`SessionInfo::transport`]);
+/// when the mount fails (`uring=on` without io_uring among the reasons) it does not run, the
+/// mount is undone and the error returned.
 pub fn mount(
     fs: Arc<Filesystem>,
     mountpoint: &Path,
@@ -1051,9 +1053,18 @@ fn serve_reporting(
     while info.transport() == "starting" && !h.is_finished() {
         std::thread::sleep(Duration::from_millis(1));
     }
+    let joined = |h: std::thread::JoinHandle<io::Result<()>>| {
+        h.join()
+            .unwrap_or_else(|_| Err(io::Error::other("the session thread panicked")))
+    };
+    if info.transport() == "starting" {
+        // The session ended before it settled on a transport (its io_uring registration
+        // failed, with `uring=on` or without the kernel giving up on the ring): nothing is
+        // served, so the mount is not reported as made; the caller unmounts.
+        return joined(h).and_then(|()| Err(io::Error::other("the session ended at once")));
+    }
     ready();
-    h.join()
-        .unwrap_or_else(|_| Err(io::Error::other("the session thread panicked")))
+    joined(h)
 }
 
 /// A lanefs filesystem mounted and served from background threads, for tests and for

@@ -30,7 +30,9 @@
 //!   `write`, and reading the next. A [`Pending`] writes its reply to the descriptor its
 //!   request came from (the kernel looks the request up in that descriptor's queue).
 //! - **io_uring** (`uring.rs`), when the kernel offers `FUSE_OVER_IO_URING` (Linux 6.14 on,
-//!   with `fuse.enable_uring=1`) and the mount does not say `uring=off`.
+//!   with `fuse.enable_uring=1`), the mount does not say `uring=off`, and this process can
+//!   set up an io_uring ([`init`] tries one first). `uring=on` without it fails the mount
+//!   (INIT refused, with the reason); `uring=auto` serves through `/dev/fuse`, saying why.
 //!
 //! Notifications (`FUSE_NOTIFY_INVAL_ENTRY` / `_INODE`, [`Notifier`]) are written to the
 //! session's first `/dev/fuse` descriptor on either transport: the kernel takes them only
@@ -424,15 +426,26 @@ impl Notifier {
 }
 
 /// What INIT settled.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Negotiated {
     /// The kernel will take io_uring registrations.
     pub uring: bool,
+    /// With `uring=auto`: the kernel offered io_uring, but this process cannot set up a ring
+    /// (why), so it was not asked for.
+    pub no_ring: Option<String>,
 }
 
 /// Reads INIT from `dev` and answers it: the capabilities the server needs (module doc of
-/// `lib.rs`, "What is negotiated"), and io_uring if `mode` allows and the kernel offers it.
-/// With `Uring::On` and no offer, INIT is refused and the error says why.
+/// `lib.rs`, "What is negotiated"), and io_uring if `mode` allows, the kernel offers it and
+/// this process can set up a ring. With `Uring::On` and no io_uring, INIT is refused and the
+/// error says why.
+///
+/// The ring is tried before io_uring is asked for because a session that settled on
+/// io_uring has no way back to `/dev/fuse` short of a registration the kernel refuses:
+/// until every queue has registered, Linux holds each new request of the session back
+/// instead of sending it through `/dev/fuse` (`fuse_block_alloc`), and a server whose
+/// `io_uring_setup(2)` is refused (`kernel.io_uring_disabled`, a container's seccomp
+/// profile) could register nothing, leaving every request waiting.
 pub(crate) fn init(dev: &File, server: &mut Server, mode: Uring) -> io::Result<Negotiated> {
     let mut buf = vec![0u8; MAX_WRITE + 4096];
     loop {
@@ -490,11 +503,21 @@ pub(crate) fn init(dev: &File, server: &mut Server, mode: Uring) -> io::Result<N
         let uring_offered = offered & FUSE_OVER_IO_URING != 0;
         if mode == Uring::On && !uring_offered {
             write_status(dev, req.h.unique, libc::EPROTO);
-            return Err(io::Error::other(
-                "uring=on: the kernel did not offer FUSE_OVER_IO_URING (Linux 6.14 or newer \
-                 with fuse.enable_uring=1 is needed: echo Y > \
-                 /sys/module/fuse/parameters/enable_uring)",
-            ));
+            return Err(io::Error::other(format!("uring=on: {}", why_no_uring())));
+        }
+        let no_ring = match mode {
+            Uring::Off => None,
+            _ if !uring_offered => None,
+            _ => crate::uring::probe()
+                .err()
+                .map(|e| why_registration_failed(&e)),
+        };
+        if let (Uring::On, Some(why)) = (mode, &no_ring) {
+            write_status(dev, req.h.unique, libc::EPROTO);
+            return Err(io::Error::other(format!(
+                "uring=on: the kernel offers FUSE over io_uring, but this process cannot set \
+                 up an io_uring: {why}"
+            )));
         }
         let mut want = u64::from(
             FUSE_ASYNC_READ
@@ -508,7 +531,7 @@ pub(crate) fn init(dev: &File, server: &mut Server, mode: Uring) -> io::Result<N
                 | FUSE_DONT_MASK
                 | FUSE_EXPORT_SUPPORT,
         ) | FUSE_HANDLE_KILLPRIV_V2;
-        if mode != Uring::Off {
+        if mode != Uring::Off && no_ring.is_none() {
             want |= FUSE_OVER_IO_URING;
         }
         let flags = (want & offered) | FUSE_INIT_EXT;
@@ -529,7 +552,51 @@ pub(crate) fn init(dev: &File, server: &mut Server, mode: Uring) -> io::Result<N
         reply_bytes(dev, req.h.unique, body);
         return Ok(Negotiated {
             uring: flags & FUSE_OVER_IO_URING != 0,
+            no_ring,
         });
+    }
+}
+
+/// The kernel's switch for FUSE over io_uring (present where it was built with
+/// `CONFIG_FUSE_IO_URING`, Linux 6.14 on).
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// Why the kernel did not offer `FUSE_OVER_IO_URING` in INIT, for the error of `uring=on`.
+fn why_no_uring() -> String {
+    match std::fs::read_to_string(ENABLE_URING) {
+        Err(_) => "this kernel has no FUSE over io_uring (Linux 6.14 or newer built with \
+                   CONFIG_FUSE_IO_URING is needed; or mount with uring=auto or uring=off)"
+            .into(),
+        Ok(v) if v.trim() == "N" => format!(
+            "FUSE over io_uring is turned off in this kernel (fuse.enable_uring is N; as \
+             root: echo Y > {ENABLE_URING}; or mount with uring=auto or uring=off)"
+        ),
+        // Turned on since the kernel sent INIT.
+        Ok(_) => "the kernel did not offer FUSE over io_uring for this mount \
+                  (fuse.enable_uring was off when it was made)"
+            .into(),
+    }
+}
+
+/// `e`, an error setting up or registering an io_uring, with the kernel setting that explains
+/// it.
+fn why_registration_failed(e: &io::Error) -> String {
+    const DISABLED: &str = "/proc/sys/kernel/io_uring_disabled";
+    let setting = |p: &str| std::fs::read_to_string(p).map(|v| v.trim().to_string());
+    match e.raw_os_error() {
+        // io_uring_setup(2) refused: io_uring is disabled (2) or limited to a group (1).
+        Some(libc::EPERM) => match setting(DISABLED) {
+            Ok(v) if v != "0" => format!("{e}: kernel.io_uring_disabled is {v}"),
+            _ => format!(
+                "{e}: io_uring_setup(2) is refused to this process (a seccomp filter, as \
+                 container runtimes install, or a security module)"
+            ),
+        },
+        // The kernel's FUSE refuses ring commands on a connection made without io_uring.
+        Some(libc::EOPNOTSUPP) if setting(ENABLE_URING).is_ok_and(|v| v == "N") => {
+            format!("{e}: fuse.enable_uring is N")
+        }
+        _ => e.to_string(),
     }
 }
 
@@ -644,6 +711,9 @@ pub(crate) fn serve(
         );
         Ok(())
     };
+    if let Some(why) = &neg.no_ring {
+        eprintln!("lanefs: io_uring cannot be set up ({why}); serving through /dev/fuse");
+    }
     if neg.uring {
         match crate::uring::start(&dev, &server, &info, &ended) {
             Ok(ring) => {
@@ -656,17 +726,27 @@ pub(crate) fn serve(
                 ring.stop_and_join();
                 return Ok(());
             }
-            Err(e) if mode == Uring::On => {
-                // The kernel has fallen back to /dev/fuse; serve what is in flight while the
-                // caller unmounts.
+            Err(e) if mode == Uring::On || !e.fell_back => {
+                // Serve what reaches /dev/fuse while the caller unmounts: with the kernel
+                // fallen back, what is in flight; otherwise nothing (new requests wait for a
+                // ring that will not come, and fail when the session ends).
                 spawn_dev(0, dev.clone(), &mut handles)?;
                 std::mem::forget(handles);
-                return Err(io::Error::other(format!(
-                    "uring=on: io_uring registration failed: {e}"
-                )));
+                let why = why_registration_failed(&e.error);
+                return Err(io::Error::other(if mode == Uring::On {
+                    format!("uring=on: io_uring registration failed: {why}")
+                } else {
+                    format!(
+                        "io_uring registration failed ({why}), and the kernel still waits for \
+                         it: the mount cannot be served"
+                    )
+                }));
             }
             Err(e) => {
-                eprintln!("lanefs: io_uring registration failed ({e}); serving through /dev/fuse");
+                eprintln!(
+                    "lanefs: io_uring registration failed ({}); serving through /dev/fuse",
+                    why_registration_failed(&e.error)
+                );
             }
         }
     }

@@ -7,8 +7,12 @@
 //! ## Protocol
 //! The kernel keeps one queue per possible CPU and puts a request on the queue of the CPU
 //! its caller runs on; it switches the session to the ring only once every queue has at
-//! least one registered entry (until then, and if a registration fails, requests keep coming
-//! through `/dev/fuse`). An entry is two buffers the server owns: a
+//! least one registered entry. Until then it holds every new request of the session back
+//! (`fuse_block_alloc`: they are not sent through `/dev/fuse` either), unless a registration
+//! fails in the kernel, which turns io_uring off for the session: requests then come through
+//! `/dev/fuse`. A server that cannot register at all must therefore not ask for io_uring
+//! (INIT tries a ring first, [`probe`]), and one whose queues fail to start makes the kernel
+//! refuse a registration on purpose ([`give_up`]). An entry is two buffers the server owns: a
 //! [`fuse_uring_req_header`] (the in/out header, the opcode's argument structure, and the
 //! commit id and payload size) and a payload buffer of at least the session's largest
 //! request. `FUSE_IO_URING_CMD_REGISTER` (an `IORING_OP_URING_CMD` in a 128-byte SQE on the
@@ -189,10 +193,63 @@ fn possible_cpus() -> usize {
         .unwrap_or(1)
 }
 
+/// Whether this process can set up a ring as the queues do (`io_uring_setup(2)` may be
+/// refused: `kernel.io_uring_disabled`, a seccomp filter).
+pub(crate) fn probe() -> io::Result<()> {
+    new_ring(8).map(drop)
+}
+
+/// Why the queues did not start.
+#[derive(Debug)]
+pub(crate) struct StartError {
+    pub error: io::Error,
+    /// The kernel has turned io_uring off for the session and sends its requests through
+    /// `/dev/fuse`; false: it still holds them back for a ring that will not come, until the
+    /// session ends.
+    pub fell_back: bool,
+}
+
+/// Makes the kernel stop waiting for the ring of the session of `dev`: a REGISTER for a
+/// queue that does not exist, which it refuses, turning io_uring off for the session (a
+/// refused registration does that; requests then come through `/dev/fuse`). Ok when the
+/// kernel refused it.
+fn give_up(dev: &File) -> io::Result<()> {
+    let mut ring = new_ring(2)?;
+    let iov = Raw::new(2 * size_of::<libc::iovec>());
+    // Checked before anything else the command names: no queue has this number.
+    let e = register_sqe(dev.as_raw_fd(), u16::MAX, &iov).user_data(0);
+    push(&mut ring, &e)?;
+    ring.submit_and_wait(1)?;
+    let r = ring.completion().next().map_or(0, |c| c.result());
+    drop(ring);
+    if r < 0 {
+        Ok(())
+    } else {
+        Err(io::Error::other(
+            "the kernel took a registration for no queue",
+        ))
+    }
+}
+
 /// Starts one queue per possible CPU on the session of `dev` (INIT answered with
 /// `FUSE_OVER_IO_URING`); returns once each has registered its entries, or the first error
-/// (then the kernel serves the session through `/dev/fuse`).
+/// (then the kernel serves the session through `/dev/fuse`, if it could be made to give up
+/// on the ring).
 pub(crate) fn start(
+    dev: &Arc<File>,
+    server: &Arc<Server>,
+    info: &Arc<SessionInfo>,
+    ended: &Arc<AtomicBool>,
+) -> Result<Ring, StartError> {
+    start_queues(dev, server, info, ended).map_err(|error| {
+        // A registration the kernel refused has turned io_uring off already; one that never
+        // reached it (a ring not set up) has not, and the session's requests wait.
+        let fell_back = give_up(dev).is_ok();
+        StartError { error, fell_back }
+    })
+}
+
+fn start_queues(
     dev: &Arc<File>,
     server: &Arc<Server>,
     info: &Arc<SessionInfo>,
