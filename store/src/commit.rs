@@ -15,17 +15,13 @@
 //! buffer's mutex, which the committer takes after reading `t`.
 //!
 //! **Group commit**: [`Log::sync`] reads a stamp `s` and waits until the durable stamp
-//! passes it; the committer starts a round as soon as anyone waits. Flushes are made by a
-//! second thread, the **flusher**, one at a time: after a round is written the committer asks
-//! for a flush that covers it ([`FlushJob`]); a flush asked for while one is being made
-//! waits, merged with any asked for after it, and begins when that one ends. So the
-//! committer writes the rounds of the syncs that arrive during a flush while the flush is
-//! made (the write overlaps the flush instead of following it), and the next flush serves
-//! them all. [`Log::sync_then`] is the same without a waiting thread: its callback is
-//! queued, and the flusher calls it (outside the state mutex) once a flush covers it, as
+//! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
+//! when a round starts is served by that round's one flush, and those arriving during it by
+//! the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
+//! queued, and the committer calls it (outside its state mutex) once a flush covers it, as
 //! the FUSE server answers FSYNC without holding a server thread. An fsync costs the records
-//! written since the last round, whatever the number of files. A round that flushes while
-//! no flush is being made first waits, at most the last flush's duration (and
+//! written since the last round, whatever the number of files. A round that flushes first
+//! waits, at most the last flush's duration (and
 //! 200 µs), until as many syncs wait (threads and callbacks) as when the last flush ended (those
 //! it served are likely coming back): otherwise threads that fsync in turn each get a flush
 //! of their own, each arriving just after the next round has begun. A lone thread never
@@ -82,8 +78,7 @@
 //!
 //! Lock order: a thread's buffer mutex, then nothing; the committer's state mutex, then
 //! nothing; the free-chunk pool's mutex, then nothing. The committer never holds the state
-//! mutex while taking buffers or writing, nor the flusher while flushing; callbacks are
-//! called with no lock held.
+//! mutex while taking buffers or writing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
@@ -95,7 +90,7 @@ use parking_lot::{Condvar, Mutex};
 use thread_local::ThreadLocal;
 
 use crate::error::StoreError;
-use crate::journal::{FlushJob, Payload, Spare, Writer, out_of_space};
+use crate::journal::{Payload, Spare, Writer, out_of_space};
 use crate::stamp::Clock;
 
 /// How often held records are written again while no one asks (module doc, "Errors"); a
@@ -151,19 +146,8 @@ struct Buf {
 struct State {
     /// The highest stamp someone waits for.
     requested: u64,
-    /// Every record stamped below this is written, and a flush that covers it is asked for.
-    posted: u64,
     /// Every record stamped below this is durable.
     durable: u64,
-    /// The flush the flusher is to make next, and the stamp it covers.
-    job: Option<(FlushJob, u64)>,
-    /// A flush is asked for or being made.
-    flushing: bool,
-    /// The flusher is to return once no flush is asked for.
-    flusher_stop: bool,
-    /// Syncs waiting when the last flush ended, and how long it took (see `Log::run`).
-    expected: usize,
-    last_flush: Duration,
     /// A buffer asked for a round.
     kicked: bool,
     shutdown: bool,
@@ -230,8 +214,6 @@ pub(crate) struct Log {
     done: Condvar,
     /// Appenders whose buffer is full wait here for the committer to take it.
     drained: Condvar,
-    /// The flusher waits here for flushes to make.
-    flush_asked: Condvar,
     /// The errno of a stopped store, or [`LOW`] (0: neither), read by every append.
     mode: AtomicU32,
     /// While the store is low on space: bytes that records other than those that free space
@@ -267,7 +249,6 @@ impl Log {
             work: Condvar::new(),
             done: Condvar::new(),
             drained: Condvar::new(),
-            flush_asked: Condvar::new(),
             mode: AtomicU32::new(0),
             budget: AtomicI64::new(0),
             flushes: AtomicU64::new(0),
@@ -414,88 +395,14 @@ impl Log {
     }
 
     /// Runs the committer until [`Log::shutdown`]; then commits what is left and returns.
-    /// Flushes are made by a thread of the committer's own (the flusher, module doc,
-    /// "Group commit"), so that a round's write overlaps the last round's flush.
-    pub(crate) fn run(&self, writer: Writer) {
-        std::thread::scope(|scope| {
-            std::thread::Builder::new()
-                .name("lanefs-flush".into())
-                .spawn_scoped(scope, || self.flusher())
-                .expect("spawn the flusher");
-            self.commit(writer);
-            // The flusher makes the flush asked for last, then returns.
-            self.state.lock().flusher_stop = true;
-            self.flush_asked.notify_one();
-        });
-        self.running.store(false, Relaxed);
-        self.done.notify_all();
-        // Callbacks still waiting get what a `sync` would: nothing more becomes durable.
-        let mut s = self.state.lock();
-        let mut ready = settle(&mut s);
-        let e = s.error.unwrap_or(Errno::EIO);
-        ready.extend(s.callbacks.drain(..).map(|c| (c.done, Err(e))));
-        drop(s);
-        ready.into_iter().for_each(|(f, r)| f(r));
-    }
-
-    /// The flusher: makes the flushes the committer asks for, one at a time, each covering
-    /// every round written before it began, and tells the syncs it served.
-    fn flusher(&self) {
-        let mut s = self.state.lock();
-        loop {
-            if s.error.is_some() {
-                // Nothing becomes durable after the store stopped.
-                s.job = None;
-                s.flushing = false;
-            }
-            let Some((job, t)) = s.job.take() else {
-                if s.flusher_stop {
-                    return;
-                }
-                self.flush_asked.wait(&mut s);
-                continue;
-            };
-            drop(s);
-            let began = Instant::now();
-            let r = job.run();
-            s = self.state.lock();
-            s.flushing = s.job.is_some();
-            match r {
-                Ok(()) => {
-                    self.flushes.fetch_add(1, Relaxed);
-                    s.last_flush = began.elapsed();
-                    // Every sync present now: those served will likely sync again.
-                    s.expected = s.syncers();
-                    let ready = self.made_durable(&mut s, t);
-                    drop(s);
-                    ready.into_iter().for_each(|(f, r)| f(r));
-                }
-                Err(e) => {
-                    drop(s);
-                    self.stop(&e, Errno::EIO);
-                }
-            }
-            s = self.state.lock();
-        }
-    }
-
-    /// Records stamped below `t` are durable: wakes the syncs that waited for them, and
-    /// returns the callbacks to call (after dropping the state mutex).
-    fn made_durable(&self, s: &mut State, t: u64) -> Vec<(SyncDone, lanefs::Result<()>)> {
-        s.durable = s.durable.max(t);
-        let durable = s.durable;
-        s.waiters.retain(|&x| x >= durable);
-        self.done.notify_all();
-        settle(s)
-    }
-
-    /// The committer's rounds (module doc), until shutdown or the store stops.
-    fn commit(&self, mut writer: Writer) {
+    pub(crate) fn run(&self, mut writer: Writer) {
         // Records stamped at or after a round's `t`, kept for the next round, each source
         // still in stamp order.
         let mut carry: Vec<Src> = Vec::new();
         // Records of a round that failed for lack of space (held), then those of this round.
         let mut payload = Payload::new();
+        // Syncs present when the last flush ended, and how long it took.
+        let (mut expected, mut last_flush) = (0usize, Duration::ZERO);
         let reserve = reserve(writer.segment_size());
         // `sync` calls seen, and whether the next segment could not be made.
         let mut asks = 0;
@@ -503,27 +410,21 @@ impl Log {
         loop {
             let (flush, shutdown) = {
                 let mut s = self.state.lock();
-                if s.error.is_some() {
-                    // A flush failed: the flusher stopped the store.
-                    break;
-                }
                 if s.held {
                     // Written again every `RETRY`, or at once when someone asks.
                     if s.asks == asks && !s.shutdown {
                         self.work.wait_for(&mut s, self.interval.min(RETRY));
                     }
-                } else if !(s.requested > s.posted || s.kicked || s.shutdown) {
+                } else if !(s.requested > s.durable || s.kicked || s.shutdown) {
                     self.work.wait_for(&mut s, self.interval);
                 }
-                let flush = s.requested > s.posted || s.shutdown;
-                if flush && !s.held && !s.flushing && s.syncers() < s.expected && !s.shutdown {
+                let flush = s.requested > s.durable || s.shutdown;
+                if flush && !s.held && s.syncers() < expected && !s.shutdown {
                     // The threads the last flush served are likely coming back with syncs of
                     // their own: wait for as many as waited then (at most a flush's time), so
                     // that one flush serves them all rather than each a round of its own.
-                    // (While a flush is being made, the round is written at once: the next
-                    // flush, which begins when that one ends, serves all who come meanwhile.)
-                    let until = Instant::now() + s.last_flush.min(GATHER_MAX);
-                    while s.syncers() < s.expected && !s.shutdown && !s.flushing {
+                    let until = Instant::now() + last_flush.min(GATHER_MAX);
+                    while s.syncers() < expected && !s.shutdown {
                         if self.work.wait_until(&mut s, until).timed_out() {
                             break;
                         }
@@ -547,6 +448,7 @@ impl Log {
             self.drained.notify_all();
             // Written in pieces of at most `PIECE` bytes, so that the memory a round touches
             // stays bounded (and warm) however far the committer fell behind.
+            let began = Instant::now();
             let done = loop {
                 let finished = merge(&mut srcs, t, &mut payload, PIECE);
                 match writer.write_payload(&mut payload) {
@@ -554,7 +456,12 @@ impl Log {
                     Err(e) => break Err(e),
                 }
                 if finished {
-                    break Ok(());
+                    break match flush {
+                        true => writer.flush().inspect(|()| {
+                            self.flushes.fetch_add(1, Relaxed);
+                        }),
+                        false => Ok(()),
+                    };
                 }
             };
             // What is left of each source (stamped at or after `t`) waits for the next
@@ -582,25 +489,16 @@ impl Log {
                     }
                     s.held = false;
                     if flush {
-                        // Every record stamped below `t` is written: the flusher's next
-                        // flush covers them (or one already has).
-                        s.posted = s.posted.max(t);
-                        match writer.flush_job() {
-                            Some(job) => {
-                                let job = match s.job.take() {
-                                    Some((earlier, _)) => earlier.merge(job),
-                                    None => job,
-                                };
-                                s.job = Some((job, t));
-                                s.flushing = true;
-                                self.flush_asked.notify_one();
-                            }
-                            None => {
-                                let ready = self.made_durable(&mut s, t);
-                                drop(s);
-                                ready.into_iter().for_each(|(f, r)| f(r));
-                            }
-                        }
+                        s.durable = s.durable.max(t);
+                        // Every sync present now: those served will likely sync again.
+                        expected = s.syncers();
+                        let durable = s.durable;
+                        s.waiters.retain(|&x| x >= durable);
+                        last_flush = began.elapsed();
+                        self.done.notify_all();
+                        let ready = settle(&mut s);
+                        drop(s);
+                        ready.into_iter().for_each(|(f, r)| f(r));
                     }
                     false
                 }
@@ -660,6 +558,15 @@ impl Log {
                 break;
             }
         }
+        self.running.store(false, Relaxed);
+        self.done.notify_all();
+        // Callbacks still waiting get what a `sync` would: nothing more becomes durable.
+        let mut s = self.state.lock();
+        let mut ready = settle(&mut s);
+        let e = s.error.unwrap_or(Errno::EIO);
+        ready.extend(s.callbacks.drain(..).map(|c| (c.done, Err(e))));
+        drop(s);
+        ready.into_iter().for_each(|(f, r)| f(r));
     }
 
     /// [`Log::sync`] without waiting (`Store::sync_then`): `done` is called by the committer
@@ -717,8 +624,6 @@ impl Log {
         let mut s = self.state.lock();
         s.error.get_or_insert(errno);
         self.done.notify_all();
-        // The committer (when the flusher stopped the store) ends its rounds.
-        self.work.notify_one();
         let ready = settle(&mut s);
         drop(s);
         ready.into_iter().for_each(|(f, r)| f(r));

@@ -37,7 +37,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
@@ -655,9 +654,8 @@ pub(crate) struct Writer {
     seq: u64,
     offset: u64,
     next_lsn: u64,
-    /// Every record below this LSN is flushed: shared with the [`FlushJob`]s, which flush
-    /// on another thread while this writes on.
-    flushed_lsn: Arc<AtomicU64>,
+    /// Every record below this LSN is flushed.
+    flushed_lsn: u64,
     /// A zeroed segment made ahead of need, and its number.
     spare: Option<(u64, Arc<dyn DiskFile>)>,
     /// The thread making the next spare.
@@ -668,34 +666,6 @@ pub(crate) struct Writer {
     tail: Vec<u8>,
     /// Where a batch is laid out in whole blocks before it is written.
     staging: Blocks,
-}
-
-/// A flush of the segment being written ([`Writer::flush_job`]). A flush of the newest
-/// segment covers every earlier one: a writer flushes a segment before it starts the next.
-pub(crate) struct FlushJob {
-    file: Option<Arc<dyn DiskFile>>,
-    path: PathBuf,
-    /// Every record below this LSN is durable once the job has run.
-    lsn: u64,
-    flushed: Arc<AtomicU64>,
-}
-
-impl FlushJob {
-    /// Flushes the segment; then records below its LSN are durable, and the batches written
-    /// after say so.
-    pub(crate) fn run(self) -> Result<(), StoreError> {
-        if let Some(f) = &self.file {
-            f.sync_data().map_err(StoreError::io(&self.path, "flush"))?;
-        }
-        self.flushed.fetch_max(self.lsn, Relaxed);
-        Ok(())
-    }
-
-    /// The job that covers both: the later one (the writer flushed the earlier segment
-    /// before it began a later one).
-    pub(crate) fn merge(self, later: FlushJob) -> FlushJob {
-        if later.lsn >= self.lsn { later } else { self }
-    }
 }
 
 /// Memory aligned to [`BLOCK`], in whole blocks, for block writes.
@@ -765,7 +735,7 @@ impl Writer {
             seq: end.segment,
             offset: end.offset,
             next_lsn: end.next_lsn,
-            flushed_lsn: Arc::new(AtomicU64::new(0)),
+            flushed_lsn: 0,
             spare: None,
             making: None,
             buf: Vec::new(),
@@ -801,7 +771,7 @@ impl Writer {
                 w.seq = end.segment - 1;
             }
         }
-        w.flushed_lsn.store(w.next_lsn, Relaxed);
+        w.flushed_lsn = w.next_lsn;
         w.prepare_spare();
         Ok(w)
     }
@@ -875,25 +845,15 @@ impl Writer {
 
     /// Flushes what was written: every record written so far is durable once this returns.
     pub(crate) fn flush(&mut self) -> Result<(), StoreError> {
-        match self.flush_job() {
-            Some(job) => job.run(),
-            None => Ok(()),
+        if self.flushed_lsn == self.next_lsn {
+            return Ok(());
         }
-    }
-
-    /// What [`Writer::flush`] would do, to be done on another thread while this writer goes
-    /// on writing (the committer's flusher): once it has run, every record written before
-    /// the call is durable. None if they all are already.
-    pub(crate) fn flush_job(&self) -> Option<FlushJob> {
-        if self.flushed_lsn.load(Relaxed) >= self.next_lsn {
-            return None;
+        if let Some(f) = &self.file {
+            let p = segment_path(&self.store, self.seq);
+            f.sync_data().map_err(StoreError::io(&p, "flush"))?;
         }
-        Some(FlushJob {
-            file: self.file.clone(),
-            path: segment_path(&self.store, self.seq),
-            lsn: self.next_lsn,
-            flushed: self.flushed_lsn.clone(),
-        })
+        self.flushed_lsn = self.next_lsn;
+        Ok(())
     }
 
     /// Writes `records` as one or more batches (not flushed: see [`Writer::flush`]); returns
@@ -972,7 +932,7 @@ impl Writer {
             count,
             len: (buf.len() - BATCH_HEADER) as u32,
             crc: crc32c::crc32c(&buf[BATCH_HEADER..]),
-            flushed: self.flushed_lsn.load(Relaxed),
+            flushed: self.flushed_lsn,
         };
         buf[..BATCH_HEADER].copy_from_slice(&h.encode(&self.uuid));
         let base = self.offset - self.tail.len() as u64;
