@@ -638,6 +638,21 @@ fn uring_off_mounts_do_not_notice_enable_uring_changing() {
     during.unmount();
 }
 
+/// What `uring=on` says when the server's `io_uring_setup(2)` is refused.
+const RINGS_REFUSED: &str = "cannot set up an io_uring: Operation not permitted (os error 1): io_uring_setup(2) is refused to this process";
+
+/// Makes the kernel offer FUSE over io_uring for a test of refused rings: turns
+/// `fuse.enable_uring` on, under [`Settings`] (given back when dropped), if it is off.
+/// `None`: the test is to skip (said on stderr); `Some(None)`: it was on already.
+fn uring_offered(test: &str) -> Option<Option<Settings>> {
+    if enable_uring() == "Y" {
+        return Some(None);
+    }
+    let mut s = Settings::take(test)?;
+    s.set("Y");
+    Some(Some(s))
+}
+
 /// With the kernel offering FUSE over io_uring but the server's rings refused
 /// (`io_uring_setup(2)` fails with EPERM under a seccomp filter on the server alone), INIT
 /// settles on io_uring and its registration fails: `uring=on` is refused in one line naming
@@ -652,19 +667,11 @@ fn uring_on_fails_clearly_when_the_servers_rings_are_refused() {
     if !runnable(test) {
         return;
     }
-    let mut settings = None;
-    if enable_uring() != "Y" {
-        let Some(s) = Settings::take(test) else {
-            return;
-        };
-        settings.insert(s).set("Y");
-    }
+    let Some(settings) = uring_offered(test) else {
+        return;
+    };
     let mp = Mountpoint::new();
-    refused(
-        &mp,
-        "cannot set up an io_uring: Operation not permitted (os error 1): io_uring_setup(2) is refused to this process",
-        true,
-    );
+    refused(&mp, RINGS_REFUSED, true);
     let lines = mount_background(&mp, "uring=auto", true);
     drop(settings);
     says_dev_fuse(&mp, &lines, 1);
@@ -831,19 +838,11 @@ fn library_uring_on_fails_and_auto_falls_back_when_the_rings_are_refused() {
     if !runnable(test) {
         return;
     }
-    let mut settings = None;
-    if enable_uring() != "Y" {
-        let Some(s) = Settings::take(test) else {
-            return;
-        };
-        settings.insert(s).set("Y");
-    }
+    let Some(settings) = uring_offered(test) else {
+        return;
+    };
     let mp = Mountpoint::new();
-    library_refuses(
-        &mp,
-        "cannot set up an io_uring: Operation not permitted (os error 1): io_uring_setup(2) is refused to this process",
-        true,
-    );
+    library_refuses(&mp, RINGS_REFUSED, true);
     let (m, fs) = library_auto(&mp, true);
     drop(settings);
     library_works_on_dev_fuse(&mp, m, &fs);
