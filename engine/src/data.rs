@@ -27,6 +27,17 @@
 //!   checkpoint's sync and is in the checkpoint, and no later change touched it (a change
 //!   would have relabelled it). A page faulted in from the store, unchanged, is labelled 0.
 //!
+//! # Changed pages
+//!
+//! Pages changed since the last checkpoint began cannot leave memory; the store bounds them
+//! ([`PageEpochs::set_budget`], docs/STORE.md "Memory"). A change counts each page it labels
+//! with an epoch the page did not have, in the counter of its thread slot (`slots.rs`), so
+//! counting shares no cache line; each [`CHECK_EVERY`] pages a thread adds up the slots: past
+//! the budget's `due` it wakes the store's checkpointer, past its `limit` it sets a flag on
+//! which writers wait ([`PageEpochs::throttle`], after their operation, with no lock held)
+//! until the store declares a checkpoint kept. Before the store sets a budget (a memory
+//! store, or a disk store during recovery) nothing is due and nobody waits.
+//!
 //! Changes that keep part of a kept page (a partial write, the zeroing of a truncated or
 //! punched page's edge) read it back first: the caller calls `prepare_*` before the change's
 //! record is appended, so a read error refuses the change instead of losing bytes. Bytes of a
@@ -53,9 +64,14 @@
 //! them, as mimalloc already does, and would put a shared free list on every writer's path.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
 
 use crate::errno::Result;
+use crate::slots::{NSLOTS, PerSlot};
 
 /// Page size of file data.
 pub const PAGE: u64 = 4096;
@@ -72,9 +88,13 @@ fn new_page() -> Page {
 /// Reads pages `first..` of the file from its store into the buffer (a whole number of pages).
 pub(crate) type Fetch<'a> = &'a dyn Fn(u64, &mut [u8]) -> Result<()>;
 
-/// The epochs that decide when a page the store keeps may leave memory (module doc), and the
-/// count of pages out of memory. Shared by the engine and the store that checkpoints it.
-#[derive(Debug)]
+/// A thread checks the changed-page count against the budget (a sum over the slots) each
+/// time its own slot's count passes a multiple of this.
+const CHECK_EVERY: u64 = 64;
+
+/// The epochs that decide when a page the store keeps may leave memory (module doc), the
+/// count of pages out of memory, and the budget of changed pages ("Changed pages" in the
+/// module doc). Shared by the engine and the store that checkpoints it.
 pub struct PageEpochs {
     /// The label a change gives the page it changes.
     current: AtomicU64,
@@ -84,6 +104,36 @@ pub struct PageEpochs {
     out: AtomicU64,
     /// The `kept` value the last eviction pass started from (`fs/cache.rs`).
     pub(crate) passed: AtomicU64,
+    /// Pages changed so far (given a label they did not have), counted per thread slot.
+    changed: PerSlot<AtomicU64>,
+    /// The changed-page count when the last checkpoint began.
+    begun_at: AtomicU64,
+    /// The changed-page count when the last checkpoint that the store holds began.
+    kept_at: AtomicU64,
+    /// Pages changed since the last checkpoint began above which one is due.
+    due: AtomicU64,
+    /// Pages changed since the last kept checkpoint began above which writers wait.
+    limit: AtomicU64,
+    /// Set once a check found the count at `limit`; writers then wait in
+    /// [`PageEpochs::throttle`].
+    over: AtomicBool,
+    /// The store cannot take checkpoints now (they fail, or it is stopping): nobody waits.
+    stalled: AtomicBool,
+    /// Writers over the limit wait here for a checkpoint to be kept.
+    wait: (Mutex<()>, Condvar),
+    /// Tells the store's checkpointer that a checkpoint is due.
+    nudge: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl std::fmt::Debug for PageEpochs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageEpochs")
+            .field("current", &self.current)
+            .field("kept", &self.kept)
+            .field("out", &self.out)
+            .field("changed", &self.changed_total())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for PageEpochs {
@@ -93,6 +143,15 @@ impl Default for PageEpochs {
             kept: AtomicU64::new(0),
             out: AtomicU64::new(0),
             passed: AtomicU64::new(0),
+            changed: PerSlot::new(|_| AtomicU64::new(0)),
+            begun_at: AtomicU64::new(0),
+            kept_at: AtomicU64::new(0),
+            due: AtomicU64::new(u64::MAX),
+            limit: AtomicU64::new(u64::MAX),
+            over: AtomicBool::new(false),
+            stalled: AtomicBool::new(false),
+            wait: (Mutex::new(()), Condvar::new()),
+            nudge: OnceLock::new(),
         }
     }
 }
@@ -101,13 +160,106 @@ impl PageEpochs {
     /// Starts a checkpoint: advances the epoch and returns the one it ends. Every page whose
     /// last change was labelled with it or before had its record appended before this call.
     pub fn begin(&self) -> u64 {
-        self.current.fetch_add(1, SeqCst)
+        let epoch = self.current.fetch_add(1, SeqCst);
+        self.begun_at.store(self.changed_total(), SeqCst);
+        epoch
     }
 
     /// Tells that the store holds every record appended before [`PageEpochs::begin`] returned
-    /// `epoch`: pages labelled up to it may leave memory.
+    /// `epoch` (the last `begin`): pages labelled up to it may leave memory, and writers
+    /// waiting for that go on.
     pub fn kept(&self, epoch: u64) {
         self.kept.fetch_max(epoch, SeqCst);
+        self.kept_at.store(self.begun_at.load(SeqCst), SeqCst);
+        let _g = self.wait.0.lock();
+        self.over.store(false, SeqCst);
+        self.wait.1.notify_all();
+    }
+
+    /// Bounds the pages changed between checkpoints ("Changed pages" in the module doc): a
+    /// checkpoint is due once `due` pages changed since the last one began (`nudge` tells the
+    /// store so), and writers wait once `limit` pages changed since the last one the store
+    /// holds began. Set by the store once it takes checkpoints; until then nothing waits.
+    pub fn set_budget(&self, due: u64, limit: u64, nudge: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.nudge.set(nudge);
+        self.due.store(due.max(1), SeqCst);
+        self.limit.store(limit.max(1), SeqCst);
+    }
+
+    /// Whether a checkpoint is due for the pages changed since the last one began.
+    pub fn due(&self) -> bool {
+        self.changed_total()
+            .saturating_sub(self.begun_at.load(SeqCst))
+            >= self.due.load(Relaxed)
+    }
+
+    /// Pages changed since the last checkpoint that the store holds began: what memory holds
+    /// that no eviction may drop (an upper bound: a page freed since is still counted).
+    pub fn changed_since_kept(&self) -> u64 {
+        self.changed_total()
+            .saturating_sub(self.kept_at.load(SeqCst))
+    }
+
+    /// Tells whether the store can take checkpoints now; while it cannot, writers do not wait
+    /// for one.
+    pub fn set_stalled(&self, stalled: bool) {
+        let _g = self.wait.0.lock();
+        self.stalled.store(stalled, SeqCst);
+        self.wait.1.notify_all();
+    }
+
+    fn changed_total(&self) -> u64 {
+        (0..NSLOTS).map(|s| self.changed.get(s).load(Relaxed)).sum()
+    }
+
+    /// Counts `n` pages changed by the calling thread; every [`CHECK_EVERY`] of them, checks
+    /// the total against the budget.
+    fn count_changed(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let old = self.changed.local().fetch_add(n, Relaxed);
+        if (old + n) / CHECK_EVERY != old / CHECK_EVERY {
+            self.check();
+        }
+    }
+
+    #[cold]
+    fn check(&self) {
+        if self.due() {
+            if let Some(nudge) = self.nudge.get() {
+                nudge();
+            }
+        }
+        if self.changed_since_kept() >= self.limit.load(Relaxed) {
+            self.over.store(true, Relaxed);
+        }
+    }
+
+    /// Waits, if a check found more pages changed than the budget allows, until a checkpoint
+    /// is kept or the store says it cannot take one (module doc, "Changed pages"). Called with
+    /// no lock held, after a change.
+    #[inline]
+    pub(crate) fn throttle(&self) {
+        if self.over.load(Relaxed) {
+            self.wait_for_checkpoint();
+        }
+    }
+
+    #[cold]
+    fn wait_for_checkpoint(&self) {
+        let mut g = self.wait.0.lock();
+        loop {
+            if self.stalled.load(SeqCst) || self.changed_since_kept() < self.limit.load(SeqCst) {
+                self.over.store(false, SeqCst);
+                return;
+            }
+            if let Some(nudge) = self.nudge.get() {
+                nudge();
+            }
+            // Bounded, so that a nudge lost before the checkpointer waited is repeated.
+            self.wait.1.wait_for(&mut g, Duration::from_millis(100));
+        }
     }
 
     /// The label of a change whose record was just appended.
@@ -304,6 +456,7 @@ impl FileData {
     /// Kept pages it covers partly were brought in by [`FileData::prepare_edges`].
     pub fn write(&mut self, off: u64, data: &[u8], epoch: u64, e: &PageEpochs) -> u64 {
         let mut added = 0;
+        let mut changed = 0;
         let len = data.len() as u64;
         for idx in page_span(off, len) {
             let r = in_page(idx, off, len);
@@ -321,6 +474,7 @@ impl FileData {
                     "page {idx}: a partial write of a kept page must be prepared"
                 );
                 e.came_in(1);
+                changed += 1;
                 *slot = Slot::Mem {
                     page: new_page(),
                     epoch,
@@ -330,14 +484,16 @@ impl FileData {
                 unreachable!("made resident above")
             };
             page[r].copy_from_slice(src);
+            changed += (*label != epoch) as u64;
             *label = epoch;
         }
+        e.count_changed(changed + added);
         added
     }
 
     /// Zeroes bytes `r` of page `idx` if it is in memory, labelling it `epoch`. (A kept page
     /// whose bytes there must become zeros was brought in by a `prepare_*` call.)
-    fn zero_in(&mut self, idx: u64, r: std::ops::Range<usize>, epoch: u64) {
+    fn zero_in(&mut self, idx: u64, r: std::ops::Range<usize>, epoch: u64, e: &PageEpochs) {
         if r.is_empty() {
             return;
         }
@@ -345,6 +501,7 @@ impl FileData {
             self.pages.as_mut().and_then(|m| m.get_mut(&idx))
         {
             page[r].fill(0);
+            e.count_changed((*label != epoch) as u64);
             *label = epoch;
         }
     }
@@ -385,7 +542,7 @@ impl FileData {
         for idx in [off / PAGE, end.saturating_sub(1) / PAGE] {
             let r = in_page(idx, off, end - off);
             if r.len() < PAGE as usize {
-                self.zero_in(idx, r, epoch);
+                self.zero_in(idx, r, epoch, e);
             }
         }
         self.tidy();
@@ -397,7 +554,7 @@ impl FileData {
     pub fn truncate(&mut self, size: u64, epoch: u64, e: &PageEpochs) -> u64 {
         let freed = self.remove_pages(size.div_ceil(PAGE).., None, e);
         if size % PAGE != 0 {
-            self.zero_in(size / PAGE, (size % PAGE) as usize..PAGE as usize, epoch);
+            self.zero_in(size / PAGE, (size % PAGE) as usize..PAGE as usize, epoch, e);
         }
         self.tidy();
         freed
@@ -439,7 +596,7 @@ impl FileData {
 
     /// Allocates zeroed pages for `off..off+len`, labelled `epoch`; returns the pages added
     /// (reserved beforehand).
-    pub fn allocate(&mut self, off: u64, len: u64, epoch: u64) -> u64 {
+    pub fn allocate(&mut self, off: u64, len: u64, epoch: u64, e: &PageEpochs) -> u64 {
         let mut added = 0;
         for idx in page_span(off, len) {
             self.map_mut().entry(idx).or_insert_with(|| {
@@ -450,6 +607,7 @@ impl FileData {
                 }
             });
         }
+        e.count_changed(added);
         added
     }
 
@@ -572,7 +730,7 @@ mod tests {
         let e = PageEpochs::default();
         let mut d = FileData::default();
         d.write(PAGE, b"a", 1, &e);
-        assert_eq!(d.allocate(0, 3 * PAGE, 1), 2);
+        assert_eq!(d.allocate(0, 3 * PAGE, 1, &e), 2);
         assert_eq!(read(&d, PAGE, 2), b"a\0");
     }
 
@@ -674,5 +832,62 @@ mod tests {
             d.prepare_truncate(3 * PAGE + 1, 3 * PAGE + 9, &fail, &e),
             Err(Errno::EIO)
         );
+    }
+
+    #[test]
+    fn changed_pages_count_once_per_epoch_and_writers_wait_past_the_limit() {
+        use std::sync::Arc;
+        let e = Arc::new(PageEpochs::default());
+        let mut d = FileData::default();
+        let pages = |b: u8| vec![b; (CHECK_EVERY * PAGE) as usize];
+        // No budget yet (a memory store, or recovery): nothing is due, nobody waits.
+        d.write(0, &pages(1), e.label(), &e);
+        assert!(!e.due() && !e.over.load(SeqCst));
+        let nudges = Arc::new(AtomicU64::new(0));
+        let n = nudges.clone();
+        let limit = 3 * CHECK_EVERY;
+        e.set_budget(
+            CHECK_EVERY,
+            limit,
+            Box::new(move || {
+                n.fetch_add(1, SeqCst);
+            }),
+        );
+        // Rewriting the same pages in the same epoch counts nothing more.
+        d.write(0, &pages(2), e.label(), &e);
+        assert_eq!(e.changed_since_kept(), CHECK_EVERY);
+        // New pages count; the check finds a checkpoint due and says so.
+        d.write(CHECK_EVERY * PAGE, &pages(3), e.label(), &e);
+        assert!(e.due());
+        assert_eq!(nudges.load(SeqCst), 1);
+        let epoch = e.begin();
+        assert!(!e.due(), "due counts from the checkpoint's beginning");
+        // Pages changed before the checkpoint began count again when changed after it.
+        d.write(0, &pages(4), e.label(), &e);
+        assert_eq!(e.changed_since_kept(), limit);
+        assert!(e.over.load(SeqCst));
+        let waiter = {
+            let e = e.clone();
+            std::thread::spawn(move || e.throttle())
+        };
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(!waiter.is_finished(), "a writer past the limit waits");
+        e.kept(epoch);
+        waiter.join().unwrap();
+        assert_eq!(
+            e.changed_since_kept(),
+            CHECK_EVERY,
+            "from the kept one's beginning"
+        );
+        // A store that cannot take checkpoints lets writers go.
+        let epoch = e.begin();
+        d.write(2 * CHECK_EVERY * PAGE, &pages(5), e.label(), &e);
+        d.write(0, &pages(6), e.label(), &e);
+        assert!(e.over.load(SeqCst));
+        e.set_stalled(true);
+        e.throttle();
+        e.set_stalled(false);
+        e.kept(epoch);
+        assert!(!e.over.load(SeqCst));
     }
 }

@@ -28,6 +28,12 @@
 //! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
 //!   which a read or write runs after releasing its locks once the store declared file pages
 //!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);
+//! - the **changed-page wait** (`data.rs`, "Changed pages"; 1 per filesystem, in its
+//!   `PageEpochs`): taken by a writer past the store's budget of changed pages, with no other
+//!   lock held, to wait for a checkpoint; by the store when it declares one kept or says it
+//!   cannot take one (under its own checkpoint lock, which nothing of the engine nests
+//!   under). Inside it, and from a change that finds a checkpoint due (under `file_data`),
+//!   the store's wake-up callback takes only a lock of the store's (a leaf);
 //! - the **invalidation sink** (`notify.rs`, 1 per filesystem, a read-write lock): read only
 //!   by a mutation made through the library (not by the kernel) while a FUSE mount has a sink
 //!   installed, after the operation has released every other lock; written when a mount

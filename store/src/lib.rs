@@ -78,8 +78,13 @@ pub struct Options {
     /// A checkpoint is taken once the journal holds this many records after the last one
     /// (docs/STORE.md, "Checkpoints")...
     pub checkpoint_records: u64,
-    /// ...or this many segments.
+    /// ...or this many segments...
     pub checkpoint_segments: usize,
+    /// ...or once this many bytes of file data changed since the last one began, or half of
+    /// [`Config::cache_bytes`] if more. Writers wait once four times as much changed since
+    /// the last checkpoint committed began, so that changed data in memory stays bounded
+    /// (docs/STORE.md, "Memory").
+    pub checkpoint_changed: u64,
     /// How often the checkpointer looks whether a checkpoint is due (and whether the
     /// checkpoint's database must be reopened).
     pub checkpoint_poll: Duration,
@@ -105,6 +110,7 @@ impl Default for Options {
             commit_interval: Duration::from_millis(100),
             checkpoint_records: 2_000_000,
             checkpoint_segments: 4,
+            checkpoint_changed: 16 << 20,
             checkpoint_poll: Duration::from_millis(500),
             checkpoint_retry: Duration::from_secs(1),
             checkpoint_retry_max: Duration::from_secs(60),
@@ -393,6 +399,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
             .map_err(StoreError::io(dir, "flush directory"))?;
     }
     let log = Arc::new(Log::new(opts.commit_interval));
+    let cache_pages = cfg.cache_pages();
     let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
         .expect("made if missing");
     let epochs = Arc::new(PageEpochs::default());
@@ -412,9 +419,14 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let replayed = rec.records() - synthesized;
     let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, opts.segment_size, end)?;
     let committer = commit::spawn(log.clone(), writer);
+    // File data changed since the last checkpoint cannot leave memory: bounded by checkpoints
+    // (docs/STORE.md, "Memory").
+    let changed_due = (cache_pages / 2).max(opts.checkpoint_changed.div_ceil(lanefs::PAGE));
     let policy = checkpoint::Policy {
         records: opts.checkpoint_records,
         segments: opts.checkpoint_segments,
+        changed_due,
+        changed_limit: changed_due.saturating_mul(2),
         poll: opts.checkpoint_poll,
         retry: opts.checkpoint_retry,
         retry_max: opts.checkpoint_retry_max,

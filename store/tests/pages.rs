@@ -289,3 +289,79 @@ fn a_store_is_as_large_as_its_disk() {
     let s = o.fs.statfs();
     assert_eq!(s.blocks * s.bsize as u64, disk.div_ceil(PAGE) * PAGE);
 }
+
+/// Data changed since the last checkpoint cannot leave memory; the store bounds it (docs/
+/// STORE.md, "Memory"): a checkpoint is due once `checkpoint_changed` bytes changed, and
+/// writers wait at four times that. Threads writing 48 MiB, ten times that bound, with no
+/// checkpoint taken by the test, never find more in memory than the bound plus the cache
+/// (and what the threads' own last writes add); everything reads back.
+#[test]
+fn changed_data_in_memory_is_bounded_by_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = 1u64 << 20;
+    let changed = 1u64 << 20;
+    let cfg = Config {
+        cache_bytes: Some(cache),
+        ..Config::default()
+    };
+    let o = open(
+        dir.path(),
+        cfg,
+        Options {
+            checkpoint_changed: changed,
+            checkpoint_poll: Duration::from_secs(3600),
+            ..opts()
+        },
+    )
+    .unwrap();
+    let fs = Arc::new(o.fs);
+    const THREADS: usize = 3;
+    const FILE: usize = 4 << 20;
+    const FILES: usize = 4;
+    let most = AtomicU64::new(0);
+    let content = |t: usize, k: usize| -> Vec<u8> {
+        (0..FILE)
+            .map(|i| ((i / 4096) as u8).wrapping_mul(31) ^ (t * 16 + k) as u8 | 1)
+            .collect()
+    };
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (fs, most) = (fs.clone(), &most);
+            s.spawn(move || {
+                let c = Client::root(fs.clone());
+                for k in 0..FILES {
+                    let data = content(t, k);
+                    let mut o = OpenOptions::new();
+                    o.write(true).create(true);
+                    let f = c.open(format!("/t{t}-{k}"), &o).unwrap();
+                    for (n, chunk) in data.chunks(64 << 10).enumerate() {
+                        f.write_at(chunk, (n * (64 << 10)) as u64).unwrap();
+                        most.fetch_max(fs.resident_pages(), SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let most = most.load(SeqCst) * PAGE;
+    // Four times `changed` may be changed and held; the cache on top; then each thread's
+    // writes until its check (every 64 pages it changes) and its wait.
+    let bound = 4 * changed + cache + THREADS as u64 * (2 * 64 * PAGE + (64 << 10));
+    assert!(
+        most <= bound,
+        "{most} bytes of file data in memory, bound {bound} (48 MiB written)"
+    );
+    let c = Client::root(fs.clone());
+    for t in 0..THREADS {
+        for k in 0..FILES {
+            assert!(
+                c.read(format!("/t{t}-{k}")).unwrap() == content(t, k),
+                "/t{t}-{k}"
+            );
+        }
+    }
+    assert!(
+        o.store.checkpoint_status().attempts >= 10,
+        "checkpoints came as data changed: {:?}",
+        o.store.checkpoint_status()
+    );
+}

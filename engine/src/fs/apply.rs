@@ -555,7 +555,7 @@ impl Filesystem {
                 time,
                 ..
             } => {
-                d.allocate(offset, len, self.page_epochs.label());
+                d.allocate(offset, len, self.page_epochs.label(), &self.page_epochs);
                 (time, (!keep_size).then_some(offset + len))
             }
             Record::Punch {

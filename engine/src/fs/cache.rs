@@ -14,7 +14,8 @@
 //! each file that the store holds, and stops once three quarters of the budget are left.
 //! A file whose data lock is taken is skipped (the pass try-locks, so it never waits for, or
 //! delays, an operation). Pages changed since the last checkpoint stay whatever the budget:
-//! the store bounds them by taking checkpoints as its journal grows.
+//! the store bounds them by taking checkpoints as they grow, and a writer past its bound
+//! waits for one after its operation (`data.rs`, "Changed pages").
 //!
 //! Locks: the pass holds `evictor` (one per filesystem, try-locked: a thread that finds it
 //! held leaves the pass to its holder) and, inside it, one file's `file_data` at a time.
@@ -43,11 +44,13 @@ impl Filesystem {
         self.page_epochs.out()
     }
 
-    /// Runs an eviction pass if the store declared an epoch kept since the last one (module
-    /// doc). Called after an operation released its locks.
+    /// Runs an eviction pass if the store declared an epoch kept since the last one, and
+    /// waits if more pages changed than the store's budget allows (module doc). Called after
+    /// an operation on file data released its locks.
     #[inline]
-    pub(super) fn maybe_evict(&self) {
+    pub(super) fn after_data_op(&self) {
         let e = &self.page_epochs;
+        e.throttle();
         if e.passed.load(Relaxed) != e.kept_epoch() {
             self.evict_pass(Some(self.cache_pages));
         }

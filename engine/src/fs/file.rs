@@ -343,7 +343,7 @@ impl Filesystem {
         if h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
             self.touch_atime(i, &g);
         }
-        self.maybe_evict();
+        self.after_data_op();
         Ok(n)
     }
 
@@ -511,7 +511,7 @@ impl Filesystem {
         self.apply_write(i, &mut d, &rec);
         drop(d);
         drop(_held);
-        self.maybe_evict();
+        self.after_data_op();
         Ok((i.ino, off, n))
     }
 
@@ -761,6 +761,9 @@ impl Filesystem {
             return Err(e);
         }
         self.apply_fallocate(i, &mut d, &rec);
+        drop(d);
+        drop(_held);
+        self.after_data_op();
         Ok(i.ino)
     }
 

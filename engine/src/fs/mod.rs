@@ -163,6 +163,15 @@ fn kernel_protects_hardlinks() -> bool {
         .unwrap_or(true)
 }
 
+impl Config {
+    /// [`Config::cache_bytes`] in pages, its default filled in.
+    pub fn cache_pages(&self) -> u64 {
+        self.cache_bytes
+            .unwrap_or((physical_memory() / 16).max(64 << 20))
+            .div_ceil(crate::data::PAGE)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -312,10 +321,7 @@ impl Filesystem {
             watch: Watch::default(),
             durable: store.durable(),
             page_epochs: store.page_epochs().unwrap_or_default(),
-            cache_pages: cfg
-                .cache_bytes
-                .unwrap_or((physical_memory() / 16).max(64 << 20))
-                .div_ceil(crate::data::PAGE),
+            cache_pages: cfg.cache_pages(),
             evictor: Mutex::new(Ino::ROOT),
             store,
             replaying: AtomicBool::new(true),

@@ -312,7 +312,13 @@ impl Tables<'_> {
             let start = idx * PAGE;
             let from = offset.max(start);
             let to = (offset + len).min(start + PAGE);
-            let mut p = self.page(ino, idx)?.unwrap_or_default();
+            // A write of the whole page keeps nothing of it: not read.
+            let whole = from == start && to == start + PAGE;
+            let mut p = if whole {
+                Vec::new()
+            } else {
+                self.page(ino, idx)?.unwrap_or_default()
+            };
             let need = (to - start) as usize;
             if p.len() < need {
                 p.resize(need, 0);

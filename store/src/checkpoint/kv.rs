@@ -251,7 +251,20 @@ impl EntryVal {
 
 /// A page's bytes as stored: trailing zeros cut.
 pub(crate) fn trim(page: &[u8]) -> &[u8] {
-    let end = page.iter().rposition(|&b| b != 0).map_or(0, |p| p + 1);
+    // Eight bytes at a time from the end (a page of zeros is common: `dd if=/dev/zero`),
+    // then the bytes of the last word that is not zero.
+    let words = page.len() / 8;
+    let mut end = page.len();
+    if page[words * 8..].iter().all(|&b| b == 0) {
+        end = words * 8;
+        while end > 0 && u64::from_ne_bytes(page[end - 8..end].try_into().expect("8 bytes")) == 0 {
+            end -= 8;
+        }
+    }
+    let end = page[..end]
+        .iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |p| p + 1);
     &page[..end]
 }
 
@@ -306,5 +319,22 @@ mod tests {
         assert_eq!(page_of(&page_key(5, 256)), Some(256));
         assert_eq!(trim(b"ab\0\0"), b"ab");
         assert_eq!(trim(b"\0\0"), b"");
+    }
+
+    #[test]
+    fn trim_cuts_exactly_the_trailing_zeros_at_every_length_and_position() {
+        for len in [0, 1, 7, 8, 9, 15, 16, 17, 4096] {
+            assert_eq!(trim(&vec![0u8; len]), b"", "{len} zeros");
+            for last in 0..len.min(40) {
+                let mut p = vec![0u8; len];
+                p[last] = 1;
+                assert_eq!(trim(&p).len(), last + 1, "len {len}, last {last}");
+                let at = len - 1 - last;
+                let mut p = vec![0u8; len];
+                p[at] = 9;
+                p[0] = 3;
+                assert_eq!(trim(&p).len(), at + 1, "len {len}, last {at}");
+            }
+        }
     }
 }

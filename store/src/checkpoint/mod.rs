@@ -138,6 +138,9 @@ pub(crate) struct Checkpoint {
     /// had reported an error (its flush may not have made it durable), until the next
     /// commit succeeds.
     committed: u64,
+    /// Where the next checkpoint's records start in the journal (`journal::follow`), known
+    /// after a checkpoint this store committed; `None` after a failure or a reopen.
+    cursor: Option<journal::Cursor>,
     /// The segments `committed` covers may still be there (their removal failed).
     recycle_due: bool,
     /// redb's page cache, in bytes ([`crate::Options::checkpoint_cache`]).
@@ -297,6 +300,7 @@ impl Checkpoint {
             store: dir.to_path_buf(),
             uuid,
             committed: sb.lsn,
+            cursor: None,
             sb,
             recycle_due: false,
             cache,
@@ -508,53 +512,47 @@ impl Checkpoint {
         let mut txn = db.begin_write().map_err(Failed::db)?;
         txn.set_quick_repair(true);
         let mut applied = 0u64;
-        let sb = {
+        let (sb, next) = {
             let mut t = apply::Tables {
                 meta: txn.open_table(META).map_err(Failed::db)?,
                 data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
             };
-            let mut past = false;
             let mut why: Option<Failed> = None;
-            let scanned = journal::scan(disk, &self.store, self.uuid, from, |lsn, bytes| {
-                if lsn > upto || stop() {
-                    past = true;
-                    return Err(String::new());
-                }
-                let r = Record::decode(bytes).map_err(|e| e.to_string())?;
-                t.apply(&r).map_err(|e| {
-                    let f = Failed {
-                        why: format!("record {lsn}: {e}"),
-                        reopen: matches!(e, apply::ApplyError::Db(_)),
-                    };
-                    let s = f.why.clone();
-                    why = Some(f);
-                    s
-                })?;
-                applied += 1;
-                if lsn == upto {
-                    // Stop here: what follows may be a batch or segment the committer is
-                    // writing right now, which a scan must not judge.
-                    past = true;
-                    return Err(String::new());
-                }
-                Ok(())
-            });
+            let at = self.cursor.take();
+            let read = journal::follow(
+                disk,
+                &self.store,
+                self.uuid,
+                at,
+                from,
+                upto,
+                |lsn, bytes| {
+                    if stop() {
+                        return Err(String::new());
+                    }
+                    let r = Record::decode(bytes).map_err(|e| e.to_string())?;
+                    t.apply(&r).map_err(|e| {
+                        let f = Failed {
+                            why: format!("record {lsn}: {e}"),
+                            reopen: matches!(e, apply::ApplyError::Db(_)),
+                        };
+                        let s = f.why.clone();
+                        why = Some(f);
+                        s
+                    })?;
+                    applied += 1;
+                    Ok(())
+                },
+            );
             if let Some(why) = why {
                 return Err(why);
             }
-            match scanned {
-                Err(_) if past && !stop() => {}
-                Err(e) if !past => return Err(Failed::other(e.to_string())),
-                Err(_) => return Err(Failed::other("stopped")),
-                Ok(end) if end.next_lsn <= upto => {
-                    return Err(Failed::other(format!(
-                        "the journal ends at record {}, before record {upto}",
-                        end.next_lsn
-                    )));
-                }
-                Ok(_) => {}
-            }
+            let next = match read {
+                Err(_) if stop() => return Err(Failed::other("stopped")),
+                Err(e) => return Err(Failed::other(e.to_string())),
+                Ok(next) => next,
+            };
             let sb = Superblock {
                 uuid: self.uuid,
                 lsn: upto,
@@ -564,12 +562,13 @@ impl Checkpoint {
             t.meta
                 .insert(kv::SUPER, &sb.encode()[..])
                 .map_err(Failed::db)?;
-            sb
+            (sb, next)
         };
         txn.commit().map_err(Failed::db)?;
         // Durable now (redb's commit flushed it): only now may segments go.
         self.sb = sb;
         self.committed = sb.lsn;
+        self.cursor = Some(next);
         self.recycle_due = true;
         self.recycle(disk)
             .map_err(|e| Failed::other(format!("the checkpoint is committed, but: {e}")))?;
@@ -609,6 +608,11 @@ pub(crate) struct Policy {
     pub records: u64,
     /// Segments in the journal.
     pub segments: usize,
+    /// Pages of file data changed since the last checkpoint began that make one due, and
+    /// changed since the last one committed began that make writers wait
+    /// ([`PageEpochs::set_budget`]).
+    pub changed_due: u64,
+    pub changed_limit: u64,
     /// How often it looks.
     pub poll: Duration,
     /// The wait after the first failure in a row ([`Backoff`]).
@@ -673,8 +677,17 @@ pub struct CheckpointStatus {
 }
 
 /// The checkpointer's thread and how to stop it.
+/// What the checkpointer's thread is woken for.
+#[derive(Default)]
+struct Wake {
+    /// The store is closing.
+    stop: bool,
+    /// A checkpoint may be due before the next poll ([`PageEpochs::set_budget`]).
+    nudged: bool,
+}
+
 pub(crate) struct Checkpointer {
-    stop: Arc<(Mutex<bool>, Condvar)>,
+    stop: Arc<(Mutex<Wake>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
     ck: Arc<Mutex<Checkpoint>>,
     log: Arc<Log>,
@@ -729,6 +742,8 @@ fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<
             ck.backoff.failed(c.clock.now(), c.policy);
         }
     }
+    // Writers over the budget of changed pages wait for checkpoints only while they succeed.
+    c.epochs.set_stalled(r.is_err());
     r
 }
 
@@ -767,8 +782,9 @@ impl Checkpointer {
 
     /// Stops the thread (a checkpoint in progress is abandoned) and waits for it.
     pub(crate) fn stop(&mut self) {
+        self.epochs.set_stalled(true);
         if let Some(t) = self.thread.take() {
-            *self.stop.0.lock() = true;
+            self.stop.0.lock().stop = true;
             self.stop.1.notify_all();
             let _ = t.join();
         }
@@ -807,7 +823,7 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
     let written = c.log.counters().lsn;
     let segments = journal::segments(c.disk, &ck.store).map_or(0, |s| s.len());
     let due = written.saturating_sub(ck.lsn()) >= c.policy.records
-        || (segments >= c.policy.segments && written > ck.lsn());
+        || ((segments >= c.policy.segments || c.epochs.due()) && written > ck.lsn());
     if !due {
         return true;
     }
@@ -850,9 +866,18 @@ pub(crate) fn spawn(
     policy: Policy,
     clock: Arc<dyn Clock>,
 ) -> Checkpointer {
-    let stop = Arc::new((Mutex::new(false), Condvar::new()));
+    let stop = Arc::new((Mutex::new(Wake::default()), Condvar::new()));
     let polls = Arc::new(AtomicU64::new(0));
     let ck = Arc::new(Mutex::new(ck));
+    let wake = stop.clone();
+    epochs.set_budget(
+        policy.changed_due,
+        policy.changed_limit,
+        Box::new(move || {
+            wake.0.lock().nudged = true;
+            wake.1.notify_all();
+        }),
+    );
     let mut c = Checkpointer {
         stop,
         thread: None,
@@ -876,7 +901,7 @@ pub(crate) fn spawn(
     let thread = std::thread::Builder::new()
         .name("lanefs-checkpoint".into())
         .spawn(move || {
-            let stopped = || *s.0.lock();
+            let stopped = || s.0.lock().stop;
             let ctx = Ctx {
                 log: &log,
                 disk: &*disk,
@@ -888,12 +913,13 @@ pub(crate) fn spawn(
             loop {
                 {
                     let mut g = s.0.lock();
-                    if !*g {
+                    if !g.stop && !g.nudged {
                         s.1.wait_for(&mut g, policy.poll);
                     }
-                    if *g {
+                    if g.stop {
                         return;
                     }
+                    g.nudged = false;
                 }
                 if !look(&mut ck.lock(), &ctx, &stopped, &mut said) {
                     return;
@@ -914,6 +940,8 @@ mod tests {
         Policy {
             records: 1,
             segments: 1,
+            changed_due: 1,
+            changed_limit: 1,
             poll: Duration::from_millis(1),
             retry: Duration::from_secs(retry),
             retry_max: Duration::from_secs(max),
