@@ -28,6 +28,9 @@
 //! damage. A writer continuing the journal first zeroes whatever follows the end in its
 //! segment, so that no bytes of an earlier life of the file are read after new batches.
 //!
+//! The checkpointer reads the records it applies with [`follow`], forward from where its
+//! last checkpoint stopped, instead of a [`scan`] from the start of the journal.
+//!
 //! **Errors**: a failed write leaves the [`Writer`] where it was, and the records not written
 //! with its caller, so that it can try again: the next try writes the batch at the same place
 //! (what the failed write left after it is overwritten, or is a torn tail to a scan, never
