@@ -44,13 +44,15 @@ impl Filesystem {
         self.page_epochs.out()
     }
 
-    /// Runs an eviction pass if the store declared an epoch kept since the last one, and
-    /// waits if more pages changed than the store's budget allows (module doc). Called after
-    /// an operation on file data released its locks.
+    /// After a change of file data (`changed`) waits if more pages changed than the store's
+    /// budget allows; then runs an eviction pass if the store declared an epoch kept since
+    /// the last one (module doc). Called after an operation on file data released its locks.
     #[inline]
-    pub(super) fn after_data_op(&self) {
+    pub(super) fn after_data_op(&self, changed: bool) {
         let e = &self.page_epochs;
-        e.throttle();
+        if changed {
+            e.throttle();
+        }
         if e.passed.load(Relaxed) != e.kept_epoch() {
             self.evict_pass(Some(self.cache_pages));
         }

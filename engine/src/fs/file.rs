@@ -343,7 +343,7 @@ impl Filesystem {
         if h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
             self.touch_atime(i, &g);
         }
-        self.after_data_op();
+        self.after_data_op(false);
         Ok(n)
     }
 
@@ -511,7 +511,7 @@ impl Filesystem {
         self.apply_write(i, &mut d, &rec);
         drop(d);
         drop(_held);
-        self.after_data_op();
+        self.after_data_op(true);
         Ok((i.ino, off, n))
     }
 
@@ -763,7 +763,7 @@ impl Filesystem {
         self.apply_fallocate(i, &mut d, &rec);
         drop(d);
         drop(_held);
-        self.after_data_op();
+        self.after_data_op(true);
         Ok(i.ino)
     }
 

@@ -822,8 +822,12 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
     }
     let written = c.log.counters().lsn;
     let segments = journal::segments(c.disk, &ck.store).map_or(0, |s| s.len());
+    // Changed pages due even with every record already in the checkpoint (they were appended
+    // while the last one synced): a checkpoint with nothing to apply still declares their
+    // epoch kept, which writers waiting for it need.
     let due = written.saturating_sub(ck.lsn()) >= c.policy.records
-        || ((segments >= c.policy.segments || c.epochs.due()) && written > ck.lsn());
+        || (segments >= c.policy.segments && written > ck.lsn())
+        || c.epochs.due();
     if !due {
         return true;
     }
