@@ -631,6 +631,12 @@ impl Log {
 
     /// Asks the committer to commit what is buffered and return.
     pub(crate) fn shutdown(&self) {
+        // From now on appends are refused (EROFS, unless the store already stopped with an
+        // error): nothing appended after this would be committed, and writers that kept
+        // appending would keep the last round from ever ending.
+        let _ = self.mode.fetch_update(Relaxed, Relaxed, |m| {
+            (m & !LOW == 0).then_some(m | Errno::EROFS.0 as u32)
+        });
         self.state.lock().shutdown = true;
         self.work.notify_one();
     }

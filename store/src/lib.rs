@@ -81,7 +81,7 @@ pub struct Options {
     /// ...or this many segments...
     pub checkpoint_segments: usize,
     /// ...or once this many bytes of file data changed since the last one began, or half of
-    /// [`Config::cache_bytes`] if more. Writers wait once four times as much changed since
+    /// [`Config::cache_bytes`] if more. Writers wait once twice as much changed since
     /// the last checkpoint committed began, so that changed data in memory stays bounded
     /// (docs/STORE.md, "Memory").
     pub checkpoint_changed: u64,
@@ -228,7 +228,8 @@ impl StoreHandle {
         self.log.sync()
     }
 
-    /// Commits what is left, stops the committer and releases the store; returns the error
+    /// Commits what is left, stops the committer and releases the store (changes to the
+    /// filesystem after this are refused with EROFS); returns the error
     /// that stopped the store, if one did (ENOSPC: records held for lack of space could not
     /// be written even then, and are lost; no `sync` had acknowledged them).
     pub fn close(mut self) -> lanefs::Result<()> {

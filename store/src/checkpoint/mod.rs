@@ -742,8 +742,11 @@ fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<
             ck.backoff.failed(c.clock.now(), c.policy);
         }
     }
-    // Writers over the budget of changed pages wait for checkpoints only while they succeed.
-    c.epochs.set_stalled(r.is_err());
+    // Writers over the budget of changed pages wait for checkpoints only while they succeed,
+    // and not once the store is closing (`Checkpointer::stop`).
+    if !stop() {
+        c.epochs.set_stalled(r.is_err());
+    }
     r
 }
 
@@ -788,6 +791,8 @@ impl Checkpointer {
             self.stop.1.notify_all();
             let _ = t.join();
         }
+        // Again: an attempt that was running when the first call came may have cleared it.
+        self.epochs.set_stalled(true);
     }
 }
 
