@@ -98,7 +98,9 @@ fn remove_if_same(path: &Path, id: (u64, u64)) {
 /// `data_bytes` (file data stored: blocks used times the block size), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
-/// `/dev/fuse`), `uring_queues` and `requests` (FUSE requests received, FORGETs included).
+/// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
+/// `uring_sched_idle` (the queue threads run SCHED_IDLE under a guard) and `uring_boosts`
+/// (times the guard gave a starving queue thread the normal policy).
 pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
@@ -130,6 +132,8 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "transport": session.map(|s| s.transport()),
         "uring_queues": session.map(|s| s.queues()),
         "requests": session.map(|s| s.requests()),
+        "uring_sched_idle": session.map(|s| s.sched_idle()),
+        "uring_boosts": session.map(|s| s.boosts()),
     })
 }
 

@@ -179,6 +179,7 @@
 mod abi;
 mod control;
 mod creds;
+mod handoff;
 mod mnt;
 mod server;
 mod session;

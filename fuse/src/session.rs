@@ -136,6 +136,10 @@ pub struct SessionInfo {
     queues: AtomicU64,
     /// Requests read, per serving thread (a slot each, on its own cache line).
     counts: Counters,
+    /// The io_uring queue threads run SCHED_IDLE under a guard (`handoff.rs`).
+    sched_idle: AtomicBool,
+    /// Times the guard gave a starving queue thread the normal policy.
+    boosts: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -194,10 +198,33 @@ impl SessionInfo {
             .store(if uring { 2 } else { 1 }, Ordering::Relaxed);
     }
 
+    /// Whether the io_uring queue threads run SCHED_IDLE under a guard (`handoff.rs`).
+    pub fn sched_idle(&self) -> bool {
+        self.sched_idle.load(Ordering::Relaxed)
+    }
+
+    /// Times a starving queue thread was given the normal policy (`handoff.rs`).
+    pub fn boosts(&self) -> u64 {
+        self.boosts.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_sched_idle(&self) {
+        self.sched_idle.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_boost(&self) {
+        self.boosts.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// One line saying how the mount is served.
     pub fn describe(&self) -> String {
         if self.is_uring() {
-            format!("io_uring ({} queues, one per CPU)", self.queues())
+            let idle = if self.sched_idle() {
+                ", SCHED_IDLE"
+            } else {
+                ""
+            };
+            format!("io_uring ({} queues, one per CPU{idle})", self.queues())
         } else {
             self.transport().to_string()
         }
@@ -644,8 +671,28 @@ pub(crate) fn clone_dev(master: &Arc<File>) -> Arc<File> {
     Arc::new(f)
 }
 
+/// How long the `/dev/fuse` thread of an io_uring session waits after a FORGET before it
+/// reads again (see [`dev_worker`]).
+const FORGET_BATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Serves requests from one `/dev/fuse` descriptor until the session ends.
-pub(crate) fn dev_worker(fd: Arc<File>, server: &Server, info: &SessionInfo, slot: usize) {
+///
+/// `side` marks the one `/dev/fuse` thread of an io_uring session, which gets only FORGET,
+/// BATCH_FORGET and INTERRUPT. The kernel queues a FORGET for every inode it evicts (each
+/// unlinked file's, in the caller's `unlink`) and wakes a reader blocked on the descriptor,
+/// often on the other CPU: that wake-up cost the caller more than its whole FUSE request
+/// did. So after a FORGET this thread waits [`FORGET_BATCH_WAIT`] before its next read:
+/// forgets queued meanwhile wake nobody, and the next read takes them all as one
+/// BATCH_FORGET. A FORGET only returns lookup references (an unlinked inode's number is
+/// freed a millisecond later); an INTERRUPT is read and not acted on (module doc), so
+/// neither is delayed at a cost to any caller.
+pub(crate) fn dev_worker(
+    fd: Arc<File>,
+    server: &Server,
+    info: &SessionInfo,
+    slot: usize,
+    side: bool,
+) {
     let mut inbuf = vec![0u8; MAX_WRITE + 4096];
     let hsz = size_of::<fuse_out_header>();
     let mut outbuf = vec![0u8; hsz + MAX_WRITE + 4096];
@@ -682,7 +729,11 @@ pub(crate) fn dev_worker(fd: Arc<File>, server: &Server, info: &SessionInfo, slo
                     return;
                 }
             }
-            Answer::Later | Answer::None => {}
+            Answer::Later | Answer::None => {
+                if side && matches!(req.h.opcode, FUSE_FORGET | FUSE_BATCH_FORGET) {
+                    std::thread::sleep(FORGET_BATCH_WAIT);
+                }
+            }
         }
     }
 }
@@ -699,18 +750,19 @@ pub(crate) fn serve(
 ) -> io::Result<()> {
     let ended = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
-    let spawn_dev = |slot: usize, fd: Arc<File>, handles: &mut Vec<_>| -> io::Result<()> {
-        let (server, info, ended) = (server.clone(), info.clone(), ended.clone());
-        handles.push(
-            std::thread::Builder::new()
-                .name(format!("lanefs-dev{slot}"))
-                .spawn(move || {
-                    dev_worker(fd, &server, &info, slot);
-                    ended.store(true, Ordering::Release);
-                })?,
-        );
-        Ok(())
-    };
+    let spawn_dev =
+        |slot: usize, fd: Arc<File>, side: bool, handles: &mut Vec<_>| -> io::Result<()> {
+            let (server, info, ended) = (server.clone(), info.clone(), ended.clone());
+            handles.push(
+                std::thread::Builder::new()
+                    .name(format!("lanefs-dev{slot}"))
+                    .spawn(move || {
+                        dev_worker(fd, &server, &info, slot, side);
+                        ended.store(true, Ordering::Release);
+                    })?,
+            );
+            Ok(())
+        };
     if let Some(why) = &neg.no_ring {
         eprintln!("lanefs: io_uring cannot be set up ({why}); serving through /dev/fuse");
     }
@@ -719,7 +771,7 @@ pub(crate) fn serve(
             Ok(ring) => {
                 info.set_transport(true, ring.queues());
                 // FORGET and INTERRUPT still come through /dev/fuse.
-                spawn_dev(COUNTER_SLOTS - 1, dev.clone(), &mut handles)?;
+                spawn_dev(COUNTER_SLOTS - 1, dev.clone(), true, &mut handles)?;
                 for h in handles {
                     let _ = h.join();
                 }
@@ -730,7 +782,7 @@ pub(crate) fn serve(
                 // Serve what reaches /dev/fuse while the caller unmounts: with the kernel
                 // fallen back, what is in flight; otherwise nothing (new requests wait for a
                 // ring that will not come, and fail when the session ends).
-                spawn_dev(0, dev.clone(), &mut handles)?;
+                spawn_dev(0, dev.clone(), false, &mut handles)?;
                 std::mem::forget(handles);
                 let why = why_registration_failed(&e.error);
                 return Err(io::Error::other(if mode == Uring::On {
@@ -757,7 +809,7 @@ pub(crate) fn serve(
         } else {
             clone_dev(&dev)
         };
-        spawn_dev(slot, fd, &mut handles)?;
+        spawn_dev(slot, fd, false, &mut handles)?;
     }
     for h in handles {
         let _ = h.join();

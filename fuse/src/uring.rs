@@ -26,7 +26,9 @@
 //! IORING_SETUP_DEFER_TASKRUN`: the copy runs when the thread waits for completions).
 //!
 //! ## Threads
-//! One thread per queue, pinned to the queue's CPU, with [`DEPTH`] entries. It waits for
+//! One thread per queue, pinned to the queue's CPU, with [`DEPTH`] entries, of the
+//! SCHED_IDLE policy under a guard where the guard can run (`handoff.rs`: so that the caller
+//! a reply wakes stays on the queue's CPU). It waits for
 //! completions, serves every request that arrived, and submits all their commits in the next
 //! wait (one system call for a batch). A request answered later (FSYNC waiting for group
 //! commit, [`Pending`]) keeps its entry; the queue goes on with its other entries, and the
@@ -58,6 +60,7 @@ use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi::*;
+use crate::handoff::Guard;
 use crate::server::Server;
 use crate::session::{Answer, MAX_WRITE, Out, Pending, Request, SessionInfo};
 
@@ -77,6 +80,8 @@ const SIDE_MAX: usize = 64 * 1024;
 pub(crate) struct Ring {
     queues: Vec<(Arc<Mailbox>, JoinHandle<Buffers>)>,
     ended: Arc<AtomicBool>,
+    /// The queue threads' guard and its thread (`handoff.rs`), where they run SCHED_IDLE.
+    guard: Option<(Arc<Guard>, JoinHandle<()>)>,
 }
 
 impl Ring {
@@ -88,6 +93,10 @@ impl Ring {
     /// their buffers.
     pub(crate) fn stop_and_join(self) {
         self.ended.store(true, Ordering::Release);
+        if let Some((g, h)) = self.guard {
+            g.stop();
+            drop(h.join());
+        }
         for (m, _) in &self.queues {
             m.wake();
         }
@@ -257,9 +266,11 @@ fn start_queues(
 ) -> io::Result<Ring> {
     let n = possible_cpus();
     let payload = MAX_WRITE.max(8192);
+    let guard = Guard::new(info);
     let mut ring = Ring {
         queues: Vec::new(),
         ended: ended.clone(),
+        guard: None,
     };
     let mut readies = Vec::new();
     for qid in 0..n {
@@ -274,16 +285,17 @@ fn start_queues(
             efd: unsafe { OwnedFd::from_raw_fd(efd) },
         });
         let (tx, rx) = mpsc::channel();
-        let (dev, server, info, ended, mb) = (
+        let (dev, server, info, ended, mb, guard) = (
             dev.clone(),
             server.clone(),
             info.clone(),
             ended.clone(),
             mailbox.clone(),
+            guard.clone(),
         );
         let h = std::thread::Builder::new()
             .name(format!("lanefs-q{qid}"))
-            .spawn(move || queue_main(qid, payload, &dev, &server, &info, &ended, mb, tx))?;
+            .spawn(move || queue_main(qid, payload, &dev, &server, &info, &ended, mb, guard, tx))?;
         ring.queues.push((mailbox, h));
         readies.push(rx);
     }
@@ -294,6 +306,14 @@ fn start_queues(
         if let Err(e) = r {
             ring.stop_and_join();
             return Err(e);
+        }
+    }
+    if let Some(g) = guard {
+        // Without its guard the queue threads keep the normal policy: they are made
+        // SCHED_IDLE only by the guard.
+        if let Ok(h) = g.start() {
+            info.set_sched_idle();
+            ring.guard = Some((g, h));
         }
     }
     Ok(ring)
@@ -371,9 +391,12 @@ fn queue_main(
     info: &SessionInfo,
     ended: &AtomicBool,
     mailbox: Arc<Mailbox>,
+    guard: Option<Arc<Guard>>,
     ready: mpsc::Sender<io::Result<()>>,
 ) -> Buffers {
     pin(qid);
+    // A thread the guard cannot watch keeps the normal policy.
+    let guard = guard.filter(|g| g.enrol().is_ok());
     let ents: Vec<Ent> = (0..DEPTH)
         .map(|_| {
             let header = Raw::new(size_of::<fuse_uring_req_header>());
@@ -447,6 +470,11 @@ fn queue_main(
     let mut side = vec![0u8; SIDE_MAX];
     let mut copy = vec![0u8; COPY_DATA_MAX];
     loop {
+        if !backlog.is_empty()
+            && let Some(g) = &guard
+        {
+            g.touch();
+        }
         for (u, r) in std::mem::take(&mut backlog) {
             if u == WAKE {
                 let done =
