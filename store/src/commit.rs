@@ -19,15 +19,19 @@
 //! when a round starts is served by that round's one flush, and those arriving during it by
 //! the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
 //! queued, and the committer calls it (outside its state mutex) once a flush covers it, as
-//! the FUSE server answers FSYNC without holding a server thread. An fsync costs the records
-//! written since the last round, whatever the number of files. A round that flushes first
-//! waits, at most the last flush's duration (and
-//! 200 µs), until as many syncs wait (threads and callbacks) as when the last flush ended (those
-//! it served are likely coming back): otherwise threads that fsync in turn each get a flush
-//! of their own, each arriving just after the next round has begun. A lone thread never
-//! waits. Without waiters a round runs every commit interval, or when a buffer grows
-//! past 2 MiB, and writes without flushing (the host writes back in its own time), so
-//! that records do not pile up in memory and a killed process loses at most an interval.
+//! the FUSE server answers FSYNC without holding a server thread; [`Log::sync`] is a
+//! `sync_then` whose callback unparks its thread, so the committer wakes each thread a flush
+//! served itself and they run at once (a condition variable shared by the waiters woke them
+//! one after another, each taking the state mutex in turn). An fsync costs the records
+//! written since the last round, whatever the number of files. A round that flushes waits,
+//! at most the last flush's duration (and 200 µs) from the first sync that asks for it, for
+//! as many syncs as were waiting when the last flush ended (those it served are likely
+//! coming back); only the first and the last of them wake the committer. Otherwise threads
+//! that fsync in turn each get a flush of their own, each arriving just after the next
+//! round has begun. A lone thread never waits. Without waiters a round runs every commit
+//! interval, or when a buffer grows past 2 MiB, and writes without flushing (the host
+//! writes back in its own time), so that records do not pile up in memory and a killed
+//! process loses at most an interval.
 //! The buffers the committer takes are given back to the threads, so their memory is
 //! reused rather than faulted in afresh.
 //!
@@ -81,7 +85,7 @@
 //! mutex while taking buffers or writing.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -159,19 +163,22 @@ struct State {
     failures: u64,
     /// Calls of `sync` so far (each one asks for a round, even while records are held).
     asks: u64,
-    /// `sync_then` calls waiting for a flush.
+    /// Syncs no flush has served yet: `sync_then` calls, and `sync` calls waiting.
     callbacks: Vec<Callback>,
-    /// The stamps of the threads waiting in `sync` that no flush has served yet (the
-    /// committer removes those a flush serves, before they wake).
-    waiters: Vec<u64>,
+    /// Syncs that were waiting when the last flush ended: a round that flushes waits for as
+    /// many before it begins (module doc, "Group commit"); the sync that makes them as many
+    /// wakes the committer.
+    gather: usize,
 }
 
-impl State {
-    /// Syncs no flush has served yet: threads in `sync`, and `sync_then` callbacks.
-    fn syncers(&self) -> usize {
-        self.waiters.len() + self.callbacks.len()
-    }
+/// A thread in [`Log::sync`]: its result (an errno, 0 for success, or [`PENDING`]), set
+/// before the thread is unparked.
+struct Waiting {
+    result: AtomicI32,
+    thread: std::thread::Thread,
 }
+
+const PENDING: i32 = -1;
 
 /// A `sync_then` waiting: its stamp, the failed rounds when it was made, what to call.
 struct Callback {
@@ -210,8 +217,6 @@ pub(crate) struct Log {
     state: Mutex<State>,
     /// The committer waits here for work.
     work: Condvar,
-    /// Waiters in `sync` wait here for rounds.
-    done: Condvar,
     /// Appenders whose buffer is full wait here for the committer to take it.
     drained: Condvar,
     /// The errno of a stopped store, or [`LOW`] (0: neither), read by every append.
@@ -247,7 +252,6 @@ impl Log {
             bufs: ThreadLocal::new(),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
-            done: Condvar::new(),
             drained: Condvar::new(),
             mode: AtomicU32::new(0),
             budget: AtomicI64::new(0),
@@ -355,43 +359,25 @@ impl Log {
 
     /// Waits until every record appended before the call is durable (see the module doc).
     /// ENOSPC if a round fails for lack of space meanwhile (module doc, "Errors").
+    /// A [`Log::sync_then`] whose callback unparks this thread (module doc, "Group commit").
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
-        let t = self.clock.now();
-        let mut s = self.state.lock();
-        s.waiters.push(t);
-        let failures = s.failures;
-        let mut asked = false;
-        let r = loop {
-            if let Some(e) = s.error {
-                break Err(e);
+        let me = Arc::new(Waiting {
+            result: AtomicI32::new(PENDING),
+            thread: std::thread::current(),
+        });
+        let w = me.clone();
+        self.sync_then(Box::new(move |r| {
+            w.result.store(r.err().map_or(0, |e| e.0), Release);
+            w.thread.unpark();
+        }));
+        loop {
+            match me.result.load(Acquire) {
+                // Parking may end early (an unpark meant for an earlier wait): look again.
+                PENDING => std::thread::park(),
+                0 => return Ok(()),
+                e => return Err(Errno(e)),
             }
-            if s.durable > t {
-                break Ok(());
-            }
-            if s.failures != failures {
-                break Err(Errno::ENOSPC);
-            }
-            if !self.running.load(Relaxed) {
-                // No committer (not started yet, or shut down): nothing can become durable.
-                break Err(Errno::EIO);
-            }
-            if !asked {
-                asked = true;
-                s.asks += 1;
-                if s.held {
-                    self.work.notify_one();
-                }
-            }
-            if s.requested <= t {
-                s.requested = t + 1;
-                self.work.notify_one();
-            }
-            self.done.wait(&mut s);
-        };
-        if let Some(i) = s.waiters.iter().position(|&x| x == t) {
-            s.waiters.swap_remove(i);
         }
-        r
     }
 
     /// Runs the committer until [`Log::shutdown`]; then commits what is left and returns.
@@ -401,8 +387,8 @@ impl Log {
         let mut carry: Vec<Src> = Vec::new();
         // Records of a round that failed for lack of space (held), then those of this round.
         let mut payload = Payload::new();
-        // Syncs present when the last flush ended, and how long it took.
-        let (mut expected, mut last_flush) = (0usize, Duration::ZERO);
+        // How long the last flush took.
+        let mut last_flush = Duration::ZERO;
         let reserve = reserve(writer.segment_size());
         // `sync` calls seen, and whether the next segment could not be made.
         let mut asks = 0;
@@ -419,12 +405,12 @@ impl Log {
                     self.work.wait_for(&mut s, self.interval);
                 }
                 let flush = s.requested > s.durable || s.shutdown;
-                if flush && !s.held && s.syncers() < expected && !s.shutdown {
+                if flush && !s.held && s.callbacks.len() < s.gather && !s.shutdown {
                     // The threads the last flush served are likely coming back with syncs of
                     // their own: wait for as many as waited then (at most a flush's time), so
                     // that one flush serves them all rather than each a round of its own.
                     let until = Instant::now() + last_flush.min(GATHER_MAX);
-                    while s.syncers() < expected && !s.shutdown {
+                    while s.callbacks.len() < s.gather && !s.shutdown {
                         if self.work.wait_until(&mut s, until).timed_out() {
                             break;
                         }
@@ -491,11 +477,8 @@ impl Log {
                     if flush {
                         s.durable = s.durable.max(t);
                         // Every sync present now: those served will likely sync again.
-                        expected = s.syncers();
-                        let durable = s.durable;
-                        s.waiters.retain(|&x| x >= durable);
+                        s.gather = s.callbacks.len();
                         last_flush = began.elapsed();
-                        self.done.notify_all();
                         let ready = settle(&mut s);
                         drop(s);
                         ready.into_iter().for_each(|(f, r)| f(r));
@@ -515,7 +498,6 @@ impl Log {
                     }
                     s.held = true;
                     s.failures += 1;
-                    self.done.notify_all();
                     let ready = settle(&mut s);
                     drop(s);
                     ready.into_iter().for_each(|(f, r)| f(r));
@@ -559,7 +541,6 @@ impl Log {
             }
         }
         self.running.store(false, Relaxed);
-        self.done.notify_all();
         // Callbacks still waiting get what a `sync` would: nothing more becomes durable.
         let mut s = self.state.lock();
         let mut ready = settle(&mut s);
@@ -590,8 +571,12 @@ impl Log {
         let failures = s.failures;
         s.callbacks.push(Callback { t, failures, done });
         s.asks += 1;
-        if s.held || s.requested <= t {
-            s.requested = s.requested.max(t + 1);
+        // The committer waits for work while no round is asked for, and for the last of
+        // `gather` syncs before a round that flushes; otherwise it will see this sync when
+        // its round ends. Waking it for every sync cost a wake-up per sync.
+        let waiting = s.requested <= s.durable || s.callbacks.len() == s.gather;
+        s.requested = s.requested.max(t + 1);
+        if s.held || waiting {
             self.work.notify_one();
         }
     }
@@ -623,7 +608,6 @@ impl Log {
         self.mode.store(errno.0 as u32, Relaxed);
         let mut s = self.state.lock();
         s.error.get_or_insert(errno);
-        self.done.notify_all();
         let ready = settle(&mut s);
         drop(s);
         ready.into_iter().for_each(|(f, r)| f(r));
