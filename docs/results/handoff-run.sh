@@ -2,21 +2,25 @@
 # io_uring with SCHED_IDLE queue threads (NEW) against the io_uring transport before it
 # (OLD), /dev/fuse (NEW, uring=off) and tmpfs, per workload and thread count, in one run:
 #   OLD=/path/to/old/lanefs NEW=target/release/lanefs bash docs/results/handoff-run.sh > raw.jsonl
-# Memory-store mounts at /tmp/h-old, /tmp/h-new, /tmp/h-dev; lanefs stats deltas per cell.
+# Mounts at /tmp/h-old, /tmp/h-new, /tmp/h-dev; lanefs stats deltas per cell. Memory stores,
+# or with STORE=1 fresh disk stores under /tmp/h-stores (removed after); OPTS=ttl=0 adds
+# mount options; EXT4=1 adds ext4 with and without fast_commit (loop files, `--ext4`).
 set -eu
 OLD=${OLD:?old lanefs binary}; NEW=${NEW:-target/release/lanefs}
 WORKLOADS=${WORKLOADS:-crunl orc fsmark}; THREADS=${THREADS:-1 2 8 32}
 echo Y > /sys/module/fuse/parameters/enable_uring
 for m in h-old h-new h-dev; do mkdir -p /tmp/$m; umount /tmp/$m 2>/dev/null || true; done
-$OLD mount /tmp/h-old -o uring=on --background
-$NEW mount /tmp/h-new -o uring=on --background
-$NEW mount /tmp/h-dev -o uring=off --background
+o=${OPTS:+,$OPTS}
+store() { if [ -n "${STORE:-}" ]; then rm -rf /tmp/h-stores/$1; mkdir -p /tmp/h-stores/$1; echo --store /tmp/h-stores/$1; fi; }
+$OLD mount /tmp/h-old -o uring=on$o --background $(store old)
+$NEW mount /tmp/h-new -o uring=on$o --background $(store new)
+$NEW mount /tmp/h-dev -o uring=off$o --background $(store dev)
 cell=$(mktemp)
 for w in $WORKLOADS; do
  for t in $THREADS; do
   so=$($NEW stats --json /tmp/h-old); sn=$($NEW stats --json /tmp/h-new); sd=$($NEW stats --json /tmp/h-dev)
   $NEW bench $w --threads $t --locking none --api none --path /tmp/h-old --path /tmp/h-new \
-      --path /tmp/h-dev --path /dev/shm --repeat ${REPEAT:-3} --seconds ${SECONDS_:-2} --json 2>/dev/null | grep '^{' > $cell
+      --path /tmp/h-dev --path /dev/shm ${EXT4:+--ext4} --repeat ${REPEAT:-3} --seconds ${SECONDS_:-2} --json 2>/dev/null | grep '^{' > $cell
   eo=$($NEW stats --json /tmp/h-old); en=$($NEW stats --json /tmp/h-new); ed=$($NEW stats --json /tmp/h-dev)
   python3 - "$w" "$t" "$cell" "$so" "$eo" "$sn" "$en" "$sd" "$ed" <<'PY'
 import json,sys
@@ -31,3 +35,4 @@ PY
 done
 rm -f $cell
 for m in h-old h-new h-dev; do umount /tmp/$m; done
+sleep 1; rm -rf /tmp/h-stores
