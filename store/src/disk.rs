@@ -306,6 +306,8 @@ struct SimFileState {
     pending: Vec<Change>,
     /// Calls of `read_at` so far.
     reads: u64,
+    /// Open handles ([`SimFile`]s): a removed file's space is freed after its last one.
+    handles: u32,
 }
 
 #[derive(Clone)]
@@ -427,10 +429,9 @@ impl SimDisk {
         s.names.get(path).map_or(0, |id| s.files[id].reads)
     }
 
-    /// Bytes stored in all files.
+    /// Bytes stored in files that have a name or an open handle.
     pub fn used(&self) -> u64 {
-        let s = self.shared.state.lock();
-        s.files.values().map(|f| f.data.len() as u64).sum()
+        self.shared.state.lock().used()
     }
 
     /// The disk a power cut now would leave (see [`Unflushed`]); this one is unchanged.
@@ -495,6 +496,7 @@ impl SimDisk {
                     data,
                     pending: Vec::new(),
                     reads: 0,
+                    handles: 0,
                 },
             );
         }
@@ -542,6 +544,7 @@ impl SimDisk {
                 id
             }
         };
+        let handles = s.files.get(&id).map_or(0, |f| f.handles);
         s.files.insert(
             id,
             SimFileState {
@@ -549,6 +552,7 @@ impl SimDisk {
                 data,
                 pending: Vec::new(),
                 reads: 0,
+                handles,
             },
         );
     }
@@ -584,6 +588,17 @@ impl SimDisk {
 }
 
 impl SimState {
+    /// Bytes held by files that still have a name or an open handle (as a host filesystem
+    /// frees a removed file's blocks after its last close).
+    fn used(&self) -> u64 {
+        let named: std::collections::HashSet<u64> = self.names.values().copied().collect();
+        self.files
+            .iter()
+            .filter(|(id, f)| f.handles > 0 || named.contains(id))
+            .map(|(_, f)| f.data.len() as u64)
+            .sum()
+    }
+
     fn has_dir(&self, dir: &Path) -> bool {
         self.dirs.iter().any(|d| d == dir)
     }
@@ -596,10 +611,7 @@ impl SimState {
                 .full_file
                 .as_ref()
                 .is_some_and(|p| self.names.get(p) == Some(&id));
-        let over = self.space.is_some_and(|space| {
-            let used: u64 = self.files.values().map(|f| f.data.len() as u64).sum();
-            used + grow > space
-        });
+        let over = self.space.is_some_and(|space| self.used() + grow > space);
         if full || over {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
         }
@@ -634,6 +646,9 @@ impl Disk for SimDisk {
             s.pending_names.push(NameOp::Link(path.to_path_buf(), id));
             Ok(id)
         })?;
+        if let Some(f) = self.shared.state.lock().files.get_mut(&id) {
+            f.handles += 1;
+        }
         Ok(Arc::new(SimFile {
             disk: self.clone(),
             id,
@@ -730,6 +745,14 @@ impl Drop for SimLock {
 struct SimFile {
     disk: SimDisk,
     id: u64,
+}
+
+impl Drop for SimFile {
+    fn drop(&mut self) {
+        if let Some(f) = self.disk.shared.state.lock().files.get_mut(&self.id) {
+            f.handles = f.handles.saturating_sub(1);
+        }
+    }
 }
 
 impl DiskFile for SimFile {
@@ -862,6 +885,32 @@ mod tests {
         d.sync_dir(dir).unwrap();
         let c = d.crash(Unflushed::Lost);
         assert!(!c.exists(&dir.join("a")) && c.exists(&dir.join("b")));
+    }
+
+    #[test]
+    fn a_removed_files_space_is_freed_after_its_last_handle() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/s")).unwrap();
+        let f = d.open(Path::new("/s/a"), true).unwrap();
+        f.write_at(&[1; 8], 0).unwrap();
+        let g = d.open(Path::new("/s/b"), true).unwrap();
+        d.set_space(Some(10));
+        assert_eq!(
+            g.write_at(&[2; 4], 0).unwrap_err().raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        // Removed but open: still holds its space.
+        d.remove(Path::new("/s/a")).unwrap();
+        assert_eq!(d.used(), 8);
+        assert!(g.write_at(&[2; 4], 0).is_err());
+        // A second handle of a named file keeps nothing extra; the last close frees it.
+        drop(f);
+        assert_eq!(d.used(), 0);
+        g.write_at(&[2; 4], 0).unwrap();
+        assert_eq!(d.used(), 4);
+        // A crash image counts what it names.
+        let c = d.crash(Unflushed::Kept);
+        assert_eq!(c.used(), 4);
     }
 
     #[test]
