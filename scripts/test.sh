@@ -82,7 +82,7 @@ fi
 if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     echo "scripts/test.sh: pass 2: the mount suites, served through io_uring" >&2
     LANEFS_URING=on cargo test --locked -p lanefs-fuse --test mount --test dircache \
-        --test stress --test handoff "$@" 9>&-
+        --test stress --test handoff --test guardattack "$@" 9>&-
     LANEFS_URING=on cargo test --locked -p lanefs-cli --test cli --test crash --test memory \
         "$@" 9>&-
 elif [ -e "$uring_param" ]; then

@@ -21,8 +21,11 @@
 //! 12.5k beside a busy loop started in the same session). The guard thread, of the normal
 //! policy and not pinned, bounds that. While the queues are busy it reads every
 //! [`PERIOD`] how long each queue thread has waited runnable without running
-//! (`/proc/self/task/TID/schedstat`, second field); a thread that waited more than half
-//! of the period is given the normal policy for a hold time (1 s, doubled each time it is
+//! (`/proc/self/task/TID/schedstat`, second field, which counts a wait only once it has
+//! ended) and whether it is runnable now (`/proc/self/task/TID/stat`); a thread that waited
+//! more than half of the period, or was runnable at two samples in a row without running
+//! between them (still waiting, unseen by `schedstat`), is given the normal policy for a
+//! hold time (1 s, doubled each time it is
 //! needed again, at most [`HOLD_MAX`]), then made SCHED_IDLE again. A queue thread waits
 //! at most about one period before it is made normal. When no queue thread has run or
 //! waited for [`QUIET`], the guard makes them all normal (nothing can starve unwatched) and
@@ -35,8 +38,9 @@
 //! threads keep the normal policy and the guard does not run.
 //!
 //! ## Locks
-//! `Guard::threads` (a leaf: held only to add a queue thread or to sample them, never across
-//! anything that waits) is the only lock; the queue threads never take it after they start.
+//! `Guard::threads` (a leaf: held only to add or remove a queue thread or to sample them,
+//! never across anything that waits) is the only lock; a queue thread takes it only when it
+//! starts and when it exits ([`Enrolment`]).
 
 use std::fs::File;
 use std::io;
@@ -101,16 +105,25 @@ fn available() -> bool {
     })
 }
 
-/// One queue thread's `schedstat`: nanoseconds run, nanoseconds waited runnable.
+/// One queue thread's `schedstat` (nanoseconds run, nanoseconds waited runnable) and
+/// `stat` (whether it is runnable now).
+///
+/// The kernel adds a wait to `schedstat` only when it ends, as the thread gets the CPU
+/// (`sched_info_arrive`): a SCHED_IDLE thread that a busy normal task keeps off its CPU shows
+/// no change at all while it waits (seconds beside four busy threads), so its state is read
+/// too.
 struct Sample {
     file: File,
+    stat: File,
 }
 
 impl Sample {
     fn open(tid: libc::pid_t) -> io::Result<Sample> {
         let file = File::open(format!("/proc/self/task/{tid}/schedstat"))?;
-        let s = Sample { file };
+        let stat = File::open(format!("/proc/self/task/{tid}/stat"))?;
+        let s = Sample { file, stat };
         s.read()?;
+        s.runnable()?;
         Ok(s)
     }
 
@@ -124,6 +137,18 @@ impl Sample {
             _ => Err(io::Error::other("unexpected schedstat")),
         }
     }
+
+    /// Whether the thread is runnable (running, or waiting for a CPU): state `R` in `stat`,
+    /// the field after the name in parentheses.
+    fn runnable(&self) -> io::Result<bool> {
+        let mut buf = [0u8; 512];
+        let n = self.stat.read_at(&mut buf, 0)?;
+        let after = buf[..n]
+            .iter()
+            .rposition(|&b| b == b')')
+            .ok_or_else(|| io::Error::other("unexpected stat"))?;
+        Ok(buf[after + 1..n].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'R'))
+    }
 }
 
 /// What the guard knows of one queue thread.
@@ -132,10 +157,36 @@ struct Watched {
     stat: Sample,
     /// (run, wait) at the last sample.
     last: (u64, u64),
+    /// Runnable at the last sample.
+    runnable: bool,
     idle: bool,
     /// While normal after starving: until when.
     until: Option<Instant>,
     hold: Duration,
+}
+
+/// A queue thread under the guard; dropped by the thread itself before it exits (while its
+/// thread id is still its own), which takes it out of the guard's sight.
+pub(crate) struct Enrolment {
+    guard: Arc<Guard>,
+    tid: libc::pid_t,
+}
+
+impl Enrolment {
+    pub(crate) fn guard(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl Drop for Enrolment {
+    fn drop(&mut self) {
+        debug_assert_eq!(self.tid, gettid(), "dropped by its own thread");
+        self.guard
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|w| w.tid != self.tid);
+    }
 }
 
 /// The guard of one session's queue threads.
@@ -164,8 +215,10 @@ impl Guard {
     }
 
     /// Puts the calling queue thread under the guard (it keeps the normal policy until the
-    /// guard wakes).
-    pub(crate) fn enrol(&self) -> io::Result<()> {
+    /// guard wakes) until the returned [`Enrolment`] is dropped, which the thread must do
+    /// before it exits: the guard sets policies by thread id, and an exited thread's id may
+    /// be given to any new thread on the machine.
+    pub(crate) fn enrol(self: &Arc<Self>) -> io::Result<Enrolment> {
         let tid = gettid();
         let stat = Sample::open(tid)?;
         let last = stat.read()?;
@@ -176,11 +229,15 @@ impl Guard {
                 tid,
                 stat,
                 last,
+                runnable: false,
                 idle: false,
                 until: None,
                 hold: HOLD_MIN,
             });
-        Ok(())
+        Ok(Enrolment {
+            guard: self.clone(),
+            tid,
+        })
     }
 
     /// Called by a queue thread after each batch of requests: wakes the guard if it sleeps.
@@ -234,6 +291,7 @@ impl Guard {
         let mut quiet_since = Instant::now();
         self.each(|w| {
             w.last = w.stat.read().unwrap_or(w.last);
+            w.runnable = w.stat.runnable().unwrap_or(false);
             if set_policy(w.tid, true).is_ok() {
                 w.idle = true;
             }
@@ -249,11 +307,18 @@ impl Guard {
                 let Ok((run, wait)) = w.stat.read() else {
                     return;
                 };
+                let runnable = w.stat.runnable().unwrap_or(false);
                 let (dr, dw) = (run - w.last.0.min(run), wait - w.last.1.min(wait));
+                // Runnable at both samples without having run between them: waiting for a
+                // CPU for the whole period, a wait `schedstat` does not show yet (`Sample`).
+                let unseen = runnable && w.runnable && dr == 0;
                 w.last = (run, wait);
-                busy |= dr > 0 || dw > 0;
+                w.runnable = runnable;
+                busy |= dr > 0 || dw > 0 || runnable;
                 if w.idle {
-                    if Duration::from_nanos(dw) > STARVING && set_policy(w.tid, false).is_ok() {
+                    if (Duration::from_nanos(dw) > STARVING || unseen)
+                        && set_policy(w.tid, false).is_ok()
+                    {
                         w.idle = false;
                         w.until = Some(now + w.hold);
                         w.hold = (w.hold * 2).min(HOLD_MAX);

@@ -395,8 +395,10 @@ fn queue_main(
     ready: mpsc::Sender<io::Result<()>>,
 ) -> Buffers {
     pin(qid);
-    // A thread the guard cannot watch keeps the normal policy.
-    let guard = guard.filter(|g| g.enrol().is_ok());
+    // A thread the guard cannot watch keeps the normal policy. The enrolment ends when this
+    // function returns, before the thread exits.
+    let enrolment = guard.and_then(|g| g.enrol().ok());
+    let guard = enrolment.as_ref().map(|e| e.guard());
     let ents: Vec<Ent> = (0..DEPTH)
         .map(|_| {
             let header = Raw::new(size_of::<fuse_uring_req_header>());
