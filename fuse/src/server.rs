@@ -72,6 +72,8 @@ pub struct Server {
     /// [`expire_listings`]). Sharded by node id; an entry goes when the kernel forgets the
     /// directory.
     read_ends: Arc<ReadEnds>,
+    /// Dropped with the server, which ends the [`expire_listings`] thread at once.
+    listings_stop: Option<std::sync::mpsc::Sender<()>>,
 }
 
 const READ_END_SHARDS: usize = 16;
@@ -81,20 +83,25 @@ const READ_END_SHARDS: usize = 16;
 type ReadEnds = [Mutex<HashMap<u64, (DirEnd, Option<Instant>)>>; READ_END_SHARDS];
 
 /// Drops the kernel's cached listing of each directory read from offset 0 more than `ttl`
-/// ago, every `ttl / 4`, until the server is gone. A listing served from the cache comes
+/// ago, every `ttl / 4`, until the server is gone (`stop` disconnects when it drops; the
+/// thread holds nothing of the server's meanwhile, so the session's descriptor closes with
+/// it). A listing served from the cache comes
 /// without attributes, so once the entries it names have expired (the entry timeout is
 /// `ttl`), a walk through it would revalidate each with a LOOKUP; read again, the directory
 /// comes with READDIRPLUS, which refreshes every entry in one request per page. Only speed
 /// depends on this: a listing is right however old it is (module doc, "Directory listings").
 fn expire_listings(
     ends: std::sync::Weak<ReadEnds>,
-    kc: Arc<OnceLock<mnt::KernelCache>>,
+    kc: std::sync::Weak<OnceLock<mnt::KernelCache>>,
     ttl: Duration,
+    stop: std::sync::mpsc::Receiver<()>,
 ) {
     let period = (ttl / 4).max(Duration::from_millis(100));
     loop {
-        std::thread::sleep(period);
-        let Some(ends) = ends.upgrade() else {
+        if stop.recv_timeout(period) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let (Some(ends), Some(kc)) = (ends.upgrade(), kc.upgrade()) else {
             return;
         };
         let Some(kc) = kc.get() else {
@@ -258,6 +265,7 @@ impl Server {
             notifier: Arc::default(),
             no_opendir: false,
             read_ends: Default::default(),
+            listings_stop: None,
         }
     }
 
@@ -967,12 +975,14 @@ fn new_session(fs: &Arc<Filesystem>, mountpoint: &Path, cfg: &MountConfig) -> io
     if !cfg.ttl.is_zero() {
         let (ends, kc, ttl) = (
             Arc::downgrade(&server.read_ends),
-            server.notifier.clone(),
+            Arc::downgrade(&server.notifier),
             cfg.ttl,
         );
+        let (tx, rx) = std::sync::mpsc::channel();
+        server.listings_stop = Some(tx);
         std::thread::Builder::new()
             .name("lanefs-listings".into())
-            .spawn(move || expire_listings(ends, kc, ttl))?;
+            .spawn(move || expire_listings(ends, kc, ttl, rx))?;
     }
     Ok(Started {
         server: Arc::new(server),

@@ -152,9 +152,7 @@ fn pin(cpu: usize) {
 }
 
 /// The threads of this process that serve a session: `lanefs-session`, `lanefs-dev*`,
-/// `lanefs-q*` and `lanefs-guard`. (`lanefs-listings`, which drops expired listings, outlives
-/// its session by up to a quarter of the entry timeout, by design of an older change: it is
-/// not counted.)
+/// `lanefs-q*`, `lanefs-guard` and `lanefs-listings` (which ends with its server).
 fn threads_now() -> usize {
     lanefs_threads().len()
 }
@@ -164,7 +162,7 @@ fn lanefs_threads() -> Vec<String> {
         .unwrap()
         .filter_map(|e| fs::read_to_string(e.ok()?.path().join("comm")).ok())
         .map(|s| s.trim().to_string())
-        .filter(|s| s.starts_with("lanefs-") && s != "lanefs-listings" && s != "lanefs-probe")
+        .filter(|s| s.starts_with("lanefs-") && s != "lanefs-probe")
         .collect()
 }
 
