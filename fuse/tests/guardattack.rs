@@ -713,17 +713,24 @@ fn mount_cycles_leave_no_threads() {
         }
         m.unmount(10);
     }
-    // Threads of a finished session may take a moment to be reaped.
+    threads_back_to(
+        before,
+        &format!("after 24 mounts (max during {max_during})"),
+    );
+}
+
+/// Waits up to 3 s for the server threads to be back to `before` (threads of a finished
+/// session may take a moment to be reaped), and fails naming those left.
+fn threads_back_to(before: usize, what: &str) {
     let start = Instant::now();
     while threads_now() > before && start.elapsed() < Duration::from_secs(3) {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(
         threads_now() <= before,
-        "threads: {before} before, {} after 24 mounts (lanefs threads left: {:?}; max during {})",
+        "threads: {before} before, {} {what} (lanefs threads left: {:?})",
         threads_now(),
-        lanefs_threads(),
-        max_during
+        lanefs_threads()
     );
 }
 
@@ -798,15 +805,7 @@ fn abort_while_guard_watches_or_sleeps() {
         drop(h);
         m.unmount(20);
     }
-    let start = Instant::now();
-    while threads_now() > before && start.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        threads_now() <= before,
-        "threads left: {:?}",
-        lanefs_threads()
-    );
+    threads_back_to(before, "after the aborted sessions");
 }
 
 /// A lazy unmount with a file still open: the file stays usable (the session lives on, the
@@ -851,15 +850,7 @@ fn lazy_unmount_with_open_file() {
     deadline(20, "the session's end after the last close", move || {
         mm.unmount().unwrap()
     });
-    let start = Instant::now();
-    while threads_now() > before && start.elapsed() < Duration::from_secs(3) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        threads_now() <= before,
-        "threads left: {:?}",
-        lanefs_threads()
-    );
+    threads_back_to(before, "after the lazily unmounted session ended");
 }
 
 // ----- 3. FORGET batching ----------------------------------------------------------------
