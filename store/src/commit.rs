@@ -360,6 +360,9 @@ impl Log {
     /// Waits until every record appended before the call is durable (see the module doc).
     /// ENOSPC if a round fails for lack of space meanwhile (module doc, "Errors").
     /// A [`Log::sync_then`] whose callback unparks this thread (module doc, "Group commit").
+    /// It uses the thread's park token (`std::thread::park`): other code on the thread that
+    /// parks must loop on its own condition, as `std` requires of every parker (an unpark
+    /// meant for one wait may end another early).
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
         let me = Arc::new(Waiting {
             result: AtomicI32::new(PENDING),
@@ -552,6 +555,8 @@ impl Log {
 
     /// [`Log::sync`] without waiting (`Store::sync_then`): `done` is called by the committer
     /// once a flush covers the call (or the round fails), or at once if that is known now.
+    /// The committer calls the callbacks one after another on its own thread, blocking
+    /// syncs' among them: one that blocks delays every waiting sync and the next round.
     pub(crate) fn sync_then(&self, done: SyncDone) {
         let t = self.clock.now();
         let mut s = self.state.lock();
