@@ -537,8 +537,12 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     println!(
         "  transport {}{}, requests {}, server CPU {}",
         v["transport"].as_str().unwrap_or("?"),
-        match v["uring_queues"].as_u64() {
-            Some(q) if q > 0 => format!(" ({q} queues)"),
+        match (v["uring_queues"].as_u64(), v["uring_sched_idle"].as_bool()) {
+            (Some(q), Some(true)) if q > 0 => format!(
+                " ({q} queues, SCHED_IDLE, {} boosts)",
+                v["uring_boosts"].as_u64().unwrap_or(0)
+            ),
+            (Some(q), _) if q > 0 => format!(" ({q} queues)"),
             _ => String::new(),
         },
         v["requests"],
