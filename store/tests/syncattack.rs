@@ -38,6 +38,8 @@ use std::time::{Duration, Instant};
 use lanefs::{Client, Config, Errno, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreHandle};
+use rand::rngs::StdRng;
+use rand::{Rng as _, SeedableRng};
 
 const DIR: &str = "/store";
 /// Long enough that a committer which misses a wake-up never runs a round on its own
@@ -67,23 +69,20 @@ fn seed(name: &str) -> u64 {
 }
 
 #[derive(Clone)]
-struct Rng(u64);
+/// One stream of a seeded run's random choices.
+struct Rng(StdRng);
 
 impl Rng {
     fn new(seed: u64, stream: u64) -> Rng {
-        let mut r = Rng(seed ^ stream.wrapping_mul(0xA24B_AED4_963E_E407));
-        r.next();
-        r
+        Rng(StdRng::seed_from_u64(
+            seed ^ stream.wrapping_mul(0xA24B_AED4_963E_E407),
+        ))
     }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.random()
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.random_range(0..n.max(1))
     }
     fn chance(&mut self, one_in: u64) -> bool {
         self.below(one_in) == 0
