@@ -5,8 +5,8 @@
 //! freed" is decided by single atomic transitions, never by reading two fields apart:
 //!
 //! ```text
-//!   bit 63   bit 62     bits 61..32        bits 31..0
-//!   DEAD     LINKABLE   nlink (30 bits)    refs (32 bits)
+//!   bit 63   bit 62     bit 61   bits 60..32        bits 31..0
+//!   DEAD     LINKABLE   SHARED   nlink (29 bits)    refs (32 bits)
 //! ```
 //!
 //! - `nlink` counts directory entries naming the inode (directories: 2 + subdirectories, and 0
@@ -18,6 +18,10 @@
 //!   ([`Inode::link_existing`]). The link that does so clears it in the same transition, so
 //!   of two links racing, one finds it and the other finds a count of 1; once the file has
 //!   had a name and lost it again, it is an unlinked open file like any other.
+//! - `SHARED` marks a file (not a directory) that has had two names or more at once since it
+//!   was made or loaded: set by the link that gives it a second name and never cleared. A
+//!   kernel caller's readdirplus withholds such a file's attributes
+//!   ([`crate::Filesystem::readdir`]).
 //! - `DEAD` is set exactly once, by the transition that sees `nlink == 0 && refs == 0`
 //!   (whatever `LINKABLE` says); its winner frees the inode (removes it from the inode table,
 //!   which defers the memory to epoch reclamation, and recycles the number). Once set, no
@@ -40,13 +44,14 @@ use crate::id::{Generation, Ino, InoGen, InodeId};
 
 const REFS_MASK: u64 = (1 << 32) - 1;
 const NLINK_ONE: u64 = 1 << 32;
-const NLINK_MASK: u64 = ((1 << 30) - 1) << 32;
+const NLINK_MASK: u64 = ((1 << 29) - 1) << 32;
+const SHARED: u64 = 1 << 61;
 const LINKABLE: u64 = 1 << 62;
 const DEAD: u64 = 1 << 63;
 
 /// Largest link count (directories: subdirectories + 2); above the inode table's capacity
 /// (`id::MAX_INO`), so only a file's hard links can reach it.
-pub(crate) const NLINK_MAX: u32 = (1 << 30) - 1;
+pub(crate) const NLINK_MAX: u32 = (1 << 29) - 1;
 const _: () = assert!(NLINK_MAX as u64 > crate::id::MAX_INO + 2);
 
 /// Whether a word has neither links nor references (and is not dead): the inode may be freed.
@@ -116,10 +121,15 @@ pub(crate) struct Inode {
 impl Inode {
     pub fn new(id: InodeId, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
         debug_assert!(nlink <= NLINK_MAX);
+        let shared = if nlink > 1 && !matches!(body, Body::Dir(_)) {
+            SHARED
+        } else {
+            0
+        };
         Inode {
             ino: id.ino,
             generation: id.generation,
-            life: AtomicU64::new(((nlink as u64) << 32) | refs as u64),
+            life: AtomicU64::new(shared | ((nlink as u64) << 32) | refs as u64),
             attr,
             body,
         }
@@ -182,6 +192,13 @@ impl Inode {
     #[inline]
     pub fn is_linkable(&self) -> bool {
         self.life.load(Acquire) & LINKABLE != 0
+    }
+
+    /// Whether this file has had two names or more at once since it was made or loaded
+    /// (`SHARED`, module doc). Never true of a directory.
+    #[inline]
+    pub fn was_shared(&self) -> bool {
+        self.life.load(Acquire) & SHARED != 0
     }
 
     #[inline]
@@ -253,7 +270,8 @@ impl Inode {
             if nlink >= NLINK_MAX as u64 {
                 return Err(Errno::EMLINK);
             }
-            Ok((w & !LINKABLE) + NLINK_ONE)
+            let shared = if nlink >= 1 { SHARED } else { 0 };
+            Ok(((w & !LINKABLE) | shared) + NLINK_ONE)
         })
         .map(|(old, _)| old & LINKABLE != 0)
     }
@@ -283,10 +301,12 @@ impl Inode {
             if w & DEAD != 0 {
                 return Err(Errno::ENOENT);
             }
-            if (w & NLINK_MASK) >> 32 >= NLINK_MAX as u64 {
+            let nlink = (w & NLINK_MASK) >> 32;
+            if nlink >= NLINK_MAX as u64 {
                 return Err(Errno::EMLINK);
             }
-            Ok((w & !LINKABLE) + NLINK_ONE)
+            let shared = if nlink >= 1 { SHARED } else { 0 };
+            Ok(((w & !LINKABLE) | shared) + NLINK_ONE)
         })
         .map(|_| ())
     }

@@ -19,7 +19,15 @@
 //!   directory by the kernel's own `i_rwsem` before the request reaches lanefs: through a
 //!   mount, one directory's mutations cannot run in parallel whatever the server does.
 //! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
-//!   round trip.
+//!   round trip, except for a file that has had two names or more at once: its entry comes
+//!   with node id 0 (the name only), and the kernel looks it up when it needs it. The kernel
+//!   lowers its cached link count by itself when an unlink or a rename over a name returns;
+//!   attributes another request read after lanefs removed the name, applied before that
+//!   return, are counted down twice, and a count of 0 makes `link(2)` of a live file fail
+//!   with ENOENT until the attributes are read again. A readdirplus refreshes every entry of
+//!   a directory the kernel knows, so it is the request most likely to fall in that window;
+//!   a GETATTR or LOOKUP of another name of the same file, racing its unlink from another
+//!   thread, still can (the kernel's attribute versions cannot tell; any FUSE server has it).
 //! - **no-open mode** for regular files: OPEN and CREATE are answered ENOSYS, which tells the
 //!   kernel (once each) to create files with MKNOD and to open files by itself from then on,
 //!   keeping their page cache (`FOPEN_KEEP_CACHE` is its default there), with no OPEN, FLUSH
@@ -143,12 +151,20 @@
 //! entry or attribute. Once the entries have expired (the entry timeout, [`MountConfig::ttl`]),
 //! a walk through a cached listing would revalidate every name with a LOOKUP; so the server
 //! drops each directory's cached listing once the read that filled it is older than the
-//! timeout (checked every quarter of it), and the next read is a READDIRPLUS again. The kernel checks the cache at every read from
-//! offset 0 (`fuse_readdir_cached`) and starts over when the directory's `i_version` or its
-//! mtime changed, or when a page of it is gone. Each change of a listing reaches it so:
+//! timeout (checked every quarter of it), and the next read is a READDIRPLUS again. The
+//! kernel checks the cache at every read from offset 0 (`fuse_readdir_cached`) and starts
+//! over when the directory's `i_version` or its mtime changed, or when a page of it is gone.
+//! Each change of a listing reaches it so:
 //! - a name created, removed, linked or renamed through this mount: the kernel bumps the
 //!   `i_version` of each directory whose names it changed (`fuse_dir_changed`, on MKNOD,
-//!   MKDIR, SYMLINK, LINK, UNLINK, RMDIR and RENAME of both parents);
+//!   MKDIR, SYMLINK, LINK, UNLINK, RMDIR and RENAME of both parents). That alone misses one
+//!   case: the kernel fills its cache across the `getdents` calls of one stream, so a change
+//!   between two of them leaves a complete cache holding the old names, and another stream
+//!   that got its first page from lanefs and goes on at a later offset is served the rest
+//!   from it (a name removed before that stream began shows up in it, one made before it
+//!   began is missing). So the server also drops the directory's cached pages before it
+//!   answers such a change, when a read from offset 0 reached it since it last dropped them
+//!   (`Server::names_changed`): a workload that never lists pays nothing;
 //! - a directory moved to another parent through this mount: its own `..` changed, which the
 //!   kernel does not count as a change of it; the server drops its cached pages before it
 //!   answers the RENAME (`Server::moved_dirs`);

@@ -4,13 +4,14 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lanefs::{
     Attr, Ctx, DirEnd, Errno, FileType, Filesystem, Ino, SetAttr, TimeSet, Timespec, TruncateBy,
 };
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::abi::*;
 use crate::session::{self, Answer, Notifier, Out, Pending, Request, SessionInfo, Uring};
@@ -80,7 +81,38 @@ const READ_END_SHARDS: usize = 16;
 
 /// Per directory: where its latest read from offset 0 ends, and when that read was made while
 /// its listing has not been dropped since.
-type ReadEnds = [Mutex<HashMap<u64, (DirEnd, Option<Instant>)>>; READ_END_SHARDS];
+type ReadEnds = [EndShard; READ_END_SHARDS];
+
+#[derive(Default)]
+struct EndShard {
+    ends: Mutex<HashMap<u64, (DirEnd, Option<Instant>)>>,
+    /// How many of `ends` have a time (changed only under `ends`' lock): while 0, a change of
+    /// a directory in this shard has no listing to drop, and takes no lock to find that out.
+    listed: AtomicUsize,
+}
+
+impl EndShard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
+        self.ends.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets when `ino`'s listing was read (its entry stays, for reads under way); true if
+    /// it had a time.
+    fn unlist(
+        ends: &mut HashMap<u64, (DirEnd, Option<Instant>)>,
+        listed: &AtomicUsize,
+        ino: u64,
+    ) -> bool {
+        match ends.get_mut(&ino) {
+            Some((_, at @ Some(_))) => {
+                *at = None;
+                listed.fetch_sub(1, Release);
+                true
+            }
+            _ => false,
+        }
+    }
+}
 
 /// Drops the kernel's cached listing of each directory read from offset 0 more than `ttl`
 /// ago, every `ttl / 4`, until the server is gone (`stop` disconnects when it drops; the
@@ -109,10 +141,11 @@ fn expire_listings(
         };
         let mut old = Vec::new();
         for shard in ends.iter() {
-            let mut shard = shard.lock().unwrap_or_else(|e| e.into_inner());
-            for (ino, (_, at)) in shard.iter_mut() {
+            let mut map = shard.lock();
+            for (ino, (_, at)) in map.iter_mut() {
                 if at.is_some_and(|t| t.elapsed() >= ttl) {
                     *at = None; // until the directory is read from offset 0 again
+                    shard.listed.fetch_sub(1, Release);
                     old.push(*ino);
                 }
             }
@@ -290,6 +323,14 @@ impl Server {
         put(out, &self.entry_out(&r?))
     }
 
+    /// The reply to a request that made a name in directory `dir`.
+    fn changed(&self, dir: u64, r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
+        if r.is_ok() {
+            self.names_changed(dir);
+        }
+        self.entry(r, out)
+    }
+
     fn attr(&self, r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
         let a = r?;
         put(
@@ -354,26 +395,34 @@ impl Server {
                 let r = self
                     .fs
                     .mknod(&c, node(ino), name, a.mode, u64::from(a.rdev));
-                self.entry(r, out)
+                self.changed(ino, r, out)
             }
             FUSE_MKDIR => {
                 let a: fuse_mkdir_in = req.arg()?;
                 let (name, _) = req.name()?;
                 let c = ctx(req).with_umask(a.umask);
-                self.entry(self.fs.mkdir(&c, node(ino), name, a.mode), out)
+                self.changed(ino, self.fs.mkdir(&c, node(ino), name, a.mode), out)
             }
             FUSE_UNLINK => {
                 let (name, _) = req.name()?;
-                done(self.fs.unlink(&ctx(req), node(ino), name))
+                self.fs.unlink(&ctx(req), node(ino), name)?;
+                self.names_changed(ino);
+                OK
             }
             FUSE_RMDIR => {
                 let (name, _) = req.name()?;
-                done(self.fs.rmdir(&ctx(req), node(ino), name))
+                self.fs.rmdir(&ctx(req), node(ino), name)?;
+                self.names_changed(ino);
+                OK
             }
             FUSE_SYMLINK => {
                 let (name, rest) = req.name()?;
                 let (target, _) = session::cstr(rest)?;
-                self.entry(self.fs.symlink(&ctx(req), node(ino), name, target), out)
+                self.changed(
+                    ino,
+                    self.fs.symlink(&ctx(req), node(ino), name, target),
+                    out,
+                )
             }
             FUSE_RENAME => {
                 let a: fuse_rename_in = req.arg()?;
@@ -387,7 +436,7 @@ impl Server {
                 let a: fuse_link_in = req.arg()?;
                 let (name, _) = req.name()?;
                 let r = self.fs.link(&ctx(req), node(a.oldnodeid), node(ino), name);
-                self.entry(r, out)
+                self.changed(ino, r, out)
             }
             // Regular files are opened by the kernel alone (no-open mode): ENOSYS tells it
             // so, once, and it sends no OPEN, FLUSH or RELEASE for such files afterwards.
@@ -579,7 +628,10 @@ impl Server {
 
     fn forget(&self, ino: u64, nlookup: u64) {
         // The kernel forgets an inode once, when it evicts it: no read of it is running.
-        self.read_ends(ino).remove(&ino);
+        let shard = self.end_shard(ino);
+        if let Some((_, Some(_))) = shard.lock().remove(&ino) {
+            shard.listed.fetch_sub(1, Release);
+        }
         self.fs.forget(node(ino), nlookup);
     }
 
@@ -628,10 +680,13 @@ impl Server {
             newname,
             flags,
         );
-        if r.is_ok() && parent != newparent {
+        r?;
+        self.names_changed(parent);
+        if parent != newparent {
+            self.names_changed(newparent);
             self.moved_dirs(req, newparent, newname, parent, name, flags);
         }
-        done(r)
+        OK
     }
 
     fn write(&self, req: &Request, out: &mut Out) -> Handled {
@@ -704,7 +759,10 @@ impl Server {
             let start = out.len();
             let ok = match (plus, attr) {
                 (true, Some(attr)) => out.push_obj(&self.entry_out(attr)),
-                (true, None) => false,
+                // Node id 0: the kernel takes the name only, no inode or attributes (and no
+                // lookup reference); the engine withholds a file's attributes so
+                // ([`lanefs::Filesystem::readdir`]).
+                (true, None) => out.push_obj(&fuse_entry_out::new_zeroed()),
                 (false, _) => true,
             } && out.push_obj(&d)
                 && out.push(e.name)
@@ -841,13 +899,33 @@ impl Server {
         }
     }
 
-    fn read_ends(
-        &self,
-        ino: u64,
-    ) -> std::sync::MutexGuard<'_, HashMap<u64, (DirEnd, Option<Instant>)>> {
-        self.read_ends[ino as usize % READ_END_SHARDS]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    fn end_shard(&self, ino: u64) -> &EndShard {
+        &self.read_ends[ino as usize % READ_END_SHARDS]
+    }
+
+    /// After a request changed the names of directory `dir` (made, removed, linked or
+    /// renamed one), before its reply: drops the kernel's cached listing of `dir` if a read
+    /// from offset 0 reached lanefs since it was last dropped. The kernel's own check of a
+    /// cached listing (its `i_version`, at a read from offset 0) misses one case: a listing
+    /// read in several `getdents` calls is filled into the cache across them, and a change
+    /// between two calls leaves a cache that, once complete, holds names from before the
+    /// change; a later read from offset 0 starts over, but a read that got its first page
+    /// from lanefs and continues at a later offset is served the rest from that cache, so it
+    /// can show a name removed before it began. Dropped here, the cache's pages are gone,
+    /// and the kernel starts the cache over at the next read. Safe from a request thread: the
+    /// kernel holds `dir`'s `i_rwsem` exclusively for the change, so no `getdents` of it is
+    /// in flight, and an inode invalidation takes no inode lock.
+    fn names_changed(&self, dir: u64) {
+        let shard = self.end_shard(dir);
+        if shard.listed.load(Acquire) == 0 {
+            return;
+        }
+        if !EndShard::unlist(&mut shard.lock(), &shard.listed, dir) {
+            return;
+        }
+        if let Some(kc) = self.notifier.get() {
+            kc.drop_listing(Ino(dir));
+        }
     }
 
     /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the
@@ -860,12 +938,16 @@ impl Server {
     /// name renamed away and back while one read runs is not returned twice, so every read
     /// ends.
     fn dir_end(&self, ino: u64, offset: u64) -> lanefs::Result<DirEnd> {
-        let mut ends = self.read_ends(ino);
+        let shard = self.end_shard(ino);
+        let mut ends = shard.lock();
         match ends.get(&ino) {
             Some((end, _)) if offset != 0 => Ok(end.clone()),
             _ => {
                 let end = self.fs.read_end(node(ino))?;
-                ends.insert(ino, (end.clone(), Some(Instant::now())));
+                let at = Some(Instant::now());
+                if !matches!(ends.insert(ino, (end.clone(), at)), Some((_, Some(_)))) {
+                    shard.listed.fetch_add(1, Release);
+                }
                 Ok(end)
             }
         }

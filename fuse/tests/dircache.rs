@@ -5,7 +5,7 @@
 //! after it moved. Every listing is compared with the engine's own (`.` and `..` included,
 //! with inode numbers and types). Needs root, /dev/fuse and fuse3, as `mount.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -94,15 +94,36 @@ fn is_fuse(p: &Path) -> bool {
 /// name -> (inode number, `d_type`), `.` and `..` included.
 type Listing = BTreeMap<Vec<u8>, (u64, u8)>;
 
-/// A listing through the mount, with `opendir` / `readdir` (one `getdents` stream).
+/// A listing through the mount, with `opendir` / `readdir` (one `getdents` stream), of a
+/// directory that nothing changes meanwhile: no name comes twice.
 fn list_mount(dir: &Path) -> std::io::Result<Listing> {
+    let mut out = Listing::new();
+    for (name, ino, ty) in stream(dir)? {
+        assert!(out.insert(name, (ino, ty)).is_none(), "a name listed twice");
+    }
+    Ok(out)
+}
+
+/// The names one `opendir` / `readdir` stream of `dir` returns, of a directory that may be
+/// changing: a name removed and made again while the stream runs may come twice (two
+/// files, as on tmpfs).
+fn names_mount(dir: &Path) -> BTreeSet<Vec<u8>> {
+    stream(dir)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _, _)| n)
+        .collect()
+}
+
+/// Every entry of one `opendir` / `readdir` stream of `dir`: name, inode number, `d_type`.
+fn stream(dir: &Path) -> std::io::Result<Vec<(Vec<u8>, u64, u8)>> {
     let c = CString::new(dir.as_os_str().as_bytes()).unwrap();
     // SAFETY: `c` is a valid C string.
     let d = unsafe { libc::opendir(c.as_ptr()) };
     if d.is_null() {
         return Err(std::io::Error::last_os_error());
     }
-    let mut out = Listing::new();
+    let mut out = Vec::new();
     loop {
         // SAFETY: `d` is an open directory stream, used by this thread only.
         let e = unsafe { libc::readdir(d) };
@@ -117,7 +138,7 @@ fn list_mount(dir: &Path) -> std::io::Result<Listing> {
                 .to_vec();
             (name, e.d_ino, e.d_type)
         };
-        assert!(out.insert(name, (ino, ty)).is_none(), "a name listed twice");
+        out.push((name, ino, ty));
     }
     // SAFETY: `d` came from opendir and is closed once.
     unsafe { libc::closedir(d) };
@@ -421,5 +442,125 @@ fn a_cached_listing_follows_its_directory_when_it_moves() {
     check(&m, "a/e", "an exchange through the library");
     check(&m, "c/d2", "an exchange through the library");
     assert_eq!(list_mount(&m.path().join("c/d2")).unwrap().len(), 12);
+    m.unmount_and_check();
+}
+
+/// Runs `f(i)` in `threads` threads until `secs` seconds have passed, each with its own
+/// index; panics with the first thread's panic.
+fn for_a_while(threads: usize, secs: f64, f: impl Fn(usize, &dyn Fn() -> bool) + Sync) {
+    let end = std::time::Instant::now() + Duration::from_secs_f64(secs);
+    let going = || std::time::Instant::now() < end;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|i| {
+                let (f, going) = (&f, &going);
+                s.spawn(move || f(i, going))
+            })
+            .collect();
+        for h in hs {
+            if let Err(p) = h.join() {
+                std::panic::resume_unwind(p);
+            }
+        }
+    });
+}
+
+/// Listings read in several `getdents` calls (a directory of a few pages) by some threads
+/// while others change the directory: a name removed before a listing began is never in it,
+/// and a name made before it began always is. (The kernel fills its cache of a listing across
+/// the calls of one stream; a change between two of them leaves a complete cache that holds
+/// the old names, which a stream that got its first page from lanefs and continues at a later
+/// offset would be served, unless the server drops the cache at the change.)
+#[test]
+fn a_listing_shows_every_change_made_before_it_began() {
+    let m = Mounted::new();
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    for i in 0..300 {
+        std::fs::File::create(d.join(format!("a-long-enough-name-to-fill-pages-{i:04}"))).unwrap();
+    }
+    let tried = std::sync::atomic::AtomicUsize::new(0);
+    for_a_while(6, 4.0, |t, going| {
+        if t < 3 {
+            // Listers: keep the cache being filled.
+            while going() {
+                let l = names_mount(&d);
+                assert!(l.len() >= 302, "{} names listed", l.len());
+            }
+            return;
+        }
+        let mut n = 0u64;
+        while going() {
+            let name = format!("z{t}-{n}");
+            n += 1;
+            std::fs::File::create(d.join(&name)).unwrap();
+            assert!(
+                names_mount(&d).contains(name.as_bytes()),
+                "{name}, made before the listing began, is not in it"
+            );
+            std::fs::remove_file(d.join(&name)).unwrap();
+            assert!(
+                !names_mount(&d).contains(name.as_bytes()),
+                "{name}, removed before the listing began, is in it"
+            );
+            tried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(tried.into_inner() > 0);
+    check(&m, "d", "the changes");
+    m.unmount_and_check();
+}
+
+/// A file with a second name in another directory loses and gains that name over and over,
+/// while other threads list the file's own directory (READDIRPLUS, whose attributes refresh
+/// the kernel's inode) and change it (so that the listing is read again): `link(2)` never
+/// fails, and the file's link count is right after each step. (The kernel lowers its cached
+/// link count by itself when an unlink returns; attributes read after lanefs removed the name
+/// but applied before that would be lowered twice, to 0, and `link(2)` of a file with link
+/// count 0 fails with ENOENT.)
+#[test]
+fn a_hard_linked_file_stays_linkable_while_its_directory_is_listed() {
+    let m = Mounted::new();
+    let (a, b) = (m.path().join("a"), m.path().join("b"));
+    std::fs::create_dir(&a).unwrap();
+    std::fs::create_dir(&b).unwrap();
+    const LINKERS: usize = 8;
+    let files: Vec<PathBuf> = (0..LINKERS).map(|i| a.join(format!("f{i}"))).collect();
+    for f in &files {
+        std::fs::write(f, b"x").unwrap();
+    }
+    for_a_while(LINKERS + 6, 4.0, |t, going| {
+        if t >= 6 {
+            // The linkers run at the lowest priority, so that a woken unlinker is the last
+            // to run: the window between lanefs's unlink and the kernel's own count-down
+            // widens, and listings fall into it.
+            // SAFETY: plain system calls on this thread.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as u32, 19) };
+        }
+        let mut n = 0u64;
+        while going() {
+            n += 1;
+            match t {
+                0..4 => {
+                    assert!(names_mount(&a).len() >= LINKERS);
+                }
+                4 | 5 => {
+                    let scratch = a.join(format!("s{t}"));
+                    std::fs::File::create(&scratch).unwrap();
+                    std::fs::remove_file(&scratch).unwrap();
+                }
+                _ => {
+                    let f = &files[t - 6];
+                    let other = b.join(format!("l{t}-{n}"));
+                    std::fs::hard_link(f, &other).unwrap_or_else(|e| {
+                        panic!("link {} -> {}: {e}", f.display(), other.display())
+                    });
+                    assert_eq!(std::fs::metadata(f).unwrap().nlink(), 2);
+                    // No `stat` before the next link: it would refresh the count.
+                    std::fs::remove_file(&other).unwrap();
+                }
+            }
+        }
+    });
     m.unmount_and_check();
 }

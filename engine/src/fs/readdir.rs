@@ -76,7 +76,14 @@ impl Filesystem {
     /// read are returned exactly once, whatever is created or removed meanwhile, and entries
     /// created after the read started (at offset 0) are not returned (module doc). For a
     /// [`crate::Via::Kernel`] caller, every accepted entry of readdirplus except `.` and `..`
-    /// takes a lookup reference.
+    /// takes a lookup reference, and comes with its attributes, except a file that has had
+    /// two names or more at once since it was made or loaded: its attributes are `None` and
+    /// it takes no reference. (The kernel lowers its cached link count by itself when an
+    /// unlink or a rename over a name returns; attributes read by another request after
+    /// lanefs removed the name but applied before that return are counted down twice, and
+    /// a count of 0 makes `link(2)` of a live file fail with ENOENT. Any request can race so,
+    /// but a readdirplus refreshes every entry of a directory the kernel knows; the kernel
+    /// looks such a file up by itself when it needs it.)
     pub fn readdir(
         &self,
         ctx: &Ctx,
@@ -222,8 +229,11 @@ impl Filesystem {
                 let Some(child) = self.iget_racy(de.target, g) else {
                     continue;
                 };
-                let attr = plus.then(|| self.attr_of(child, g));
-                let pinned = plus && ctx.counts_lookups();
+                // A kernel caller gets no attributes (and takes no reference) for a file that
+                // has had several names (method doc).
+                let withheld = ctx.counts_lookups() && child.was_shared();
+                let attr = (plus && !withheld).then(|| self.attr_of(child, g));
+                let pinned = plus && !withheld && ctx.counts_lookups();
                 if pinned && child.get_ref().is_err() {
                     continue; // freed since
                 }
