@@ -105,6 +105,71 @@ fn readdirplus_counts_lookups_except_dots_and_refused_entries() {
     fs.check_invariants().unwrap();
 }
 
+/// A kernel caller's readdirplus withholds the attributes of a file that has had two names
+/// at once (and takes no reference for it), from its second link on, also once it is back to
+/// one name; a directory and a file that never had a second name keep theirs, and a library
+/// caller always gets them.
+#[test]
+fn readdirplus_withholds_attributes_of_files_that_had_several_names() {
+    let (fs, c) = new_fs(Config::default());
+    c.create_dir("/d").unwrap();
+    c.create_dir("/d/sub").unwrap();
+    c.write("/d/once", b"").unwrap();
+    c.write("/d/twice", b"").unwrap();
+    let d = c.metadata("/d").unwrap().ino();
+    let list = |ctx: &Ctx| {
+        let fh = fs.opendir(ctx, d).unwrap();
+        let mut out = std::collections::BTreeMap::new();
+        fs.readdir(ctx, fh, 0, true, |e, a| {
+            if e.name != b"." && e.name != b".." {
+                out.insert(
+                    String::from_utf8_lossy(e.name).into_owned(),
+                    a.map(|a| a.nlink),
+                );
+            }
+            true
+        })
+        .unwrap();
+        fs.releasedir(fh).unwrap();
+        out
+    };
+    let kernel = Ctx::root().via_kernel();
+    let forget_all = |l: &std::collections::BTreeMap<String, Option<u32>>| {
+        for (n, a) in l {
+            if a.is_some() {
+                fs.forget(c.metadata(format!("/d/{n}")).unwrap().ino(), 1);
+            }
+        }
+    };
+    let l = list(&kernel);
+    assert!(l.values().all(|a| a.is_some()), "{l:?}");
+    forget_all(&l);
+
+    c.hard_link("/d/twice", "/d/second").unwrap();
+    let l = list(&kernel);
+    assert_eq!(l["twice"], None);
+    assert_eq!(l["second"], None);
+    assert_eq!(l["once"], Some(1));
+    assert_eq!(l["sub"], Some(2));
+    forget_all(&l);
+
+    c.remove_file("/d/second").unwrap();
+    let l = list(&kernel);
+    assert_eq!(l["twice"], None, "still withheld with one name left");
+    forget_all(&l);
+    assert_eq!(
+        list(&Ctx::root())["twice"],
+        Some(1),
+        "a library caller gets them"
+    );
+
+    // No reference was taken for it: its last unlink frees it at once.
+    let ino = c.metadata("/d/twice").unwrap().ino();
+    c.remove_file("/d/twice").unwrap();
+    assert_eq!(fs.getattr(ino), Err(Errno::ENOENT));
+    fs.check_invariants().unwrap();
+}
+
 #[test]
 fn size_and_inode_limits_give_enospc_and_stay_usable() {
     let (fs, c) = new_fs(Config {
