@@ -356,3 +356,84 @@ fn a_damaged_or_missing_checkpoint_is_refused_naming_it() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// The cookie of `name` in directory `dir`, as a listing gives it.
+fn cookie_of(fs: &Arc<lanefs::Filesystem>, dir: &str, name: &[u8]) -> u64 {
+    let ctx = Ctx::root();
+    let ino = Client::root(fs.clone()).metadata(dir).unwrap().ino();
+    let fh = fs.opendir(&ctx, ino).unwrap();
+    let mut found = None;
+    fs.readdir(&ctx, fh, 0, false, |e, _| {
+        if e.name == name {
+            found = Some(e.offset);
+        }
+        true
+    })
+    .unwrap();
+    fs.releasedir(fh).unwrap();
+    found.unwrap_or_else(|| panic!("{dir}/{} not listed", String::from_utf8_lossy(name)))
+}
+
+/// Files made and freed within one checkpoint put nothing of themselves in it (the
+/// checkpointer skips their records), but what they did to their directory stays: its
+/// times (the remove's, a tick after the create's), and the cookies they used, which are not
+/// handed out again after a reopen from the checkpoint alone. Beside them a file made in one
+/// checkpoint and freed in the next, and a ghost with data and an xattr.
+#[test]
+fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
+    let disk = SimDisk::new();
+    let manual = || Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: usize::MAX,
+        ..eager(Some(&disk))
+    };
+    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    c.create_dir("/d").unwrap();
+    c.write("/d/keep", b"k").unwrap();
+    c.write("/d/later", b"l").unwrap();
+    o.store.checkpoint().unwrap();
+
+    c.write("/d/ghost", b"boo").unwrap();
+    let g = c.metadata("/d/ghost").unwrap().ino();
+    fs.setxattr(&Ctx::root(), g, b"user.x", b"v", 0).unwrap();
+    let ghost = cookie_of(&fs, "/d", b"ghost");
+    c.remove_file("/d/later").unwrap();
+    std::thread::sleep(Duration::from_millis(30)); // the remove's time: a later tick
+    c.remove_file("/d/ghost").unwrap();
+    let d = c.metadata("/d").unwrap().ino();
+    let want = fs.getattr(d).unwrap();
+    o.store.checkpoint().unwrap();
+    drop(c);
+    drop(fs);
+    o.store.close().unwrap();
+
+    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
+    assert_eq!(
+        o.report.replayed, 0,
+        "all from the checkpoint: {:?}",
+        o.report
+    );
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let got = fs.getattr(d).unwrap();
+    assert_eq!(
+        (got.mtime, got.ctime, got.nlink),
+        (want.mtime, want.ctime, want.nlink),
+        "the directory's times after the ghost's remove"
+    );
+    let names: Vec<_> = c
+        .read_dir("/d")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, [b"keep".to_vec()]);
+    let st = fs.statfs();
+    assert_eq!(st.files - st.ffree, 3, "root, /d and /d/keep");
+    c.write("/d/new", b"n").unwrap();
+    let new = cookie_of(&fs, "/d", b"new");
+    assert!(new > ghost, "cookie {new} after the ghost's {ghost}");
+    fs.check_invariants().unwrap();
+}

@@ -512,14 +512,29 @@ impl Checkpoint {
         let mut txn = db.begin_write().map_err(Failed::db)?;
         txn.set_quick_repair(true);
         let mut applied = 0u64;
+        let at = self.cursor.take();
+        // A first reading finds the files whose records cancel out (`apply::Ghosts`). If it
+        // fails, none are skipped, and the reading that applies fails the same way.
+        let mut ghosts = apply::Ghosts::default();
+        let found = journal::follow(disk, &self.store, self.uuid, at, from, upto, |_, bytes| {
+            if stop() {
+                return Err(String::new());
+            }
+            ghosts.see(&Record::decode(bytes).map_err(|e| e.to_string())?);
+            Ok(())
+        });
+        if found.is_err() {
+            ghosts = apply::Ghosts::default();
+        }
+        ghosts.settle();
         let (sb, next) = {
             let mut t = apply::Tables {
                 meta: txn.open_table(META).map_err(Failed::db)?,
                 data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
+                ghosts,
             };
             let mut why: Option<Failed> = None;
-            let at = self.cursor.take();
             let read = journal::follow(
                 disk,
                 &self.store,
