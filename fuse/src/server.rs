@@ -969,6 +969,11 @@ impl Server {
             self.fs
                 .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
         } else {
+            if offset == 0 {
+                // The handle keeps where its read ends; this records that the kernel may be
+                // filling its cache of the listing (`names_changed`).
+                self.dir_end(ino, 0)?;
+            }
             self.fs.readdir(&ctx(req), fh, offset, plus, f)
         }
     }
