@@ -391,9 +391,19 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.create_dir("/d").unwrap();
+    c.create_dir("/e").unwrap();
     c.write("/d/keep", b"k").unwrap();
     c.write("/d/later", b"l").unwrap();
     o.store.checkpoint().unwrap();
+
+    // In /e a ghost's remove, then (a tick later) a create that stays: /e's times are the
+    // create's, not the ghost's.
+    c.write("/e/ghost", b"").unwrap();
+    c.remove_file("/e/ghost").unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    c.write("/e/stays", b"").unwrap();
+    let e = c.metadata("/e").unwrap().ino();
+    let want_e = fs.getattr(e).unwrap();
 
     c.write("/d/ghost", b"boo").unwrap();
     let g = c.metadata("/d/ghost").unwrap().ino();
@@ -423,6 +433,12 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
         (want.mtime, want.ctime, want.nlink),
         "the directory's times after the ghost's remove"
     );
+    let got_e = fs.getattr(e).unwrap();
+    assert_eq!(
+        (got_e.mtime, got_e.ctime),
+        (want_e.mtime, want_e.ctime),
+        "the times of a create after a ghost's remove"
+    );
     let names: Vec<_> = c
         .read_dir("/d")
         .unwrap()
@@ -431,7 +447,7 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
         .collect();
     assert_eq!(names, [b"keep".to_vec()]);
     let st = fs.statfs();
-    assert_eq!(st.files - st.ffree, 3, "root, /d and /d/keep");
+    assert_eq!(st.files - st.ffree, 5, "root, /d, /e, /d/keep and /e/stays");
     c.write("/d/new", b"n").unwrap();
     let new = cookie_of(&fs, "/d", b"new");
     assert!(new > ghost, "cookie {new} after the ghost's {ghost}");

@@ -36,14 +36,16 @@ pub(crate) struct Tables<'t> {
     pub ghosts: Ghosts,
 }
 
-/// Files made and freed within the records of one checkpoint ("absorption", as a journal
+/// Files made and freed within the records of one window of a checkpoint (the records it
+/// reads before applying them, about 8 MiB: `mod.rs`, `Win`) ("absorption", as a journal
 /// that logs whole blocks absorbs a block written twice): nothing of them reaches the keys,
 /// only what their records did to others (the directory's times, the highest cookie and
 /// generation). A file whose create, remove and free fall in one checkpoint (crunl's every
 /// file, a build's temporary files) costs the checkpoint two updates of its directory's
 /// inode instead of eleven key changes.
 ///
-/// Found by a first reading of the records ([`Ghosts::see`]): a file (not a directory:
+/// Found as the records are read ([`Ghosts::see`]), before any of the window is applied:
+/// a file (not a directory:
 /// a directory's entries and link count would have to be followed too) that a Create or
 /// CreateWithFlags makes and a Free ends, and that no record names in any other way than
 /// as the subject of its data and attribute records and as the victim of a Remove. A Link,
@@ -59,7 +61,15 @@ pub(crate) struct Ghosts {
     /// By generation (unique over a filesystem's life): bit 0 made here, bit 1 freed here,
     /// bit 2 named otherwise (not a ghost).
     seen: std::collections::HashMap<u64, u8, foldhash::fast::FixedState>,
+    /// Directories whose times ghosts changed, with the latest time, and the highest cookie
+    /// of each lane ghosts used, not yet written ([`Tables::finish`]): a run of ghosts in a
+    /// few directories costs one update of each at its end.
+    times: Vec<(InodeId, Timespec)>,
+    cookies: Vec<u64>,
 }
+
+/// Directories and cookie lanes gathered at most ([`Ghosts::later`]).
+const GATHERED: usize = 16;
 
 const MADE: u8 = 1;
 const FREED: u8 = 2;
@@ -121,6 +131,28 @@ impl Ghosts {
 
     fn has(&self, id: InodeId) -> bool {
         !self.seen.is_empty() && self.seen.contains_key(&id.generation.0)
+    }
+
+    /// Gathers a ghost's change of `dir`'s times to `t` and its `cookie` (0: none); false
+    /// when as many directories or lanes are gathered as are kept: then they are to be
+    /// written ([`Tables::finish`]), this one with them.
+    fn later(&mut self, dir: InodeId, t: Timespec, cookie: u64) -> bool {
+        match self.times.iter_mut().find(|(d, _)| *d == dir) {
+            Some((_, old)) => *old = t,
+            None => self.times.push((dir, t)),
+        }
+        if cookie != 0 {
+            match self.cookies.iter_mut().find(|c| **c >> 48 == cookie >> 48) {
+                Some(c) => *c = (*c).max(cookie),
+                None => self.cookies.push(cookie),
+            }
+        }
+        self.times.len() < GATHERED && self.cookies.len() < GATHERED
+    }
+
+    /// Nothing gathered is waiting to be written.
+    fn is_settled(&self) -> bool {
+        self.times.is_empty() && self.cookies.is_empty()
     }
 }
 
@@ -462,29 +494,16 @@ impl Tables<'_> {
 
     /// What a record of a ghost ([`Ghosts`]) does to the keys: the create's and the
     /// remove's change of the directory's times, the cookie and generation it used; nothing
-    /// else. None for a record of anything else.
+    /// else. Those are gathered ([`Ghosts::later`]) and written before the next record of
+    /// anything else, or at the end ([`Tables::finish`]). None for a record of anything else.
     fn ghost(&mut self, rec: &Record<'_>) -> Option<R<()>> {
-        let g = &self.ghosts;
-        if g.seen.is_empty() {
+        if self.ghosts.seen.is_empty() {
             return None;
         }
-        match *rec {
-            Record::Create {
-                dir, cookie, inode, ..
-            }
-            | Record::CreateWithFlags {
-                dir, cookie, inode, ..
-            } if g.has(inode.id) => {
-                self.max_generation = self.max_generation.max(inode.id.generation.0);
-                Some(
-                    self.saw_cookie(cookie)
-                        .and_then(|()| self.set_mc(dir, inode.time)),
-                )
-            }
-            Record::Remove {
-                dir, inode, time, ..
-            } if g.has(inode) => Some(self.set_mc(dir, time)),
-            Record::Free { inode }
+        let id = match *rec {
+            Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => inode.id,
+            Record::Remove { inode, .. }
+            | Record::Free { inode }
             | Record::SetAttr { inode, .. }
             | Record::Write { inode, .. }
             | Record::Allocate { inode, .. }
@@ -492,19 +511,47 @@ impl Tables<'_> {
             | Record::SetXattr { inode, .. }
             | Record::RemoveXattr { inode, .. }
             | Record::SetAcl { inode, .. }
-            | Record::SetFlags { inode, .. }
-                if g.has(inode) =>
-            {
-                Some(Ok(()))
-            }
-            _ => None,
+            | Record::SetFlags { inode, .. } => inode,
+            _ => return None,
+        };
+        if !self.ghosts.has(id) {
+            return None;
         }
+        let r = match *rec {
+            Record::Create {
+                dir, cookie, inode, ..
+            }
+            | Record::CreateWithFlags {
+                dir, cookie, inode, ..
+            } => {
+                self.max_generation = self.max_generation.max(inode.id.generation.0);
+                self.ghosts.later(dir, inode.time, cookie)
+            }
+            Record::Remove { dir, time, .. } => self.ghosts.later(dir, time, 0),
+            _ => true,
+        };
+        Some(if r { Ok(()) } else { self.finish() })
+    }
+
+    /// Writes what the ghosts' records did to others and is not written yet (directory
+    /// times, cookies): before a record of anything else, and at the end of the records.
+    pub(crate) fn finish(&mut self) -> R<()> {
+        for (dir, t) in std::mem::take(&mut self.ghosts.times) {
+            self.set_mc(dir, t)?;
+        }
+        for cookie in std::mem::take(&mut self.ghosts.cookies) {
+            self.saw_cookie(cookie)?;
+        }
+        Ok(())
     }
 
     /// Applies one record (see the module doc), or what is left of it for a ghost.
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> R<()> {
         if let Some(r) = self.ghost(rec) {
             return r;
+        }
+        if !self.ghosts.is_settled() {
+            self.finish()?;
         }
         match *rec {
             Record::Root { inode: n } => {

@@ -117,6 +117,48 @@ use kv::Superblock;
 pub(crate) const FILE: &str = "checkpoint.redb";
 const TMP: &str = "checkpoint.redb.tmp";
 
+/// Bytes of records a checkpoint reads before it applies them (`Win`).
+const WINDOW: usize = 8 << 20;
+
+/// Records read and not yet applied: their bytes, one after another, and each one's LSN and
+/// place.
+#[derive(Default)]
+struct Win {
+    bytes: Vec<u8>,
+    recs: Vec<(u64, usize, usize)>,
+}
+
+impl Win {
+    fn push(&mut self, lsn: u64, rec: &[u8]) {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(rec);
+        self.recs.push((lsn, at, self.bytes.len()));
+    }
+
+    /// Applies the records (the ghosts among them found as they were read), writes what the
+    /// ghosts left to write, and empties the window; returns how many records it applied.
+    fn apply(&mut self, t: &mut apply::Tables<'_>) -> Result<u64, Failed> {
+        t.ghosts.settle();
+        let failed = |lsn: String, e: apply::ApplyError| Failed {
+            reopen: matches!(e, apply::ApplyError::Db(_)),
+            why: format!("record {lsn}: {e}"),
+        };
+        for &(lsn, a, b) in &self.recs {
+            let r = Record::decode(&self.bytes[a..b]).map_err(|e| Failed::other(e.to_string()))?;
+            t.apply(&r).map_err(|e| failed(lsn.to_string(), e))?;
+        }
+        let n = self.recs.len() as u64;
+        if let (Some(first), Some(last)) = (self.recs.first(), self.recs.last()) {
+            let span = format!("{}..={}", first.0, last.0);
+            t.finish().map_err(|e| failed(span, e))?;
+        }
+        t.ghosts = apply::Ghosts::default();
+        self.bytes.clear();
+        self.recs.clear();
+        Ok(n)
+    }
+}
+
 pub(crate) const META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("meta");
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
 
@@ -513,27 +555,17 @@ impl Checkpoint {
         txn.set_quick_repair(true);
         let mut applied = 0u64;
         let at = self.cursor.take();
-        // A first reading finds the files whose records cancel out (`apply::Ghosts`). If it
-        // fails, none are skipped, and the reading that applies fails the same way.
-        let mut ghosts = apply::Ghosts::default();
-        let found = journal::follow(disk, &self.store, self.uuid, at, from, upto, |_, bytes| {
-            if stop() {
-                return Err(String::new());
-            }
-            ghosts.see(&Record::decode(bytes).map_err(|e| e.to_string())?);
-            Ok(())
-        });
-        if found.is_err() {
-            ghosts = apply::Ghosts::default();
-        }
-        ghosts.settle();
         let (sb, next) = {
             let mut t = apply::Tables {
                 meta: txn.open_table(META).map_err(Failed::db)?,
                 data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
-                ghosts,
+                ghosts: apply::Ghosts::default(),
             };
+            // The records are read once, into windows of about `WINDOW` bytes; each window
+            // is looked through for the files whose records cancel out within it
+            // (`apply::Ghosts`), then applied.
+            let mut win = Win::default();
             let mut why: Option<Failed> = None;
             let read = journal::follow(
                 disk,
@@ -546,22 +578,26 @@ impl Checkpoint {
                     if stop() {
                         return Err(String::new());
                     }
+                    // Decoded here too, so that a record that does not decode is reported
+                    // where it lies in the journal.
                     let r = Record::decode(bytes).map_err(|e| e.to_string())?;
-                    t.apply(&r).map_err(|e| {
-                        let f = Failed {
-                            why: format!("record {lsn}: {e}"),
-                            reopen: matches!(e, apply::ApplyError::Db(_)),
-                        };
-                        let s = f.why.clone();
-                        why = Some(f);
-                        s
-                    })?;
-                    applied += 1;
+                    t.ghosts.see(&r);
+                    win.push(lsn, bytes);
+                    if win.bytes.len() >= WINDOW {
+                        applied += win.apply(&mut t).map_err(|f| {
+                            let s = f.why.clone();
+                            why = Some(f);
+                            s
+                        })?;
+                    }
                     Ok(())
                 },
             );
             if let Some(why) = why {
                 return Err(why);
+            }
+            if read.is_ok() {
+                applied += win.apply(&mut t)?;
             }
             let next = match read {
                 Err(_) if stop() => return Err(Failed::other("stopped")),
