@@ -14,7 +14,8 @@
 #
 # The tests run twice over the two FUSE transports (fuse/src/session.rs): the whole workspace
 # with every mount on /dev/fuse (LANEFS_URING=off), then the mount suites (fuse/tests/mount.rs
-# with pjdfstest, dircache.rs, stress.rs, cli/tests/{cli,crash,memory}.rs) with every mount on
+# with pjdfstest, dircache.rs, stress.rs, handoff.rs, guardattack.rs, listattack.rs,
+# cli/tests/{cli,crash,memory}.rs) with every mount on
 # io_uring (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with
 # FUSE over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
 # where the kernel has none, or it is off and this is not root, the io_uring pass is skipped
@@ -82,7 +83,7 @@ fi
 if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     echo "scripts/test.sh: pass 2: the mount suites, served through io_uring" >&2
     LANEFS_URING=on cargo test --locked -p lanefs-fuse --test mount --test dircache \
-        --test stress --test handoff --test guardattack "$@" 9>&-
+        --test stress --test handoff --test guardattack --test listattack "$@" 9>&-
     LANEFS_URING=on cargo test --locked -p lanefs-cli --test cli --test crash --test memory \
         "$@" 9>&-
 elif [ -e "$uring_param" ]; then

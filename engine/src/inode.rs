@@ -245,6 +245,22 @@ impl Inode {
         .map(|_| ())
     }
 
+    /// Drops `n` references, or as many as there are if fewer; returns how many were
+    /// missing (a FORGET of more than the kernel looked up: `Filesystem::forget`).
+    pub fn put_refs_at_most(&self, n: u64) -> (Fate, u64) {
+        let mut short = 0;
+        let r = self.transition(|w| {
+            let drop = n.min(w & REFS_MASK);
+            short = n - drop;
+            Ok(w - drop)
+        });
+        let fate = match r {
+            Ok((_, new)) if idle(new) => self.reap(),
+            _ => Fate::Lives,
+        };
+        (fate, short)
+    }
+
     /// Drops `n` references.
     pub fn put_refs(&self, n: u64) -> Fate {
         let r = self.transition(|w| {

@@ -170,6 +170,26 @@ fn readdirplus_withholds_attributes_of_files_that_had_several_names() {
     fs.check_invariants().unwrap();
 }
 
+/// A FORGET of more lookup references than the inode holds drops those it holds and is
+/// counted, and the inode lives on while it has a name (the kernel has been seen to forget
+/// once more than it looked up; a panic there would hang the mount).
+#[test]
+fn a_forget_of_more_than_was_looked_up_is_counted_not_fatal() {
+    let (fs, c) = new_fs(Config::default());
+    c.write("/f", b"x").unwrap();
+    let kernel = Ctx::root().via_kernel();
+    let a = fs.lookup(&kernel, Ino::ROOT, b"f").unwrap();
+    assert_eq!(fs.over_forgets(), 0);
+    fs.forget(a.ino, 3);
+    assert_eq!(fs.over_forgets(), 2);
+    assert_eq!(c.read("/f").unwrap(), b"x", "still named, still there");
+    // Unlinked with no reference left: freed at once.
+    c.remove_file("/f").unwrap();
+    assert_eq!(fs.getattr(a.ino), Err(Errno::ENOENT));
+    fs.forget(a.ino, 1); // of an inode already freed: nothing
+    fs.check_invariants().unwrap();
+}
+
 #[test]
 fn size_and_inode_limits_give_enospc_and_stay_usable() {
     let (fs, c) = new_fs(Config {

@@ -251,6 +251,8 @@ pub struct Filesystem {
     /// Set while recovery replays records (single-threaded, before any caller): records are
     /// then applied, not appended, and inode numbers are not recycled (`recovery.rs`).
     replaying: AtomicBool,
+    /// Lookup references a FORGET dropped beyond those held ([`Filesystem::forget`]).
+    over_forgets: std::sync::atomic::AtomicU64,
 }
 
 fn physical_memory() -> u64 {
@@ -325,6 +327,7 @@ impl Filesystem {
             evictor: Mutex::new(Ino::ROOT),
             store,
             replaying: AtomicBool::new(true),
+            over_forgets: std::sync::atomic::AtomicU64::new(0),
             cfg,
         }
     }
@@ -704,12 +707,37 @@ impl Filesystem {
     }
 
     /// Drops `n` lookup references taken by a [`crate::Via::Kernel`] caller (FUSE `FORGET`).
+    /// A FORGET of more references than the inode holds drops those it holds, is counted
+    /// ([`Filesystem::over_forgets`]) and said once on stderr, instead of failing: the kernel
+    /// has been seen to forget an inode once more than it looked it up (a READDIRPLUS entry
+    /// it could not attach, beside a directory the library moved), and a server thread that
+    /// panicked would leave every request of the mount unanswered.
     pub fn forget(&self, ino: Ino, n: u64) {
         let _c = self.begin(Op::Forget);
         let g = epoch::pin();
         if let Some(i) = self.table.get(ino, &g) {
-            self.put_refs(i, n, &g);
+            let (fate, short) = i.put_refs_at_most(n);
+            if short > 0
+                && self
+                    .over_forgets
+                    .fetch_add(short, std::sync::atomic::Ordering::Relaxed)
+                    == 0
+            {
+                eprintln!(
+                    "lanefs: the kernel forgot inode {ino} {short} more time(s) than it looked \
+                     it up (counted from now on in over_forgets)"
+                );
+            }
+            if fate == Fate::Free {
+                self.free_inode(i, &g, true);
+            }
         }
+    }
+
+    /// Lookup references FORGETs dropped beyond those the inodes held (see
+    /// [`Filesystem::forget`]).
+    pub fn over_forgets(&self) -> u64 {
+        self.over_forgets.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The attributes of `ino`.
