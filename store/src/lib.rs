@@ -237,7 +237,7 @@ impl StoreHandle {
     }
 
     fn stop(&mut self) -> lanefs::Result<()> {
-        self.checkpointer.stop();
+        self.checkpointer.close();
         if let Some(t) = self.committer.take() {
             self.log.shutdown();
             let _ = t.join();

@@ -348,10 +348,11 @@ impl Recovery {
         fs.table.for_each(&g, |i| held.push(i));
         let mut in_use = Vec::with_capacity(held.len());
         for i in held {
+            // An orphan this frees gets its Free record and its number recycled by the free
+            // itself (recovery is over); so every number held is left out of `reclaim`, which
+            // hands out the rest.
             fs.put_refs(i, 1, &g);
-            if !i.is_dead() {
-                in_use.push(i.ino);
-            }
+            in_use.push(i.ino);
         }
         fs.ids.reclaim(in_use, &fs.stats);
         Ok(fs)

@@ -847,6 +847,16 @@ impl Checkpointer {
     }
 }
 
+impl Checkpointer {
+    /// Stops the checkpointer and closes the checkpoint's database (the store is being
+    /// closed): a filesystem that outlives its store reads no page from it any more (EIO),
+    /// and never writes to a file another opening of the store may be using.
+    pub(crate) fn close(&mut self) {
+        self.stop();
+        self.ck.lock().close_db();
+    }
+}
+
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.stop();
