@@ -66,9 +66,11 @@ fn a_busy_loop_in_the_servers_process_does_not_starve_its_queue_threads() {
         eprintln!("skipped: the queue threads keep the normal policy on this machine");
         return;
     }
-    // Unloaded first: the guard wakes, and the requests are served.
+    // Unloaded first: the guard wakes, and the requests are served. (No boost is expected
+    // here on an idle machine; other processes' load may cause some, so the check below
+    // counts the boosts the busy loop causes.)
     churn(dir.path(), 200, Duration::from_secs(30));
-    assert_eq!(m.info().boosts(), 0, "nothing was starving yet");
+    let before = m.info().boosts();
 
     // A busy normal thread on every CPU, in this process, which holds the queue threads:
     // without the guard a SCHED_IDLE queue thread gets almost no CPU beside it.
@@ -96,7 +98,7 @@ fn a_busy_loop_in_the_servers_process_does_not_starve_its_queue_threads() {
         m.info().boosts()
     );
     assert!(
-        m.info().boosts() > 0,
+        m.info().boosts() > before,
         "the guard never gave a starving queue thread the normal policy"
     );
     // Starving, they took about 20 s here (a guard that never acts); guarded, 0.2 s.
