@@ -1750,6 +1750,25 @@ impl LinkWorker<'_> {
 /// each, while 12 threads list those directories: link(2) of a live file never fails, and every file's link count,
 /// through a name, through its open descriptor and through the library, is the number of its
 /// names (0 through the descriptor once the last is gone).
+/// Makes directories `L0..L{N_DIRS}` with `N_STATIC` files each that no one changes (so a
+/// listing takes several pages); returns their names, and each one's (name, inode number).
+fn static_dirs(env: &Env) -> (Vec<String>, Vec<Vec<(String, u64)>>) {
+    let dirs: Vec<String> = (0..N_DIRS).map(|d| format!("L{d}")).collect();
+    let mut statics = Vec::new();
+    for d in &dirs {
+        std::fs::create_dir(env.p(d)).unwrap();
+        let mut v = Vec::new();
+        for i in 0..N_STATIC {
+            let name = format!("static-{i:04}-padding-padding-padding");
+            let rel = format!("{d}/{name}");
+            std::fs::write(env.p(&rel), b"s").unwrap();
+            v.push((name, lstat(&env.p(&rel)).unwrap().ino()));
+        }
+        statics.push(v);
+    }
+    (dirs, statics)
+}
+
 #[test]
 fn link_counts_stay_exact_while_directories_are_listed() {
     let Some(env) = Env::new("link_counts_stay_exact_while_directories_are_listed") else {
@@ -1757,21 +1776,7 @@ fn link_counts_stay_exact_while_directories_are_listed() {
     };
     let seed = base_seed();
     eprintln!("seed {seed}");
-    let dirs: Vec<String> = (0..N_DIRS).map(|d| format!("L{d}")).collect();
-    let mut statics = Vec::new();
-    for d in &dirs {
-        std::fs::create_dir(env.p(d)).unwrap();
-        let mut v = Vec::new();
-        for i in 0..N_STATIC {
-            let rel = format!("{d}/static-{i:04}-padding-padding-padding");
-            std::fs::write(env.p(&rel), b"s").unwrap();
-            v.push((
-                rel.rsplit('/').next().unwrap().to_string(),
-                lstat(&env.p(&rel)).unwrap().ino(),
-            ));
-        }
-        statics.push(v);
-    }
+    let (dirs, statics) = static_dirs(&env);
     let fails = Fails::default();
     let deadline = Instant::now() + secs();
     let (listings, ops) = (AtomicUsize::new(0), AtomicUsize::new(0));
@@ -1843,21 +1848,7 @@ fn rename_over_a_hard_link_while_listing() {
     };
     let seed = base_seed();
     eprintln!("seed {seed}");
-    let dirs: Vec<String> = (0..N_DIRS).map(|d| format!("L{d}")).collect();
-    let mut statics = Vec::new();
-    for d in &dirs {
-        std::fs::create_dir(env.p(d)).unwrap();
-        let mut v = Vec::new();
-        for i in 0..N_STATIC {
-            let rel = format!("{d}/static-{i:04}-padding-padding-padding");
-            std::fs::write(env.p(&rel), b"s").unwrap();
-            v.push((
-                rel.rsplit('/').next().unwrap().to_string(),
-                lstat(&env.p(&rel)).unwrap().ino(),
-            ));
-        }
-        statics.push(v);
-    }
+    let (dirs, statics) = static_dirs(&env);
     let fails = Fails::default();
     let deadline = Instant::now() + secs();
     let (listings, rounds) = (AtomicUsize::new(0), AtomicUsize::new(0));
