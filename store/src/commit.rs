@@ -14,10 +14,13 @@
 //! appended before its buffer is taken: its thread read the stamp while holding the
 //! buffer's mutex, which the committer takes after reading `t`.
 //!
-//! **Group commit**: [`Log::sync`] reads a stamp `s` and waits until the durable stamp
-//! passes it; the committer starts a round as soon as anyone waits, so every thread waiting
-//! when a round starts is served by that round's one flush, and those arriving during it by
-//! the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
+//! **Group commit**: [`Log::sync`] reads the highest stamp any thread has appended (each
+//! buffer keeps its thread's last, written after the record is in it) and waits until the
+//! durable stamp passes it; when it already has, nothing was appended since a flush covered
+//! it, and the sync returns at once: an `fsync` with nothing to commit costs no flush (and
+//! one pass over the threads' last stamps, a load each). The committer starts a round as soon
+//! as anyone waits, so every thread waiting when a round starts is served by that round's
+//! one flush, and those arriving during it by the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
 //! queued, and the committer calls it (outside its state mutex) once a flush covers it, as
 //! the FUSE server answers FSYNC without holding a server thread; [`Log::sync`] is a
 //! `sync_then` whose callback unparks its thread, so the committer wakes each thread a flush
@@ -135,6 +138,15 @@ const GATHER_MAX: Duration = Duration::from_micros(200);
 /// A round is written in pieces of about this many bytes.
 const PIECE: usize = 4 << 20;
 
+/// A thread's buffer, and the stamp of the last record it appended (read without the
+/// buffer's mutex by [`Log::sync_then`]; written only by the thread, after the record is in
+/// the buffer).
+#[derive(Default)]
+struct Lane {
+    buf: Mutex<Buf>,
+    last: AtomicU64,
+}
+
 /// One thread's records: `[stamp u64][len u32][record]` each, in stamp order, across its
 /// chunks in order.
 #[derive(Default)]
@@ -213,7 +225,7 @@ fn settle(s: &mut State) -> Vec<(SyncDone, lanefs::Result<()>)> {
 /// The record log of a store (see the module doc).
 pub(crate) struct Log {
     clock: Clock,
-    bufs: ThreadLocal<CachePadded<Mutex<Buf>>>,
+    bufs: ThreadLocal<CachePadded<Lane>>,
     state: Mutex<State>,
     /// The committer waits here for work.
     work: Condvar,
@@ -294,7 +306,8 @@ impl Log {
         if mode & !LOW != 0 {
             return Err(Errno((mode & !LOW) as i32));
         }
-        let cell = self.bufs.get_or(Default::default);
+        let lane = self.bufs.get_or(Default::default);
+        let cell = &lane.buf;
         let mut guard = cell.lock();
         let b = &mut *guard;
         let stamp = self.clock.now();
@@ -324,6 +337,8 @@ impl Log {
         }
         c[start + 8..start + 12].copy_from_slice(&(len as u32).to_le_bytes());
         b.bytes += 12 + len;
+        // Read by `sync_then` (Acquire) to learn how far a sync must reach.
+        lane.last.store(stamp, Release);
         let kick = b.bytes >= WAKE_BYTES && !b.kicked;
         if kick {
             b.kicked = true;
@@ -425,8 +440,8 @@ impl Log {
             };
             let t = self.clock.now();
             let mut srcs = std::mem::take(&mut carry);
-            for cell in self.bufs.iter() {
-                let mut b = cell.lock();
+            for lane in self.bufs.iter() {
+                let mut b = lane.buf.lock();
                 if b.bytes == 0 {
                     continue;
                 }
@@ -558,14 +573,23 @@ impl Log {
     /// The committer calls the callbacks one after another on its own thread, blocking
     /// syncs' among them: one that blocks delays every waiting sync and the next round.
     pub(crate) fn sync_then(&self, done: SyncDone) {
-        let t = self.clock.now();
+        // The last stamp each thread appended: every record appended before this call (in
+        // happens-before order) stored its stamp, or a later one of its thread, before
+        // the call began, so none is stamped above `t` (module doc, "Group commit").
+        let t = self
+            .bufs
+            .iter()
+            .map(|l| l.last.load(Acquire))
+            .max()
+            .unwrap_or(0);
         let mut s = self.state.lock();
         let now = if let Some(e) = s.error {
             Some(Err(e))
-        } else if s.durable > t {
-            Some(Ok(()))
         } else if !self.running.load(Relaxed) {
+            // Closed (or not started): no sync succeeds, whatever it would wait for.
             Some(Err(Errno::EIO))
+        } else if s.durable > t || t == 0 {
+            Some(Ok(()))
         } else {
             None
         };
@@ -599,7 +623,7 @@ impl Log {
         let budget = if held {
             i64::MIN / 2
         } else {
-            let buffered: usize = self.bufs.iter().map(|c| c.lock().bytes).sum();
+            let buffered: usize = self.bufs.iter().map(|l| l.buf.lock().bytes).sum();
             let carried: usize = carry.iter().map(Src::bytes).sum();
             writer.room() as i64 - reserve as i64 - (payload.len() + buffered + carried) as i64
         };
@@ -764,6 +788,9 @@ fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
 
 /// Runs `log`'s committer on a thread of its own.
 pub(crate) fn spawn(log: Arc<Log>, writer: Writer) -> std::thread::JoinHandle<()> {
+    // What the journal held at open counts as written: a sync with nothing appended since
+    // makes no round that would say so (the checkpointer reads it after one).
+    log.written.store(writer.last_lsn(), Relaxed);
     log.started();
     std::thread::Builder::new()
         .name("lanefs-commit".into())

@@ -998,6 +998,11 @@ impl Writer {
         }
     }
 
+    /// The LSN of the last record in the journal (0: none yet).
+    pub(crate) fn last_lsn(&self) -> u64 {
+        self.next_lsn.saturating_sub(1)
+    }
+
     /// Bytes left for batches in the segment being written (0: none yet).
     pub(crate) fn room(&self) -> u64 {
         match self.file {

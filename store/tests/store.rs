@@ -242,6 +242,54 @@ fn fsync_callbacks_come_after_the_flush_and_share_it() {
     );
 }
 
+/// An fsync with nothing appended since a flush covered everything returns without a
+/// flush (through a handle, by inode, and by callback); once any thread appends, the next
+/// fsync of the same clean file flushes, and what that thread did survives a power cut
+/// after it (everything that completed before an fsync is durable, not only its file).
+#[test]
+fn an_fsync_with_nothing_to_commit_costs_no_flush() {
+    let disk = SimDisk::new();
+    let o = slow_flush_store(&disk);
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    c.write("/a", b"a").unwrap();
+    let ino = c.metadata("/a").unwrap().ino();
+    let f = c.open("/a", OpenOptions::new().read(true)).unwrap();
+    f.sync_all().unwrap();
+    let before = disk.syncs();
+    for _ in 0..50 {
+        f.sync_all().unwrap();
+        fs.fsync_inode(ino, true).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        fs.fsync_inode_then(ino, false, Box::new(move |r| tx.send(r).unwrap()));
+        assert_eq!(rx.try_recv(), Ok(Ok(())), "answered at once");
+    }
+    assert_eq!(
+        disk.syncs(),
+        before,
+        "flushes for fsyncs with nothing to commit"
+    );
+    for k in 0..3 {
+        // Another thread's change, completed before the fsync of the (clean) file `/a`.
+        let c2 = Client::root(fs.clone());
+        std::thread::spawn(move || c2.write(format!("/b{k}"), b"b").unwrap())
+            .join()
+            .unwrap();
+        let n = disk.syncs();
+        f.sync_all().unwrap();
+        assert!(disk.syncs() > n, "no flush for another thread's change");
+        let image = disk.crash(Unflushed::Lost);
+        let o = open(Path::new("/s"), Config::default(), sim(&image)).unwrap();
+        let c = Client::root(Arc::new(o.fs));
+        assert_eq!(c.read(format!("/b{k}")).unwrap(), b"b");
+    }
+    // The file's own change, made by this thread: flushed too.
+    c.write("/a", b"aa").unwrap();
+    let n = disk.syncs();
+    fs.fsync_inode(ino, false).unwrap();
+    assert!(disk.syncs() > n, "no flush for the file's own change");
+}
+
 #[test]
 fn journal_damage_is_refused_naming_the_file_and_offset() {
     let disk = SimDisk::new();

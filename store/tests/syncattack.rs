@@ -565,6 +565,9 @@ struct Worker<'a> {
     c: Client,
     model: Model,
     ops: usize,
+    /// The store's flush count read before this worker's latest operation, while it has
+    /// operations no `Ok` sync of its own has acknowledged.
+    unsynced: Option<u64>,
     /// After one `Ok` sync in this many, a power cut right away: it must keep every
     /// operation before the sync (0: never).
     cut_every: u64,
@@ -581,6 +584,7 @@ impl<'a> Worker<'a> {
             c: Client::root(fs.clone()),
             model: Model::default(),
             ops: 0,
+            unsynced: None,
             cut_every: 0,
             sim: None,
             rng: Rng::new(t as u64, 77),
@@ -593,9 +597,13 @@ impl<'a> Worker<'a> {
         sh: &Shared,
         f: impl FnOnce(&Client, &mut Model) -> std::io::Result<()>,
     ) -> std::io::Result<()> {
+        let flushes = self.store.map(|s| s.counters().flushes);
         let s = sh.ticket.fetch_add(1, SeqCst);
         let mut m = self.model.clone();
         let r = f(&self.c, &mut m);
+        if r.is_ok() {
+            self.unsynced = flushes;
+        }
         let e = sh.ticket.fetch_add(1, SeqCst);
         if r.is_ok() {
             self.model = m;
@@ -644,8 +652,10 @@ impl<'a> Worker<'a> {
         })
     }
 
-    /// Syncs by `how`; on `Ok`, checks that a flush that began after the call served it, and
-    /// notes every operation so far as acknowledged.
+    /// Syncs by `how`; on `Ok`, checks that a flush completed after this worker's latest
+    /// unacknowledged operation began (its records were appended then; a sync with nothing
+    /// to commit may return without a flush), and notes every operation so far as
+    /// acknowledged.
     /// Checks one `Ok` sync in `every` against a power cut taken right after it.
     fn cut_after_sync(mut self, sim: &'a SimDisk, every: u64) -> Self {
         self.sim = Some(sim);
@@ -654,23 +664,23 @@ impl<'a> Worker<'a> {
     }
 
     fn sync(&mut self, sh: &Shared, how: SyncKind) -> lanefs::Result<()> {
-        let before = self.store.map(|s| s.counters().flushes);
         let ops = self.ops;
         let start = sh.ticket.fetch_add(1, SeqCst);
         let r = sync_by(self.fs, self.store, &self.c, self.t, how);
         if r.is_ok()
-            && let Some(before) = before
+            && let Some(before) = self.unsynced
         {
             let after = self.store.expect("a store").counters().flushes;
             if after <= before {
                 sh.fail(format!(
-                    "worker {}: a sync ({how:?}) returned Ok, but no flush completed during \
-                     it (flushes {before} -> {after})",
+                    "worker {}: a sync ({how:?}) returned Ok, but no flush completed since \
+                     the worker's latest operation began (flushes {before} -> {after})",
                     self.t
                 ));
             }
         }
         if r.is_ok() {
+            self.unsynced = None;
             sh.acked[self.t].fetch_max(ops, SeqCst);
             sh.acked_ticket.fetch_max(start, SeqCst);
             if let Some(sim) = self.sim
