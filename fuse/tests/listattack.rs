@@ -1392,7 +1392,6 @@ fn listings_show_every_name_stable_across_them() {
 /// kernel lowers it itself; through the library it is told only of the two names (an entry
 /// invalidation), which leaves the inode's attributes cached for the attribute timeout.
 #[test]
-#[ignore = "fails on every run: a library rename tells the kernel nothing of the inode it replaces (lanefs bug, reported)"]
 fn library_rename_over_a_hard_link_updates_the_kernels_link_count() {
     let Some(env) = Env::new("library_rename_over_a_hard_link_updates_the_kernels_link_count")
     else {
@@ -1423,7 +1422,6 @@ fn library_rename_over_a_hard_link_updates_the_kernels_link_count() {
 /// kernel, told only of the two names, must not keep answering the old ctime for the file
 /// through another of its names (or an open descriptor).
 #[test]
-#[ignore = "fails on every run: a library rename tells the kernel nothing of the inode it moves (lanefs bug, reported)"]
 fn library_rename_updates_the_kernels_ctime_of_the_file_moved() {
     let Some(env) = Env::new("library_rename_updates_the_kernels_ctime_of_the_file_moved") else {
         return;

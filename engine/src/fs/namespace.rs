@@ -575,7 +575,7 @@ impl Filesystem {
         flags: u32,
     ) -> Result<()> {
         let (parent, newparent) = (parent.into(), newparent.into());
-        let moved = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
+        let [moved, changed] = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
         self.report(ctx, |s| {
             s.entry(parent.ino(), name);
             s.entry(newparent.ino(), newname);
@@ -583,10 +583,19 @@ impl Filesystem {
             for d in moved.into_iter().flatten() {
                 s.listing(d);
             }
+            // The inodes whose attributes the rename changed, as another name or an open
+            // descriptor sees them: the one moved (its ctime), the one replaced (its link
+            // count and ctime) or exchanged (its ctime).
+            for i in changed.into_iter().flatten() {
+                s.inode(i, None);
+            }
         });
         Ok(())
     }
 
+    /// `rename`'s work; returns the directories it moved to another parent (their `..`
+    /// changed) and the inodes whose attributes it changed (the one moved, and the one
+    /// replaced or exchanged).
     fn rename_inner(
         &self,
         ctx: &Ctx,
@@ -595,7 +604,7 @@ impl Filesystem {
         newparent: InodeRef,
         newname: &[u8],
         flags: u32,
-    ) -> Result<[Option<Ino>; 2]> {
+    ) -> Result<[[Option<Ino>; 2]; 2]> {
         let _c = self.begin(Op::Rename);
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
             || flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0 && flags & RENAME_EXCHANGE != 0
@@ -669,6 +678,7 @@ impl Filesystem {
                 moved_dir(Some(src)),
                 moved_dir(dst.filter(|_| flags & RENAME_EXCHANGE != 0)),
             ];
+            let changed = [Some(src.ino), dst.map(|i| i.ino)];
             let freed = self.rename_locked(
                 ctx,
                 (d1, dd1, name),
@@ -682,7 +692,7 @@ impl Filesystem {
             if let Some(i) = freed {
                 self.free_inode(i, &g, true);
             }
-            return Ok(moved);
+            return Ok([moved, changed]);
         }
     }
 
