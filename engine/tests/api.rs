@@ -492,11 +492,31 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
         rec.take(),
         [format!("entry {root} g"), format!("inode {f} None")]
     );
+    // A rename reports the inode it moves (its ctime, seen through its other names).
     c.rename("/g", "/d/h").unwrap();
     assert_eq!(
         rec.take(),
-        [format!("entry {root} g"), format!("entry {d} h")]
+        [
+            format!("entry {root} g"),
+            format!("entry {d} h"),
+            format!("inode {f} None")
+        ]
     );
+    // And the one it replaces (its link count and ctime).
+    c.write("/r", b"r").unwrap();
+    let r = c.metadata("/r").unwrap().ino();
+    rec.take();
+    c.rename("/r", "/d/f").unwrap();
+    assert_eq!(
+        rec.take(),
+        [
+            format!("entry {root} r"),
+            format!("entry {d} f"),
+            format!("inode {r} None"),
+            format!("inode {f} None")
+        ]
+    );
+    assert_eq!(c.metadata("/d/h").unwrap().attr.nlink, 1);
     c.set_permissions("/d/h", 0o600).unwrap();
     assert_eq!(rec.take(), [format!("inode {f} None")]);
     c.remove_file("/d/h").unwrap();
@@ -520,13 +540,18 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
         [
             format!("entry {root} m"),
             format!("entry {d} m"),
-            format!("listing {m}")
+            format!("listing {m}"),
+            format!("inode {m} None")
         ]
     );
     c.rename("/d/m", "/d/m2").unwrap();
     assert_eq!(
         rec.take(),
-        [format!("entry {d} m"), format!("entry {d} m2")]
+        [
+            format!("entry {d} m"),
+            format!("entry {d} m2"),
+            format!("inode {m} None")
+        ]
     );
     c.create_dir("/x").unwrap();
     let x = c.metadata("/x").unwrap().ino();
@@ -539,7 +564,9 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
             format!("entry {root} x"),
             format!("entry {d} m2"),
             format!("listing {x}"),
-            format!("listing {m}")
+            format!("listing {m}"),
+            format!("inode {x} None"),
+            format!("inode {m} None")
         ]
     );
     c.remove_dir("/x").unwrap();
