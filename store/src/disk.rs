@@ -72,6 +72,13 @@ pub trait DiskFile: Send + Sync {
     fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
         self.write_at(buf, off)
     }
+    /// [`DiskFile::read_at`] of whole blocks (`buf`'s address, its length and `off` are
+    /// multiples of [`BLOCK`]); returns the bytes read, fewer at the end of the file. The real
+    /// disk reads these around the host's page cache too, so that the checkpointer's reading
+    /// of the journal back fills no cache pages (and copies nothing out of them).
+    fn read_blocks(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.read_at(buf, off)
+    }
     /// Reserves space for its first `len` bytes, reading as zeros where nothing was written
     /// (`fallocate`; where the host cannot, the same as extending it with zeros).
     fn allocate(&self, len: u64) -> io::Result<()> {
@@ -183,13 +190,30 @@ impl Disk for RealDisk {
 /// devices, so that direct writes are aligned for any of them.
 pub const BLOCK: usize = 4096;
 
-/// A file of the host, and (opened at its first block write) a second descriptor of it that
-/// writes around the page cache.
+/// A file of the host, and (opened at its first block write or read) a second descriptor of
+/// it that writes and reads around the page cache.
 struct RealFile {
     file: File,
     path: PathBuf,
     /// `None` where the host refuses `O_DIRECT` (tmpfs, some network filesystems).
     direct: std::sync::OnceLock<Option<File>>,
+}
+
+impl RealFile {
+    /// The descriptor that bypasses the page cache, opened at first use.
+    fn direct(&self) -> Option<&File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.direct
+            .get_or_init(|| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&self.path)
+                    .ok()
+            })
+            .as_ref()
+    }
 }
 
 impl DiskFile for RealFile {
@@ -200,26 +224,32 @@ impl DiskFile for RealFile {
         FileExt::write_all_at(&self.file, buf, off)
     }
     fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        use std::os::unix::fs::OpenOptionsExt;
         debug_assert!(
             (buf.as_ptr() as usize).is_multiple_of(BLOCK)
                 && buf.len().is_multiple_of(BLOCK)
                 && off.is_multiple_of(BLOCK as u64)
         );
-        let direct = self.direct.get_or_init(|| {
-            OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(&self.path)
-                .ok()
-        });
-        match direct {
+        match self.direct() {
             Some(d) => match FileExt::write_all_at(d, buf, off) {
                 // A host that takes O_DIRECT at open but not for this write.
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.write_at(buf, off),
                 r => r,
             },
             None => self.write_at(buf, off),
+        }
+    }
+    fn read_blocks(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        debug_assert!(
+            (buf.as_ptr() as usize).is_multiple_of(BLOCK)
+                && buf.len().is_multiple_of(BLOCK)
+                && off.is_multiple_of(BLOCK as u64)
+        );
+        match self.direct() {
+            Some(d) => match FileExt::read_at(d, buf, off) {
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.read_at(buf, off),
+                r => r,
+            },
+            None => self.read_at(buf, off),
         }
     }
     fn len(&self) -> io::Result<u64> {

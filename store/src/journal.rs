@@ -530,9 +530,11 @@ pub(crate) struct Cursor {
 struct Window {
     path: PathBuf,
     file: Arc<dyn DiskFile>,
-    /// Offset of `buf`'s first byte in the file.
+    /// Offset of `buf`'s first byte in the file (a multiple of [`BLOCK`]).
     start: u64,
-    buf: Vec<u8>,
+    /// Bytes of `buf` read from the file.
+    len: usize,
+    buf: Blocks,
 }
 
 /// How much [`Window`] reads at once.
@@ -548,28 +550,42 @@ impl Window {
             path,
             file,
             start: 0,
-            buf: Vec::new(),
+            len: 0,
+            buf: Blocks::default(),
         })
     }
 
-    /// Bytes `off..off + len`, fewer where the file ends.
+    /// Bytes `off..off + len`, fewer where the file ends. Read in whole blocks around the
+    /// host's page cache (`DiskFile::read_blocks`).
     fn get(&mut self, off: u64, len: usize) -> Result<&[u8], StoreError> {
-        let have = off >= self.start && off + len as u64 <= self.start + self.buf.len() as u64;
+        let have = off >= self.start && off + len as u64 <= self.start + self.len as u64;
         if !have {
-            self.buf.resize(len.max(WINDOW), 0);
+            let start = off - off % BLOCK as u64;
+            let want = ((off - start) as usize + len).max(WINDOW).div_ceil(BLOCK);
+            let buf = self.buf.bytes(want);
             let mut n = 0;
-            while n < self.buf.len() {
-                match self.file.read_at(&mut self.buf[n..], off + n as u64) {
+            while n < buf.len() {
+                match self.file.read_blocks(&mut buf[n..], start + n as u64) {
                     Ok(0) => break,
                     Ok(k) => n += k,
                     Err(e) => return Err(StoreError::io(&self.path, "read")(e)),
                 }
+                if !n.is_multiple_of(BLOCK) {
+                    break; // the end of the file
+                }
             }
-            self.buf.truncate(n);
-            self.start = off;
+            self.start = start;
+            self.len = n;
         }
-        let from = (off - self.start) as usize;
-        Ok(&self.buf[from.min(self.buf.len())..(from + len).min(self.buf.len())])
+        let from = ((off - self.start) as usize).min(self.len);
+        let to = (from + len).min(self.len);
+        Ok(&self.buf_bytes()[from..to])
+    }
+
+    /// The bytes read.
+    fn buf_bytes(&mut self) -> &[u8] {
+        let n = self.len.div_ceil(BLOCK);
+        &self.buf.bytes(n)[..self.len]
     }
 }
 
