@@ -279,7 +279,10 @@ impl Log {
     pub(crate) fn counters(&self) -> Counters {
         Counters {
             flushes: self.flushes.load(Relaxed),
-            lsn: self.written.load(Relaxed),
+            // Acquire, paired with the committer's Release: a sync after this call sees the
+            // `last` stamps of every record up to `lsn` (the checkpointer syncs the records it
+            // read the LSN of; `checkpoint/mod.rs`, `take`).
+            lsn: self.written.load(Acquire),
         }
     }
 
@@ -456,7 +459,7 @@ impl Log {
             let done = loop {
                 let finished = merge(&mut srcs, t, &mut payload, PIECE);
                 match writer.write_payload(&mut payload) {
-                    Ok(lsn) => self.written.store(lsn, Relaxed),
+                    Ok(lsn) => self.written.store(lsn, Release),
                     Err(e) => break Err(e),
                 }
                 if finished {

@@ -37,7 +37,7 @@ pub(crate) struct Tables<'t> {
 }
 
 /// Files made and freed within the records of one window of a checkpoint (the records it
-/// reads before applying them, about 8 MiB: `mod.rs`, `Win`) ("absorption", as a journal
+/// reads before applying them, about 4 MiB: `mod.rs`, `Win`) ("absorption", as a journal
 /// that logs whole blocks absorbs a block written twice): nothing of them reaches the keys,
 /// only what their records did to others (the directory's times, the highest cookie and
 /// generation). A file whose create, remove and free fall in one checkpoint (crunl's every
@@ -123,6 +123,13 @@ impl Ghosts {
         }
     }
 
+    /// Forgets the window's files (after [`Tables::finish`] wrote what was gathered),
+    /// keeping the map's memory for the next window.
+    pub(crate) fn clear(&mut self) {
+        debug_assert!(self.is_settled());
+        self.seen.clear();
+    }
+
     /// Keeps only the ghosts; returns how many there are.
     pub(crate) fn settle(&mut self) -> usize {
         self.seen.retain(|_, b| *b == MADE | FREED);
@@ -153,6 +160,51 @@ impl Ghosts {
     /// Nothing gathered is waiting to be written.
     fn is_settled(&self) -> bool {
         self.times.is_empty() && self.cookies.is_empty()
+    }
+}
+
+/// What absorption needs of a record that can belong to a ghost, taken when the record is
+/// first read ([`Gist::of`]), so that a window applies its ghosts' records without decoding
+/// them again ([`Tables::absorb`]): the inode the record is about and, for a Create or
+/// Remove, the change it makes to its directory. Records of other kinds have none (a
+/// ghost's data and attribute records are rare, and are found when they are decoded).
+#[derive(Clone, Copy)]
+pub(crate) struct Gist {
+    inode: InodeId,
+    /// The directory, its new time, and the new entry's cookie (0: a Remove); `None`: a Free.
+    dir: Option<(InodeId, Timespec, u64)>,
+    /// A Create or CreateWithFlags (its generation is the highest given yet).
+    made: bool,
+}
+
+impl Gist {
+    /// The gist of a Create, CreateWithFlags, Remove or Free.
+    pub(crate) fn of(rec: &Record<'_>) -> Option<Gist> {
+        match *rec {
+            Record::Create {
+                dir, cookie, inode, ..
+            }
+            | Record::CreateWithFlags {
+                dir, cookie, inode, ..
+            } => Some(Gist {
+                inode: inode.id,
+                dir: Some((dir, inode.time, cookie)),
+                made: true,
+            }),
+            Record::Remove {
+                dir, inode, time, ..
+            } => Some(Gist {
+                inode,
+                dir: Some((dir, time, 0)),
+                made: false,
+            }),
+            Record::Free { inode } => Some(Gist {
+                inode,
+                dir: None,
+                made: false,
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -500,11 +552,11 @@ impl Tables<'_> {
         if self.ghosts.seen.is_empty() {
             return None;
         }
+        if let Some(g) = Gist::of(rec) {
+            return self.absorb(&g);
+        }
         let id = match *rec {
-            Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => inode.id,
-            Record::Remove { inode, .. }
-            | Record::Free { inode }
-            | Record::SetAttr { inode, .. }
+            Record::SetAttr { inode, .. }
             | Record::Write { inode, .. }
             | Record::Allocate { inode, .. }
             | Record::Punch { inode, .. }
@@ -514,21 +566,22 @@ impl Tables<'_> {
             | Record::SetFlags { inode, .. } => inode,
             _ => return None,
         };
-        if !self.ghosts.has(id) {
+        self.ghosts.has(id).then_some(Ok(()))
+    }
+
+    /// A ghost's Create, Remove or Free, from its [`Gist`]: gathers what it did to its
+    /// directory (written once too many directories or lanes are gathered); `None` when the
+    /// record is not a ghost's (it is to be applied).
+    pub(crate) fn absorb(&mut self, g: &Gist) -> Option<R<()>> {
+        if !self.ghosts.has(g.inode) {
             return None;
         }
-        let r = match *rec {
-            Record::Create {
-                dir, cookie, inode, ..
-            }
-            | Record::CreateWithFlags {
-                dir, cookie, inode, ..
-            } => {
-                self.max_generation = self.max_generation.max(inode.id.generation.0);
-                self.ghosts.later(dir, inode.time, cookie)
-            }
-            Record::Remove { dir, time, .. } => self.ghosts.later(dir, time, 0),
-            _ => true,
+        if g.made {
+            self.max_generation = self.max_generation.max(g.inode.generation.0);
+        }
+        let r = match g.dir {
+            Some((dir, time, cookie)) => self.ghosts.later(dir, time, cookie),
+            None => true,
         };
         Some(if r { Ok(()) } else { self.finish() })
     }

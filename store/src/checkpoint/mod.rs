@@ -118,33 +118,53 @@ pub(crate) const FILE: &str = "checkpoint.redb";
 const TMP: &str = "checkpoint.redb.tmp";
 
 /// Bytes of records a checkpoint reads before it applies them (`Win`).
-const WINDOW: usize = 8 << 20;
+const WINDOW: usize = 4 << 20;
 
 /// Records read and not yet applied: their bytes, one after another, and each one's LSN and
 /// place.
 #[derive(Default)]
 struct Win {
     bytes: Vec<u8>,
-    recs: Vec<(u64, usize, usize)>,
+    /// Each record's LSN, where its bytes are, and its gist's index in `gists` (`NO_GIST`:
+    /// none).
+    recs: Vec<(u64, u32, u32, u32)>,
+    gists: Vec<apply::Gist>,
 }
 
+const NO_GIST: u32 = u32::MAX;
+
 impl Win {
-    fn push(&mut self, lsn: u64, rec: &[u8]) {
-        let at = self.bytes.len();
+    fn push(&mut self, lsn: u64, rec: &[u8], gist: Option<apply::Gist>) {
+        let at = self.bytes.len() as u32;
         self.bytes.extend_from_slice(rec);
-        self.recs.push((lsn, at, self.bytes.len()));
+        let g = match gist {
+            Some(g) => {
+                self.gists.push(g);
+                (self.gists.len() - 1) as u32
+            }
+            None => NO_GIST,
+        };
+        self.recs.push((lsn, at, self.bytes.len() as u32, g));
     }
 
-    /// Applies the records (the ghosts among them found as they were read), writes what the
-    /// ghosts left to write, and empties the window; returns how many records it applied.
+    /// Applies the records (the ghosts among them found as they were read, and absorbed from
+    /// their gists without a second decoding), writes what the ghosts left to write, and
+    /// empties the window; returns how many records it applied.
     fn apply(&mut self, t: &mut apply::Tables<'_>) -> Result<u64, Failed> {
         t.ghosts.settle();
         let failed = |lsn: String, e: apply::ApplyError| Failed {
             reopen: matches!(e, apply::ApplyError::Db(_)),
             why: format!("record {lsn}: {e}"),
         };
-        for &(lsn, a, b) in &self.recs {
-            let r = Record::decode(&self.bytes[a..b]).map_err(|e| Failed::other(e.to_string()))?;
+        for &(lsn, a, b, g) in &self.recs {
+            if g != NO_GIST
+                && let Some(r) = t.absorb(&self.gists[g as usize])
+            {
+                r.map_err(|e| failed(lsn.to_string(), e))?;
+                continue;
+            }
+            let bytes = &self.bytes[a as usize..b as usize];
+            let r = Record::decode(bytes).map_err(|e| Failed::other(e.to_string()))?;
             t.apply(&r).map_err(|e| failed(lsn.to_string(), e))?;
         }
         let n = self.recs.len() as u64;
@@ -152,9 +172,10 @@ impl Win {
             let span = format!("{}..={}", first.0, last.0);
             t.finish().map_err(|e| failed(span, e))?;
         }
-        t.ghosts = apply::Ghosts::default();
+        t.ghosts.clear();
         self.bytes.clear();
         self.recs.clear();
+        self.gists.clear();
         Ok(n)
     }
 }
@@ -582,7 +603,7 @@ impl Checkpoint {
                     // where it lies in the journal.
                     let r = Record::decode(bytes).map_err(|e| e.to_string())?;
                     t.ghosts.see(&r);
-                    win.push(lsn, bytes);
+                    win.push(lsn, bytes, apply::Gist::of(&r));
                     if win.bytes.len() >= WINDOW {
                         applied += win.apply(&mut t).map_err(|f| {
                             let s = f.why.clone();
