@@ -295,6 +295,13 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     let fs = Arc::new(fs);
     let mut control = None;
     let fs2 = fs.clone();
+    // SIGINT/SIGTERM unmount; the session then ends and mount() returns. Caught from before
+    // the mount exists (a signal meanwhile waits in `signals`), so that one sent as soon as
+    // the mount is seen never meets the default action, which would leave it dead.
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ]);
     let r = lanefs_fuse::mount(fs, mp, &plan.mount, |m| {
         let mut unmount = m.unmount;
         eprintln!(
@@ -305,11 +312,7 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
         control = lanefs_fuse::serve_control(fs2, Some(m.info), mp)
             .inspect_err(|e| eprintln!("lanefs: no `lanefs stats` for {}: {e}", mp.display()))
             .ok();
-        // SIGINT/SIGTERM unmount; the session then ends and mount() returns.
-        if let Ok(mut signals) = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-        ]) {
+        if let Ok(mut signals) = signals {
             let mp = mp.to_path_buf();
             std::thread::spawn(move || {
                 let mut signals = signals.forever();

@@ -199,6 +199,13 @@ struct RealFile {
     direct: std::sync::OnceLock<Option<File>>,
 }
 
+/// Whether `buf`'s address and length and `off` are whole blocks.
+fn in_blocks(buf: &[u8], off: u64) -> bool {
+    (buf.as_ptr() as usize).is_multiple_of(BLOCK)
+        && buf.len().is_multiple_of(BLOCK)
+        && off.is_multiple_of(BLOCK as u64)
+}
+
 impl RealFile {
     /// The descriptor that bypasses the page cache, opened at first use.
     fn direct(&self) -> Option<&File> {
@@ -224,31 +231,19 @@ impl DiskFile for RealFile {
         FileExt::write_all_at(&self.file, buf, off)
     }
     fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        debug_assert!(
-            (buf.as_ptr() as usize).is_multiple_of(BLOCK)
-                && buf.len().is_multiple_of(BLOCK)
-                && off.is_multiple_of(BLOCK as u64)
-        );
-        match self.direct() {
-            Some(d) => match FileExt::write_all_at(d, buf, off) {
-                // A host that takes O_DIRECT at open but not for this write.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.write_at(buf, off),
-                r => r,
-            },
+        debug_assert!(in_blocks(buf, off));
+        match self.direct().map(|d| FileExt::write_all_at(d, buf, off)) {
+            // A host that takes O_DIRECT at open but not for this write.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => self.write_at(buf, off),
+            Some(r) => r,
             None => self.write_at(buf, off),
         }
     }
     fn read_blocks(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
-        debug_assert!(
-            (buf.as_ptr() as usize).is_multiple_of(BLOCK)
-                && buf.len().is_multiple_of(BLOCK)
-                && off.is_multiple_of(BLOCK as u64)
-        );
-        match self.direct() {
-            Some(d) => match FileExt::read_at(d, buf, off) {
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.read_at(buf, off),
-                r => r,
-            },
+        debug_assert!(in_blocks(buf, off));
+        match self.direct().map(|d| FileExt::read_at(d, buf, off)) {
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => self.read_at(buf, off),
+            Some(r) => r,
             None => self.read_at(buf, off),
         }
     }
