@@ -20,9 +20,10 @@
 //! it, and the sync returns at once: an `fsync` with nothing to commit costs no flush (and
 //! one pass over the threads' last stamps, a load each). The committer starts a round as soon
 //! as anyone waits, so every thread waiting when a round starts is served by that round's
-//! one flush, and those arriving during it by the next. [`Log::sync_then`] is the same without a waiting thread: its callback is
-//! queued, and the committer calls it (outside its state mutex) once a flush covers it, as
-//! the FUSE server answers FSYNC without holding a server thread; [`Log::sync`] is a
+//! one flush, and those arriving during it by the next. [`Log::sync_then`] is the same
+//! without a waiting thread: its callback is queued, and the committer calls it (outside its
+//! state mutex) once a flush covers it, as the FUSE server answers FSYNC without holding a
+//! server thread; [`Log::sync`] is a
 //! `sync_then` whose callback unparks its thread, so the committer wakes each thread a flush
 //! served itself and they run at once (a condition variable shared by the waiters woke them
 //! one after another, each taking the state mutex in turn). An fsync costs the records
