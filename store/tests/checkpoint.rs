@@ -357,21 +357,10 @@ fn a_damaged_or_missing_checkpoint_is_refused_naming_it() {
     }
 }
 
-/// The cookie of `name` in directory `dir`, as a listing gives it.
+/// The cookie of `name` in directory `dir` (a path), as a listing gives it.
 fn cookie_of(fs: &Arc<lanefs::Filesystem>, dir: &str, name: &[u8]) -> u64 {
-    let ctx = Ctx::root();
     let ino = Client::root(fs.clone()).metadata(dir).unwrap().ino();
-    let fh = fs.opendir(&ctx, ino).unwrap();
-    let mut found = None;
-    fs.readdir(&ctx, fh, 0, false, |e, _| {
-        if e.name == name {
-            found = Some(e.offset);
-        }
-        true
-    })
-    .unwrap();
-    fs.releasedir(fh).unwrap();
-    found.unwrap_or_else(|| panic!("{dir}/{} not listed", String::from_utf8_lossy(name)))
+    common::cookie_of(fs, ino, name)
 }
 
 /// Files made and freed within one checkpoint put nothing of themselves in it (the

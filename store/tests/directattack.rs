@@ -1122,22 +1122,6 @@ fn tmpfs_odd_segments_buffered() {
 
 // ----- ghosts last in a checkpoint ---------------------------------------------------------
 
-/// The cookie of `name` in directory `dir`.
-fn cookie_of(fs: &Filesystem, dir: Ino, name: &[u8]) -> u64 {
-    let ctx = Ctx::root();
-    let fh = fs.opendir_flags(&ctx, dir, libc::O_NOATIME).unwrap();
-    let mut found = None;
-    fs.readdir(&ctx, fh, 0, false, |e, _| {
-        if e.name == name {
-            found = Some(e.offset);
-        }
-        true
-    })
-    .unwrap();
-    fs.releasedir(fh).unwrap();
-    found.expect("the name is listed")
-}
-
 /// Checkpoints whose last records are ghosts (files made and freed within the window): after
 /// a close and reopen the directory shows the times the ghosts' removes gave it, and a file
 /// made then (by the same thread, so the same cookie lane) gets a generation and a cookie
@@ -1191,7 +1175,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
                 g > max_gen,
                 "{what}: generation {g} after ghosts up to {max_gen}"
             );
-            let ck = cookie_of(&fs, c.metadata("/g").unwrap().ino(), b"new");
+            let ck = common::cookie_of(&fs, c.metadata("/g").unwrap().ino(), b"new");
             assert!(
                 ck > max_cookie,
                 "{what}: cookie {ck:#x} after ghosts' up to {max_cookie:#x}"
@@ -1239,7 +1223,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
                 f.set_len(rng.random_range(0..5000)).unwrap();
             }
             if i + 1 == n || rng.random_bool(0.1) {
-                max_cookie = max_cookie.max(cookie_of(
+                max_cookie = max_cookie.max(common::cookie_of(
                     &fs,
                     g_ino,
                     p.rsplit('/').next().unwrap().as_bytes(),

@@ -1008,6 +1008,23 @@ pub struct Node {
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
+/// The readdir cookie (offset) of `name` in directory `dir`, from a listing that leaves the
+/// directory's atime alone.
+pub fn cookie_of(fs: &Filesystem, dir: Ino, name: &[u8]) -> u64 {
+    let ctx = Ctx::root();
+    let fh = fs.opendir_flags(&ctx, dir, libc::O_NOATIME).unwrap();
+    let mut found = None;
+    fs.readdir(&ctx, fh, 0, false, |e, _| {
+        if e.name == name {
+            found = Some(e.offset);
+        }
+        true
+    })
+    .unwrap();
+    fs.releasedir(fh).unwrap();
+    found.unwrap_or_else(|| panic!("{} not listed in {dir}", String::from_utf8_lossy(name)))
+}
+
 pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
     let ctx = Ctx::root();
     let mut out = BTreeMap::new();
