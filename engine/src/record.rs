@@ -442,19 +442,42 @@ impl Enc<'_> {
     }
 }
 
+/// A decoder over one record's bytes. Its parts return [`Bad`] on failure and keep what
+/// was wrong and where in `error`: a `Result` whose error is a unit returns its value in
+/// registers, which a 24-byte error would not (decoding is most of what a checkpoint of
+/// short-lived files costs).
 struct Dec<'a> {
     b: &'a [u8],
     at: usize,
+    error: DecodeError,
 }
 
-type D<T> = std::result::Result<T, DecodeError>;
+/// A part of a record failed to decode: [`Dec::error`] says why.
+struct Bad;
+
+type D<T> = std::result::Result<T, Bad>;
 
 impl<'a> Dec<'a> {
-    fn fail<T>(&self, what: &'static str) -> D<T> {
-        Err(DecodeError {
-            offset: self.at,
-            what,
-        })
+    fn new(b: &'a [u8]) -> Dec<'a> {
+        Dec {
+            b,
+            at: 0,
+            error: DecodeError {
+                offset: 0,
+                what: "",
+            },
+        }
+    }
+    /// `part`'s result, its failure as the [`DecodeError`] it keeps.
+    #[cfg(test)]
+    fn run<T>(
+        &mut self,
+        part: impl FnOnce(&mut Self) -> D<T>,
+    ) -> std::result::Result<T, DecodeError> {
+        part(self).map_err(|Bad| self.error.clone())
+    }
+    fn fail<T>(&mut self, what: &'static str) -> D<T> {
+        self.fail_at(self.at, what)
     }
     fn take(&mut self, n: usize) -> D<&'a [u8]> {
         match self.b.get(self.at..self.at + n) {
@@ -475,22 +498,37 @@ impl<'a> Dec<'a> {
     }
     /// A LEB128 number in its shortest form (a longer one is refused, so that every value
     /// has exactly one encoding).
+    #[inline]
     fn u64(&mut self) -> D<u64> {
+        // Most numbers of a record (lengths, small ids, uid, gid, rdev) take one byte.
+        match self.b.get(self.at) {
+            Some(&b) if b < 0x80 => {
+                self.at += 1;
+                Ok(u64::from(b))
+            }
+            _ => self.u64_long(),
+        }
+    }
+    fn u64_long(&mut self) -> D<u64> {
         let at = self.at;
+        let rest = self.b.get(at..).unwrap_or_default();
         let mut v = 0u64;
-        for i in 0..10 {
-            let b = self.u8()?;
-            let bits = u64::from(b & 0x7f);
+        for (i, &b) in rest.iter().take(10).enumerate() {
             if i == 9 && b > 1 {
                 return self.fail_at(at, "number out of range");
             }
-            v |= bits << (7 * i);
+            v |= u64::from(b & 0x7f) << (7 * i);
             if b & 0x80 == 0 {
                 if b == 0 && i > 0 {
                     return self.fail_at(at, "number not in its shortest form");
                 }
+                self.at = at + i + 1;
                 return Ok(v);
             }
+        }
+        if rest.len() < 10 {
+            self.at = self.b.len();
+            return self.fail("record ends early");
         }
         self.fail_at(at, "number out of range")
     }
@@ -506,10 +544,7 @@ impl<'a> Dec<'a> {
         let ino = self.u64()?;
         let generation = self.u64()?;
         if ino == 0 || ino > crate::id::MAX_INO {
-            return Err(DecodeError {
-                offset: at,
-                what: "inode number out of range",
-            });
+            return self.fail_at(at, "inode number out of range");
         }
         Ok(InodeId {
             ino: Ino(ino),
@@ -536,10 +571,7 @@ impl<'a> Dec<'a> {
             || n == b"."
             || n == b"..";
         if bad {
-            return Err(DecodeError {
-                offset: at,
-                what: "invalid entry name",
-            });
+            return self.fail_at(at, "invalid entry name");
         }
         Ok(n)
     }
@@ -566,10 +598,7 @@ impl<'a> Dec<'a> {
         let at = self.at;
         let mode = self.u32()?;
         if crate::attr::FileType::from_mode(mode).is_none() || mode > 0xFFFF {
-            return Err(DecodeError {
-                offset: at,
-                what: "mode without a valid file type",
-            });
+            return self.fail_at(at, "mode without a valid file type");
         }
         Ok(NewInode {
             id,
@@ -592,18 +621,17 @@ impl<'a> Dec<'a> {
         }
         Ok(f)
     }
-    fn fail_at<T>(&self, offset: usize, what: &'static str) -> D<T> {
-        Err(DecodeError { offset, what })
+    #[cold]
+    fn fail_at<T>(&mut self, offset: usize, what: &'static str) -> D<T> {
+        self.error = DecodeError { offset, what };
+        Err(Bad)
     }
     /// An ACL's bytes: empty, or a valid ACL.
     fn acl(&mut self) -> D<&'a [u8]> {
         let at = self.at;
         let b = self.bytes(XATTR_VALUE_MAX)?;
         if !b.is_empty() && crate::acl::Acl::parse(b).is_err() {
-            return Err(DecodeError {
-                offset: at,
-                what: "invalid ACL",
-            });
+            return self.fail_at(at, "invalid ACL");
         }
         Ok(b)
     }
@@ -860,7 +888,12 @@ impl<'a> Record<'a> {
     /// Decodes the bytes [`Record::encode`] wrote; every field is checked (names, cookies,
     /// inode numbers, lengths against their limits, no trailing bytes).
     pub fn decode(b: &'a [u8]) -> std::result::Result<Record<'a>, DecodeError> {
-        let mut d = Dec { b, at: 0 };
+        let mut d = Dec::new(b);
+        Self::decode_in(&mut d).map_err(|Bad| d.error)
+    }
+
+    fn decode_in(d: &mut Dec<'a>) -> D<Record<'a>> {
+        let b = d.b;
         let rec = match d.u8()? {
             tag::ROOT => Record::Root {
                 inode: d.new_inode()?,
@@ -890,10 +923,7 @@ impl<'a> Record<'a> {
                 let at = d.at;
                 let bits = d.u8()?;
                 if bits > 3 {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "unknown rename flags",
-                    });
+                    return d.fail_at(at, "unknown rename flags");
                 }
                 let replaced = if bits & 1 != 0 { Some(d.id()?) } else { None };
                 let exchange = bits & 2 != 0;
@@ -905,10 +935,7 @@ impl<'a> Record<'a> {
                     cookie >= FIRST_COOKIE && !exchange
                 };
                 if !cookie_ok {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "rename cookie does not fit its shape",
-                    });
+                    return d.fail_at(at, "rename cookie does not fit its shape");
                 }
                 Record::Rename {
                     from,
@@ -927,10 +954,7 @@ impl<'a> Record<'a> {
                 let at = d.at;
                 let bits = d.u8()?;
                 if bits >= 128 {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "unknown attribute bits",
-                    });
+                    return d.fail_at(at, "unknown attribute bits");
                 }
                 let has = |b| bits & b != 0;
                 let mode = d.opt_u32(has(present::MODE))?;
@@ -1001,10 +1025,7 @@ impl<'a> Record<'a> {
                 let at = d.at;
                 let flags = d.flags(flags::INHERITED)?;
                 if flags == 0 {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "inherited flags empty",
-                    });
+                    return d.fail_at(at, "inherited flags empty");
                 }
                 Record::CreateWithFlags {
                     dir,
@@ -1022,10 +1043,7 @@ impl<'a> Record<'a> {
                     0 => None,
                     1 => Some(d.id()?),
                     _ => {
-                        return Err(DecodeError {
-                            offset: at,
-                            what: "unknown rename flags",
-                        });
+                        return d.fail_at(at, "unknown rename flags");
                     }
                 };
                 let at = d.at;
@@ -1033,19 +1051,13 @@ impl<'a> Record<'a> {
                 if (cookie == 0) != replaced.is_some()
                     || replaced.is_none() && cookie < FIRST_COOKIE
                 {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "rename cookie does not fit its shape",
-                    });
+                    return d.fail_at(at, "rename cookie does not fit its shape");
                 }
                 let time = d.time()?;
                 let at = d.at;
                 let whiteout = d.new_inode()?;
                 if whiteout.mode & libc::S_IFMT != libc::S_IFCHR || whiteout.rdev != 0 {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "whiteout is not a character device 0/0",
-                    });
+                    return d.fail_at(at, "whiteout is not a character device 0/0");
                 }
                 Record::RenameWhiteout {
                     from,
@@ -1069,10 +1081,7 @@ impl<'a> Record<'a> {
                     && inode.target.is_empty()
                     && inode.default_acl.is_empty();
                 if !plain {
-                    return Err(DecodeError {
-                        offset: at,
-                        what: "tmpfile is not a plain regular file",
-                    });
+                    return d.fail_at(at, "tmpfile is not a plain regular file");
                 }
                 Record::Tmpfile {
                     inode,
@@ -1080,10 +1089,7 @@ impl<'a> Record<'a> {
                 }
             }
             _ => {
-                return Err(DecodeError {
-                    offset: 0,
-                    what: "unknown record tag",
-                });
+                return d.fail_at(0, "unknown record tag");
             }
         };
         if d.at != b.len() {
@@ -1400,11 +1406,11 @@ mod tests {
         for v in [0, 1, 127, 128, 300, u32::MAX as u64, 1 << 48, u64::MAX] {
             let mut b = Vec::new();
             Enc(&mut b).u64(v);
-            let mut d = Dec { b: &b, at: 0 };
-            assert_eq!(d.u64(), Ok(v));
+            let mut d = Dec::new(&b);
+            assert_eq!(d.run(Dec::u64), Ok(v));
             assert_eq!(d.at, b.len());
         }
-        let refused = |b: &[u8]| Dec { b, at: 0 }.u64().unwrap_err().what;
+        let refused = |b: &[u8]| Dec::new(b).run(Dec::u64).unwrap_err().what;
         assert_eq!(refused(&[0x80, 0x00]), "number not in its shortest form");
         assert_eq!(refused(&[0xff; 10]), "number out of range");
         assert_eq!(refused(&[0x80]), "record ends early");
@@ -1414,13 +1420,59 @@ mod tests {
         let mut b = Vec::new();
         Enc(&mut b).u64(1 << 32);
         assert_eq!(
-            Dec { b: &b, at: 0 }.u32().unwrap_err().what,
+            Dec::new(&b).run(Dec::u32).unwrap_err().what,
             "number out of range"
         );
         for s in [0i64, -1, 1, i64::MIN, i64::MAX, 1_700_000_000] {
             let mut b = Vec::new();
             Enc(&mut b).time(Timespec::new(s, 5));
-            assert_eq!(Dec { b: &b, at: 0 }.time(), Ok(Timespec::new(s, 5)));
+            assert_eq!(Dec::new(&b).run(Dec::time), Ok(Timespec::new(s, 5)));
+        }
+    }
+
+    /// Numbers are read eight bytes at once when eight are left, byte by byte otherwise:
+    /// both ways give the same number, the same length and the same refusals.
+    #[test]
+    fn numbers_read_whole_words_and_bytes_alike() {
+        let mut values = vec![0u64, u64::MAX];
+        for k in 1..64 {
+            values.extend([(1u64 << k) - 1, 1 << k, (1 << k) + 1]);
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            values.push(x >> (x % 64));
+        }
+        for v in values {
+            let mut b = Vec::new();
+            Enc(&mut b).u64(v);
+            let n = b.len();
+            for tail in 0..10 {
+                let mut t = b.clone();
+                t.extend(std::iter::repeat_n(0xa5, tail));
+                let mut d = Dec::new(&t);
+                assert_eq!(d.run(Dec::u64), Ok(v), "{v} with {tail} bytes after");
+                assert_eq!(d.at, n, "{v} with {tail} bytes after");
+            }
+        }
+        // Longer forms than the shortest, of every length, with and without bytes after.
+        for len in 2..=10 {
+            for tail in [0, 8] {
+                let mut t = vec![0x81; len - 1];
+                t.push(0);
+                t.extend(std::iter::repeat_n(0, tail));
+                let e = Dec::new(&t).run(Dec::u64).unwrap_err();
+                let want = ("number not in its shortest form", 0);
+                assert_eq!((e.what, e.offset), want, "{len} bytes, {tail} after");
+            }
+        }
+        // Cut short, wherever the cut falls.
+        for len in 1..10 {
+            let t = vec![0x80; len];
+            let e = Dec::new(&t).run(Dec::u64).unwrap_err();
+            assert_eq!((e.what, e.offset), ("record ends early", len));
         }
     }
 

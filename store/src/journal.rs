@@ -597,7 +597,11 @@ impl Window {
 /// (and, without a cursor, those before them in their segment). It checks each batch's
 /// checksums and that batches and segments follow on, not what a scan checks to tell a torn
 /// tail from damage: the records asked for are known to be there, and anything else is
-/// damage. `apply` may stop the reading with an error, which is passed on.
+/// damage. `apply` is called once per batch with the LSN of the first record it is given,
+/// the span of the batch's payload that holds the records in range (each after its 4-byte
+/// length), and those records (slices of the span), so that a reader can copy them at once.
+/// It may stop the reading with an error about one of them (by its index), which is passed
+/// on.
 pub(crate) fn follow(
     disk: &dyn Disk,
     store: &Path,
@@ -605,7 +609,7 @@ pub(crate) fn follow(
     at: Option<Cursor>,
     from: u64,
     upto: u64,
-    mut apply: impl FnMut(u64, &[u8]) -> Result<(), String>,
+    mut apply: impl FnMut(u64, &[u8], &[&[u8]]) -> Result<(), (usize, String)>,
 ) -> Result<Cursor, StoreError> {
     // A cursor at the end of a segment that a checkpoint then removed is no use.
     let at = at.filter(|c| c.lsn <= from && disk.exists(&segment_path(store, c.seq)));
@@ -691,19 +695,22 @@ pub(crate) fn follow(
                 "batch payload does not hold its record count",
             ));
         };
-        let mut rec_at = c.offset + BATCH_HEADER as u64;
-        for (k, r) in recs.into_iter().enumerate() {
-            let lsn = c.lsn + k as u64;
-            if (from..=upto).contains(&lsn) {
-                apply(lsn, r).map_err(|what| {
-                    StoreError::damaged(
-                        segment_path(store, c.seq),
-                        rec_at,
-                        format!("record {lsn}: {what}"),
-                    )
-                })?;
-            }
-            rec_at += 4 + r.len() as u64;
+        // The records of this batch in `from..=upto`.
+        let first = from.saturating_sub(c.lsn) as usize;
+        let end = (upto + 1 - c.lsn).min(h.count as u64) as usize;
+        // Where a record's length field is in the payload: 4 bytes before the record.
+        let frame = |r: &[u8]| r.as_ptr() as usize - payload.as_ptr() as usize - 4;
+        if first < end {
+            let last = recs[end - 1];
+            let span = &payload[frame(recs[first])..frame(last) + 4 + last.len()];
+            apply(c.lsn + first as u64, span, &recs[first..end]).map_err(|(k, what)| {
+                let rec_at = c.offset + BATCH_HEADER as u64 + frame(recs[first + k]) as u64;
+                StoreError::damaged(
+                    segment_path(store, c.seq),
+                    rec_at,
+                    format!("record {}: {what}", c.lsn + (first + k) as u64),
+                )
+            })?;
         }
         if c.lsn + h.count as u64 - 1 > upto {
             // Records after `upto` in this batch: the next call starts here again.
@@ -1328,8 +1335,10 @@ mod tests {
             let upto = rng.random_range(from..=last.min(from + 60));
             for at in [None, cursor] {
                 let mut got = Vec::new();
-                let next = follow(&d, store, UUID, at, from, upto, |lsn, r| {
-                    got.push((lsn, r.to_vec()));
+                let next = follow(&d, store, UUID, at, from, upto, |first, _, rs| {
+                    for (k, r) in rs.iter().enumerate() {
+                        got.push((first + k as u64, r.to_vec()));
+                    }
                     Ok(())
                 })
                 .unwrap_or_else(|e| panic!("seed {seed}: {from}..={upto} from {at:?}: {e}"));
@@ -1352,7 +1361,16 @@ mod tests {
             }
         }
         // A record that is not there is an error, not a wait or a panic.
-        let e = follow(&d, store, UUID, cursor, last + 1, last + 1, |_, _| Ok(())).unwrap_err();
+        let e = follow(
+            &d,
+            store,
+            UUID,
+            cursor,
+            last + 1,
+            last + 1,
+            |_, _, _| Ok(()),
+        )
+        .unwrap_err();
         assert!(
             e.to_string().contains(&format!("record {}", last + 1)),
             "{e}"

@@ -1323,14 +1323,15 @@ fn a_segment_ending_inside_a_block_is_read_back_whole() {
             let c = Client::root(Arc::new(o.fs));
             for _ in 0..rng.random_range(5..40) {
                 n += 1;
+                // Before this operation's records, so that records always follow it.
+                if n == 30 {
+                    o.store.checkpoint().unwrap();
+                }
                 let p = format!("/f{}", n % 23);
                 let len = rng.random_range(0..7000);
                 c.write(&p, random_bytes(&mut rng, len)).unwrap();
                 if rng.random_bool(0.2) {
                     c.remove_file(&p).unwrap();
-                }
-                if n == 30 {
-                    o.store.checkpoint().unwrap();
                 }
                 c.fs().sync_all().unwrap();
             }

@@ -56,17 +56,44 @@ pub(crate) struct Tables<'t> {
 /// orphan mark, xattrs and pages are put and deleted again within the checkpoint. A number
 /// reused by another inode in the same checkpoint is another `InodeId` (the generations
 /// differ).
-#[derive(Default)]
 pub(crate) struct Ghosts {
-    /// By generation (unique over a filesystem's life): bit 0 made here, bit 1 freed here,
-    /// bit 2 named otherwise (not a ghost).
-    seen: std::collections::HashMap<u64, u8, foldhash::fast::FixedState>,
+    /// The state of every file (not directory) a Create of the window made, by generation
+    /// (unique over a filesystem's life): bit 0 made here, bit 1 freed here, bit 2 named
+    /// otherwise (not a ghost). Kept in blocks of [`BLOCK`] generations, found by the
+    /// generation's block number in `blocks` (so that most lookups are of a few blocks that
+    /// stay in cache, not of a hash table as large as the window's files: threads take
+    /// generations in consecutive runs, `engine/src/id.rs`).
+    blocks: std::collections::HashMap<u64, u32, foldhash::fast::FixedState>,
+    /// `BLOCK` states per block, in the order the blocks were first seen.
+    states: Vec<u8>,
+    /// The last two blocks looked up, and where their states start (`u32::MAX`: none).
+    recent: [(u64, u32); 2],
+    /// Files made and freed here, counted by [`Ghosts::settle`].
+    found: usize,
     /// Directories whose times ghosts changed, with the latest time, and the highest cookie
     /// of each lane ghosts used, not yet written ([`Tables::finish`]): a run of ghosts in a
     /// few directories costs one update of each at its end.
     times: Vec<(InodeId, Timespec)>,
     cookies: Vec<u64>,
 }
+
+impl Default for Ghosts {
+    fn default() -> Ghosts {
+        Ghosts {
+            blocks: Default::default(),
+            states: Vec::new(),
+            recent: [(0, u32::MAX); 2],
+            found: 0,
+            times: Vec::new(),
+            cookies: Vec::new(),
+        }
+    }
+}
+
+/// Generations per block of [`Ghosts::states`].
+const BLOCK: u64 = 1024;
+/// A window whose blocks took more memory than this gives it back when it ends.
+const STATES_KEPT: usize = 1 << 20;
 
 /// Directories and cookie lanes gathered at most ([`Ghosts::later`]).
 const GATHERED: usize = 16;
@@ -75,21 +102,81 @@ const MADE: u8 = 1;
 const FREED: u8 = 2;
 const OTHER: u8 = 4;
 
+/// Where a file's state is in [`Ghosts::states`]; `NO_SLOT` when it has none (not made in
+/// the window, or a directory).
+pub(crate) type Slot = u32;
+pub(crate) const NO_SLOT: Slot = u32::MAX;
+
 impl Ghosts {
-    fn mark(&mut self, id: InodeId, bit: u8) {
-        *self.seen.entry(id.generation.0).or_default() |= bit;
+    /// Where the states of generation `g`'s block start; with `make`, a block is added
+    /// when there is none.
+    #[inline]
+    fn block(&mut self, g: u64, make: bool) -> Option<u32> {
+        let b = g / BLOCK;
+        for &(k, at) in &self.recent {
+            if k == b && at != u32::MAX {
+                return Some(at);
+            }
+        }
+        let at = match self.blocks.get(&b) {
+            Some(&at) => at,
+            None if make => {
+                let at = self.states.len() as u32;
+                self.states.resize(self.states.len() + BLOCK as usize, 0);
+                self.blocks.insert(b, at);
+                at
+            }
+            None => return None,
+        };
+        self.recent = [(b, at), self.recent[0]];
+        Some(at)
     }
 
-    /// Takes note of one record of the checkpoint (module doc of [`Ghosts`]).
-    pub(crate) fn see(&mut self, rec: &Record<'_>) {
+    /// The slot of `id` if a Create of this window made it.
+    #[inline]
+    fn slot(&mut self, id: InodeId) -> Slot {
+        let g = id.generation.0;
+        match self.block(g, false) {
+            Some(at) if self.states[(at + (g % BLOCK) as u32) as usize] & MADE != 0 => {
+                at + (g % BLOCK) as u32
+            }
+            _ => NO_SLOT,
+        }
+    }
+
+    /// Adds `bit` to the state of `id` if this window made it; returns its slot.
+    #[inline]
+    fn mark(&mut self, id: InodeId, bit: u8) -> Slot {
+        let s = self.slot(id);
+        if s != NO_SLOT {
+            self.states[s as usize] |= bit;
+        }
+        s
+    }
+
+    /// Takes note of one record of the window (module doc of [`Ghosts`]); returns the slot
+    /// of the file a Create, CreateWithFlags, Remove or Free is about, if this window made
+    /// it (for its [`Gist`]).
+    pub(crate) fn see(&mut self, rec: &Record<'_>) -> Slot {
         match *rec {
             Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => {
-                if inode.mode & libc::S_IFMT != libc::S_IFDIR {
-                    self.mark(inode.id, MADE);
+                if inode.mode & libc::S_IFMT == libc::S_IFDIR {
+                    return NO_SLOT;
                 }
+                let g = inode.id.generation.0;
+                let at = self.block(g, true).expect("a block is made") + (g % BLOCK) as u32;
+                // A generation is given once: a second Create of it is a damaged journal,
+                // which applying reports; it is no ghost.
+                let st = &mut self.states[at as usize];
+                *st = if *st == 0 { MADE } else { MADE | OTHER };
+                at
             }
             Record::Free { inode } => self.mark(inode, FREED),
-            Record::Link { inode, .. } => self.mark(inode, OTHER),
+            Record::Remove { inode, .. } => self.slot(inode),
+            Record::Link { inode, .. } => {
+                self.mark(inode, OTHER);
+                NO_SLOT
+            }
             Record::Rename {
                 inode, replaced, ..
             } => {
@@ -97,6 +184,7 @@ impl Ghosts {
                 if let Some(r) = replaced {
                     self.mark(r, OTHER);
                 }
+                NO_SLOT
             }
             Record::RenameWhiteout {
                 inode,
@@ -109,35 +197,47 @@ impl Ghosts {
                 if let Some(r) = replaced {
                     self.mark(r, OTHER);
                 }
+                NO_SLOT
             }
-            Record::Tmpfile { inode, .. } | Record::Root { inode } => self.mark(inode.id, OTHER),
-            Record::Remove { .. }
-            | Record::SetAttr { .. }
+            Record::Tmpfile { inode, .. } | Record::Root { inode } => {
+                self.mark(inode.id, OTHER);
+                NO_SLOT
+            }
+            Record::SetAttr { .. }
             | Record::Write { .. }
             | Record::Allocate { .. }
             | Record::Punch { .. }
             | Record::SetXattr { .. }
             | Record::RemoveXattr { .. }
             | Record::SetAcl { .. }
-            | Record::SetFlags { .. } => {}
+            | Record::SetFlags { .. } => NO_SLOT,
         }
     }
 
     /// Forgets the window's files (after [`Tables::finish`] wrote what was gathered),
-    /// keeping the map's memory for the next window.
+    /// keeping the memory for the next window (up to [`STATES_KEPT`]).
     pub(crate) fn clear(&mut self) {
         debug_assert!(self.is_settled());
-        self.seen.clear();
+        self.blocks.clear();
+        self.states.clear();
+        if self.states.capacity() > STATES_KEPT {
+            self.states.shrink_to(STATES_KEPT);
+            self.blocks.shrink_to(STATES_KEPT / BLOCK as usize);
+        }
+        self.recent = [(0, u32::MAX); 2];
+        self.found = 0;
     }
 
-    /// Keeps only the ghosts; returns how many there are.
+    /// Counts the ghosts (after every record of the window was seen); returns how many.
     pub(crate) fn settle(&mut self) -> usize {
-        self.seen.retain(|_, b| *b == MADE | FREED);
-        self.seen.len()
+        self.found = self.states.iter().filter(|&&s| s == MADE | FREED).count();
+        self.found
     }
 
-    fn has(&self, id: InodeId) -> bool {
-        !self.seen.is_empty() && self.seen.contains_key(&id.generation.0)
+    /// Whether `slot` is a ghost's (after [`Ghosts::settle`]).
+    #[inline]
+    fn is_ghost(&self, slot: Slot) -> bool {
+        slot != NO_SLOT && self.states[slot as usize] == MADE | FREED
     }
 
     /// Gathers a ghost's change of `dir`'s times to `t` and its `cookie` (0: none); false
@@ -170,41 +270,48 @@ impl Ghosts {
 /// ghost's data and attribute records are rare, and are found when they are decoded).
 #[derive(Clone, Copy)]
 pub(crate) struct Gist {
-    inode: InodeId,
-    /// The directory, its new time, and the new entry's cookie (0: a Remove); `None`: a Free.
-    dir: Option<(InodeId, Timespec, u64)>,
-    /// A Create or CreateWithFlags (its generation is the highest given yet).
-    made: bool,
+    /// Where the file's state is in [`Ghosts`].
+    slot: Slot,
+    /// A Create's or CreateWithFlags' generation (the highest given yet); 0 otherwise (the
+    /// root's, never a ghost's).
+    made: u64,
+    /// The directory (number 0: none, a Free), its new time, and the new entry's cookie (0:
+    /// a Remove).
+    dir: InodeId,
+    time: Timespec,
+    cookie: u64,
 }
 
 impl Gist {
-    /// The gist of a Create, CreateWithFlags, Remove or Free.
-    pub(crate) fn of(rec: &Record<'_>) -> Option<Gist> {
-        match *rec {
+    /// The gist of a Create, CreateWithFlags, Remove or Free of a file whose state is at
+    /// `slot` ([`Ghosts::see`]); `None` for other records and files with no slot (they are
+    /// no ghosts).
+    pub(crate) fn of(rec: &Record<'_>, slot: Slot) -> Option<Gist> {
+        if slot == NO_SLOT {
+            return None;
+        }
+        let none = InodeId {
+            ino: lanefs::Ino(0),
+            generation: lanefs::Generation(0),
+        };
+        let (made, dir, time, cookie) = match *rec {
             Record::Create {
                 dir, cookie, inode, ..
             }
             | Record::CreateWithFlags {
                 dir, cookie, inode, ..
-            } => Some(Gist {
-                inode: inode.id,
-                dir: Some((dir, inode.time, cookie)),
-                made: true,
-            }),
-            Record::Remove {
-                dir, inode, time, ..
-            } => Some(Gist {
-                inode,
-                dir: Some((dir, time, 0)),
-                made: false,
-            }),
-            Record::Free { inode } => Some(Gist {
-                inode,
-                dir: None,
-                made: false,
-            }),
-            _ => None,
-        }
+            } => (inode.id.generation.0, dir, inode.time, cookie),
+            Record::Remove { dir, time, .. } => (0, dir, time, 0),
+            Record::Free { .. } => (0, none, Timespec::new(0, 0), 0),
+            _ => return None,
+        };
+        Some(Gist {
+            slot,
+            made,
+            dir,
+            time,
+            cookie,
+        })
     }
 }
 
@@ -549,14 +656,14 @@ impl Tables<'_> {
     /// else. Those are gathered ([`Ghosts::later`]) and written before the next record of
     /// anything else, or at the end ([`Tables::finish`]). None for a record of anything else.
     fn ghost(&mut self, rec: &Record<'_>) -> Option<R<()>> {
-        if self.ghosts.seen.is_empty() {
+        if self.ghosts.found == 0 {
             return None;
         }
-        if let Some(g) = Gist::of(rec) {
-            return self.absorb(&g);
-        }
         let id = match *rec {
-            Record::SetAttr { inode, .. }
+            Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => inode.id,
+            Record::Remove { inode, .. }
+            | Record::Free { inode }
+            | Record::SetAttr { inode, .. }
             | Record::Write { inode, .. }
             | Record::Allocate { inode, .. }
             | Record::Punch { inode, .. }
@@ -566,23 +673,25 @@ impl Tables<'_> {
             | Record::SetFlags { inode, .. } => inode,
             _ => return None,
         };
-        self.ghosts.has(id).then_some(Ok(()))
+        let slot = self.ghosts.slot(id);
+        if !self.ghosts.is_ghost(slot) {
+            return None;
+        }
+        match Gist::of(rec, slot) {
+            Some(g) => self.absorb(&g),
+            None => Some(Ok(())),
+        }
     }
 
     /// A ghost's Create, Remove or Free, from its [`Gist`]: gathers what it did to its
     /// directory (written once too many directories or lanes are gathered); `None` when the
     /// record is not a ghost's (it is to be applied).
     pub(crate) fn absorb(&mut self, g: &Gist) -> Option<R<()>> {
-        if !self.ghosts.has(g.inode) {
+        if !self.ghosts.is_ghost(g.slot) {
             return None;
         }
-        if g.made {
-            self.max_generation = self.max_generation.max(g.inode.generation.0);
-        }
-        let r = match g.dir {
-            Some((dir, time, cookie)) => self.ghosts.later(dir, time, cookie),
-            None => true,
-        };
+        self.max_generation = self.max_generation.max(g.made);
+        let r = g.dir.ino.0 == 0 || self.ghosts.later(g.dir, g.time, g.cookie);
         Some(if r { Ok(()) } else { self.finish() })
     }
 

@@ -120,31 +120,63 @@ const TMP: &str = "checkpoint.redb.tmp";
 /// Bytes of records a checkpoint reads before it applies them (`Win`).
 const WINDOW: usize = 4 << 20;
 
-/// Records read and not yet applied: their bytes, one after another, and each one's LSN and
-/// place.
+/// Records read and not yet applied: their bytes, one after another, and each one's place.
+/// Kept by the [`Checkpoint`] between checkpoints, so that its memory is reused.
 #[derive(Default)]
 struct Win {
     bytes: Vec<u8>,
-    /// Each record's LSN, where its bytes are, and its gist's index in `gists` (`NO_GIST`:
-    /// none).
-    recs: Vec<(u64, u32, u32, u32)>,
+    /// The LSN of the first record (the others follow on).
+    first: u64,
+    /// Where each record's bytes are, and its gist's index in `gists` (`NO_GIST`: none).
+    recs: Vec<(u32, u32, u32)>,
     gists: Vec<apply::Gist>,
 }
 
 const NO_GIST: u32 = u32::MAX;
 
 impl Win {
-    fn push(&mut self, lsn: u64, rec: &[u8], gist: Option<apply::Gist>) {
-        let at = self.bytes.len() as u32;
-        self.bytes.extend_from_slice(rec);
-        let g = match gist {
-            Some(g) => {
-                self.gists.push(g);
-                (self.gists.len() - 1) as u32
-            }
-            None => NO_GIST,
-        };
-        self.recs.push((lsn, at, self.bytes.len() as u32, g));
+    /// Adds the records `recs` of one batch (first LSN `first`), slices of `span`
+    /// (`journal::follow`), which is copied at once. Each is decoded, seen by `ghosts`, and
+    /// its gist kept; a record that does not decode is an error naming it by its index.
+    fn push(
+        &mut self,
+        first: u64,
+        span: &[u8],
+        recs: &[&[u8]],
+        ghosts: &mut apply::Ghosts,
+    ) -> Result<(), (usize, String)> {
+        if self.recs.is_empty() {
+            self.first = first;
+        }
+        debug_assert_eq!(self.first + self.recs.len() as u64, first);
+        let start = span.as_ptr() as usize;
+        let base = self.bytes.len();
+        self.bytes.extend_from_slice(span);
+        for (k, r) in recs.iter().enumerate() {
+            let at = base + (r.as_ptr() as usize - start);
+            let rec = Record::decode(r).map_err(|e| (k, e.to_string()))?;
+            let slot = ghosts.see(&rec);
+            let g = match apply::Gist::of(&rec, slot) {
+                Some(g) => {
+                    self.gists.push(g);
+                    (self.gists.len() - 1) as u32
+                }
+                None => NO_GIST,
+            };
+            self.recs.push((at as u32, (at + r.len()) as u32, g));
+        }
+        Ok(())
+    }
+
+    /// Empties the window, keeping its memory unless a window of unusually large batches
+    /// made it grow past three windows' worth.
+    fn clear(&mut self) {
+        if self.bytes.capacity() > 3 * WINDOW {
+            *self = Win::default();
+        }
+        self.bytes.clear();
+        self.recs.clear();
+        self.gists.clear();
     }
 
     /// Applies the records (the ghosts among them found as they were read, and absorbed from
@@ -156,7 +188,8 @@ impl Win {
             reopen: matches!(e, apply::ApplyError::Db(_)),
             why: format!("record {lsn}: {e}"),
         };
-        for &(lsn, a, b, g) in &self.recs {
+        for (k, &(a, b, g)) in self.recs.iter().enumerate() {
+            let lsn = self.first + k as u64;
             if g != NO_GIST
                 && let Some(r) = t.absorb(&self.gists[g as usize])
             {
@@ -168,14 +201,12 @@ impl Win {
             t.apply(&r).map_err(|e| failed(lsn.to_string(), e))?;
         }
         let n = self.recs.len() as u64;
-        if let (Some(first), Some(last)) = (self.recs.first(), self.recs.last()) {
-            let span = format!("{}..={}", first.0, last.0);
+        if n > 0 {
+            let span = format!("{}..={}", self.first, self.first + n - 1);
             t.finish().map_err(|e| failed(span, e))?;
         }
         t.ghosts.clear();
-        self.bytes.clear();
-        self.recs.clear();
-        self.gists.clear();
+        self.clear();
         Ok(n)
     }
 }
@@ -206,6 +237,9 @@ pub(crate) struct Checkpoint {
     cursor: Option<journal::Cursor>,
     /// The segments `committed` covers may still be there (their removal failed).
     recycle_due: bool,
+    /// The window and ghosts of the last checkpoint, empty, kept for their memory.
+    win: Win,
+    ghosts: apply::Ghosts,
     /// redb's page cache, in bytes ([`crate::Options::checkpoint_cache`]).
     cache: usize,
     /// When the checkpointer tries again after failures (module doc, "Retrying").
@@ -366,6 +400,8 @@ impl Checkpoint {
             cursor: None,
             sb,
             recycle_due: false,
+            win: Win::default(),
+            ghosts: apply::Ghosts::default(),
             cache,
             backoff: Backoff::default(),
             attempts: 0,
@@ -581,12 +617,12 @@ impl Checkpoint {
                 meta: txn.open_table(META).map_err(Failed::db)?,
                 data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
-                ghosts: apply::Ghosts::default(),
+                ghosts: std::mem::take(&mut self.ghosts),
             };
             // The records are read once, into windows of about `WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
             // (`apply::Ghosts`), then applied.
-            let mut win = Win::default();
+            let mut win = std::mem::take(&mut self.win);
             let mut why: Option<Failed> = None;
             let read = journal::follow(
                 disk,
@@ -595,20 +631,18 @@ impl Checkpoint {
                 at,
                 from,
                 upto,
-                |lsn, bytes| {
+                |first, span, recs| {
                     if stop() {
-                        return Err(String::new());
+                        return Err((0, String::new()));
                     }
-                    // Decoded here too, so that a record that does not decode is reported
-                    // where it lies in the journal.
-                    let r = Record::decode(bytes).map_err(|e| e.to_string())?;
-                    t.ghosts.see(&r);
-                    win.push(lsn, bytes, apply::Gist::of(&r));
+                    // Decoded as they are read, so that a record that does not decode is
+                    // reported where it lies in the journal.
+                    win.push(first, span, recs, &mut t.ghosts)?;
                     if win.bytes.len() >= WINDOW {
                         applied += win.apply(&mut t).map_err(|f| {
                             let s = f.why.clone();
                             why = Some(f);
-                            s
+                            (0, s)
                         })?;
                     }
                     Ok(())
@@ -619,6 +653,8 @@ impl Checkpoint {
             }
             if read.is_ok() {
                 applied += win.apply(&mut t)?;
+                self.win = win;
+                self.ghosts = std::mem::take(&mut t.ghosts);
             }
             let next = match read {
                 Err(_) if stop() => return Err(Failed::other("stopped")),
