@@ -13,7 +13,7 @@
 //! redb's own failure (the host's error underneath) leaves the database to be reopened
 //! (mod.rs), a record that does not fit leaves it as it is.
 
-use lanefs::{InodeId, Record, Timespec};
+use lanefs::{Glance, InodeId, Record, Timespec};
 use redb::{ReadableTable, Table};
 
 use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
@@ -154,16 +154,16 @@ impl Ghosts {
         s
     }
 
-    /// Takes note of one record of the window (module doc of [`Ghosts`]); returns the slot
-    /// of the file a Create, CreateWithFlags, Remove or Free is about, if this window made
-    /// it (for its [`Gist`]).
-    pub(crate) fn see(&mut self, rec: &Record<'_>) -> Slot {
-        match *rec {
-            Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => {
-                if inode.mode & libc::S_IFMT == libc::S_IFDIR {
+    /// Takes note of a Create, CreateWithFlags, Remove or Free of the window (module doc of
+    /// [`Ghosts`]); returns the slot of the file it is about if this window made it (for its
+    /// [`Gist`]).
+    pub(crate) fn see(&mut self, g: &Glance) -> Slot {
+        match *g {
+            Glance::Create { inode, mode, .. } => {
+                if mode & libc::S_IFMT == libc::S_IFDIR {
                     return NO_SLOT;
                 }
-                let g = inode.id.generation.0;
+                let g = inode.generation.0;
                 let at = self.block(g, true).expect("a block is made") + (g % BLOCK) as u32;
                 // A generation is given once: a second Create of it is a damaged journal,
                 // which applying reports; it is no ghost.
@@ -171,11 +171,18 @@ impl Ghosts {
                 *st = if *st == 0 { MADE } else { MADE | OTHER };
                 at
             }
-            Record::Free { inode } => self.mark(inode, FREED),
-            Record::Remove { inode, .. } => self.slot(inode),
+            Glance::Free { inode } => self.mark(inode, FREED),
+            Glance::Remove { inode, .. } => self.slot(inode),
+            Glance::Other => NO_SLOT,
+        }
+    }
+
+    /// Takes note of a record of another kind ([`Glance::Other`]): one that names a file in
+    /// another way than ghosts are named makes it an ordinary file.
+    pub(crate) fn see_other(&mut self, rec: &Record<'_>) {
+        match *rec {
             Record::Link { inode, .. } => {
                 self.mark(inode, OTHER);
-                NO_SLOT
             }
             Record::Rename {
                 inode, replaced, ..
@@ -184,7 +191,6 @@ impl Ghosts {
                 if let Some(r) = replaced {
                     self.mark(r, OTHER);
                 }
-                NO_SLOT
             }
             Record::RenameWhiteout {
                 inode,
@@ -197,20 +203,24 @@ impl Ghosts {
                 if let Some(r) = replaced {
                     self.mark(r, OTHER);
                 }
-                NO_SLOT
             }
             Record::Tmpfile { inode, .. } | Record::Root { inode } => {
                 self.mark(inode.id, OTHER);
-                NO_SLOT
             }
-            Record::SetAttr { .. }
+            // The kinds `see` takes (a Create, Remove or Free decoded here anyway is taken
+            // by `see`), and data and attribute records, which do not name files otherwise.
+            Record::Create { .. }
+            | Record::CreateWithFlags { .. }
+            | Record::Remove { .. }
+            | Record::Free { .. }
+            | Record::SetAttr { .. }
             | Record::Write { .. }
             | Record::Allocate { .. }
             | Record::Punch { .. }
             | Record::SetXattr { .. }
             | Record::RemoveXattr { .. }
             | Record::SetAcl { .. }
-            | Record::SetFlags { .. } => NO_SLOT,
+            | Record::SetFlags { .. } => {}
         }
     }
 
@@ -286,7 +296,7 @@ impl Gist {
     /// The gist of a Create, CreateWithFlags, Remove or Free of a file whose state is at
     /// `slot` ([`Ghosts::see`]); `None` for other records and files with no slot (they are
     /// no ghosts).
-    pub(crate) fn of(rec: &Record<'_>, slot: Slot) -> Option<Gist> {
+    pub(crate) fn of(g: &Glance, slot: Slot) -> Option<Gist> {
         if slot == NO_SLOT {
             return None;
         }
@@ -294,16 +304,17 @@ impl Gist {
             ino: lanefs::Ino(0),
             generation: lanefs::Generation(0),
         };
-        let (made, dir, time, cookie) = match *rec {
-            Record::Create {
-                dir, cookie, inode, ..
-            }
-            | Record::CreateWithFlags {
-                dir, cookie, inode, ..
-            } => (inode.id.generation.0, dir, inode.time, cookie),
-            Record::Remove { dir, time, .. } => (0, dir, time, 0),
-            Record::Free { .. } => (0, none, Timespec::new(0, 0), 0),
-            _ => return None,
+        let (made, dir, time, cookie) = match *g {
+            Glance::Create {
+                dir,
+                cookie,
+                inode,
+                time,
+                ..
+            } => (inode.generation.0, dir, time, cookie),
+            Glance::Remove { dir, time, .. } => (0, dir, time, 0),
+            Glance::Free { .. } => (0, none, Timespec::new(0, 0), 0),
+            Glance::Other => return None,
         };
         Some(Gist {
             slot,
@@ -677,7 +688,7 @@ impl Tables<'_> {
         if !self.ghosts.is_ghost(slot) {
             return None;
         }
-        match Gist::of(rec, slot) {
+        match Gist::of(&Glance::of(rec), slot) {
             Some(g) => self.absorb(&g),
             None => Some(Ok(())),
         }

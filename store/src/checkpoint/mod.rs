@@ -102,7 +102,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-use lanefs::{PageEpochs, Record, Recovery};
+use lanefs::{Glance, PageEpochs, Record, Recovery};
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadableDatabase, TableDefinition};
 
@@ -154,9 +154,21 @@ impl Win {
         self.bytes.extend_from_slice(span);
         for (k, r) in recs.iter().enumerate() {
             let at = base + (r.as_ptr() as usize - start);
-            let rec = Record::decode(r).map_err(|e| (k, e.to_string()))?;
-            let slot = ghosts.see(&rec);
-            let g = match apply::Gist::of(&rec, slot) {
+            // A Create, Remove or Free is decoded only as far as its gist needs (every
+            // field is checked all the same); a record of another kind whole.
+            let glance = match Record::glance(r) {
+                Ok(Glance::Other) => match Record::decode(r) {
+                    Ok(rec) => {
+                        ghosts.see_other(&rec);
+                        Glance::Other
+                    }
+                    Err(e) => return Err((k, e.to_string())),
+                },
+                Ok(g) => g,
+                Err(e) => return Err((k, e.to_string())),
+            };
+            let slot = ghosts.see(&glance);
+            let g = match apply::Gist::of(&glance, slot) {
                 Some(g) => {
                     self.gists.push(g);
                     (self.gists.len() - 1) as u32
