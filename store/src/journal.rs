@@ -213,6 +213,12 @@ impl Payload {
         self.buf.truncate(BATCH_HEADER);
         self.count = 0;
     }
+
+    /// The records held, in order.
+    #[cfg(test)]
+    pub(crate) fn records(&self) -> Vec<&[u8]> {
+        records(&self.buf[BATCH_HEADER..], self.count).expect("a well-formed payload")
+    }
 }
 
 /// Splits a payload into its records; `None` if it does not hold exactly `count` of them.
