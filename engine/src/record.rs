@@ -896,8 +896,8 @@ impl Record<'_> {
 }
 
 /// What a checkpoint needs of a record before it knows whether the record is to be applied
-/// ([`Record::glance`]): of a Create (or CreateWithFlags), Remove or Free, the inodes,
-/// directory, time and cookie; of any other kind, nothing.
+/// ([`Record::glance`]): of a Create (or CreateWithFlags), Remove, Free or plain Rename, the
+/// inodes, directories, time and cookie; of any other kind, nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Glance {
     /// A Create or CreateWithFlags.
@@ -920,6 +920,20 @@ pub enum Glance {
         /// The inode that loses the link.
         inode: InodeId,
         /// The inode's new ctime, and the directory's new mtime and ctime.
+        time: Timespec,
+    },
+    /// A Rename that replaces nothing and exchanges nothing (one with a target inode, and
+    /// every RenameWhiteout, is [`Glance::Other`]).
+    Rename {
+        /// The source directory.
+        from: InodeId,
+        /// The target directory.
+        to: InodeId,
+        /// The inode moved.
+        inode: InodeId,
+        /// The new entry's cookie.
+        cookie: u64,
+        /// The inode's new ctime, and both directories' new mtime and ctime.
         time: Timespec,
     },
     /// A Free.
@@ -950,6 +964,22 @@ impl Glance {
             Record::Remove {
                 dir, inode, time, ..
             } => Glance::Remove { dir, inode, time },
+            Record::Rename {
+                from,
+                to,
+                inode,
+                replaced: None,
+                exchange: false,
+                cookie,
+                time,
+                ..
+            } => Glance::Rename {
+                from,
+                to,
+                inode,
+                cookie,
+                time,
+            },
             Record::Free { inode } => Glance::Free { inode },
             _ => Glance::Other,
         }
@@ -966,8 +996,8 @@ impl<'a> Record<'a> {
 
     /// A Create's, CreateWithFlags', Remove's or Free's fields that [`Glance`] holds,
     /// checked as [`Record::decode`] checks them (every field of the record, and that nothing
-    /// follows it), without building the record; [`Glance::Other`] for other kinds, which are
-    /// not checked.
+    /// follows it), without building the record; a Rename decoded whole, and its glance;
+    /// [`Glance::Other`] for other kinds, which are not checked.
     pub fn glance(b: &[u8]) -> std::result::Result<Glance, DecodeError> {
         let mut d = Dec::new(b);
         Self::glance_in(&mut d).map_err(|Bad| d.error)
@@ -1001,6 +1031,7 @@ impl<'a> Record<'a> {
                 d.u8()?;
                 Glance::Free { inode: d.id()? }
             }
+            Some(&tag::RENAME) => return Ok(Glance::of(&Record::decode_in(d)?)),
             _ => return Ok(Glance::Other),
         };
         if d.at != d.b.len() {
@@ -1469,9 +1500,9 @@ mod tests {
     #[test]
     fn a_glance_agrees_with_decoding() {
         let glanced = |b: &[u8]| match b.first() {
-            Some(&(tag::CREATE | tag::CREATE_WITH_FLAGS | tag::REMOVE | tag::FREE)) => {
-                Record::decode(b).map(|r| Glance::of(&r))
-            }
+            Some(
+                &(tag::CREATE | tag::CREATE_WITH_FLAGS | tag::REMOVE | tag::FREE | tag::RENAME),
+            ) => Record::decode(b).map(|r| Glance::of(&r)),
             _ => Ok(Glance::Other),
         };
         for r in samples() {

@@ -442,3 +442,95 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
     assert!(new > ghost, "cookie {new} after the ghost's {ghost}");
     fs.check_invariants().unwrap();
 }
+
+/// Files renamed before they are freed, within one checkpoint, are absorbed too (their
+/// renames replace nothing): across directories, within one, through a directory removed
+/// after they left it. What they did to the directories stays; a file renamed over another
+/// is an ordinary one and is applied, and so is the file it replaced.
+#[test]
+fn files_renamed_and_freed_within_a_checkpoint_leave_their_directories_as_they_were() {
+    let disk = SimDisk::new();
+    let manual = || Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: usize::MAX,
+        ..eager(Some(&disk))
+    };
+    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    for d in ["/a", "/b", "/c", "/d", "/a/sub"] {
+        c.create_dir(d).unwrap();
+    }
+    c.write("/c/keep", b"old").unwrap();
+    o.store.checkpoint().unwrap();
+    let tick = || std::thread::sleep(Duration::from_millis(20));
+
+    c.write("/a/g1", b"one").unwrap();
+    tick();
+    c.rename("/a/g1", "/b/g1x").unwrap();
+    tick();
+    c.rename("/b/g1x", "/b/g1y").unwrap();
+    let renamed = cookie_of(&fs, "/b", b"g1y");
+    tick();
+    c.remove_file("/b/g1y").unwrap();
+    tick();
+    c.write("/a/sub/g3", b"three").unwrap();
+    c.rename("/a/sub/g3", "/c/g3").unwrap();
+    tick();
+    c.remove_dir("/a/sub").unwrap();
+    tick();
+    c.write("/c/tmp", b"new").unwrap();
+    c.rename("/c/tmp", "/c/keep").unwrap();
+    tick();
+    c.remove_file("/c/g3").unwrap();
+    // The last change of /d is a ghost leaving it.
+    c.write("/d/g4", b"").unwrap();
+    tick();
+    c.rename("/d/g4", "/b/g4").unwrap();
+    tick();
+    c.remove_file("/b/g4").unwrap();
+    let want: Vec<_> = ["/a", "/b", "/c", "/d"]
+        .iter()
+        .map(|d| {
+            let a = c.metadata(d).unwrap();
+            let a = fs.getattr(a.ino()).unwrap();
+            (a.mtime, a.ctime, a.nlink)
+        })
+        .collect();
+    o.store.checkpoint().unwrap();
+    drop(c);
+    drop(fs);
+    o.store.close().unwrap();
+
+    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
+    assert_eq!(
+        o.report.replayed, 0,
+        "all from the checkpoint: {:?}",
+        o.report
+    );
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let got: Vec<_> = ["/a", "/b", "/c", "/d"]
+        .iter()
+        .map(|d| {
+            let a = fs.getattr(c.metadata(d).unwrap().ino()).unwrap();
+            (a.mtime, a.ctime, a.nlink)
+        })
+        .collect();
+    assert_eq!(got, want, "the directories' times and links");
+    let names =
+        |d: &str| -> Vec<Vec<u8>> { c.read_dir(d).unwrap().into_iter().map(|e| e.name).collect() };
+    assert_eq!(names("/a"), Vec::<Vec<u8>>::new());
+    assert_eq!(names("/b"), Vec::<Vec<u8>>::new());
+    assert_eq!(names("/c"), [b"keep".to_vec()]);
+    assert_eq!(c.read("/c/keep").unwrap(), b"new");
+    let st = fs.statfs();
+    assert_eq!(st.files - st.ffree, 6, "root, /a, /b, /c, /d and /c/keep");
+    c.write("/b/new", b"n").unwrap();
+    let new = cookie_of(&fs, "/b", b"new");
+    assert!(
+        new > renamed,
+        "cookie {new} after the renamed ghost's {renamed}"
+    );
+    fs.check_invariants().unwrap();
+}

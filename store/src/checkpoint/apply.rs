@@ -39,23 +39,27 @@ pub(crate) struct Tables<'t> {
 /// Files made and freed within the records of one window of a checkpoint (the records it
 /// reads before applying them, about 4 MiB: `mod.rs`, `Win`) ("absorption", as a journal
 /// that logs whole blocks absorbs a block written twice): nothing of them reaches the keys,
-/// only what their records did to others (the directory's times, the highest cookie and
+/// only what their records did to others (the directories' times, the highest cookie and
 /// generation). A file whose create, remove and free fall in one checkpoint (crunl's every
-/// file, a build's temporary files) costs the checkpoint two updates of its directory's
-/// inode instead of eleven key changes.
+/// file, rndrename's, a build's temporary files) costs the checkpoint a few updates of its
+/// directories' inodes instead of eleven key changes or more.
 ///
 /// Found as the records are read ([`Ghosts::see`]), before any of the window is applied:
-/// a file (not a directory:
-/// a directory's entries and link count would have to be followed too) that a Create or
-/// CreateWithFlags makes and a Free ends, and that no record names in any other way than
-/// as the subject of its data and attribute records and as the victim of a Remove. A Link,
-/// Rename (either side, or replaced), RenameWhiteout, Tmpfile or Root naming it makes it an
-/// ordinary inode. Such a file has had one name, from its create to its remove, in the
-/// directory its create names; the Remove of that name precedes its Free. So skipping its
-/// records leaves exactly the keys that applying them would have: its inode key, entry,
-/// orphan mark, xattrs and pages are put and deleted again within the checkpoint. A number
-/// reused by another inode in the same checkpoint is another `InodeId` (the generations
-/// differ).
+/// a file (not a directory: a directory's entries, `..` and link count would have to be
+/// followed too) that a Create or CreateWithFlags makes and a Free ends, and that no record
+/// names in any other way than as the subject of its data and attribute records, as the
+/// file a Rename moves when that Rename replaces nothing and exchanges nothing, and as the
+/// victim of a Remove. A Link, a Rename that replaces or exchanges (on either side), a
+/// RenameWhiteout, Tmpfile or Root naming it makes it an ordinary inode. Such a file has
+/// had one name at a time, from its create to its remove: the create's, then each plain
+/// rename's target; the Remove of the last precedes its Free; and no other record names it
+/// or its entries (a record that replaced its entry would name it). So skipping its records
+/// leaves exactly the keys that applying them would have: its inode key, entries, orphan
+/// mark, xattrs and pages are put and deleted again within the checkpoint; what stays is
+/// each record's change of its directories' times and the cookies it used, gathered and
+/// written before the next record of anything else (a directory's own removal among them).
+/// A number reused by another inode in the same checkpoint is another `InodeId` (the
+/// generations differ).
 pub(crate) struct Ghosts {
     /// The state of every file (not directory) a Create of the window made, by generation
     /// (unique over a filesystem's life): bit 0 made here, bit 1 freed here, bit 2 named
@@ -154,9 +158,9 @@ impl Ghosts {
         s
     }
 
-    /// Takes note of a Create, CreateWithFlags, Remove or Free of the window (module doc of
-    /// [`Ghosts`]); returns the slot of the file it is about if this window made it (for its
-    /// [`Gist`]).
+    /// Takes note of a Create, CreateWithFlags, Remove, Free or plain Rename of the window
+    /// (module doc of [`Ghosts`]); returns the slot of the file it is about if this window
+    /// made it (for its [`Gist`]).
     pub(crate) fn see(&mut self, g: &Glance) -> Slot {
         match *g {
             Glance::Create { inode, mode, .. } => {
@@ -172,7 +176,7 @@ impl Ghosts {
                 at
             }
             Glance::Free { inode } => self.mark(inode, FREED),
-            Glance::Remove { inode, .. } => self.slot(inode),
+            Glance::Remove { inode, .. } | Glance::Rename { inode, .. } => self.slot(inode),
             Glance::Other => NO_SLOT,
         }
     }
@@ -208,7 +212,8 @@ impl Ghosts {
                 self.mark(inode.id, OTHER);
             }
             // The kinds `see` takes (a Create, Remove or Free decoded here anyway is taken
-            // by `see`), and data and attribute records, which do not name files otherwise.
+            // by `see`; a Rename comes here only if it replaces or exchanges), and data and
+            // attribute records, which do not name files otherwise.
             Record::Create { .. }
             | Record::CreateWithFlags { .. }
             | Record::Remove { .. }
@@ -290,6 +295,9 @@ pub(crate) struct Gist {
     dir: InodeId,
     time: Timespec,
     cookie: u64,
+    /// A Rename's target directory when it is not the source (number 0: none); its new
+    /// time is `time` too.
+    to: InodeId,
 }
 
 impl Gist {
@@ -304,16 +312,23 @@ impl Gist {
             ino: lanefs::Ino(0),
             generation: lanefs::Generation(0),
         };
-        let (made, dir, time, cookie) = match *g {
+        let (made, dir, time, cookie, to) = match *g {
             Glance::Create {
                 dir,
                 cookie,
                 inode,
                 time,
                 ..
-            } => (inode.generation.0, dir, time, cookie),
-            Glance::Remove { dir, time, .. } => (0, dir, time, 0),
-            Glance::Free { .. } => (0, none, Timespec::new(0, 0), 0),
+            } => (inode.generation.0, dir, time, cookie, none),
+            Glance::Remove { dir, time, .. } => (0, dir, time, 0, none),
+            Glance::Rename {
+                from,
+                to,
+                cookie,
+                time,
+                ..
+            } => (0, from, time, cookie, if to == from { none } else { to }),
+            Glance::Free { .. } => (0, none, Timespec::new(0, 0), 0, none),
             Glance::Other => return None,
         };
         Some(Gist {
@@ -322,6 +337,7 @@ impl Gist {
             dir,
             time,
             cookie,
+            to,
         })
     }
 }
@@ -674,6 +690,12 @@ impl Tables<'_> {
             Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => inode.id,
             Record::Remove { inode, .. }
             | Record::Free { inode }
+            | Record::Rename {
+                inode,
+                replaced: None,
+                exchange: false,
+                ..
+            }
             | Record::SetAttr { inode, .. }
             | Record::Write { inode, .. }
             | Record::Allocate { inode, .. }
@@ -702,7 +724,11 @@ impl Tables<'_> {
             return None;
         }
         self.max_generation = self.max_generation.max(g.made);
-        let r = g.dir.ino.0 == 0 || self.ghosts.later(g.dir, g.time, g.cookie);
+        // Both gathered before any is written (a rename's two directories).
+        let mut r = g.dir.ino.0 == 0 || self.ghosts.later(g.dir, g.time, g.cookie);
+        if g.to.ino.0 != 0 {
+            r &= self.ghosts.later(g.to, g.time, 0);
+        }
         Some(if r { Ok(()) } else { self.finish() })
     }
 
