@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{dump, named_user_acl};
 use lanefs::{Client, Config, Ctx, OpenOptions, RENAME_EXCHANGE, SetAttr};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
-use lanefs_store::{Options, StoreError, open};
+use lanefs_store::{Options, StoreError, StoreHandle, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 fn seed() -> u64 {
@@ -363,6 +363,29 @@ fn cookie_of(fs: &Arc<lanefs::Filesystem>, dir: &str, name: &[u8]) -> u64 {
     common::cookie_of(fs, ino, name)
 }
 
+/// Takes a checkpoint of the store at /s, closes it, and opens it again from the checkpoint
+/// alone (no record replayed): its handle, filesystem and a client of it.
+fn reopen_from_checkpoint(
+    store: StoreHandle,
+    c: Client,
+    fs: Arc<lanefs::Filesystem>,
+    opts: Options,
+) -> (StoreHandle, Arc<lanefs::Filesystem>, Client) {
+    store.checkpoint().unwrap();
+    drop(c);
+    drop(fs);
+    store.close().unwrap();
+    let o = open(Path::new("/s"), Config::default(), opts).unwrap();
+    assert_eq!(
+        o.report.replayed, 0,
+        "all from the checkpoint: {:?}",
+        o.report
+    );
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    (o.store, fs, c)
+}
+
 /// Files made and freed within one checkpoint put nothing of themselves in it (the
 /// checkpointer skips their records), but what they did to their directory stays: its
 /// times (the remove's, a tick after the create's), and the cookies they used, which are not
@@ -403,19 +426,7 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
     c.remove_file("/d/ghost").unwrap();
     let d = c.metadata("/d").unwrap().ino();
     let want = fs.getattr(d).unwrap();
-    o.store.checkpoint().unwrap();
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
-
-    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
-    assert_eq!(
-        o.report.replayed, 0,
-        "all from the checkpoint: {:?}",
-        o.report
-    );
-    let fs = Arc::new(o.fs);
-    let c = Client::root(fs.clone());
+    let (_store, fs, c) = reopen_from_checkpoint(o.store, c, fs, manual());
     let got = fs.getattr(d).unwrap();
     assert_eq!(
         (got.mtime, got.ctime, got.nlink),
@@ -497,19 +508,7 @@ fn files_renamed_and_freed_within_a_checkpoint_leave_their_directories_as_they_w
             (a.mtime, a.ctime, a.nlink)
         })
         .collect();
-    o.store.checkpoint().unwrap();
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
-
-    let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
-    assert_eq!(
-        o.report.replayed, 0,
-        "all from the checkpoint: {:?}",
-        o.report
-    );
-    let fs = Arc::new(o.fs);
-    let c = Client::root(fs.clone());
+    let (_store, fs, c) = reopen_from_checkpoint(o.store, c, fs, manual());
     let got: Vec<_> = ["/a", "/b", "/c", "/d"]
         .iter()
         .map(|d| {
