@@ -363,6 +363,15 @@ fn cookie_of(fs: &Arc<lanefs::Filesystem>, dir: &str, name: &[u8]) -> u64 {
     common::cookie_of(fs, ino, name)
 }
 
+/// Options under which only `StoreHandle::checkpoint` takes checkpoints.
+fn manual_checkpoints(disk: &SimDisk) -> Options {
+    Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: usize::MAX,
+        ..eager(Some(disk))
+    }
+}
+
 /// Takes a checkpoint of the store at /s, closes it, and opens it again from the checkpoint
 /// alone (no record replayed): its handle, filesystem and a client of it.
 fn reopen_from_checkpoint(
@@ -394,11 +403,7 @@ fn reopen_from_checkpoint(
 #[test]
 fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
     let disk = SimDisk::new();
-    let manual = || Options {
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        ..eager(Some(&disk))
-    };
+    let manual = || manual_checkpoints(&disk);
     let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
@@ -461,11 +466,7 @@ fn files_made_and_freed_within_a_checkpoint_leave_their_directory_as_it_was() {
 #[test]
 fn files_renamed_and_freed_within_a_checkpoint_leave_their_directories_as_they_were() {
     let disk = SimDisk::new();
-    let manual = || Options {
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        ..eager(Some(&disk))
-    };
+    let manual = || manual_checkpoints(&disk);
     let o = open(Path::new("/s"), Config::default(), manual()).unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
