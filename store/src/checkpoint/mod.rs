@@ -154,8 +154,8 @@ impl Win {
         self.bytes.extend_from_slice(span);
         for (k, r) in recs.iter().enumerate() {
             let at = base + (r.as_ptr() as usize - start);
-            // A Create, Remove or Free is decoded only as far as its gist needs (every
-            // field is checked all the same); a record of another kind whole.
+            // A Create, Remove, Free or plain Rename is decoded only as far as its gist
+            // needs (every field is checked all the same); a record of another kind whole.
             let glance = match Record::glance(r) {
                 Ok(Glance::Other) => match Record::decode(r) {
                     Ok(rec) => {
