@@ -750,9 +750,9 @@ impl Src {
 
 /// Moves records stamped below `t` from `srcs` (each in stamp order) to `out`, in one
 /// stamp order: the smallest head first (the first source's of equal ones), found by a scan
-/// over a few sources or a heap over many. A scan also finds the smallest head of the
-/// others, and the source found goes on giving records while they are stamped below it (a
-/// thread's records come in runs). Stops once `out` holds `limit` bytes; returns whether
+/// over a few sources or a heap over many. The source found goes on giving records while
+/// they are stamped below the smallest of the others' heads (a thread's records come in
+/// runs). Stops once `out` holds `limit` bytes; returns whether
 /// every such record was moved.
 fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
     let below = |s: Option<u64>| s.filter(|&x| x < t);
@@ -796,12 +796,21 @@ fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
         }
     }
     while let Some(std::cmp::Reverse((_, i))) = heap.pop() {
-        if out.len() >= limit {
-            return false;
-        }
-        srcs[i].take(out);
-        if let Some(x) = below(srcs[i].head()) {
-            heap.push(std::cmp::Reverse((x, i)));
+        // The smallest of the others' heads (or `t`): source `i` goes on below it.
+        let others = heap.peek().map_or(t, |std::cmp::Reverse((x, _))| *x);
+        loop {
+            if out.len() >= limit {
+                return false;
+            }
+            srcs[i].take(out);
+            match below(srcs[i].head()) {
+                Some(x) if x < others => {}
+                Some(x) => {
+                    heap.push(std::cmp::Reverse((x, i)));
+                    break;
+                }
+                None => break,
+            }
         }
     }
     true
