@@ -27,6 +27,17 @@ fn ctx() -> Ctx {
     Ctx::root()
 }
 
+/// Makes directories `{prefix}0` .. `{prefix}{n-1}` under the root (mode 0777).
+fn mkdirs(fs: &Filesystem, prefix: &str, n: usize) -> Vec<Ino> {
+    (0..n)
+        .map(|i| {
+            fs.mkdir(&ctx(), fs.root(), format!("{prefix}{i}").as_bytes(), 0o777)
+                .expect("mkdir")
+                .ino
+        })
+        .collect()
+}
+
 fn cfg() -> Config {
     Config {
         protected_hardlinks: false,
@@ -1626,25 +1637,9 @@ fn threads_race_background_checkpoints() {
         let tmp = tmp();
         let opts = busy_opts();
         let mut o = open(tmp.path(), cfg(), opts.clone()).expect("open");
-        let c = ctx();
         let threads = 12;
-        let root = o.fs.root();
-        let mut shared = Vec::new();
-        for i in 0..4 {
-            shared.push(
-                o.fs.mkdir(&c, root, format!("s{i}").as_bytes(), 0o777)
-                    .expect("mkdir")
-                    .ino,
-            );
-        }
-        let mut own = Vec::new();
-        for t in 0..threads {
-            own.push(
-                o.fs.mkdir(&c, root, format!("t{t}").as_bytes(), 0o777)
-                    .expect("mkdir")
-                    .ino,
-            );
-        }
+        let shared = mkdirs(&o.fs, "s", 4);
+        let own = mkdirs(&o.fs, "t", threads);
         let mut all_gens: HashSet<u64> = HashSet::new();
         let mut max_gen = 0;
         let mut cookies: HashMap<u64, u64> = HashMap::new();
@@ -1968,22 +1963,8 @@ fn crash_images_under_concurrency_replay_equals_checkpoint() {
             ..busy_opts()
         };
         let o = open(dir, cfg(), opts.clone()).expect("open");
-        let c = ctx();
-        let root = o.fs.root();
-        let shared: Vec<Ino> = (0..3)
-            .map(|i| {
-                o.fs.mkdir(&c, root, format!("s{i}").as_bytes(), 0o777)
-                    .expect("mkdir")
-                    .ino
-            })
-            .collect();
-        let own: Vec<Ino> = (0..6)
-            .map(|t| {
-                o.fs.mkdir(&c, root, format!("t{t}").as_bytes(), 0o777)
-                    .expect("mkdir")
-                    .ino
-            })
-            .collect();
+        let shared = mkdirs(&o.fs, "s", 3);
+        let own = mkdirs(&o.fs, "t", 6);
         let images = Arc::new(parking_lot_free::Images::default());
         let im = images.clone();
         let every = 2 + seed % 3;
@@ -2116,14 +2097,7 @@ fn ghost_runs_through_many_directories_and_lanes() {
     let opts = manual_opts();
     let mut o = open(tmp.path(), cfg(), opts.clone()).expect("open");
     let c = ctx();
-    let root = o.fs.root();
-    let dirs: Vec<Ino> = (0..40)
-        .map(|i| {
-            o.fs.mkdir(&c, root, format!("d{i}").as_bytes(), 0o777)
-                .expect("mkdir")
-                .ino
-        })
-        .collect();
+    let dirs = mkdirs(&o.fs, "d", 40);
     o.store.checkpoint().expect("checkpoint");
     std::thread::sleep(Duration::from_millis(5));
     let mut cookies: HashMap<u64, u64> = HashMap::new();
