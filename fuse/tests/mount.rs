@@ -788,17 +788,52 @@ fn pjdfstest() -> Option<PathBuf> {
     Some(bin)
 }
 
+/// Two unprivileged users with their primary groups, as pjdfstest's `dummy_auth` wants them
+/// (names it can look up): `nobody` first, then the first other user the machine knows whose
+/// primary group resolves. Machines differ (a minimal image may lack `daemon`), so the
+/// names are not fixed.
+fn pjdfstest_users() -> [(String, String); 2] {
+    let getent = |db: &str, key: Option<&str>| -> String {
+        let out = Command::new("getent").arg(db).args(key).output().expect("getent runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let mut users: Vec<(String, String)> = Vec::new();
+    for line in getent("passwd", None).lines() {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() < 4 || f[2] == "0" || users.iter().any(|(u, _)| u == f[0]) {
+            continue;
+        }
+        let Some(group) = getent("group", Some(f[3]))
+            .split(':')
+            .next()
+            .filter(|g| !g.trim().is_empty())
+            .map(str::to_owned)
+        else {
+            continue;
+        };
+        users.push((f[0].to_owned(), group));
+    }
+    users.sort_by_key(|(u, _)| u != "nobody");
+    assert!(
+        users.len() >= 2,
+        "pjdfstest needs two unprivileged users with primary groups; this machine has {users:?}"
+    );
+    [users[0].clone(), users[1].clone()]
+}
+
 /// Runs pjdfstest in the mounted directory `mnt`; fails with its failures.
 fn run_pjdfstest(bin: &Path, mnt: &Path) {
     let work = tempfile::tempdir().unwrap();
     let conf = work.path().join("pjdfstest.toml");
+    let [(u1, g1), (u2, g2)] = pjdfstest_users();
     std::fs::write(
         &conf,
-        r#"[features]
-posix_fallocate = {}
-rename_ctime = {}
-utimensat = {}
-utime_now = {}
+        format!(
+            r#"[features]
+posix_fallocate = {{}}
+rename_ctime = {{}}
+utimensat = {{}}
+utime_now = {{}}
 
 [settings]
 naptime = 0.02
@@ -806,8 +841,9 @@ allow_remount = false
 expected_failures = []
 
 [dummy_auth]
-entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
-"#,
+entries = [["{u1}", "{g1}"], ["{u2}", "{g2}"]]
+"#
+        ),
     )
     .unwrap();
     let secondary = work.path().join("secondary");
