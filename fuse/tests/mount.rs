@@ -794,7 +794,11 @@ fn pjdfstest() -> Option<PathBuf> {
 /// names are not fixed.
 fn pjdfstest_users() -> [(String, String); 2] {
     let getent = |db: &str, key: Option<&str>| -> String {
-        let out = Command::new("getent").arg(db).args(key).output().expect("getent runs");
+        let out = Command::new("getent")
+            .arg(db)
+            .args(key)
+            .output()
+            .expect("getent runs");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let mut users: Vec<(String, String)> = Vec::new();
