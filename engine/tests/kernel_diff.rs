@@ -91,6 +91,11 @@ fn inode_flags_at_open() {
 }
 
 #[test]
+fn flags_before_types() {
+    run(cases::flags_before_types());
+}
+
+#[test]
 fn rename_whiteout() {
     run(cases::rename_whiteout());
 }

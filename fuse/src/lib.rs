@@ -103,8 +103,11 @@
 //! then refused, EPERM, where tmpfs refuses the open), `access(W_OK)` of an immutable file is
 //! answered by the kernel's permission check (0 where tmpfs says EPERM), a writable shared
 //! mapping of such a file can be made (its write-back is refused), and `fcntl(F_SETFL)` may
-//! drop `O_APPEND`. Conversely a file opened for writing before it became immutable is written
-//! to on tmpfs but refused here. `RENAME_WHITEOUT` arrives in RENAME2 and is the engine's
+//! drop `O_APPEND`. The kernel's own checks come before the request too: its type checks
+//! (`unlink` of an immutable directory, or a `rename` of a file over one, is EISDIR, `rmdir`
+//! of an immutable file ENOTDIR, where tmpfs says EPERM), and removing the default ACL of a
+//! non-directory succeeds without a request. Conversely a file opened for writing before it
+//! became immutable is written to on tmpfs but refused here. `RENAME_WHITEOUT` arrives in RENAME2 and is the engine's
 //! (overlayfs on a lanefs upper directory uses it).
 //!
 //! ## Round trips saved (every change goes through this mount, so caches stay valid)

@@ -1134,3 +1134,98 @@ pub fn o_tmpfile() -> Case {
         ],
     )
 }
+
+/// `may_delete` checks an immutable or append-only victim (EPERM) before its type (EISDIR,
+/// ENOTDIR), for unlink, rmdir, and each side of a rename, whiteouts included; and no
+/// attribute of an immutable or append-only inode changes, POSIX ACLs included (EPERM,
+/// before any check of the ACL itself), even a removal of one it does not have. The
+/// library's order only: through a mount the kernel checks a type before it asks the server
+/// (it does not know a FUSE inode's flags), so this case is not in [`all`].
+pub fn flags_before_types() -> Case {
+    const W: u32 = libc::RENAME_WHITEOUT;
+    const X: u32 = libc::RENAME_EXCHANGE;
+    const ACCESS: &str = "system.posix_acl_access";
+    const DEFAULT: &str = "system.posix_acl_default";
+    let named = acl(&[
+        (0x01, 6, u32::MAX),
+        (0x02, 7, 1234),
+        (0x04, 5, u32::MAX),
+        (0x10, 7, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ]);
+    let mut steps = Vec::new();
+    for (flag, tag) in [(IMM, "i"), (APP, "a")] {
+        let d = tag.to_string();
+        let p = |x: &str| format!("{d}/{x}");
+        let mut ops = vec![
+            Mkdir(d.clone(), 0o777),
+            Mkdir(p("dir"), 0o777),
+            Mkdir(p("dir2"), 0o777),
+            Create(p("file"), 0o644),
+            Create(p("file2"), 0o644),
+            Create(p("plain"), 0o644),
+            Mkdir(p("plaindir"), 0o777),
+            SetFlags(p("dir"), flag),
+            SetFlags(p("file"), flag),
+            // The victim's flags before its type.
+            Unlink(p("dir")),
+            Rmdir(p("file")),
+            Unlink(p("file")),
+            Rmdir(p("dir")),
+            // A rename's target: its flags before its type.
+            Rename(p("plain"), p("dir"), 0),
+            Rename(p("plaindir"), p("file"), 0),
+            Rename(p("plain"), p("dir"), W),
+            Rename(p("plaindir"), p("file"), W),
+            Rename(p("plain"), p("dir"), X),
+            Rename(p("plaindir"), p("file"), X),
+            // Its source: the same.
+            Rename(p("dir"), p("plain"), 0),
+            Rename(p("file"), p("plaindir"), 0),
+            Rename(p("dir"), p("plain"), W),
+            Rename(p("file"), p("plaindir"), W),
+            Rename(p("file"), p("new"), W),
+            // ACLs and other attributes of a flagged inode.
+            SetXattr(p("file"), s(ACCESS), named.clone(), 0),
+            SetXattr(p("file"), s(DEFAULT), named.clone(), 0),
+            RemoveXattr(p("file"), s(ACCESS)),
+            RemoveXattr(p("file"), s(DEFAULT)),
+            SetXattr(p("dir"), s(DEFAULT), named.clone(), 0),
+            RemoveXattr(p("dir"), s(DEFAULT)),
+            RemoveXattr(p("dir"), s(ACCESS)),
+            SetXattr(p("file"), s("user.k"), b"v".to_vec(), 0),
+            RemoveXattr(p("file"), s("user.k")),
+            // An append-only or immutable directory: nothing leaves it.
+            SetFlags(p("dir2"), flag),
+            Mkdir(p("dir2/sub"), 0o777),
+            ReadDir(p("dir2")),
+            Lstat(p("dir")),
+            Lstat(p("file")),
+            Lstat(p("plain")),
+            Lstat(p("new")),
+            SetFlags(p("dir"), 0),
+            SetFlags(p("file"), 0),
+            SetFlags(p("dir2"), 0),
+        ];
+        if flag == APP {
+            // Entries may be added to an append-only directory, never removed or replaced.
+            ops.splice(
+                ops.len() - 3..ops.len() - 3,
+                vec![
+                    SetFlags(p("dir2"), flag),
+                    Create(p("dir2/x"), 0o644),
+                    Mkdir(p("dir2/y"), 0o777),
+                    Unlink(p("dir2/x")),
+                    Rmdir(p("dir2/y")),
+                    Rename(p("dir2/x"), p("dir2/y"), 0),
+                    Rename(p("dir2/x"), p("dir2/z"), 0),
+                    Rename(p("plain"), p("dir2/x"), 0),
+                    Rename(p("plain"), p("dir2/w"), 0),
+                    ReadDir(p("dir2")),
+                ],
+            );
+        }
+        steps.extend(as_root(ops));
+    }
+    Case::new("flags_before_types", 0o022, &steps)
+}
