@@ -246,6 +246,8 @@ pub(crate) struct Log {
     flushes: AtomicU64,
     /// The LSN of the last record written.
     written: AtomicU64,
+    /// The LSN of the last record a flush made durable.
+    flushed: AtomicU64,
 }
 
 /// What a store's committer has done since it started ([`crate::StoreHandle::counters`]).
@@ -270,6 +272,7 @@ impl Log {
             budget: AtomicI64::new(0),
             flushes: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
             interval,
             running: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
@@ -285,6 +288,18 @@ impl Log {
             // read the LSN of; `checkpoint/mod.rs`, `take`).
             lsn: self.written.load(Acquire),
         }
+    }
+
+    /// Whether the journal is short of room (the next segment cannot be made, or records
+    /// are held): changes that do not free space are refused.
+    pub(crate) fn low(&self) -> bool {
+        self.mode.load(Relaxed) & LOW != 0
+    }
+
+    /// The LSN of the last record known durable: what a checkpoint may take while a sync
+    /// cannot be had (records held for lack of space; `checkpoint/mod.rs`, `take`).
+    pub(crate) fn flushed_lsn(&self) -> u64 {
+        self.flushed.load(Acquire)
     }
 
     /// A chunk with room for `need` bytes.
@@ -467,6 +482,7 @@ impl Log {
                     break match flush {
                         true => writer.flush().inspect(|()| {
                             self.flushes.fetch_add(1, Relaxed);
+                            self.flushed.store(self.written.load(Relaxed), Release);
                         }),
                         false => Ok(()),
                     };
@@ -821,6 +837,8 @@ pub(crate) fn spawn(log: Arc<Log>, writer: Writer) -> std::thread::JoinHandle<()
     // What the journal held at open counts as written: a sync with nothing appended since
     // makes no round that would say so (the checkpointer reads it after one).
     log.written.store(writer.last_lsn(), Relaxed);
+    // Opening flushed it.
+    log.flushed.store(writer.last_lsn(), Relaxed);
     log.started();
     std::thread::Builder::new()
         .name("lanefs-commit".into())

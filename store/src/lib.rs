@@ -98,6 +98,11 @@ pub struct Options {
     /// redb's page cache for the checkpoint, in bytes (pages of file data out of memory are
     /// read through it).
     pub checkpoint_cache: usize,
+    /// Room kept on the host for checkpoints, in bytes, at most a quarter of
+    /// `segment_size` (0: none): the file `checkpoint.reserve`, given up when a checkpoint
+    /// fails and made again after one succeeds, so that a store that filled its host can
+    /// still commit the checkpoint that removes segments (docs/STORE.md, "Checkpoints").
+    pub checkpoint_reserve: u64,
     /// The clock of those waits (the host's, unless a test simulates it).
     pub clock: Arc<dyn Clock>,
 }
@@ -115,6 +120,7 @@ impl Default for Options {
             checkpoint_retry: Duration::from_secs(1),
             checkpoint_retry_max: Duration::from_secs(60),
             checkpoint_cache: 64 << 20,
+            checkpoint_reserve: 16 << 20,
             clock: Arc::new(RealClock),
         }
     }
@@ -131,6 +137,7 @@ impl std::fmt::Debug for Options {
             .field("checkpoint_retry", &self.checkpoint_retry)
             .field("checkpoint_retry_max", &self.checkpoint_retry_max)
             .field("checkpoint_cache", &self.checkpoint_cache)
+            .field("checkpoint_reserve", &self.checkpoint_reserve)
             .finish_non_exhaustive()
     }
 }
@@ -401,8 +408,9 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     }
     let log = Arc::new(Log::new(opts.commit_interval));
     let cache_pages = cfg.cache_pages();
-    let ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
+    let mut ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
         .expect("made if missing");
+    ck.set_reserve(disk, opts.checkpoint_reserve.min(opts.segment_size / 4));
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {
         log: log.clone(),

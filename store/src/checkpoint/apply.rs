@@ -34,7 +34,15 @@ pub(crate) struct Tables<'t> {
     pub data: KvTable<'t>,
     pub max_generation: u64,
     pub ghosts: Ghosts,
+    /// Files that a later record of this checkpoint frees: their writes, allocations and
+    /// punches change their inode's key but write no page (the Free deletes every page, so
+    /// the keys end the same). Empty unless the checkpoint looked ahead (mod.rs, a retry
+    /// after a failure).
+    pub doomed: &'t Doomed,
 }
+
+/// The inodes a checkpoint's records free ([`Tables::doomed`]).
+pub(crate) type Doomed = std::collections::HashSet<InodeId, foldhash::fast::FixedState>;
 
 /// Files made and freed within the records of one window of a checkpoint (the records it
 /// reads before applying them, about 4 MiB: `mod.rs`, `Win`) ("absorption", as a journal
@@ -611,6 +619,11 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// Whether a later record of this checkpoint frees `id` ([`Tables::doomed`]).
+    fn doomed(&self, id: InodeId) -> bool {
+        !self.doomed.is_empty() && self.doomed.contains(&id)
+    }
+
     fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> R<()> {
         let len = data.len() as u64;
         if len == 0 {
@@ -897,7 +910,9 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                self.write(inode.ino.0, offset, data)?;
+                if !self.doomed(inode) {
+                    self.write(inode.ino.0, offset, data)?;
+                }
                 self.update(inode, |v| {
                     v.size = v.size.max(offset + data.len() as u64);
                     v.mtime = time;
@@ -912,7 +927,9 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                self.allocate(inode.ino.0, offset, len)?;
+                if !self.doomed(inode) {
+                    self.allocate(inode.ino.0, offset, len)?;
+                }
                 self.update(inode, |v| {
                     if !keep_size {
                         v.size = v.size.max(offset + len);
@@ -928,7 +945,9 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                self.punch(inode.ino.0, offset, len)?;
+                if !self.doomed(inode) {
+                    self.punch(inode.ino.0, offset, len)?;
+                }
                 self.set_mc(inode, time)
             }
             Record::SetXattr {

@@ -50,6 +50,28 @@
 //! builds on it but removes nothing for it until a later commit succeeds, and a reopen that
 //! finds less than `committed` is refused (the segments for it may be gone).
 //!
+//! **Out of room.** A checkpoint needs room of its own before it gives any back: redb writes
+//! each transaction's pages anew, and segments go only after the commit. So a store whose
+//! journal filled its host (the deleted files' writes still in it) would never get the room
+//! back. Three things keep it from that:
+//! - the journal being short of room (`Log::low`) makes a checkpoint due, whatever else;
+//! - when the journal cannot make its records durable (ENOSPC, records held), `take`
+//!   checkpoints the records already durable (`Log::flushed_lsn`), so that the segments
+//!   they fill go and the held records (the removals that would free room among them) can
+//!   be written;
+//! - after a failure (`careful`) the next checkpoint gives up [`RESERVE`] (room kept on the
+//!   host for this, made again after a checkpoint succeeds), looks through all its records
+//!   for the files they free and writes none of their pages ([`apply::Doomed`]: the Free
+//!   deletes them, so the keys end the same), and commits segment by segment, removing each
+//!   before applying the next, so that it needs room for one segment's changes at most.
+//!
+//! A commit of one segment's records, with a later record's Free already applied to the
+//! pages of a file, is a checkpoint in which that file's data is missing until the journal
+//! after it is replayed: recovery always replays to the journal's end, which holds the Free
+//! (it was durable before the checkpoint began), so no state that misses the data is ever
+//! served; only `fsck --repair` of a journal damaged between the two would show the file
+//! with holes where its data was.
+//!
 //! redb also refuses every transaction after a failed *read* of its file, read transactions
 //! included. A page reader that meets redb's error (the host failed a read of a page out of
 //! memory: the caller gets EIO) marks the database broken (`pages::Slot`); the checkpointer
@@ -116,6 +138,8 @@ use kv::Superblock;
 /// The checkpoint's file name in the store's directory.
 pub(crate) const FILE: &str = "checkpoint.redb";
 const TMP: &str = "checkpoint.redb.tmp";
+/// Room kept for checkpoints ([`Checkpoint::set_reserve`]).
+const RESERVE: &str = "checkpoint.reserve";
 
 /// Bytes of records a checkpoint reads before it applies them (`Win`).
 const WINDOW: usize = 4 << 20;
@@ -258,6 +282,12 @@ pub(crate) struct Checkpoint {
     backoff: Backoff,
     /// Checkpoints begun, by the checkpointer or on demand.
     attempts: u64,
+    /// A checkpoint failed, or its sync did for lack of room, since the last one that took
+    /// every record: the next one first looks through all its records for the files they
+    /// free, and writes none of their data (module doc, "Errors").
+    careful: bool,
+    /// Bytes of room kept for checkpoints in [`RESERVE`] (0: none).
+    reserve: u64,
 }
 
 /// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
@@ -417,6 +447,8 @@ impl Checkpoint {
             cache,
             backoff: Backoff::default(),
             attempts: 0,
+            careful: false,
+            reserve: 0,
         })
     }
 
@@ -526,6 +558,9 @@ impl Checkpoint {
             return Ok(0);
         }
         let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
+        if r.is_err() {
+            self.careful = true;
+        }
         match r {
             Ok(applied) => Ok(applied),
             Err(f) if f.reopen => {
@@ -539,6 +574,37 @@ impl Checkpoint {
                 }
             }
             Err(f) => Err(f.why),
+        }
+    }
+
+    /// Keeps `bytes` of room for checkpoints on the host, in the file [`RESERVE`]: a
+    /// checkpoint needs room of its own before it removes any segment (redb writes each
+    /// transaction's pages anew), and a store whose journal filled the host would have none.
+    /// Made now if there is room (else after the next checkpoint that takes every record),
+    /// given up before a checkpoint that follows a failure.
+    pub(crate) fn set_reserve(&mut self, disk: &dyn Disk, bytes: u64) {
+        self.reserve = bytes;
+        self.keep_reserve(disk);
+    }
+
+    /// Makes [`RESERVE`] if it is missing; a host without the room keeps none (tried
+    /// again after the next checkpoint).
+    fn keep_reserve(&self, disk: &dyn Disk) {
+        let p = self.store.join(RESERVE);
+        if self.reserve == 0 || disk.exists(&p) {
+            return;
+        }
+        let made = disk.open(&p, true).and_then(|f| f.allocate(self.reserve));
+        if made.is_err() {
+            let _ = disk.remove(&p);
+        }
+    }
+
+    /// Gives the room of [`RESERVE`] to the checkpoint about to be tried.
+    fn spend_reserve(&self, disk: &dyn Disk) {
+        let p = self.store.join(RESERVE);
+        if disk.exists(&p) {
+            let _ = disk.remove(&p);
         }
     }
 
@@ -609,11 +675,58 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// [`Checkpoint::advance`]'s work: one transaction; after a failure (`careful`), one
+    /// per journal segment, each committed and the segment removed before the next is
+    /// applied, so that the checkpoint needs room for one segment's changes, not the whole
+    /// journal's, and the reserve's room for the first (module doc, "Errors").
     fn advance_inner(
         &mut self,
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
+    ) -> Result<u64, Failed> {
+        let from = self.sb.lsn + 1;
+        let doomed = if self.careful {
+            self.spend_reserve(disk);
+            self.freed(disk, self.cursor, from, upto, stop)?
+        } else {
+            apply::Doomed::default()
+        };
+        // The last record of each segment in range, then `upto`. (A segment that cannot be
+        // read here ends the list: the spare being made, or one removed meanwhile; damage is
+        // for the reading of the records to report.)
+        let mut ends = Vec::new();
+        let seqs = match self.careful {
+            true => {
+                journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?
+            }
+            false => Vec::new(),
+        };
+        for &seq in seqs.iter().skip(1) {
+            match journal::first_lsn(disk, &self.store, seq) {
+                Ok(Some(first)) if first > upto => break,
+                Ok(Some(first)) if first > from => ends.push(first - 1),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        ends.push(upto);
+        let mut applied = 0;
+        for end in ends {
+            applied += self.apply_and_commit(disk, end, stop, &doomed)?;
+        }
+        self.careful = false;
+        Ok(applied)
+    }
+
+    /// Applies the records after the checkpoint up to `upto` in one transaction, commits it,
+    /// and removes the segments it covers.
+    fn apply_and_commit(
+        &mut self,
+        disk: &dyn Disk,
+        upto: u64,
+        stop: &dyn Fn() -> bool,
+        doomed: &apply::Doomed,
     ) -> Result<u64, Failed> {
         let from = self.sb.lsn + 1;
         let db = self
@@ -630,6 +743,7 @@ impl Checkpoint {
                 data: txn.open_table(DATA).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
                 ghosts: std::mem::take(&mut self.ghosts),
+                doomed,
             };
             // The records are read once, into windows of about `WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
@@ -693,6 +807,42 @@ impl Checkpoint {
         self.recycle(disk)
             .map_err(|e| Failed::other(format!("the checkpoint is committed, but: {e}")))?;
         Ok(applied)
+    }
+
+    /// The inodes that the records `from..=upto` free (a read of them that only glances at
+    /// each): a checkpoint that writes none of their pages ends with the same keys, and
+    /// needs no room for data that its own records delete again (module doc, "Errors").
+    fn freed(
+        &self,
+        disk: &dyn Disk,
+        at: Option<journal::Cursor>,
+        from: u64,
+        upto: u64,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<apply::Doomed, Failed> {
+        let mut doomed = apply::Doomed::default();
+        journal::follow(
+            disk,
+            &self.store,
+            self.uuid,
+            at,
+            from,
+            upto,
+            |_, _, recs| {
+                if stop() {
+                    return Err((0, "stopped".into()));
+                }
+                for r in recs {
+                    // A record that does not decode is reported by the reading that applies.
+                    if let Ok(Glance::Free { inode }) = Record::glance(r) {
+                        doomed.insert(inode);
+                    }
+                }
+                Ok(())
+            },
+        )
+        .map_err(|e| Failed::other(e.to_string()))?;
+        Ok(doomed)
     }
 
     /// Removes the journal segments whose records are all in the checkpoint, oldest first:
@@ -833,12 +983,35 @@ fn take(
     // Every record appended before the first sync (so every change labelled with `epoch` or
     // before) is written when it returns; the second makes every record written by then
     // durable.
-    log.sync().map_err(|e| format!("journal commit: {e}"))?;
-    let written = log.counters().lsn;
-    log.sync().map_err(|e| format!("journal commit: {e}"))?;
-    let applied = ck.advance(disk, written, stop)?;
-    epochs.kept(epoch);
-    Ok(applied)
+    let synced = log.sync().and_then(|()| {
+        let written = log.counters().lsn;
+        log.sync().map(|()| written)
+    });
+    match synced {
+        Ok(written) => {
+            let applied = ck.advance(disk, written, stop)?;
+            epochs.kept(epoch);
+            ck.keep_reserve(disk);
+            Ok(applied)
+        }
+        Err(e) if e == lanefs::Errno::ENOSPC => {
+            // Records are held for lack of room (commit.rs, "Errors"), perhaps the removals
+            // that would give it back: the records already durable are taken, and the
+            // segments they fill removed, so that the held ones can be written. Not every
+            // change labelled `epoch` is in it: the epoch is not declared kept, and the
+            // attempt counts as failed (the next one takes everything), and the reserve is
+            // left to the journal until one succeeds.
+            ck.careful = true;
+            let durable = log.flushed_lsn();
+            let applied = ck.advance(disk, durable, stop)?;
+            ck.careful = true;
+            Err(format!(
+                "journal commit: {e}; the {applied} records up to {durable} that were durable \
+                 were taken"
+            ))
+        }
+        Err(e) => Err(format!("journal commit: {e}")),
+    }
 }
 
 /// What [`take`] needs besides the checkpoint.
@@ -962,7 +1135,9 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
     // epoch kept, which writers waiting for it need.
     let due = written.saturating_sub(ck.lsn()) >= c.policy.records
         || (segments >= c.policy.segments && written > ck.lsn())
-        || c.epochs.due();
+        || c.epochs.due()
+        // Short of room: only a checkpoint gives the journal's segments back.
+        || (c.log.low() && written > ck.lsn());
     if !due {
         return true;
     }
