@@ -541,8 +541,6 @@ pub fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
 }
 
 pub fn posix_acls() -> Case {
-    const ACCESS: &str = "system.posix_acl_access";
-    const DEFAULT: &str = "system.posix_acl_default";
     const NONE: u32 = u32::MAX;
     let (uo, u, go, m, o) = (1u16, 2u16, 4u16, 0x10u16, 0x20u16);
     let default = acl(&[
@@ -956,20 +954,26 @@ pub fn inode_flags_at_open() -> Case {
     )
 }
 
-/// `renameat2(RENAME_WHITEOUT)`: the source name is left naming a new character device 0/0
-/// (mode 0, the caller's owner and the directory's setgid group, an inherited ACL), link
-/// counts, directories, refusals, and plain users (no capability needed).
-pub fn rename_whiteout() -> Case {
-    const W: u32 = libc::RENAME_WHITEOUT;
-    const ACCESS: &str = "system.posix_acl_access";
-    const DEFAULT: &str = "system.posix_acl_default";
-    let named = acl(&[
+const ACCESS: &str = "system.posix_acl_access";
+const DEFAULT: &str = "system.posix_acl_default";
+
+/// An access ACL with a named user: owner rw, user 1234 rwx, group rx, mask rwx, other none.
+fn named_acl() -> Vec<u8> {
+    acl(&[
         (0x01, 6, u32::MAX),
         (0x02, 7, 1234),
         (0x04, 5, u32::MAX),
         (0x10, 7, u32::MAX),
         (0x20, 0, u32::MAX),
-    ]);
+    ])
+}
+
+/// `renameat2(RENAME_WHITEOUT)`: the source name is left naming a new character device 0/0
+/// (mode 0, the caller's owner and the directory's setgid group, an inherited ACL), link
+/// counts, directories, refusals, and plain users (no capability needed).
+pub fn rename_whiteout() -> Case {
+    const W: u32 = libc::RENAME_WHITEOUT;
+    let named = named_acl();
     let mut steps = as_root(vec![
         Mkdir(s("s"), 0o755),
         Mkdir(s("t"), 0o755),
@@ -1144,15 +1148,7 @@ pub fn o_tmpfile() -> Case {
 pub fn flags_before_types() -> Case {
     const W: u32 = libc::RENAME_WHITEOUT;
     const X: u32 = libc::RENAME_EXCHANGE;
-    const ACCESS: &str = "system.posix_acl_access";
-    const DEFAULT: &str = "system.posix_acl_default";
-    let named = acl(&[
-        (0x01, 6, u32::MAX),
-        (0x02, 7, 1234),
-        (0x04, 5, u32::MAX),
-        (0x10, 7, u32::MAX),
-        (0x20, 0, u32::MAX),
-    ]);
+    let named = named_acl();
     let mut steps = Vec::new();
     for (flag, tag) in [(IMM, "i"), (APP, "a")] {
         let d = tag.to_string();
