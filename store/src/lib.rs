@@ -461,12 +461,27 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         what: format!("the journal's records do not end in a consistent state: {e}"),
     })?;
     // What finishing appended (a new store's root, the freeing of orphans) is made durable
-    // before the filesystem is handed out.
-    log.sync().map_err(|e| StoreError::Io {
-        path: jd.clone(),
-        op: "commit",
-        source: std::io::Error::from_raw_os_error(e.0),
-    })?;
+    // before the filesystem is handed out; except that a store whose host is full opens
+    // with the freeing of its orphans held (the journal's records wait for room, as any
+    // others: commit.rs, "Errors"), since an opening after a crash frees them again, and
+    // removals inside the store are what gives the room back.
+    match log.sync() {
+        Ok(()) => {}
+        Err(e) if e == lanefs::Errno::ENOSPC && !created => {
+            eprintln!(
+                "lanefs: {}: no room to write the freeing of orphaned inodes; it waits for room \
+                 (changes other than removals are refused until then)",
+                jd.display()
+            );
+        }
+        Err(e) => {
+            return Err(StoreError::Io {
+                path: jd.clone(),
+                op: "commit",
+                source: std::io::Error::from_raw_os_error(e.0),
+            });
+        }
+    }
     Ok(Opened {
         fs,
         store: handle,

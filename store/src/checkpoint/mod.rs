@@ -103,8 +103,10 @@
 //! The page readers (`pages.rs`) share the open `Database` through a slot of their own
 //! (`Shared`), outside the mutex: a reopen first empties the slot, waits until no reader
 //! holds the old `Database` (a read transaction is short), drops it, and puts the new one
-//! in. While the slot is empty (between the failure and a successful reopen), reads of file
-//! pages out of memory fail with EIO. A reader marks the slot broken only if it still holds
+//! in. While a checkpoint writes or reopens (`Slot::busy`), a reader that finds the slot
+//! empty, or meets redb's error, waits for the database that replaces it (up to 2 s) and
+//! reads that; reads of file pages out of memory fail with EIO only when there is none (the
+//! reopen failed). A reader marks the slot broken only if it still holds
 //! the `Database` the reader failed on, and putting a database in clears the mark, so a
 //! reader of a replaced one never breaks its successor.
 //!
@@ -557,24 +559,27 @@ impl Checkpoint {
             }
             return Ok(0);
         }
+        // Page readers that meet redb's error meanwhile wait for the outcome.
+        self.shared.busy(true);
         let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
         if r.is_err() {
             self.careful = true;
         }
-        match r {
+        let r = match r {
             Ok(applied) => Ok(applied),
             Err(f) if f.reopen => {
                 // redb refuses every transaction after some failures ("close and re-open the
                 // database"): drop it (its file is left as a crash would leave it: the last
                 // committed transaction, which the reopen recovers) and reopen it now.
-                self.close_db();
-                match self.reopen(disk) {
+                match self.repair(disk) {
                     Ok(()) => Err(f.why),
                     Err(e) => Err(format!("{}; then {e}", f.why)),
                 }
             }
             Err(f) => Err(f.why),
-        }
+        };
+        self.shared.busy(false);
+        r
     }
 
     /// Keeps `bytes` of room for checkpoints on the host, in the file [`RESERVE`]: a
@@ -587,14 +592,21 @@ impl Checkpoint {
         self.keep_reserve(disk);
     }
 
-    /// Makes [`RESERVE`] if it is missing; a host without the room keeps none (tried
-    /// again after the next checkpoint).
+    /// Makes [`RESERVE`] whole if it is missing or short (a power cut may leave the name
+    /// without the room); a host without the room keeps none (tried again after the next
+    /// checkpoint).
     fn keep_reserve(&self, disk: &dyn Disk) {
         let p = self.store.join(RESERVE);
-        if self.reserve == 0 || disk.exists(&p) {
+        if self.reserve == 0 {
             return;
         }
-        let made = disk.open(&p, true).and_then(|f| f.allocate(self.reserve));
+        let made = disk.open(&p, true).and_then(|f| {
+            if f.len()? >= self.reserve {
+                return Ok(());
+            }
+            f.allocate(self.reserve)?;
+            f.sync_data()
+        });
         if made.is_err() {
             let _ = disk.remove(&p);
         }
@@ -615,9 +627,13 @@ impl Checkpoint {
     }
 
     /// Drops the database, if open, and opens it again from its file.
+    /// Page readers meanwhile wait for it ([`pages::Slot::busy`]) rather than fail.
     pub(crate) fn repair(&mut self, disk: &dyn Disk) -> Result<(), String> {
+        self.shared.busy(true);
         self.close_db();
-        self.reopen(disk)
+        let r = self.reopen(disk);
+        self.shared.busy(false);
+        r
     }
 
     /// Drops the database (redb closes its file), never panicking.
@@ -852,7 +868,14 @@ impl Checkpoint {
         let seqs = journal::segments(disk, &self.store)?;
         let mut removed = false;
         for w in seqs.windows(2) {
-            match journal::first_lsn(disk, &self.store, w[1])? {
+            let first = match journal::first_lsn(disk, &self.store, w[1]) {
+                Ok(first) => first,
+                // A spare the journal removed since the listing (it could not be made whole
+                // for lack of room): it holds no record, so nothing after it is covered.
+                Err(_) if !disk.exists(&journal::segment_path(&self.store, w[1])) => break,
+                Err(e) => return Err(e),
+            };
+            match first {
                 Some(first) if first <= self.committed + 1 => {
                     let p = journal::segment_path(&self.store, w[0]);
                     disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;

@@ -29,19 +29,51 @@ pub(crate) struct Slot {
     /// A read of the database in the slot failed in redb (the host's error): redb refuses
     /// every later transaction of it, reads included, so the checkpointer reopens it.
     broken: AtomicBool,
+    /// A checkpoint is writing, or dropping the database to open it again: a reader that
+    /// finds the slot empty, or meets redb's error (a failed write transaction makes redb
+    /// refuse every later one, reads included), waits for the database that replaces it (at
+    /// most [`REOPEN_WAIT`]) instead of failing.
+    busy: AtomicBool,
 }
+
+/// How long a page reader waits for a database being reopened.
+const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Slot {
     pub(crate) fn new(db: Option<Arc<Database>>) -> Shared {
         Arc::new(Slot {
             db: RwLock::new(db),
             broken: AtomicBool::new(false),
+            busy: AtomicBool::new(false),
         })
     }
 
     /// The database now in the slot.
     fn get(&self) -> Option<Arc<Database>> {
         self.db.read().clone()
+    }
+
+    /// The database in the slot other than `old` (any, without it), waiting while a
+    /// checkpoint is busy (at most [`REOPEN_WAIT`]); `None` if there is none then. Polled:
+    /// this is the path of a checkpoint that failed, not of every read.
+    fn replacing(&self, old: Option<&Arc<Database>>) -> Option<Arc<Database>> {
+        let t = std::time::Instant::now();
+        loop {
+            if let Some(db) = self.get()
+                && !old.is_some_and(|o| Arc::ptr_eq(o, &db))
+            {
+                return Some(db);
+            }
+            if !self.busy.load(SeqCst) || t.elapsed() > REOPEN_WAIT {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+
+    /// Says that a checkpoint is writing or reopening the database (`true`), or is done.
+    pub(crate) fn busy(&self, on: bool) {
+        self.busy.store(on, SeqCst);
     }
 
     /// Puts `db` in the slot (`None`: empties it), which is not broken.
@@ -90,19 +122,29 @@ impl PageReader {
     /// checkpoint lacks, or one longer than a page, is damage: EIO, said on stderr with the
     /// file it was read from (the engine asks only for pages it was told are there). redb's
     /// error (the host failed a read) is EIO too, and marks the database for the checkpointer
-    /// to reopen ([`Slot::broken`]): redb fails every later read of it.
+    /// to reopen ([`Slot::broken`]): redb fails every later read of it. A read that finds
+    /// the database gone, or failing, while a checkpoint is busy waits for the database that
+    /// replaces it and reads that ([`Slot::busy`]).
     pub(crate) fn read(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         let n = buf.len() as u64 / PAGE;
-        let r = match self.slot.get() {
-            None => Err("the checkpoint is closed, being reopened after an error".to_string()),
-            Some(db) => match guarded(|| read_pages(&db, inode, first, buf), Failed::Db) {
-                Ok(()) => Ok(()),
+        let mut db = self.slot.get().or_else(|| self.slot.replacing(None));
+        let r = loop {
+            let Some(d) = db else {
+                break Err("the checkpoint is closed, being reopened after an error".to_string());
+            };
+            match guarded(|| read_pages(&d, inode, first, buf), Failed::Db) {
+                Ok(()) => break Ok(()),
                 Err(Failed::Db(e)) => {
-                    self.slot.broke(&db);
-                    Err(e)
+                    // A checkpoint that failed may be reopening it: read that one (once).
+                    if let Some(new) = self.slot.replacing(Some(&d)) {
+                        db = Some(new);
+                        continue;
+                    }
+                    self.slot.broke(&d);
+                    break Err(e);
                 }
-                Err(Failed::Damaged(e)) => Err(e),
-            },
+                Err(Failed::Damaged(e)) => break Err(e),
+            }
         };
         r.map_err(|e| {
             eprintln!(
