@@ -310,6 +310,13 @@ pub trait Store: Send + Sync {
         None
     }
 
+    /// The bytes this store's host can still take, if it has a bound of its own beside the
+    /// filesystem's size limit (a disk store: the free space of the filesystem holding it).
+    /// `statfs` reports no more than this as available. `None` (the default): no such bound.
+    fn available(&self) -> Option<u64> {
+        None
+    }
+
     /// Reads pages `first..` of file `inode`, as the store holds them, into `buf` (a whole
     /// number of pages): only pages the engine sent out of memory, which the store holds
     /// because it declared their epoch kept. Called under the file's data lock; must not

@@ -50,6 +50,26 @@ pub trait Disk: Send + Sync + 'static {
         let _ = dir;
         None
     }
+    /// The bytes the filesystem holding `dir` can still take, if known (what `statfs`
+    /// reports as available through a store: no more than its host has).
+    fn available(&self, dir: &Path) -> Option<u64> {
+        let _ = dir;
+        None
+    }
+}
+
+/// `statvfs(2)` of `dir`.
+fn statvfs(dir: &Path) -> Option<libc::statvfs> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the
+    // struct's size, which statvfs fills when it returns 0.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    Some(unsafe { st.assume_init() })
 }
 
 /// An open file of a [`Disk`].
@@ -151,17 +171,11 @@ impl Disk for RealDisk {
     }
 
     fn capacity(&self, dir: &Path) -> Option<u64> {
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-        let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-        // SAFETY: `c` is a NUL-terminated path and `st` points to writable memory of the
-        // struct's size, which statvfs fills when it returns 0.
-        if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
-            return None;
-        }
-        // SAFETY: statvfs returned 0, so it filled `st`.
-        let st = unsafe { st.assume_init() };
-        Some(st.f_blocks.saturating_mul(st.f_frsize))
+        statvfs(dir).map(|st| st.f_blocks.saturating_mul(st.f_frsize))
+    }
+
+    fn available(&self, dir: &Path) -> Option<u64> {
+        statvfs(dir).map(|st| st.f_bavail.saturating_mul(st.f_frsize))
     }
 
     fn exists(&self, path: &Path) -> bool {
@@ -710,6 +724,11 @@ impl Disk for SimDisk {
                 .filter_map(|p| p.file_name().map(|n| n.to_os_string()))
                 .collect())
         })
+    }
+
+    fn available(&self, _dir: &Path) -> Option<u64> {
+        let s = self.shared.state.lock();
+        s.space.map(|room| room.saturating_sub(s.used()))
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -183,6 +183,9 @@ struct DiskStore {
     log: Arc<Log>,
     epochs: Arc<PageEpochs>,
     pages: checkpoint::PageReader,
+    /// The host and the store's directory, for [`Store::available`].
+    disk: Arc<dyn Disk>,
+    dir: PathBuf,
 }
 
 impl Store for DiskStore {
@@ -205,6 +208,10 @@ impl Store for DiskStore {
 
     fn page_epochs(&self) -> Option<Arc<PageEpochs>> {
         Some(self.epochs.clone())
+    }
+
+    fn available(&self) -> Option<u64> {
+        self.disk.available(&self.dir)
     }
 
     fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
@@ -416,6 +423,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         log: log.clone(),
         epochs: epochs.clone(),
         pages: ck.pages(),
+        disk: opts.disk.clone(),
+        dir: dir.to_path_buf(),
     });
     let mut rec = Filesystem::recover(cfg, store);
     let loaded = ck.load(&mut rec)?;

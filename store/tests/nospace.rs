@@ -532,3 +532,26 @@ fn a_store_that_filled_its_tmpfs_with_files_goes_on_once_they_are_deleted() {
     drop(c);
     o.store.close().unwrap();
 }
+
+/// `statfs` through a store reports as available no more than its host has: a full host
+/// shows none (while the filesystem's own count of free blocks is large), room given back
+/// shows as it comes, and an unbounded host leaves the filesystem's count.
+#[test]
+fn statfs_reports_no_more_available_than_the_host_has() {
+    let disk = SimDisk::new();
+    let (_store, c) = full_store(&disk);
+    let st = c.fs().statfs();
+    assert!(st.bfree > 1000, "{st:?}");
+    assert_eq!(st.bavail, 0, "{st:?}");
+    disk.set_space(Some(disk.used() + (1 << 20)));
+    let st = c.fs().statfs();
+    // (The journal may make its next segment, SEG, meanwhile.)
+    let most = (1 << 20) / 4096;
+    assert!(
+        st.bavail <= most && st.bavail >= most - SEG / 4096,
+        "{st:?}"
+    );
+    disk.set_space(None);
+    let st = c.fs().statfs();
+    assert_eq!(st.bavail, st.bfree, "{st:?}");
+}

@@ -768,10 +768,16 @@ impl Filesystem {
         let blocks = self.space.limit();
         let bfree = blocks.saturating_sub(self.space.used());
         let files = self.inode_quota.limit();
+        // No more available than the store's host can take (a disk store's host may hold
+        // other files, and the store's own journal and checkpoint).
+        let bavail = match self.store.available() {
+            Some(bytes) => bfree.min(bytes / crate::data::PAGE),
+            None => bfree,
+        };
         StatFs {
             blocks,
             bfree,
-            bavail: bfree,
+            bavail,
             files,
             ffree: files.saturating_sub(self.inode_quota.used()),
             bsize: crate::data::PAGE as u32,
