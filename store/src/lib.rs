@@ -301,12 +301,27 @@ impl Drop for StoreHandle {
 }
 
 /// Takes the store's lock (see the module doc).
+///
+/// A lock found held is tried again for a moment before the store is refused: `flock`
+/// belongs to the open file, which a child the process is spawning holds too (between its
+/// fork and its exec, which closes it), so a store just closed by this process may look
+/// locked for that long.
 fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send + Sync>, StoreError> {
     let p = dir.join(LOCK);
-    disk.lock(&p).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock => StoreError::Locked { path: p.clone() },
-        _ => StoreError::io(&p, "lock")(e),
-    })
+    let mut tries = 0;
+    loop {
+        match disk.lock(&p) {
+            Ok(l) => return Ok(l),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tries += 1;
+                if tries == 20 {
+                    return Err(StoreError::Locked { path: p });
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(StoreError::io(&p, "lock")(e)),
+        }
+    }
 }
 
 /// The identity file's bytes for store `uuid` (docs/STORE.md, "The identity file").
