@@ -286,7 +286,7 @@ pub(crate) struct Checkpoint {
     attempts: u64,
     /// A checkpoint failed, or its sync did for lack of room, since the last one that took
     /// every record: the next one first looks through all its records for the files they
-    /// free, and writes none of their data (module doc, "Errors").
+    /// free, and writes none of their data (module doc, "Out of room").
     careful: bool,
     /// Bytes of room kept for checkpoints in [`RESERVE`] (0: none).
     reserve: u64,
@@ -694,7 +694,7 @@ impl Checkpoint {
     /// [`Checkpoint::advance`]'s work: one transaction; after a failure (`careful`), one
     /// per journal segment, each committed and the segment removed before the next is
     /// applied, so that the checkpoint needs room for one segment's changes, not the whole
-    /// journal's, and the reserve's room for the first (module doc, "Errors").
+    /// journal's, and the reserve's room for the first (module doc, "Out of room").
     fn advance_inner(
         &mut self,
         disk: &dyn Disk,
@@ -827,7 +827,7 @@ impl Checkpoint {
 
     /// The inodes that the records `from..=upto` free (a read of them that only glances at
     /// each): a checkpoint that writes none of their pages ends with the same keys, and
-    /// needs no room for data that its own records delete again (module doc, "Errors").
+    /// needs no room for data that its own records delete again (module doc, "Out of room").
     fn freed(
         &self,
         disk: &dyn Disk,
