@@ -71,7 +71,9 @@ pub const FORMAT_VERSION: u32 = 1;
 pub struct Options {
     /// The host filesystem (the real one unless a test simulates it).
     pub disk: Arc<dyn Disk>,
-    /// Size of a journal segment.
+    /// Size of a journal segment: at most this; on a host smaller than 32 segments, a
+    /// thirty-second of the host (a power of two, at least 8 MiB), so that the journal and its
+    /// spare leave most of a small host to data ([`segment_size`]).
     pub segment_size: u64,
     /// How long records wait for a commit when no one asks for one.
     pub commit_interval: Duration,
@@ -300,6 +302,26 @@ impl Drop for StoreHandle {
     }
 }
 
+/// The least segment size [`segment_size`] picks for a small host: eight of the largest
+/// write a FUSE request carries (1 MiB), so that a record of one fills no more than an
+/// eighth of a segment.
+const MIN_AUTO_SEGMENT: u64 = 8 << 20;
+
+/// The segment size of a store on a host of `capacity` bytes: `most`, or on a small host a
+/// thirty-second of it rounded down to a power of two, at least 8 MiB (a 64 MiB segment, its
+/// spare and the checkpoint's reserve would take most of a 200 MiB host). Segments of
+/// another size already in the journal are read as they are (docs/STORE.md, "Segments").
+pub fn segment_size(most: u64, capacity: Option<u64>) -> u64 {
+    match capacity {
+        Some(c) => {
+            let share = c / 32;
+            let pow2 = if share == 0 { 0 } else { 1 << share.ilog2() };
+            most.min(pow2.max(MIN_AUTO_SEGMENT))
+        }
+        None => most,
+    }
+}
+
 /// Takes the store's lock (see the module doc).
 ///
 /// A lock found held is tried again for a moment before the store is refused: `flock`
@@ -419,9 +441,11 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let jd = journal::dir(dir);
     disk.create_dir_all(&jd)
         .map_err(StoreError::io(&jd, "create"))?;
+    let capacity = disk.capacity(dir);
     if cfg.max_bytes.is_none() {
-        cfg.max_bytes = disk.capacity(dir).map(|b| b.min(lanefs::MAX_FILE_SIZE));
+        cfg.max_bytes = capacity.map(|b| b.min(lanefs::MAX_FILE_SIZE));
     }
+    let segment_size = segment_size(opts.segment_size, capacity);
     let lock = lock(disk, dir)?;
     let (uuid, created) = identity(disk, dir, true)?;
     if created {
@@ -432,7 +456,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let cache_pages = cfg.cache_pages();
     let mut ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
         .expect("made if missing");
-    ck.set_reserve(disk, opts.checkpoint_reserve.min(opts.segment_size / 4));
+    ck.set_reserve(disk, opts.checkpoint_reserve.min(segment_size / 4));
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {
         log: log.clone(),
@@ -450,7 +474,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         rec.apply(&r).map_err(|e| e.to_string())
     })?;
     let replayed = rec.records() - synthesized;
-    let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, opts.segment_size, end)?;
+    let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, segment_size, end)?;
     let committer = commit::spawn(log.clone(), writer);
     // File data changed since the last checkpoint cannot leave memory: bounded by checkpoints
     // (docs/STORE.md, "Memory").
