@@ -318,6 +318,7 @@ fn judge_images(im: &Images, h: &Hist, rng: &mut StdRng, max: usize, what: &str)
         .collect()
 }
 
+#[derive(Default)]
 struct Run {
     checkpoints: usize,
     ok: usize,
@@ -374,14 +375,7 @@ fn attack(seed: u64, background: bool) -> Run {
     let store = o.store;
     let c = Client::root(Arc::new(o.fs));
     let mut h = Hist::new();
-    let mut run = Run {
-        checkpoints: 0,
-        ok: 0,
-        partial: 0,
-        enospc: 0,
-        images: 0,
-        between: 0,
-    };
+    let mut run = Run::default();
     let w = |s: &str| format!("seed {seed}: {s}");
     // With room: files, some in a checkpoint, then more work after it.
     for _ in 0..rng.random_range(20..60) {
@@ -587,14 +581,7 @@ fn a_reused_inode_number_keeps_its_data_through_a_careful_checkpoint() {
     let h = exact(&c);
     assert_eq!(h["/f3"], vec![Some(fill(4, 70_000))]);
     let mut rng = StdRng::seed_from_u64(7);
-    let mut run = Run {
-        checkpoints: 0,
-        ok: 0,
-        partial: 0,
-        enospc: 0,
-        images: 0,
-        between: 0,
-    };
+    let mut run = Run::default();
     // A restart on the full host: the store opens (with no room at all), and its
     // checkpoints, given room a little at a time, commit, with a power cut at every flush.
     {
