@@ -612,12 +612,9 @@ impl Checkpoint {
         }
     }
 
-    /// Gives the room of [`RESERVE`] to the checkpoint about to be tried.
+    /// Gives the room of [`RESERVE`] to the checkpoint about to be tried (none if missing).
     fn spend_reserve(&self, disk: &dyn Disk) {
-        let p = self.store.join(RESERVE);
-        if disk.exists(&p) {
-            let _ = disk.remove(&p);
-        }
+        let _ = disk.remove(&self.store.join(RESERVE));
     }
 
     /// Whether the database is to be reopened: a failure left it closed, or a page read
@@ -708,22 +705,20 @@ impl Checkpoint {
         } else {
             apply::Doomed::default()
         };
-        // The last record of each segment in range, then `upto`. (A segment that cannot be
-        // read here ends the list: the spare being made, or one removed meanwhile; damage is
-        // for the reading of the records to report.)
+        // After a failure, the last record of each segment in range, then `upto`. (A segment
+        // that cannot be read here ends the list: the spare being made, or one removed
+        // meanwhile; damage is for the reading of the records to report.)
         let mut ends = Vec::new();
-        let seqs = match self.careful {
-            true => {
-                journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?
-            }
-            false => Vec::new(),
-        };
-        for &seq in seqs.iter().skip(1) {
-            match journal::first_lsn(disk, &self.store, seq) {
-                Ok(Some(first)) if first > upto => break,
-                Ok(Some(first)) if first > from => ends.push(first - 1),
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
+        if self.careful {
+            let seqs =
+                journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?;
+            for &seq in seqs.iter().skip(1) {
+                match journal::first_lsn(disk, &self.store, seq) {
+                    Ok(Some(first)) if first > upto => break,
+                    Ok(Some(first)) if first > from => ends.push(first - 1),
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
         ends.push(upto);
