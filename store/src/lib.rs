@@ -64,7 +64,7 @@ const LOCK: &str = "lanefs.lock";
 const IDENTITY_MAGIC: [u8; 8] = *b"LANEFSST";
 const IDENTITY_LEN: usize = 64;
 /// The store format version.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// How a store is opened.
 #[derive(Clone)]

@@ -156,10 +156,10 @@ fn the_identity_example_and_table_match_the_code() {
         Err(crate::StoreError::Damaged { offset: 60, .. })
     ));
     let mut newer = bytes.clone();
-    newer[8] = 2;
+    newer[8] = FORMAT_VERSION as u8 + 1;
     let crc = crc32c::crc32c(&newer[..60]);
     newer[60..].copy_from_slice(&crc.to_le_bytes());
-    assert!(s.contains("other than 1: damaged at byte 8"));
+    assert!(s.contains(&format!("other than {FORMAT_VERSION}: damaged at byte 8")));
     assert!(matches!(
         decode_identity(&newer, p),
         Err(crate::StoreError::Damaged { offset: 8, .. })

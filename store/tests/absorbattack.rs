@@ -395,8 +395,23 @@ fn read_keys(disk: &SimDisk) -> Keys {
         let (key, val) = kv.unwrap();
         let key = key.value();
         assert_eq!(key[0], b'b');
-        k.pages
-            .insert((be64(&key[1..9]), be64(&key[9..17])), val.value().to_vec());
+        // `b ino chunk` -> a mask of the chunk's 15 pages, then each page's u16 length and
+        // bytes (docs/STORE.md, "Checkpoints").
+        let (ino, chunk, v) = (be64(&key[1..9]), be64(&key[9..17]), val.value());
+        let mask = u16::from_le_bytes([v[0], v[1]]);
+        assert_eq!(
+            mask >> 15,
+            0,
+            "chunk {chunk} of inode {ino}: mask {mask:#x}"
+        );
+        let mut at = 2;
+        for i in (0..15).filter(|i| mask & 1 << i != 0) {
+            let len = u16::from_le_bytes([v[at], v[at + 1]]) as usize;
+            k.pages
+                .insert((ino, chunk * 15 + i), v[at + 2..at + 2 + len].to_vec());
+            at += 2 + len;
+        }
+        assert_eq!(at, v.len(), "chunk {chunk} of inode {ino}: trailing bytes");
     }
     k
 }

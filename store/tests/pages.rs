@@ -365,3 +365,123 @@ fn changed_data_in_memory_is_bounded_by_checkpoints() {
         o.store.checkpoint_status()
     );
 }
+
+/// The checkpoint keeps a file's pages fifteen to a key (docs/STORE.md, "Checkpoints"):
+/// holes punched, space allocated and sizes cut at, across and within those groups (whole
+/// groups, a group's edges, one page inside one) leave exactly the model's bytes, read back
+/// from the checkpoint after every change, again after a reopen, and with each page's
+/// existence (`st_blocks`) right.
+#[test]
+fn pages_grouped_by_fifteen_keep_their_edges() {
+    const G: u64 = 15 * PAGE;
+    let seed = seed();
+    eprintln!("seed {seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path(), no_cache(), opts()).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let ctx = Ctx::root();
+    let open_rw = *OpenOptions::new().read(true).write(true).create(true);
+    let f = c.open("/f", &open_rw).unwrap();
+    // Every page distinct, none ending in zeros: 7 groups and a part of one.
+    let mut model: Vec<u8> = (0..7 * G + 5 * PAGE + 100)
+        .map(|i| ((i / PAGE) as u8).wrapping_mul(13) ^ (i as u8) | 1)
+        .collect();
+    assert_eq!(f.write_at(&model, 0).unwrap(), model.len());
+    // Offsets on, one page before and one page after group boundaries, and inside pages.
+    let near = |rng: &mut StdRng| -> u64 {
+        let g = rng.random_range(0..8u64) * G;
+        let at = match rng.random_range(0..4) {
+            0 => g,
+            1 => g.saturating_sub(PAGE),
+            2 => g + PAGE,
+            _ => g + rng.random_range(0..G),
+        };
+        at + if rng.random_bool(0.3) {
+            rng.random_range(1..PAGE)
+        } else {
+            0
+        }
+    };
+    let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let mut fixed = vec![
+        (punch, G, 2 * G),                      // two whole groups
+        (punch, 4 * G - PAGE, 2 * PAGE),        // across a boundary, whole pages
+        (punch, 5 * G + 3 * PAGE, PAGE),        // one page inside a group
+        (punch, 6 * G + 10, G),                 // across, with partial pages at both ends
+        (FALLOC_FL_KEEP_SIZE, G + PAGE, 3 * G), // pages of zeros into punched groups
+    ];
+    fixed.reverse();
+    for round in 0..40 {
+        let what = if let Some((mode, off, len)) = fixed.pop() {
+            fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
+            if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+                let end = ((off + len) as usize).min(model.len());
+                if (off as usize) < end {
+                    model[off as usize..end].fill(0);
+                }
+            }
+            format!("fallocate {mode:#x} {off}+{len}")
+        } else {
+            match rng.random_range(0..4) {
+                0 => {
+                    let size = near(&mut rng);
+                    f.set_len(size).unwrap();
+                    model.resize(size as usize, 0);
+                    format!("truncate to {size}")
+                }
+                1 => {
+                    let (off, len) = (near(&mut rng), rng.random_range(1..3 * G));
+                    fs.fallocate(&ctx, f.handle(), punch, off, len).unwrap();
+                    let end = ((off + len) as usize).min(model.len());
+                    if (off as usize) < end {
+                        model[off as usize..end].fill(0);
+                    }
+                    format!("punch {off}+{len}")
+                }
+                _ => {
+                    let (off, len) = (near(&mut rng), rng.random_range(1..2 * G));
+                    let b = rng.random::<u8>() | 1;
+                    f.write_at(&vec![b; len as usize], off).unwrap();
+                    let end = (off + len) as usize;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].fill(b);
+                    format!("write {off}+{len}")
+                }
+            }
+        };
+        o.store.checkpoint().unwrap();
+        fs.evict();
+        assert_eq!(
+            fs.resident_pages(),
+            0,
+            "round {round}: every page in the checkpoint"
+        );
+        let got = c.read("/f").unwrap();
+        assert_eq!(
+            got.len(),
+            model.len(),
+            "seed {seed}, round {round}, {what}: size"
+        );
+        assert!(
+            got == model,
+            "seed {seed}, round {round}, after {what}: contents differ"
+        );
+    }
+    let blocks = c.metadata("/f").unwrap().attr.blocks;
+    drop(f);
+    drop(c);
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
+    o.store.close().unwrap();
+    let r = open(dir.path(), no_cache(), opts()).unwrap();
+    let c = Client::root(Arc::new(r.fs));
+    assert!(c.read("/f").unwrap() == model, "seed {seed}: after reopen");
+    assert_eq!(
+        c.metadata("/f").unwrap().attr.blocks,
+        blocks,
+        "pages that exist, after reopen"
+    );
+}

@@ -39,6 +39,19 @@ pub(crate) struct Tables<'t> {
     /// the keys end the same). Empty unless the checkpoint looked ahead (mod.rs, a retry
     /// after a failure).
     pub doomed: &'t Doomed,
+    /// The chunk of pages ([`kv::Chunk`]) that page reads and changes go through: read from
+    /// `data` once, written back once ([`Tables::flush`]) when another chunk is wanted,
+    /// before pages are removed by range, and before the transaction commits, so that a
+    /// file written page by page costs one read and one write of each chunk.
+    pub open: Option<OpenChunk>,
+}
+
+/// [`Tables::open`].
+pub(crate) struct OpenChunk {
+    ino: u64,
+    chunk: u64,
+    pages: kv::Chunk,
+    dirty: bool,
 }
 
 /// The inodes a checkpoint's records free ([`Tables::doomed`]).
@@ -586,25 +599,96 @@ impl Tables<'_> {
             .map_err(db)
     }
 
-    fn page(&self, ino: u64, page: u64) -> R<Option<Vec<u8>>> {
-        Ok(self
-            .data
-            .get(&kv::page_key(ino, page)[..])
-            .map_err(db)?
-            .map(|v| v.value().to_vec()))
+    /// The chunk holding page `page` of file `ino`, opened ([`Tables::open`]).
+    fn chunk(&mut self, ino: u64, page: u64) -> R<(&mut OpenChunk, usize)> {
+        let (chunk, i) = kv::chunk_at(page);
+        if !matches!(&self.open, Some(o) if o.ino == ino && o.chunk == chunk) {
+            self.flush()?;
+            let pages = match self.data.get(&kv::chunk_key(ino, chunk)[..]).map_err(db)? {
+                Some(v) => kv::Chunk::decode(v.value())
+                    .map_err(|e| format!("file {ino}'s pages from {}: {e}", chunk * kv::CHUNK))?,
+                None => kv::Chunk::default(),
+            };
+            self.open = Some(OpenChunk {
+                ino,
+                chunk,
+                pages,
+                dirty: false,
+            });
+        }
+        Ok((self.open.as_mut().expect("opened above"), i))
+    }
+
+    /// Writes the open chunk back if it changed (removes its key if it holds no page).
+    pub(crate) fn flush(&mut self) -> R<()> {
+        if let Some(o) = self.open.take()
+            && o.dirty
+        {
+            let k = kv::chunk_key(o.ino, o.chunk);
+            if o.pages.is_empty() {
+                self.data.remove(&k[..]).map_err(db)?;
+            } else {
+                self.data
+                    .insert(&k[..], &o.pages.encode()[..])
+                    .map_err(db)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn page(&mut self, ino: u64, page: u64) -> R<Option<Vec<u8>>> {
+        let (o, i) = self.chunk(ino, page)?;
+        Ok(o.pages.get(i).map(<[u8]>::to_vec))
     }
 
     fn put_page(&mut self, ino: u64, page: u64, bytes: &[u8]) -> R<()> {
-        self.data
-            .insert(&kv::page_key(ino, page)[..], kv::trim(bytes))
-            .map_err(db)?;
+        let (o, i) = self.chunk(ino, page)?;
+        o.pages.put(i, bytes);
+        o.dirty = true;
         Ok(())
+    }
+
+    /// Makes pages `first..end` of file `ino` holes (`end` `None`: every page from `first`
+    /// on): the chunks wholly inside go by key range, the others page by page.
+    fn remove_pages(&mut self, ino: u64, first: u64, end: Option<u64>) -> R<()> {
+        let end = end.unwrap_or(u64::MAX);
+        if first >= end {
+            return Ok(());
+        }
+        let (a, b) = (first.div_ceil(kv::CHUNK), end / kv::CHUNK);
+        // The pages of a partial chunk at either end.
+        let edge = |from: u64, to: u64, t: &mut Self| -> R<()> {
+            for page in from..to {
+                let (o, i) = t.chunk(ino, page)?;
+                if o.pages.get(i).is_some() {
+                    o.pages.remove(i);
+                    o.dirty = true;
+                }
+            }
+            Ok(())
+        };
+        if a > b {
+            // Within one chunk.
+            return edge(first, end, self);
+        }
+        edge(first, a * kv::CHUNK, self)?;
+        if b * kv::CHUNK < end && end != u64::MAX {
+            edge(b * kv::CHUNK, end, self)?;
+        }
+        self.flush()?;
+        let from = kv::chunk_key(ino, a);
+        if end == u64::MAX {
+            Self::clear(&mut self.data, &from, &kv::ino_key(kv::PAGE_TAG, ino + 1))
+        } else if a < b {
+            Self::clear(&mut self.data, &from, &kv::chunk_key(ino, b))
+        } else {
+            Ok(())
+        }
     }
 
     /// Drops file `ino`'s pages from `first` on.
     fn drop_pages(&mut self, ino: u64, first: u64) -> R<()> {
-        let (a, b) = (kv::page_key(ino, first), kv::ino_key(kv::PAGE_TAG, ino + 1));
-        Self::clear(&mut self.data, &a, &b)
+        self.remove_pages(ino, first, None)
     }
 
     /// Zeroes bytes `from..to` of page `page` if it exists (`from`, `to` within the page).
@@ -670,8 +754,7 @@ impl Tables<'_> {
         let end = offset.saturating_add(len);
         let (first_full, end_full) = (offset.div_ceil(PAGE), end / PAGE);
         if first_full < end_full {
-            let (a, b) = (kv::page_key(ino, first_full), kv::page_key(ino, end_full));
-            Self::clear(&mut self.data, &a, &b)?;
+            self.remove_pages(ino, first_full, Some(end_full))?;
         }
         for idx in [offset / PAGE, end.saturating_sub(1) / PAGE] {
             let start = idx * PAGE;

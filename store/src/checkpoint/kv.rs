@@ -13,7 +13,7 @@
 //! | `x` ino name | an xattr's value (ACLs are the xattrs `system.posix_acl_*`) | `meta` |
 //! | `o` ino | empty: the inode has no name but was not freed (an orphan: open when its last name went, or an `O_TMPFILE` file not named yet) | `meta` |
 //! | `c` lane | the highest readdir cookie of that lane (its top 16 bits) ever handed out | `meta` |
-//! | `b` ino page | the page's bytes, trailing zeros cut (empty: an allocated page of zeros) | `data` |
+//! | `b` ino chunk | pages `chunk * 15 ..` of the file ([`Chunk`]) | `data` |
 //!
 //! Values are little-endian and fixed-layout; a value that does not decode is damage, which
 //! the caller reports with the key it was found under.
@@ -38,7 +38,7 @@ const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
 /// Length of an encoded superblock.
 const SUPER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;
 /// The checkpoint format version.
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
 
 /// `tag ++ ino`.
 pub(crate) fn ino_key(tag: u8, ino: u64) -> [u8; 9] {
@@ -56,13 +56,112 @@ pub(crate) fn named_key(tag: u8, ino: u64, name: &[u8]) -> Vec<u8> {
     k
 }
 
-/// `b ++ ino ++ page`.
-pub(crate) fn page_key(ino: u64, page: u64) -> [u8; 17] {
+/// Pages of file data per value of the `data` table. A value of one 4 KiB page does not fit
+/// a 4 KiB redb page beside its key and the page's header, so redb gives each such value an
+/// 8 KiB page, half of it empty; fifteen pages and their lengths fit one 64 KiB page with
+/// 4 KiB to spare (docs/STORE.md, "Checkpoints").
+pub(crate) const CHUNK: u64 = 15;
+
+/// `b ++ ino ++ chunk`: pages `chunk * CHUNK .. (chunk + 1) * CHUNK` of file `ino`.
+pub(crate) fn chunk_key(ino: u64, chunk: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = PAGE_TAG;
     k[1..9].copy_from_slice(&ino.to_be_bytes());
-    k[9..].copy_from_slice(&page.to_be_bytes());
+    k[9..].copy_from_slice(&chunk.to_be_bytes());
     k
+}
+
+/// The chunk of page `page`, and the page's place in it.
+pub(crate) fn chunk_at(page: u64) -> (u64, usize) {
+    (page / CHUNK, (page % CHUNK) as usize)
+}
+
+/// The pages of one chunk as the `data` table keeps them: a 16-bit mask (little-endian; bit
+/// `i` set: page `i` of the chunk exists, bit 15 never set), then, for each page that exists
+/// in order, its length (u16 LE, at most 4096) and its bytes with trailing zeros cut (none:
+/// an allocated page of zeros). A page that does not exist is a hole; a chunk with no page
+/// is not stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Chunk {
+    pages: [Option<Vec<u8>>; CHUNK as usize],
+}
+
+impl Chunk {
+    /// Page `i`'s bytes (trailing zeros cut), or `None` for a hole.
+    pub(crate) fn get(&self, i: usize) -> Option<&[u8]> {
+        self.pages[i].as_deref()
+    }
+
+    /// Makes page `i` hold `bytes` (stored with its trailing zeros cut).
+    pub(crate) fn put(&mut self, i: usize, bytes: &[u8]) {
+        let t = trim(bytes);
+        match &mut self.pages[i] {
+            Some(p) => {
+                p.clear();
+                p.extend_from_slice(t);
+            }
+            none => *none = Some(t.to_vec()),
+        }
+    }
+
+    /// Makes page `i` a hole.
+    pub(crate) fn remove(&mut self, i: usize) {
+        self.pages[i] = None;
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pages.iter().all(Option::is_none)
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let len: usize = self.pages.iter().flatten().map(|p| 2 + p.len()).sum();
+        let mut b = Vec::with_capacity(2 + len);
+        let mask = (0..CHUNK as usize)
+            .filter(|&i| self.pages[i].is_some())
+            .fold(0u16, |m, i| m | 1 << i);
+        b.extend_from_slice(&mask.to_le_bytes());
+        for p in self.pages.iter().flatten() {
+            b.extend_from_slice(&(p.len() as u16).to_le_bytes());
+            b.extend_from_slice(p);
+        }
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Chunk, String> {
+        let u16_at = |at: usize| -> Result<usize, String> {
+            b.get(at..at + 2)
+                .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
+                .ok_or_else(|| format!("a chunk of pages cut short at byte {at} of {}", b.len()))
+        };
+        let mask = u16_at(0)?;
+        if mask >> CHUNK != 0 {
+            return Err(format!("a chunk of pages with mask {mask:#06x}"));
+        }
+        let mut c = Chunk::default();
+        let mut at = 2;
+        for i in (0..CHUNK as usize).filter(|i| mask & 1 << i != 0) {
+            let len = u16_at(at)?;
+            if len > 4096 {
+                return Err(format!("page {i} of a chunk holds {len} bytes"));
+            }
+            let bytes = b.get(at + 2..at + 2 + len).ok_or_else(|| {
+                format!(
+                    "a chunk of pages cut short at byte {} of {}",
+                    at + 2,
+                    b.len()
+                )
+            })?;
+            c.pages[i] = Some(bytes.to_vec());
+            at += 2 + len;
+        }
+        if at != b.len() {
+            return Err(format!(
+                "a chunk of pages with {} bytes after its last page",
+                b.len() - at
+            ));
+        }
+        Ok(c)
+    }
 }
 
 /// The inode number and the rest of a key `tag ++ ino ++ rest`.
@@ -71,8 +170,8 @@ pub(crate) fn split_key(k: &[u8]) -> Option<(u64, &[u8])> {
     Some((ino, &k[9..]))
 }
 
-/// The page number of a page key.
-pub(crate) fn page_of(k: &[u8]) -> Option<u64> {
+/// The chunk number of a `data` key.
+pub(crate) fn chunk_of(k: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(k.get(9..17)?.try_into().ok()?))
 }
 
@@ -305,8 +404,12 @@ mod tests {
         };
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
         let mut bad = s.encode();
-        bad[8] = 2;
-        assert!(Superblock::decode(&bad).unwrap_err().contains("format 2"));
+        bad[8] = 1;
+        assert!(
+            Superblock::decode(&bad)
+                .unwrap_err()
+                .contains("format 1, this lanefs reads 2")
+        );
     }
 
     #[test]
@@ -315,10 +418,54 @@ mod tests {
         let b = named_key(ENTRY, 10, b"a");
         assert!(a < b, "parent 2's entries come before parent 10's");
         assert_eq!(split_key(&b), Some((10, &b"a"[..])));
-        assert!(page_key(5, 1) < page_key(5, 256));
-        assert_eq!(page_of(&page_key(5, 256)), Some(256));
+        assert!(chunk_key(5, 1) < chunk_key(5, 256));
+        assert!(chunk_key(5, u64::MAX)[..] < ino_key(PAGE_TAG, 6)[..]);
+        assert_eq!(chunk_of(&chunk_key(5, 256)), Some(256));
+        assert_eq!(chunk_at(31), (2, 1));
         assert_eq!(trim(b"ab\0\0"), b"ab");
         assert_eq!(trim(b"\0\0"), b"");
+    }
+
+    #[test]
+    fn chunks_round_trip_and_refuse_damage() {
+        let mut c = Chunk::default();
+        assert!(c.is_empty());
+        assert_eq!(c.encode(), [0, 0]);
+        c.put(0, &[7; 4096]);
+        c.put(3, &[0; 4096]);
+        c.put(14, b"ab\0\0");
+        assert_eq!(c.get(3), Some(&b""[..]), "a page of zeros exists, empty");
+        assert_eq!(c.get(14), Some(&b"ab"[..]));
+        assert_eq!(c.get(1), None, "a hole");
+        let e = c.encode();
+        assert_eq!(e.len(), 2 + (2 + 4096) + 2 + (2 + 2));
+        assert_eq!(e[..2], (1u16 | 1 << 3 | 1 << 14).to_le_bytes());
+        assert_eq!(Chunk::decode(&e).unwrap(), c);
+        // A full chunk, its key and redb's leaf header fit one 64 KiB page.
+        let mut full = Chunk::default();
+        (0..CHUNK as usize).for_each(|i| full.put(i, &[1; 4096]));
+        assert!(full.encode().len() + 17 + 64 <= 65536);
+        c.remove(0);
+        c.remove(3);
+        c.remove(14);
+        assert!(c.is_empty());
+        for cut in 0..e.len() {
+            assert!(Chunk::decode(&e[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut long = e.clone();
+        long.push(0);
+        assert!(
+            Chunk::decode(&long)
+                .unwrap_err()
+                .contains("after its last page")
+        );
+        let mut bits = e.clone();
+        bits[1] |= 0x80;
+        assert!(Chunk::decode(&bits).unwrap_err().contains("mask"));
+        let mut big = vec![1, 0];
+        big.extend_from_slice(&4097u16.to_le_bytes());
+        big.extend_from_slice(&[1; 4097]);
+        assert!(Chunk::decode(&big).unwrap_err().contains("4097 bytes"));
     }
 
     #[test]

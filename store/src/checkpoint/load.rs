@@ -229,21 +229,25 @@ fn load_pages(
     let ino = id.ino.0;
     let what = || format!("file {id}");
     let mut beyond = Vec::new();
-    let (a, b) = (kv::page_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
+    let (a, b) = (kv::chunk_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
     let mut any = v.size != 0;
     for kvp in data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
-        let (k, p) = kvp.map_err(db)?;
-        let page = kv::page_of(k.value()).ok_or("page key too short")?;
-        any = true;
-        let len = p.value().len();
-        if len > PAGE as usize {
-            return Err(format!("{}: page {page} holds {len} bytes", what()));
+        let (k, c) = kvp.map_err(db)?;
+        let chunk = kv::chunk_of(k.value()).ok_or("page key too short")?;
+        let c = kv::Chunk::decode(c.value())
+            .map_err(|e| format!("{}: pages from {}: {e}", what(), chunk * kv::CHUNK))?;
+        for i in 0..kv::CHUNK {
+            if c.get(i as usize).is_none() {
+                continue;
+            }
+            let page = chunk * kv::CHUNK + i;
+            any = true;
+            if page.saturating_mul(PAGE) >= v.size {
+                beyond.push(page);
+                continue;
+            }
+            applied(rec.kept_page(id, page), what)?;
         }
-        if page.saturating_mul(PAGE) >= v.size {
-            beyond.push(page);
-            continue;
-        }
-        applied(rec.kept_page(id, page), what)?;
     }
     if !any {
         return Ok(false);

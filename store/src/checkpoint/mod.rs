@@ -755,6 +755,7 @@ impl Checkpoint {
                 max_generation: self.sb.max_generation,
                 ghosts: std::mem::take(&mut self.ghosts),
                 doomed,
+                open: None,
             };
             // The records are read once, into windows of about `WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
@@ -798,6 +799,10 @@ impl Checkpoint {
                 Err(e) => return Err(Failed::other(e.to_string())),
                 Ok(next) => next,
             };
+            t.flush().map_err(|e| Failed {
+                reopen: matches!(e, apply::ApplyError::Db(_)),
+                why: format!("writing back pages: {e}"),
+            })?;
             let sb = Superblock {
                 uuid: self.uuid,
                 lsn: upto,

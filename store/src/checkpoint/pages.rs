@@ -160,31 +160,38 @@ impl PageReader {
 /// [`PageReader::read`] from `db`.
 fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<(), Failed> {
     let n = buf.len() as u64 / PAGE;
+    if n == 0 {
+        return Ok(());
+    }
     let ino = inode.ino.0;
     let txn = db.begin_read().map_err(db_err)?;
     let t = txn.open_table(DATA).map_err(db_err)?;
-    let (a, b) = (kv::page_key(ino, first), kv::page_key(ino, first + n));
+    let end = first + n;
+    let (a, b) = (
+        kv::chunk_key(ino, first / kv::CHUNK),
+        kv::chunk_key(ino, (end - 1) / kv::CHUNK + 1),
+    );
     let mut want = first;
-    for kvp in t.range::<&[u8]>(&a[..]..&b[..]).map_err(db_err)? {
+    'chunks: for kvp in t.range::<&[u8]>(&a[..]..&b[..]).map_err(db_err)? {
         let (k, v) = kvp.map_err(db_err)?;
-        let page =
-            kv::page_of(k.value()).ok_or_else(|| Failed::Damaged("a page key too short".into()))?;
-        if page != want {
-            break;
+        let chunk = kv::chunk_of(k.value())
+            .ok_or_else(|| Failed::Damaged("a page key too short".into()))?;
+        if chunk != kv::chunk_at(want).0 {
+            break; // The chunk holding `want` is missing.
         }
-        let bytes = v.value();
-        if bytes.len() > PAGE as usize {
-            return Err(Failed::Damaged(format!(
-                "page {page} holds {} bytes",
-                bytes.len()
-            )));
+        let c = kv::Chunk::decode(v.value())
+            .map_err(|e| Failed::Damaged(format!("pages from {}: {e}", chunk * kv::CHUNK)))?;
+        while want < end && kv::chunk_at(want).0 == chunk {
+            let Some(bytes) = c.get(kv::chunk_at(want).1) else {
+                break 'chunks;
+            };
+            let at = ((want - first) * PAGE) as usize;
+            buf[at..at + bytes.len()].copy_from_slice(bytes);
+            buf[at + bytes.len()..at + PAGE as usize].fill(0);
+            want += 1;
         }
-        let at = ((page - first) * PAGE) as usize;
-        buf[at..at + bytes.len()].copy_from_slice(bytes);
-        buf[at + bytes.len()..at + PAGE as usize].fill(0);
-        want += 1;
     }
-    if want < first + n {
+    if want < end {
         return Err(Failed::Damaged(format!("page {want} is missing")));
     }
     Ok(())
