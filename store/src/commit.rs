@@ -45,6 +45,12 @@
 //! most one buffer's worth per thread besides). The wait happens inside `append`, with the
 //! engine's locks of that change held: the committer takes none of them, so it cannot
 //! deadlock; operations that need those locks wait too, as they would for the disk.
+//! The journal itself is bounded the same way: while it holds more than its most segments
+//! ([`Log::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
+//! takes a checkpoint ([`Log::set_checkpointing`]) a round that serves no sync takes
+//! nothing, so buffers fill and their writers wait until the checkpoint ends and its
+//! segments go. Syncs are still served (the checkpoint begins with two), and a stopped, low
+//! or closing store never waits.
 //!
 //! **Errors**: the host's errors are of two kinds (`journal::out_of_space` tells them apart).
 //!
@@ -101,6 +107,9 @@ use crate::error::StoreError;
 use crate::journal::{Payload, Spare, Writer, out_of_space};
 use crate::stamp::Clock;
 
+/// The longest a committer holding off for a checkpoint sleeps before it looks again
+/// (module doc, "Backpressure"); the checkpointer wakes it sooner.
+const BEHIND_WAIT: Duration = Duration::from_millis(50);
 /// How often held records are written again while no one asks (module doc, "Errors"); a
 /// shorter commit interval is used instead.
 pub(crate) const RETRY: Duration = Duration::from_millis(50);
@@ -248,6 +257,16 @@ pub(crate) struct Log {
     written: AtomicU64,
     /// The LSN of the last record a flush made durable.
     flushed: AtomicU64,
+    /// Set by the checkpointer while it takes a checkpoint (module doc, "Backpressure").
+    checkpointing: AtomicBool,
+    /// The oldest segment of the journal, as the checkpointer last saw it (0: not known).
+    first_segment: AtomicU64,
+    /// The most segments the journal holds before rounds that serve no sync wait for a
+    /// checkpoint in progress (0: no bound).
+    max_segments: AtomicU64,
+    /// Set by the committer while the journal is over that bound: buffers are full at
+    /// `WAKE_BYTES` instead of `FULL_BYTES`.
+    tight: AtomicBool,
 }
 
 /// What a store's committer has done since it started ([`crate::StoreHandle::counters`]).
@@ -276,6 +295,51 @@ impl Log {
             interval,
             running: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
+            checkpointing: AtomicBool::new(false),
+            first_segment: AtomicU64::new(0),
+            max_segments: AtomicU64::new(0),
+            tight: AtomicBool::new(false),
+        }
+    }
+
+    /// Bounds the journal to `max` segments while checkpoints run (module doc,
+    /// "Backpressure").
+    pub(crate) fn set_max_segments(&self, max: u64) {
+        self.max_segments.store(max, SeqCst);
+    }
+
+    /// The checkpointer tells when it takes a checkpoint, and the journal's oldest segment
+    /// (after one, the segments it let go are gone); either may end a committer's wait.
+    pub(crate) fn set_checkpointing(&self, on: bool, first_segment: Option<u64>) {
+        self.checkpointing.store(on, SeqCst);
+        if let Some(f) = first_segment {
+            self.first_segment.store(f, SeqCst);
+        }
+        let _s = self.state.lock();
+        self.work.notify_one();
+    }
+
+    /// Whether the journal, whose newest segment is `seq`, is over its bound.
+    fn over(&self, seq: u64) -> bool {
+        let (max, first) = (
+            self.max_segments.load(SeqCst),
+            self.first_segment.load(SeqCst),
+        );
+        max > 0 && first > 0 && seq >= first.saturating_add(max)
+    }
+
+    /// Whether the journal, whose newest segment is `seq`, is over its bound while a
+    /// checkpoint runs (module doc, "Backpressure").
+    fn held_off(&self, seq: u64) -> bool {
+        self.checkpointing.load(SeqCst) && self.over(seq)
+    }
+
+    /// The size at which a thread's buffer is full: smaller while the journal is over its
+    /// bound, so that what the buffers hold adds little to it (module doc, "Backpressure").
+    fn full_bytes(&self) -> usize {
+        match self.tight.load(Relaxed) {
+            true => WAKE_BYTES,
+            false => FULL_BYTES,
         }
     }
 
@@ -362,7 +426,7 @@ impl Log {
         if kick {
             b.kicked = true;
         }
-        let full = b.bytes >= FULL_BYTES;
+        let full = b.bytes >= self.full_bytes();
         drop(guard);
         if kick {
             self.state.lock().kicked = true;
@@ -378,7 +442,7 @@ impl Log {
     /// or the store stopped.
     #[cold]
     fn throttle(&self, cell: &Mutex<Buf>) {
-        while cell.lock().bytes >= FULL_BYTES && self.mode.load(Relaxed) & !LOW == 0 {
+        while cell.lock().bytes >= self.full_bytes() && self.mode.load(Relaxed) & !LOW == 0 {
             let mut s = self.state.lock();
             if s.shutdown {
                 return;
@@ -457,6 +521,16 @@ impl Log {
                 s.kicked = false;
                 (flush, s.shutdown)
             };
+            if !flush && !shutdown && self.mode.load(Relaxed) == 0 && self.held_off(writer.seq()) {
+                // The journal is over its size and a checkpoint is under way: nothing is
+                // written but for a sync (the checkpoint's own among them) until it ends.
+                let mut s = self.state.lock();
+                if !(s.requested > s.durable || s.shutdown || s.held) && self.held_off(writer.seq())
+                {
+                    self.work.wait_for(&mut s, BEHIND_WAIT);
+                }
+                continue;
+            }
             let t = self.clock.now();
             let mut srcs = std::mem::take(&mut carry);
             for lane in self.bufs.iter() {
@@ -569,6 +643,7 @@ impl Log {
                     break;
                 }
             }
+            self.tight.store(self.over(writer.seq()), Relaxed);
             if held || short {
                 self.set_low(held, &writer, reserve, &payload, &carry);
             } else {

@@ -82,6 +82,12 @@ pub struct Options {
     pub checkpoint_records: u64,
     /// ...or this many segments...
     pub checkpoint_segments: usize,
+    /// While the journal holds more segments than this (at least `checkpoint_segments` + 2)
+    /// and the checkpointer is taking a checkpoint that does not fail, the committer writes
+    /// only for syncs, and writers wait once their record buffers are full: the journal, and
+    /// so the time a recovery replays it, stays bounded when records come faster than
+    /// checkpoints apply them (docs/STORE.md, "Backpressure").
+    pub journal_segments: usize,
     /// ...or once this many bytes of file data changed since the last one began, or half of
     /// [`Config::cache_bytes`] if more. Writers wait once twice as much changed since
     /// the last checkpoint committed began, so that changed data in memory stays bounded
@@ -117,6 +123,7 @@ impl Default for Options {
             commit_interval: Duration::from_millis(100),
             checkpoint_records: 2_000_000,
             checkpoint_segments: 4,
+            journal_segments: 16,
             checkpoint_changed: 16 << 20,
             checkpoint_poll: Duration::from_millis(500),
             checkpoint_retry: Duration::from_secs(1),
@@ -135,6 +142,7 @@ impl std::fmt::Debug for Options {
             .field("commit_interval", &self.commit_interval)
             .field("checkpoint_records", &self.checkpoint_records)
             .field("checkpoint_segments", &self.checkpoint_segments)
+            .field("journal_segments", &self.journal_segments)
             .field("checkpoint_poll", &self.checkpoint_poll)
             .field("checkpoint_retry", &self.checkpoint_retry)
             .field("checkpoint_retry_max", &self.checkpoint_retry_max)
@@ -482,12 +490,16 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let policy = checkpoint::Policy {
         records: opts.checkpoint_records,
         segments: opts.checkpoint_segments,
+        journal_segments: opts
+            .journal_segments
+            .max(opts.checkpoint_segments.saturating_add(2)),
         changed_due,
         changed_limit: changed_due.saturating_mul(2),
         poll: opts.checkpoint_poll,
         retry: opts.checkpoint_retry,
         retry_max: opts.checkpoint_retry_max,
     };
+    log.set_max_segments(policy.journal_segments as u64);
     let checkpointer = checkpoint::spawn(
         ck,
         log.clone(),

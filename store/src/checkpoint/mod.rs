@@ -901,6 +901,9 @@ pub(crate) struct Policy {
     pub records: u64,
     /// Segments in the journal.
     pub segments: usize,
+    /// Segments in the journal beyond which the committer holds off while a checkpoint
+    /// runs ([`Log::set_behind`]).
+    pub journal_segments: usize,
     /// Pages of file data changed since the last checkpoint began that make one due, and
     /// changed since the last one committed began that make writers wait
     /// ([`PageEpochs::set_budget`]).
@@ -1152,7 +1155,8 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
         }
     }
     let written = c.log.counters().lsn;
-    let segments = journal::segments(c.disk, &ck.store).map_or(0, |s| s.len());
+    let seqs = journal::segments(c.disk, &ck.store).unwrap_or_default();
+    let segments = seqs.len();
     // Changed pages due even with every record already in the checkpoint (they were appended
     // while the last one synced): a checkpoint with nothing to apply still declares their
     // epoch kept, which writers waiting for it need.
@@ -1164,8 +1168,14 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
     if !due {
         return true;
     }
+    // While it runs, a journal over its size takes only syncs (commit.rs, "Backpressure").
+    c.log.set_checkpointing(true, seqs.first().copied());
     let failures = ck.backoff.failures;
-    match attempt(ck, c, stopped) {
+    let r = attempt(ck, c, stopped);
+    let first = journal::segments(c.disk, &ck.store).ok();
+    c.log
+        .set_checkpointing(false, first.and_then(|s| s.first().copied()));
+    match r {
         Ok(_) => {
             if *said {
                 eprintln!(
@@ -1277,6 +1287,7 @@ mod tests {
         Policy {
             records: 1,
             segments: 1,
+            journal_segments: 3,
             changed_due: 1,
             changed_limit: 1,
             poll: Duration::from_millis(1),
