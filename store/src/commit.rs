@@ -47,10 +47,10 @@
 //! deadlock; operations that need those locks wait too, as they would for the disk.
 //! The journal itself is bounded the same way: while it holds more than its most segments
 //! ([`Log::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
-//! takes a checkpoint ([`Log::set_checkpointing`]) a round that serves no sync takes
-//! nothing, so buffers fill and their writers wait until the checkpoint ends and its
-//! segments go. Syncs are still served (the checkpoint begins with two), and a stopped, low
-//! or closing store never waits.
+//! takes a checkpoint ([`Log::set_checkpointing`]) the committer runs no round but for the
+//! checkpoint's own syncs ([`Log::sync_for_checkpoint`]), so buffers fill and their writers,
+//! and other syncs, wait until the checkpoint ends and its segments go (as a full journal
+//! waits for its checkpoint in jbd2). A stopped, low or closing store never waits.
 //!
 //! **Errors**: the host's errors are of two kinds (`journal::out_of_space` tells them apart).
 //!
@@ -191,6 +191,9 @@ struct State {
     /// many before it begins (module doc, "Group commit"); the sync that makes them as many
     /// wakes the committer.
     gather: usize,
+    /// The highest stamp a checkpoint's sync waits for ([`Log::sync_for_checkpoint`]): those
+    /// are served while the journal is held off (module doc, "Backpressure").
+    urgent: u64,
 }
 
 /// A thread in [`Log::sync`]: its result (an errno, 0 for success, or [`PENDING`]), set
@@ -462,15 +465,26 @@ impl Log {
     /// parks must loop on its own condition, as `std` requires of every parker (an unpark
     /// meant for one wait may end another early).
     pub(crate) fn sync(&self) -> lanefs::Result<()> {
+        self.sync_as(false)
+    }
+
+    /// [`Log::sync`] for a checkpoint: served even while the journal is over its bound and
+    /// other syncs wait for the checkpoint (module doc, "Backpressure").
+    pub(crate) fn sync_for_checkpoint(&self) -> lanefs::Result<()> {
+        self.sync_as(true)
+    }
+
+    fn sync_as(&self, urgent: bool) -> lanefs::Result<()> {
         let me = Arc::new(Waiting {
             result: AtomicI32::new(PENDING),
             thread: std::thread::current(),
         });
         let w = me.clone();
-        self.sync_then(Box::new(move |r| {
+        let done: SyncDone = Box::new(move |r| {
             w.result.store(r.err().map_or(0, |e| e.0), Release);
             w.thread.unpark();
-        }));
+        });
+        self.sync_then_as(done, urgent);
         loop {
             match me.result.load(Acquire) {
                 // Parking may end early (an unpark meant for an earlier wait): look again.
@@ -495,7 +509,7 @@ impl Log {
         let mut asks = 0;
         let mut short = false;
         loop {
-            let (flush, shutdown) = {
+            let (flush, shutdown, urgent) = {
                 let mut s = self.state.lock();
                 if s.held {
                     // Written again every `RETRY`, or at once when someone asks.
@@ -519,14 +533,13 @@ impl Log {
                 }
                 asks = s.asks;
                 s.kicked = false;
-                (flush, s.shutdown)
+                (flush, s.shutdown, s.urgent > s.durable)
             };
-            if !flush && !shutdown && self.mode.load(Relaxed) == 0 && self.held_off(writer.seq()) {
+            if !urgent && !shutdown && self.mode.load(Relaxed) == 0 && self.held_off(writer.seq()) {
                 // The journal is over its size and a checkpoint is under way: nothing is
-                // written but for a sync (the checkpoint's own among them) until it ends.
+                // written but for the checkpoint's own syncs until it ends.
                 let mut s = self.state.lock();
-                if !(s.requested > s.durable || s.shutdown || s.held) && self.held_off(writer.seq())
-                {
+                if !(s.urgent > s.durable || s.shutdown || s.held) && self.held_off(writer.seq()) {
                     self.work.wait_for(&mut s, BEHIND_WAIT);
                 }
                 continue;
@@ -668,6 +681,10 @@ impl Log {
     /// The committer calls the callbacks one after another on its own thread, blocking
     /// syncs' among them: one that blocks delays every waiting sync and the next round.
     pub(crate) fn sync_then(&self, done: SyncDone) {
+        self.sync_then_as(done, false)
+    }
+
+    fn sync_then_as(&self, done: SyncDone, urgent: bool) {
         // The last stamp each thread appended: every record appended before this call (in
         // happens-before order) stored its stamp, or a later one of its thread, before
         // the call began, so none is stamped above `t` (module doc, "Group commit").
@@ -693,6 +710,9 @@ impl Log {
             return done(r);
         }
         let failures = s.failures;
+        if urgent {
+            s.urgent = s.urgent.max(t + 1);
+        }
         s.callbacks.push(Callback { t, failures, done });
         s.asks += 1;
         // The committer waits for work while no round is asked for, and for the last of
@@ -700,7 +720,7 @@ impl Log {
         // its round ends. Waking it for every sync cost a wake-up per sync.
         let waiting = s.requested <= s.durable || s.callbacks.len() == s.gather;
         s.requested = s.requested.max(t + 1);
-        if s.held || waiting {
+        if s.held || waiting || urgent {
             self.work.notify_one();
         }
     }

@@ -1009,9 +1009,9 @@ fn take(
     // Every record appended before the first sync (so every change labelled with `epoch` or
     // before) is written when it returns; the second makes every record written by then
     // durable.
-    let synced = log.sync().and_then(|()| {
+    let synced = log.sync_for_checkpoint().and_then(|()| {
         let written = log.counters().lsn;
-        log.sync().map(|()| written)
+        log.sync_for_checkpoint().map(|()| written)
     });
     match synced {
         Ok(written) => {
