@@ -1027,12 +1027,12 @@ impl Writer {
         }
     }
 
-    /// The LSN of the last record in the journal (0: none yet).
     /// The sequence number of the segment being written.
     pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
 
+    /// The LSN of the last record in the journal (0: none yet).
     pub(crate) fn last_lsn(&self) -> u64 {
         self.next_lsn.saturating_sub(1)
     }

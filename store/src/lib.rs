@@ -83,10 +83,10 @@ pub struct Options {
     /// ...or this many segments...
     pub checkpoint_segments: usize,
     /// While the journal holds more segments than this (at least `checkpoint_segments` + 2)
-    /// and the checkpointer is taking a checkpoint that does not fail, the committer writes
-    /// only for syncs, and writers wait once their record buffers are full: the journal, and
-    /// so the time a recovery replays it, stays bounded when records come faster than
-    /// checkpoints apply them (docs/STORE.md, "Backpressure").
+    /// and the checkpointer is taking a checkpoint, the committer writes only for that
+    /// checkpoint, and writers and other syncs wait for it: the journal, and so the time a
+    /// recovery replays it, stays bounded when records come faster than checkpoints apply
+    /// them (docs/STORE.md, "Backpressure").
     pub journal_segments: usize,
     /// ...or once this many bytes of file data changed since the last one began, or half of
     /// [`Config::cache_bytes`] if more. Writers wait once twice as much changed since

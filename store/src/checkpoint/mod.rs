@@ -902,7 +902,7 @@ pub(crate) struct Policy {
     /// Segments in the journal.
     pub segments: usize,
     /// Segments in the journal beyond which the committer holds off while a checkpoint
-    /// runs ([`Log::set_behind`]).
+    /// runs ([`Log::set_checkpointing`]; commit.rs, "Backpressure").
     pub journal_segments: usize,
     /// Pages of file data changed since the last checkpoint began that make one due, and
     /// changed since the last one committed began that make writers wait
