@@ -4,90 +4,16 @@
 //! `journal_segments` while checkpoints run; the same writers without the bound grow it far
 //! past that (so the test can tell). Everything written reads back after a reopen.
 
-use std::ffi::OsString;
-use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use lanefs::{Client, Config, OpenOptions};
-use lanefs_store::disk::{Disk, DiskFile, RealDisk};
 use lanefs_store::{Options, open};
 
-/// The real host, with every flush of the checkpoint's database `delay` late.
-struct SlowCheckpoint {
-    delay: Duration,
-}
-
-struct SlowFile {
-    inner: Arc<dyn DiskFile>,
-    delay: Duration,
-}
-
-impl DiskFile for SlowFile {
-    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
-        self.inner.read_at(buf, off)
-    }
-    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        self.inner.write_at(buf, off)
-    }
-    fn len(&self) -> io::Result<u64> {
-        self.inner.len()
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        std::thread::sleep(self.delay);
-        self.inner.sync_data()
-    }
-    fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
-        self.inner.write_blocks(buf, off)
-    }
-    fn read_blocks(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
-        self.inner.read_blocks(buf, off)
-    }
-    fn allocate(&self, len: u64) -> io::Result<()> {
-        self.inner.allocate(len)
-    }
-}
-
-impl Disk for SlowCheckpoint {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealDisk.create_dir_all(path)
-    }
-    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn DiskFile>> {
-        let f = RealDisk.open(path, create)?;
-        Ok(
-            match path.file_name().is_some_and(|n| n == "checkpoint.redb") {
-                true => Arc::new(SlowFile {
-                    inner: f,
-                    delay: self.delay,
-                }),
-                false => f,
-            },
-        )
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        RealDisk.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealDisk.rename(from, to)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
-        RealDisk.list(dir)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealDisk.sync_dir(dir)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        RealDisk.exists(path)
-    }
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        RealDisk.lock(path)
-    }
-}
+mod ckhost;
+use ckhost::{Host, Knobs};
 
 const SEGMENT: u64 = 1 << 20;
 const BOUND: usize = 4;
@@ -96,8 +22,12 @@ const SLACK: usize = 16;
 
 fn opts(bound: usize) -> Options {
     Options {
-        disk: Arc::new(SlowCheckpoint {
-            delay: Duration::from_millis(300),
+        // Every flush of `checkpoint.redb` 300 ms late.
+        disk: Arc::new(Host {
+            k: Arc::new(Knobs {
+                delay_ms: AtomicU64::new(300),
+                ..Knobs::default()
+            }),
         }),
         segment_size: SEGMENT,
         commit_interval: Duration::from_millis(2),
