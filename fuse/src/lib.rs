@@ -188,6 +188,15 @@
 //! created, removed or replaced) and `FUSE_NOTIFY_INVAL_INODE` (attributes, and the page-cache
 //! range a write or truncate changed) before the library call returns.
 //!
+//! ## Write-back that fails
+//! Pages a program dirties through `mmap` reach lanefs as write-back WRITEs
+//! (`FUSE_WRITE_CACHE`); the kernel asks nothing when a mapped page is first written, so a
+//! full filesystem cannot refuse the store with SIGBUS as tmpfs does. When such a WRITE stores
+//! less than it carried (ENOSPC, EIO), the program hears of it from `msync`, `fsync` or
+//! `close`, and the server drops those pages from the kernel's cache (a thread of its own,
+//! after the reply: `Server::drop_pages_later`), so that reads show what lanefs holds and not
+//! bytes it refused.
+//!
 //! ## Mounting
 //! As root lanefs mounts with `mount(2)` itself, with type `fuse.lanefs`, and like tmpfs
 //! honours set-user-id bits and device files unless the flags say `nosuid` / `nodev`;

@@ -53,6 +53,13 @@ impl KernelCache {
     pub(crate) fn drop_listing(&self, dir: lanefs::Ino) {
         let _ = self.0.inval_inode(dir.get(), 0, 0);
     }
+
+    /// Drops the cached pages of `ino` from `off` for `len` bytes, and its attributes.
+    pub(crate) fn drop_pages(&self, ino: lanefs::Ino, off: u64, len: u64) {
+        let off = off.min(i64::MAX as u64) as i64;
+        let len = len.min(i64::MAX as u64) as i64;
+        let _ = self.0.inval_inode(ino.get(), off, len);
+    }
 }
 
 impl Invalidate for KernelCache {
@@ -62,11 +69,13 @@ impl Invalidate for KernelCache {
     }
 
     fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) {
-        // A negative offset drops the attributes only; otherwise the page-cache range too.
-        let (off, len) = data.map_or((-1, 0), |(o, l)| {
-            (o.min(i64::MAX as u64) as i64, l.min(i64::MAX as u64) as i64)
-        });
-        let _ = self.0.inval_inode(ino.get(), off, len);
+        match data {
+            Some((off, len)) => self.drop_pages(ino, off, len),
+            // A negative offset drops the attributes only.
+            None => {
+                let _ = self.0.inval_inode(ino.get(), -1, 0);
+            }
+        }
     }
 
     fn listing(&self, dir: lanefs::Ino) {

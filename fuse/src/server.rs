@@ -75,6 +75,10 @@ pub struct Server {
     read_ends: Arc<ReadEnds>,
     /// Dropped with the server, which ends the [`expire_listings`] thread at once.
     listings_stop: Option<std::sync::mpsc::Sender<()>>,
+    /// Page-cache ranges whose write-back failed, for the `lanefs-pages` thread to drop
+    /// (see [`Server::write`]); the thread is started at the first one and ends when this
+    /// drops with the server.
+    failed_pages: OnceLock<std::sync::mpsc::Sender<(u64, u64, u64)>>,
 }
 
 const READ_END_SHARDS: usize = 16;
@@ -299,6 +303,7 @@ impl Server {
             no_opendir: false,
             read_ends: Default::default(),
             listings_stop: None,
+            failed_pages: OnceLock::new(),
         }
     }
 
@@ -700,9 +705,16 @@ impl Server {
         // The file's open flags come along: the engine refuses a write the open would have
         // been refused for had the kernel known the inode flags (immutable, or append-only
         // without O_APPEND).
-        let n =
-            self.fs
-                .write_inode_flags(&c, node(req.h.nodeid), a.offset, data, a.flags as i32)?;
+        let r = self
+            .fs
+            .write_inode_flags(&c, node(req.h.nodeid), a.offset, data, a.flags as i32);
+        if a.write_flags & FUSE_WRITE_CACHE != 0 {
+            let done = *r.as_ref().unwrap_or(&0) as u64;
+            if done < data.len() as u64 {
+                self.drop_pages_later(req.h.nodeid, a.offset + done, data.len() as u64 - done);
+            }
+        }
+        let n = r?;
         put(
             out,
             &fuse_write_out {
@@ -926,6 +938,40 @@ impl Server {
         if let Some(kc) = self.notifier.get() {
             kc.drop_listing(Ino(dir));
         }
+    }
+
+    /// After a write-back WRITE (`FUSE_WRITE_CACHE`: the kernel writing pages a program
+    /// dirtied through `mmap`) that stored less than it carried (ENOSPC, EIO): the kernel
+    /// keeps those pages, clean and up to date, once the WRITE ends, so reads would go on
+    /// showing bytes the filesystem does not hold until the pages leave the cache. They are
+    /// dropped instead, so that every read shows what is stored (the program learns of the
+    /// failure from `msync`, `fsync` or `close`, as with any failed write-back; tmpfs
+    /// refuses the store itself with SIGBUS, which FUSE cannot, since the kernel asks the
+    /// server nothing when a mapped page is first written). Not from this thread, and not
+    /// before the reply: the invalidation waits for each page's write-back to end, which
+    /// is this request's reply, and lays dirty pages down with WRITEs that a request thread
+    /// must be free to answer. So a thread of its own does it, in the order they came.
+    fn drop_pages_later(&self, ino: u64, off: u64, len: u64) {
+        let tx = self.failed_pages.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<(u64, u64, u64)>();
+            let kc = Arc::downgrade(&self.notifier);
+            let started = std::thread::Builder::new()
+                .name("lanefs-pages".into())
+                .spawn(move || {
+                    while let Ok((ino, off, len)) = rx.recv() {
+                        let Some(kc) = kc.upgrade() else { return };
+                        if let Some(kc) = kc.get() {
+                            kc.drop_pages(Ino(ino), off, len);
+                        }
+                    }
+                });
+            if let Err(e) = started {
+                // The pages stay until they leave the cache; nothing else is lost.
+                eprintln!("lanefs: cannot start the thread that drops failed pages: {e}");
+            }
+            tx
+        });
+        let _ = tx.send((ino, off, len));
     }
 
     /// Where a handle-free read of `ino` at `offset` ends: a read from offset 0 takes the

@@ -364,6 +364,83 @@ fn mmap_reads_and_writes() {
     assert_eq!(&c.read("/mapped").unwrap()[4096..4101], b"hello");
 }
 
+/// Pages a program wrote through `mmap` that the filesystem had no room for: the write-back
+/// fails (`msync` says ENOSPC), and reads then show what the filesystem holds, not the bytes
+/// it refused, which the kernel would otherwise keep in its cache as if written.
+#[test]
+fn pages_whose_write_back_failed_do_not_stay_in_the_cache() {
+    const LEN: usize = 8 << 20;
+    let cfg = Config {
+        max_bytes: Some(4 << 20),
+        ..Config::default()
+    };
+    let m = Mounted::new(cfg, Duration::from_secs(60));
+    let path = m.path().join("mapped");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    f.set_len(LEN as u64).unwrap();
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: mapping LEN bytes of an open file of that size; unmapped below.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        )
+    };
+    assert_ne!(ptr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    // SAFETY: the mapping is LEN bytes long and writable, and is unmapped only below.
+    let synced = unsafe {
+        let s = std::slice::from_raw_parts_mut(ptr as *mut u8, LEN);
+        for page in s.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        let r = libc::msync(ptr, LEN, libc::MS_SYNC);
+        let e = std::io::Error::last_os_error();
+        libc::munmap(ptr, LEN);
+        (r, e.raw_os_error())
+    };
+    assert_eq!(
+        synced,
+        (-1, Some(libc::ENOSPC)),
+        "msync of 8 MiB of pages on a 4 MiB filesystem"
+    );
+    let held = lanefs::Client::root(m.fs.clone()).read("/mapped").unwrap();
+    let written = |b: &[u8]| b.chunks(4096).filter(|p| p[0] == 1).count();
+    assert!(
+        (1..LEN / 4096).contains(&written(&held)),
+        "the filesystem holds {} of {} pages",
+        written(&held),
+        LEN / 4096
+    );
+    // The failed pages are dropped on a thread of the server's after the WRITE's reply, so
+    // a read may come just before; it must agree with the filesystem soon after.
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = std::fs::read(&path).unwrap();
+        if seen == held {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        seen == held,
+        "reads show {} written pages, the filesystem holds {}",
+        written(&seen),
+        written(&held)
+    );
+    drop(f);
+    m.unmount_and_check();
+}
+
 /// File data through the mount, in the manner of fsx: random writes, reads, truncates, mmap
 /// reads and writes, fallocate and hole punching on one file, each checked against a model
 /// buffer, and the engine's own copy compared with the model at the end (the page cache and
