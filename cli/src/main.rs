@@ -24,9 +24,12 @@ enum Cmd {
     /// Check a disk store (exit 0 when consistent); --repair cuts a damaged one back to its
     /// last consistent prefix.
     Fsck(mount::FsckArgs),
+    /// Apply a disk store's journal to its checkpoint and give the room deleted files took
+    /// back to the host (the store must not be mounted).
+    Compact(mount::CompactArgs),
 }
 
-const SUBCOMMANDS: [&str; 5] = ["mount", "stats", "bench", "fsck", "help"];
+const SUBCOMMANDS: [&str; 6] = ["mount", "stats", "bench", "fsck", "compact", "help"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -49,6 +52,7 @@ fn main() {
             Cmd::Stats(a) => mount::stats(a),
             Cmd::Bench(a) => bench::run(a),
             Cmd::Fsck(a) => mount::fsck(a),
+            Cmd::Compact(a) => mount::compact(a),
         }
     };
     if let Err(e) = r {

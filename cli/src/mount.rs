@@ -51,6 +51,13 @@ pub struct FsckArgs {
     pub repair: bool,
 }
 
+/// `lanefs compact DIR`.
+#[derive(Args)]
+pub struct CompactArgs {
+    /// The store's directory.
+    pub dir: PathBuf,
+}
+
 /// `lanefs stats MOUNTPOINT`.
 #[derive(Args)]
 pub struct StatsArgs {
@@ -249,16 +256,19 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
     }
 }
 
-/// How long `mount --store` waits for a store another server holds: an unmount returns
-/// before the old server has closed the store and released its lock.
+/// How long `mount --store`, `fsck` and `compact` wait for a store another server holds: an
+/// unmount returns before the old server has closed the store and released its lock.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
-/// Opens the store in `dir`, waiting up to [`LOCK_WAIT`] while another server holds it; the
-/// refusal is one line.
-fn open_store(dir: &Path, cfg: Config) -> Result<lanefs_store::Opened, String> {
+/// Runs `f` on the store in `dir`, again every 50 ms for up to [`LOCK_WAIT`] while another
+/// server holds the store; the refusal is one line.
+fn when_unlocked<T>(
+    dir: &Path,
+    mut f: impl FnMut() -> Result<T, lanefs_store::StoreError>,
+) -> Result<T, String> {
     let start = std::time::Instant::now();
     loop {
-        match lanefs_store::open(dir, cfg.clone(), lanefs_store::Options::default()) {
+        match f() {
             Err(lanefs_store::StoreError::Locked { .. }) if start.elapsed() < LOCK_WAIT => {
                 std::thread::sleep(Duration::from_millis(50));
             }
@@ -274,6 +284,13 @@ fn open_store(dir: &Path, cfg: Config) -> Result<lanefs_store::Opened, String> {
             r => return r.map_err(|e| e.to_string()),
         }
     }
+}
+
+/// Opens the store in `dir` ([`when_unlocked`]).
+fn open_store(dir: &Path, cfg: Config) -> Result<lanefs_store::Opened, String> {
+    when_unlocked(dir, || {
+        lanefs_store::open(dir, cfg.clone(), lanefs_store::Options::default())
+    })
 }
 
 /// Mounts and serves; `ready` is told once the mount is in place.
@@ -348,7 +365,7 @@ fn store_dir(s: &Option<PathBuf>) -> String {
 pub fn fsck(a: FsckArgs) -> Result<(), String> {
     let opts = lanefs_store::Options::default();
     if a.repair {
-        let r = lanefs_store::fsck::repair(&a.dir, &opts).map_err(|e| e.to_string())?;
+        let r = when_unlocked(&a.dir, || lanefs_store::fsck::repair(&a.dir, &opts))?;
         match r.cut_at {
             None => println!(
                 "{}: consistent, nothing to repair ({} records)",
@@ -364,7 +381,7 @@ pub fn fsck(a: FsckArgs) -> Result<(), String> {
         }
         return Ok(());
     }
-    let r = lanefs_store::fsck::check(&a.dir, &opts).map_err(|e| e.to_string())?;
+    let r = when_unlocked(&a.dir, || lanefs_store::fsck::check(&a.dir, &opts))?;
     println!(
         "{}: consistent: a checkpoint up to record {}, then {} records in {} journal segments, {} inodes{}",
         a.dir.display(),
@@ -377,6 +394,20 @@ pub fn fsck(a: FsckArgs) -> Result<(), String> {
         } else {
             ""
         }
+    );
+    Ok(())
+}
+
+pub fn compact(a: CompactArgs) -> Result<(), String> {
+    let r = when_unlocked(&a.dir, || {
+        lanefs_store::compact(&a.dir, lanefs_store::Options::default())
+    })?;
+    println!(
+        "{}: {} records applied; checkpoint and journal {} MiB -> {} MiB",
+        a.dir.display(),
+        r.applied,
+        r.before >> 20,
+        r.after >> 20
     );
     Ok(())
 }

@@ -849,3 +849,71 @@ fn mounting_waits_for_a_store_being_released() {
     assert_eq!(std::fs::read(mp.join("hello")).unwrap(), b"world");
     unmount(&mp);
 }
+
+/// `lanefs compact`: run right after an unmount, it waits for the old server to let go of the
+/// store (as `fsck` does), applies the journal, and gives the room of files deleted since back
+/// to the host; the files kept read back, and fsck finds the store consistent.
+#[test]
+fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
+    if !can_mount("compact_waits_for_the_store_and_gives_deleted_files_room_back") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
+    let keep: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+    let checkpoint_len = || {
+        std::fs::metadata(store.join("checkpoint.redb"))
+            .unwrap()
+            .len()
+    };
+    let serve = |f: &dyn Fn()| {
+        let o = lanefs(&["mount", "--background", "--store", s, m]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let _m = Mounted(mp.clone());
+        f();
+        unmount(&mp);
+    };
+    serve(&|| {
+        std::fs::write(mp.join("keep"), &keep).unwrap();
+        std::fs::write(mp.join("big"), vec![7u8; 24 << 20]).unwrap();
+    });
+    // fsck waits for the server, which may still be closing the store after the unmount.
+    let o = lanefs(&["fsck", s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Held for a second more, as by a server still closing the store.
+    let held = hold_store_lock(&store);
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1000));
+        drop(held);
+    });
+    let o = lanefs(&["compact", s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("records applied"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    release.join().unwrap();
+    let full = checkpoint_len();
+    assert!(full > 24 << 20, "the files are in the checkpoint: {full}");
+    serve(&|| std::fs::remove_file(mp.join("big")).unwrap());
+    let o = lanefs(&["compact", s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let small = checkpoint_len();
+    assert!(small < 4 << 20, "checkpoint.redb {full} -> {small} bytes");
+    let o = lanefs(&["fsck", s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serve(&|| {
+        assert_eq!(std::fs::read(mp.join("keep")).unwrap(), keep);
+        assert!(!mp.join("big").exists());
+    });
+    // Not a store: refused, and nothing is made.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = lanefs(&["compact", empty.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+}

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use lanefs::{Config, Filesystem, InodeId, Record, Store};
 
-use crate::checkpoint::{Checkpoint, PageReader};
+use crate::checkpoint::{Checkpoint, Compact, PageReader};
 use crate::error::StoreError;
 use crate::{Options, identity, journal};
 
@@ -90,7 +90,14 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     let (uuid, created) = identity(disk, dir, false)?;
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
-    let ck = Checkpoint::open(disk, dir, uuid, false, opts.checkpoint_cache)?;
+    let ck = Checkpoint::open(
+        disk,
+        dir,
+        uuid,
+        false,
+        Compact::Never,
+        opts.checkpoint_cache,
+    )?;
     let store = Arc::new(Reading {
         pages: ck.as_ref().map(Checkpoint::pages),
     });
@@ -193,7 +200,14 @@ pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let n = seg
         .read_at(&mut head, 0)
         .map_err(StoreError::io(&seg_path, "read"))?;
-    let base = match Checkpoint::open(disk, dir, uuid, false, opts.checkpoint_cache)? {
+    let base = match Checkpoint::open(
+        disk,
+        dir,
+        uuid,
+        false,
+        Compact::Never,
+        opts.checkpoint_cache,
+    )? {
         Some(ck) => ck.lsn(),
         None => 0,
     };

@@ -440,6 +440,64 @@ fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool
     Ok((uuid, true))
 }
 
+/// What [`compact`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactReport {
+    /// Records the checkpoint took from the journal.
+    pub applied: u64,
+    /// Bytes of the checkpoint file and the journal segments before.
+    pub before: u64,
+    /// And after.
+    pub after: u64,
+}
+
+/// Applies the journal of the store in `dir` to its checkpoint (the segments it covered go)
+/// and gives the checkpoint file's free space back to the host: the room that deleted files'
+/// data took, which redb otherwise keeps in the file for later checkpoints (docs/STORE.md,
+/// "Compaction"). The store must exist and must not be open elsewhere; what it holds does
+/// not change.
+pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
+    let disk = opts.disk.clone();
+    identity(&*disk, dir, false)?;
+    let size = || -> Result<u64, StoreError> {
+        let mut files = vec![dir.join(checkpoint::FILE)];
+        files.extend(
+            journal::segments(&*disk, dir)?
+                .into_iter()
+                .map(|s| journal::segment_path(dir, s)),
+        );
+        let mut n = 0;
+        for p in files.iter().filter(|p| disk.exists(p)) {
+            let f = disk.open(p, false).map_err(StoreError::io(p, "open"))?;
+            n += f.len().map_err(StoreError::io(p, "stat"))?;
+        }
+        Ok(n)
+    };
+    let before = size()?;
+    let cache = opts.checkpoint_cache;
+    let o = open(dir, Config::default(), opts)?;
+    let applied = o.store.checkpoint();
+    drop(o.fs);
+    o.store.close().map_err(|e| StoreError::Io {
+        path: dir.to_path_buf(),
+        op: "close",
+        source: std::io::Error::from_raw_os_error(e.0),
+    })?;
+    let applied = applied.map_err(|why| StoreError::Io {
+        path: dir.join(checkpoint::FILE),
+        op: "checkpoint",
+        source: std::io::Error::other(why),
+    })?;
+    let _lock = lock(&*disk, dir)?;
+    let (uuid, _) = identity(&*disk, dir, false)?;
+    checkpoint::Checkpoint::open(&*disk, dir, uuid, false, checkpoint::Compact::Always, cache)?;
+    Ok(CompactReport {
+        applied,
+        before,
+        after: size()?,
+    })
+}
+
 /// Opens the store in `dir`, creating it if the directory is empty or missing (see the
 /// module doc). `cfg` gives the filesystem's limits and locking mode, and the root's
 /// attributes when the store is new; without a size limit the store may hold as much as the
@@ -462,8 +520,15 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     }
     let log = Arc::new(Log::new(opts.commit_interval));
     let cache_pages = cfg.cache_pages();
-    let mut ck = checkpoint::Checkpoint::open(disk, dir, uuid, true, opts.checkpoint_cache)?
-        .expect("made if missing");
+    let mut ck = checkpoint::Checkpoint::open(
+        disk,
+        dir,
+        uuid,
+        true,
+        checkpoint::Compact::IfMostlyFree,
+        opts.checkpoint_cache,
+    )?
+    .expect("made if missing");
     ck.set_reserve(disk, opts.checkpoint_reserve.min(segment_size / 4));
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {

@@ -339,4 +339,9 @@ fn the_names_and_constants_quoted_match_the_code() {
     assert_eq!(o.checkpoint_retry_max, std::time::Duration::from_secs(60));
     assert!(DOC.contains("(every `Options::checkpoint_poll`, 500 ms)"));
     assert_eq!(o.checkpoint_poll, std::time::Duration::from_millis(500));
+    let compaction = section("Compaction");
+    assert!(compaction.contains(&format!(
+        "more than {} MiB and more than\n  the pages in use (`checkpoint::COMPACT_SLACK`)",
+        crate::checkpoint::COMPACT_SLACK >> 20
+    )));
 }

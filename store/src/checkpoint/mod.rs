@@ -372,16 +372,82 @@ fn open_db(
         .map_err(|e| open_error(path, "the checkpoint cannot be opened", e))
 }
 
+/// A checkpoint file whose free space is more than this and more than its data is compacted
+/// when the store opens.
+pub(crate) const COMPACT_SLACK: u64 = 64 << 20;
+
+/// When opening a checkpoint gives its free space back to the host ([`compact`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Compact {
+    /// Never (fsck, which changes nothing).
+    Never,
+    /// When the file's free space is more than [`COMPACT_SLACK`] and more than its data (a
+    /// store opening).
+    IfMostlyFree,
+    /// Whenever it has any (`lanefs compact`).
+    Always,
+}
+
+/// Gives the free space of a checkpoint file back to the host (the pages of files deleted
+/// since, which redb keeps in the file for later transactions) when `when` says so: redb
+/// moves the pages in use towards the start and cuts the file (`Database::compact`,
+/// repeated while it finds more to do). Only at opening, before anything reads the
+/// checkpoint: redb compacts only a database with no transaction open. Each step is one of
+/// redb's two-phase commits, so a crash leaves the checkpoint as one of them left it, with
+/// the same contents (compaction moves pages; it changes no key or value). Returns why it
+/// failed, if it did.
+fn compact(db: &mut Database, disk: &dyn Disk, path: &Path, when: Compact) -> Result<(), String> {
+    let len = || {
+        disk.open(path, false)
+            .and_then(|f| f.len())
+            .map_err(|e| e.to_string())
+    };
+    let stats = {
+        let txn = db.begin_write().map_err(|e| e.to_string())?;
+        let stats = txn.stats().map_err(|e| e.to_string())?;
+        txn.abort().map_err(|e| e.to_string())?;
+        stats
+    };
+    let used = stats.allocated_pages() * stats.page_size() as u64;
+    let before = len()?;
+    let free = before.saturating_sub(used);
+    let due = match when {
+        Compact::Never => false,
+        Compact::IfMostlyFree => free > COMPACT_SLACK.max(used),
+        Compact::Always => free > 0,
+    };
+    if !due {
+        return Ok(());
+    }
+    for _ in 0..8 {
+        match db.compact() {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    eprintln!(
+        "lanefs: {}: compacted from {} to {} MiB ({} MiB in use)",
+        path.display(),
+        before >> 20,
+        len()? >> 20,
+        used >> 20
+    );
+    Ok(())
+}
+
 impl Checkpoint {
     /// Opens the checkpoint of the store in `dir` (id `uuid`), with a page cache of `cache`
     /// bytes. A store that has none is one whose journal starts at its beginning (else the
     /// checkpoint is missing: damage); with `create` an empty one is made for it, without,
-    /// `None` is returned.
+    /// `None` is returned. `compact` says when the file gives its free space back to the
+    /// host first ([`compact`]).
     pub(crate) fn open(
         disk: &dyn Disk,
         dir: &Path,
         uuid: [u8; 16],
         create: bool,
+        compact: Compact,
         cache: usize,
     ) -> Result<Option<Checkpoint>, StoreError> {
         let path = dir.join(FILE);
@@ -393,19 +459,22 @@ impl Checkpoint {
             Self::make(disk, dir, uuid, cache)?;
         }
         guarded(
-            || Self::open_made(disk, dir, &path, uuid, true, cache),
+            || Self::open_made(disk, dir, &path, uuid, true, compact, cache),
             |e| damaged(&path, e),
         )
         .map(Some)
     }
 
-    /// Opens the existing checkpoint `path`; `verify` runs redb's integrity check.
+    /// Opens the existing checkpoint `path`; `verify` runs redb's integrity check, and
+    /// `compact` then says whether to [`compact`] it.
+    #[allow(clippy::too_many_arguments)]
     fn open_made(
         disk: &dyn Disk,
         dir: &Path,
         path: &Path,
         uuid: [u8; 16],
         verify: bool,
+        compact: Compact,
         cache: usize,
     ) -> Result<Checkpoint, StoreError> {
         let path = path.to_path_buf();
@@ -416,6 +485,15 @@ impl Checkpoint {
             None | Some(Ok(true)) => {}
             Some(Ok(false)) => return Err(damaged(&path, "redb's integrity check failed")),
             Some(Err(e)) => return Err(open_error(&path, "redb's integrity check", e)),
+        }
+        if let Err(why) = self::compact(&mut db, disk, &path, compact) {
+            // The checkpoint is as it was before the failed step (each of redb's commits is
+            // whole or not at all), but redb takes no transaction after a failed one.
+            eprintln!(
+                "lanefs: {}: not compacted: {why}; the free space stays in the file",
+                path.display()
+            );
+            db = open_db(disk, &path, false, cache)?;
         }
         let sb = {
             let txn = db
@@ -664,7 +742,17 @@ impl Checkpoint {
     /// whole checkpoint each time.
     fn reopen(&mut self, disk: &dyn Disk) -> Result<(), String> {
         let fresh = guarded(
-            || Self::open_made(disk, &self.store, &self.path, self.uuid, false, self.cache),
+            || {
+                Self::open_made(
+                    disk,
+                    &self.store,
+                    &self.path,
+                    self.uuid,
+                    false,
+                    Compact::Never,
+                    self.cache,
+                )
+            },
             |e| damaged(&self.path, e),
         )
         .map_err(|e| format!("reopening the checkpoint: {e}"))?;
