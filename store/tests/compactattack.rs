@@ -129,7 +129,10 @@ fn probe_next(disk: &SimDisk) -> (u64, u64, u64, Vec<(lanefs::Ino, lanefs::Gener
         let a = c.fs().getattr(m.ino()).unwrap();
         ids.push((a.ino, a.generation));
         c.create_dir(format!("/probe-dir-{i}")).unwrap();
-        let a = c.fs().getattr(c.metadata(format!("/probe-dir-{i}")).unwrap().ino()).unwrap();
+        let a = c
+            .fs()
+            .getattr(c.metadata(format!("/probe-dir-{i}")).unwrap().ino())
+            .unwrap();
         ids.push((a.ino, a.generation));
         c.remove_file(format!("/probe-new-{i}")).unwrap();
     }
@@ -214,7 +217,8 @@ fn populate(disk: &SimDisk, seed: u64, scale: usize) -> Tree {
     c.hard_link(&files[2], "/d3/link-to-f2").unwrap();
     c.hard_link(&files[2], "/d2/sub/another-link").unwrap();
     c.symlink(&files[3], "/d2/sym").unwrap();
-    c.symlink("dangling/target/that/is/long", "/d1/dangle").unwrap();
+    c.symlink("dangling/target/that/is/long", "/d1/dangle")
+        .unwrap();
     // Deleted before any checkpoint.
     let doomed0 = bytes(&mut rng, 150_000);
     c.write("/d0/deleted-before", &doomed0).unwrap();
@@ -232,7 +236,12 @@ fn populate(disk: &SimDisk, seed: u64, scale: usize) -> Tree {
     c.truncate(&files[5], 1234).unwrap();
     c.truncate(&files[7], 300_000).unwrap();
     punch(&c, "/d0/sparse", 0, 4096);
-    setx(&c, &files[0], b"user.small", b"changed after the first checkpoint");
+    setx(
+        &c,
+        &files[0],
+        b"user.small",
+        b"changed after the first checkpoint",
+    );
     let big2 = bytes(&mut rng, 250_000);
     c.write("/d2/big-then-deleted-in-journal", &big2).unwrap();
     c.set_times(
@@ -255,7 +264,8 @@ fn populate(disk: &SimDisk, seed: u64, scale: usize) -> Tree {
     let more = bytes(&mut rng, 80_000);
     write_at(&c, &files[9], 40_000, &more);
     c.create_dir_all("/d3/new/deep").unwrap();
-    c.write("/d3/new/deep/journal-only", b"only in the journal").unwrap();
+    c.write("/d3/new/deep/journal-only", b"only in the journal")
+        .unwrap();
     setx(&c, "/d3/new/deep/journal-only", b"user.j", b"jx");
     c.remove_dir("/d2/sub").unwrap_err(); // not empty: fine
     store.sync().unwrap();
@@ -280,7 +290,11 @@ fn compact_keeps_filesystem_and_shrinks() {
     let len0 = ckpt_len(&disk);
     let next0 = probe_next(&disk);
     let r = compact(&dir(), opts(&disk)).expect("compact");
-    assert_eq!(next0, probe_next(&disk), "statfs / next inode numbers and generations changed by compaction");
+    assert_eq!(
+        next0,
+        probe_next(&disk),
+        "statfs / next inode numbers and generations changed by compaction"
+    );
     eprintln!("report {r:?}, checkpoint {len0} -> {}", ckpt_len(&disk));
     assert!(r.after <= r.before, "compaction grew the store: {r:?}");
     assert_same("after compact", &want, &reopen_dump(&disk, "after compact"));
@@ -292,7 +306,11 @@ fn compact_keeps_filesystem_and_shrinks() {
     // A crash right after a compaction (nothing unflushed should matter).
     for m in [Unflushed::Lost, Unflushed::Torn(s)] {
         let img = disk.crash(m);
-        assert_same(&format!("crash {m:?} after compact"), &want, &reopen_dump(&img, "img"));
+        assert_same(
+            &format!("crash {m:?} after compact"),
+            &want,
+            &reopen_dump(&img, "img"),
+        );
     }
 }
 
@@ -331,7 +349,11 @@ fn compact_then_modify_then_compact() {
     want = snapshot(c.fs());
     close(c, store);
     compact(&dir(), opts(&disk)).expect("compact 2");
-    assert_same("after compact 2", &want, &reopen_dump(&disk, "after compact 2"));
+    assert_same(
+        "after compact 2",
+        &want,
+        &reopen_dump(&disk, "after compact 2"),
+    );
 }
 
 #[test]
@@ -353,7 +375,11 @@ fn compact_refuses_non_store() {
     // Missing directory.
     let disk = SimDisk::new();
     assert!(compact(Path::new("/nowhere"), opts(&disk)).is_err());
-    assert!(disk.files().is_empty(), "compact created {:?}", disk.files());
+    assert!(
+        disk.files().is_empty(),
+        "compact created {:?}",
+        disk.files()
+    );
     // A directory with unrelated files.
     disk.put(Path::new("/other/readme"), b"not a store".to_vec());
     let before = disk.files();
@@ -426,8 +452,13 @@ fn crash_at_every_flush_of_compact() {
             match i % 6 {
                 0 => {
                     // Compact the crashed image again.
-                    compact(&dir(), opts(&img)).unwrap_or_else(|e| panic!("{what}: recompact: {e}"));
-                    assert_same(&format!("{what}, recompacted"), &want, &reopen_dump(&img, &what));
+                    compact(&dir(), opts(&img))
+                        .unwrap_or_else(|e| panic!("{what}: recompact: {e}"));
+                    assert_same(
+                        &format!("{what}, recompacted"),
+                        &want,
+                        &reopen_dump(&img, &what),
+                    );
                 }
                 3 => {
                     // Crash again in the middle of the recompaction.
@@ -441,7 +472,8 @@ fn crash_at_every_flush_of_compact() {
                             h.lock().unwrap().push(d.crash(Unflushed::Torn(k)));
                         }
                     });
-                    compact(&dir(), opts(&img2)).unwrap_or_else(|e| panic!("{what}: recompact: {e}"));
+                    compact(&dir(), opts(&img2))
+                        .unwrap_or_else(|e| panic!("{what}: recompact: {e}"));
                     img2.clear_hook();
                     for (j, i3) in hits.lock().unwrap().iter().enumerate() {
                         let w = format!("{what}, then crash {j} in the recompaction");
@@ -486,7 +518,17 @@ fn enospc_during_compact() {
     let cp = ckpt_len(&base);
     eprintln!("used {used}, checkpoint {cp}");
     let mut budgets: Vec<u64> = vec![0, used / 2, used.saturating_sub(4096), used];
-    for k in [1u64, 512, 4096, 8192, 20_000, 65_536, 200_000, 1 << 20, 3 << 20] {
+    for k in [
+        1u64,
+        512,
+        4096,
+        8192,
+        20_000,
+        65_536,
+        200_000,
+        1 << 20,
+        3 << 20,
+    ] {
         budgets.push(used + k);
     }
     let mut failures = Vec::new();
@@ -504,15 +546,23 @@ fn enospc_during_compact() {
             }
             Ok(r) => r,
         };
-        eprintln!("{what}: {:?}", res.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        eprintln!(
+            "{what}: {:?}",
+            res.as_ref().map(|_| ()).map_err(|e| e.to_string())
+        );
         disk.set_space(None);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             assert_same(&what, &want, &reopen_dump(&disk, &what));
             // Also a power cut now (after the failed compaction).
             let img = disk.crash(Unflushed::Lost);
             assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
-            compact(&dir(), opts(&disk)).unwrap_or_else(|e| panic!("{what}: compact with room: {e}"));
-            assert_same(&format!("{what}, compacted with room"), &want, &reopen_dump(&disk, &what));
+            compact(&dir(), opts(&disk))
+                .unwrap_or_else(|e| panic!("{what}: compact with room: {e}"));
+            assert_same(
+                &format!("{what}, compacted with room"),
+                &want,
+                &reopen_dump(&disk, &what),
+            );
         }));
         if let Err(e) = r {
             failures.push(panic_msg(e));
@@ -575,7 +625,10 @@ fn host_errors_mid_compact() {
                     }
                 }
             });
-            let what = format!("{fault:?} from flush {k}/{total} for {dur} hook calls", dur = [u64::MAX, 1, 2, 4][(k as usize) % 4]);
+            let what = format!(
+                "{fault:?} from flush {k}/{total} for {dur} hook calls",
+                dur = [u64::MAX, 1, 2, 4][(k as usize) % 4]
+            );
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 compact(&dir(), opts(&disk))
             }));
@@ -600,8 +653,13 @@ fn host_errors_mid_compact() {
                 let img = disk.crash(Unflushed::Lost);
                 assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
                 assert_same(&what, &want, &reopen_dump(&disk, &what));
-                compact(&dir(), opts(&disk)).unwrap_or_else(|e| panic!("{what}: compact healthy: {e}"));
-                assert_same(&format!("{what}, recompacted"), &want, &reopen_dump(&disk, &what));
+                compact(&dir(), opts(&disk))
+                    .unwrap_or_else(|e| panic!("{what}: compact healthy: {e}"));
+                assert_same(
+                    &format!("{what}, recompacted"),
+                    &want,
+                    &reopen_dump(&disk, &what),
+                );
             }));
             if let Err(e) = r {
                 failures.push(panic_msg(e));
@@ -645,7 +703,8 @@ fn big_store(seed: u64) -> (SimDisk, Tree) {
         }
         store.checkpoint().unwrap();
         // Journal only, after the last checkpoint.
-        c.write("/keep/journal-only", b"not in the checkpoint").unwrap();
+        c.write("/keep/journal-only", b"not in the checkpoint")
+            .unwrap();
         c.remove_file("/keep/late24").unwrap();
         c.truncate("/keep/k5", 100).unwrap();
         store.sync().unwrap();
@@ -703,7 +762,12 @@ fn open_time_auto_compaction() {
     eprintln!("open with crash checks took {:?}", t0.elapsed());
     assert_same("auto compaction open (crash copy)", &want, &got);
     let f = failures.lock().unwrap();
-    assert!(f.is_empty(), "{} crash images failed:\n{}", f.len(), f[..f.len().min(3)].join("\n---\n"));
+    assert!(
+        f.is_empty(),
+        "{} crash images failed:\n{}",
+        f.len(),
+        f[..f.len().min(3)].join("\n---\n")
+    );
     drop(f);
 
     let got = reopen_dump(&disk, "auto compaction open");
@@ -806,7 +870,10 @@ fn open_time_compaction_host_errors() {
                 }
                 Ok(Some(t)) => {
                     if t != want {
-                        failures.push(format!("{what}: the open that saw the fault served another filesystem:\n{}", diff(&want, &t)));
+                        failures.push(format!(
+                            "{what}: the open that saw the fault served another filesystem:\n{}",
+                            diff(&want, &t)
+                        ));
                     }
                 }
                 Ok(None) => {}
@@ -843,7 +910,9 @@ fn compact_after_crash_in_use() {
     disk.on_sync(move |d, at| {
         n += 1;
         if at == SyncPoint::After && n % 9 == 0 {
-            im.lock().unwrap().push((n, d.crash(Unflushed::Torn(s ^ n))));
+            im.lock()
+                .unwrap()
+                .push((n, d.crash(Unflushed::Torn(s ^ n))));
         }
     });
     let _ = populate(&disk, s ^ 8, 1);
@@ -856,7 +925,11 @@ fn compact_after_crash_in_use() {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let before = reopen_dump(&img, &what);
             compact(&dir(), opts(&img)).unwrap_or_else(|e| panic!("{what}: compact: {e}"));
-            assert_same(&format!("{what}, compacted"), &before, &reopen_dump(&img, &what));
+            assert_same(
+                &format!("{what}, compacted"),
+                &before,
+                &reopen_dump(&img, &what),
+            );
         }));
         if let Err(e) = r {
             failures.push(panic_msg(e));
@@ -914,7 +987,10 @@ fn real_disk_compact() {
     let o = open(&d, Config::default(), ro()).unwrap();
     assert_same("real disk", &want, &snapshot(&o.fs));
     // Locked while open.
-    assert!(compact(&d, ro()).is_err(), "compacted a real store open elsewhere");
+    assert!(
+        compact(&d, ro()).is_err(),
+        "compacted a real store open elsewhere"
+    );
     drop(o.fs);
     o.store.close().unwrap();
     compact(&d, ro()).expect("compact real twice");
