@@ -1571,9 +1571,11 @@ fn faults(name: &str, fault: Fault) {
             }
         }
         phase.store(1, SeqCst);
-        // Until every worker saw its sync fail, or 3 s.
+        // Until every worker saw its sync fail, or 20 s (a worker that has not by then
+        // meets the next phase's fault instead: EIO where it waited for ENOSPC; 3 s was
+        // too short for a worker's first sync on the full disk on a loaded 2-CPU machine).
         let t0 = Instant::now();
-        while ready.load(SeqCst) < 2 * n && t0.elapsed() < Duration::from_secs(3) {
+        while ready.load(SeqCst) < 2 * n && t0.elapsed() < Duration::from_secs(20) {
             std::thread::sleep(Duration::from_millis(1));
         }
         if fault == Fault::SpaceThenEio {
