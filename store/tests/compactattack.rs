@@ -19,6 +19,9 @@ use rand::{Rng, SeedableRng};
 
 type Tree = BTreeMap<Vec<u8>, common::Node>;
 
+/// A power-cut image: the flush it was taken at, before or after it, how, and the disk.
+type Image = (u64, SyncPoint, Unflushed, SimDisk);
+
 fn dir() -> PathBuf {
     PathBuf::from("/store")
 }
@@ -428,7 +431,7 @@ fn compact_refuses_open_store() {
 fn crash_at_every_flush_of_compact() {
     let s = seed();
     let (disk, want) = built(s ^ 2, 2);
-    let images: Arc<Mutex<Vec<(u64, SyncPoint, Unflushed, SimDisk)>>> = Default::default();
+    let images: Arc<Mutex<Vec<Image>>> = Default::default();
     let im = images.clone();
     let mut n = 0u64;
     disk.on_sync(move |d, at| {
@@ -579,6 +582,35 @@ enum Fault {
     Space,
 }
 
+/// From the `k`th flush of `disk` on, the host fails as `fault` says (`cp`: the checkpoint
+/// file, for the faults aimed at it), for `dur` hook calls (`u64::MAX`: for good).
+fn inject(disk: &SimDisk, cp: &Path, fault: Fault, k: u64, dur: u64) {
+    let cp = cp.to_path_buf();
+    let (mut n, mut calls, mut started) = (0u64, 0u64, None);
+    disk.on_sync(move |d, at| {
+        calls += 1;
+        if started.is_some_and(|c0| calls - c0 == dur) {
+            d.set_failing(false);
+            d.set_read_failing(None);
+            d.set_file_full(None);
+            d.set_space(None);
+        }
+        if at != SyncPoint::Before {
+            return;
+        }
+        n += 1;
+        if n == k {
+            started = Some(calls);
+            match fault {
+                Fault::Eio => d.set_failing(true),
+                Fault::ReadEio => d.set_read_failing(Some(&cp)),
+                Fault::FileFull => d.set_file_full(Some(&cp)),
+                Fault::Space => d.set_space(Some(d.used())),
+            }
+        }
+    });
+}
+
 /// A host error starting at the k-th flush of a compaction.
 #[test]
 fn host_errors_mid_compact() {
@@ -595,36 +627,9 @@ fn host_errors_mid_compact() {
     for fault in [Fault::Eio, Fault::ReadEio, Fault::FileFull, Fault::Space] {
         for k in (1..=total + 1).step_by(if total > 40 { 3 } else { 1 }) {
             let disk = base.crash(Unflushed::Kept);
-            let cp2 = cp.clone();
-            let mut n = 0;
-            let mut calls = 0u64;
-            let mut started = None;
             // Permanent, or transient: cleared again this many hook calls later.
             let dur = [u64::MAX, 1, 2, 4][(k as usize) % 4];
-            disk.on_sync(move |d, at| {
-                calls += 1;
-                if let Some(c0) = started {
-                    if calls - c0 == dur {
-                        d.set_failing(false);
-                        d.set_read_failing(None);
-                        d.set_file_full(None);
-                        d.set_space(None);
-                    }
-                }
-                if at != SyncPoint::Before {
-                    return;
-                }
-                n += 1;
-                if n == k {
-                    started = Some(calls);
-                    match fault {
-                        Fault::Eio => d.set_failing(true),
-                        Fault::ReadEio => d.set_read_failing(Some(&cp2)),
-                        Fault::FileFull => d.set_file_full(Some(&cp2)),
-                        Fault::Space => d.set_space(Some(d.used())),
-                    }
-                }
-            });
+            inject(&disk, &cp, fault, k, dur);
             let what = format!(
                 "{fault:?} from flush {k}/{total} for {dur} hook calls",
                 dur = [u64::MAX, 1, 2, 4][(k as usize) % 4]
@@ -792,7 +797,7 @@ fn open_time_compaction_host_errors() {
         let disk = base.crash(Unflushed::Kept);
         disk.set_space(Some(disk.used()));
         let what = "open-time compaction with a full host";
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let o = opts(&disk);
             let opened = open(&dir(), Config::default(), o);
             match opened {
@@ -804,8 +809,7 @@ fn open_time_compaction_host_errors() {
                 Err(e) => eprintln!("{what}: open refused: {e}"),
             }
         })) {
-            Err(e) => failures.push(format!("{what}: panicked: {}", panic_msg(e))),
-            Ok(()) => {}
+            failures.push(format!("{what}: panicked: {}", panic_msg(e)));
         }
         disk.set_space(None);
         assert_same(what, &want, &reopen_dump(&disk, what));
@@ -814,35 +818,8 @@ fn open_time_compaction_host_errors() {
     for fault in [Fault::Eio, Fault::FileFull, Fault::Space] {
         for k in [2u64, 6] {
             let disk = base.crash(Unflushed::Kept);
-            let cp2 = cp.clone();
-            let mut n = 0;
-            let mut calls = 0u64;
-            let mut started = None;
             let dur = if k % 2 == 0 { 2 } else { u64::MAX };
-            disk.on_sync(move |d, at| {
-                calls += 1;
-                if let Some(c0) = started {
-                    if calls - c0 == dur {
-                        d.set_failing(false);
-                        d.set_read_failing(None);
-                        d.set_file_full(None);
-                        d.set_space(None);
-                    }
-                }
-                if at != SyncPoint::Before {
-                    return;
-                }
-                n += 1;
-                if n == k {
-                    started = Some(calls);
-                    match fault {
-                        Fault::Eio => d.set_failing(true),
-                        Fault::ReadEio => d.set_read_failing(Some(&cp2)),
-                        Fault::FileFull => d.set_file_full(Some(&cp2)),
-                        Fault::Space => d.set_space(Some(d.used())),
-                    }
-                }
-            });
+            inject(&disk, &cp, fault, k, dur);
             let what = format!("open-time compaction, {fault:?} from flush {k} for {dur}");
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 match open(&dir(), Config::default(), opts(&disk)) {
@@ -909,7 +886,7 @@ fn compact_after_crash_in_use() {
     let mut n = 0u64;
     disk.on_sync(move |d, at| {
         n += 1;
-        if at == SyncPoint::After && n % 9 == 0 {
+        if at == SyncPoint::After && n.is_multiple_of(9) {
             im.lock()
                 .unwrap()
                 .push((n, d.crash(Unflushed::Torn(s ^ n))));
