@@ -90,14 +90,7 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     let (uuid, created) = identity(disk, dir, false)?;
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
-    let ck = Checkpoint::open(
-        disk,
-        dir,
-        uuid,
-        false,
-        Compact::Never,
-        opts.checkpoint_cache,
-    )?;
+    let ck = checkpoint(disk, dir, uuid, opts)?;
     let store = Arc::new(Reading {
         pages: ck.as_ref().map(Checkpoint::pages),
     });
@@ -152,6 +145,23 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     Ok((kept, outcome))
 }
 
+/// The store's checkpoint, as fsck reads it: never made, never compacted.
+fn checkpoint(
+    disk: &dyn crate::disk::Disk,
+    dir: &Path,
+    uuid: [u8; 16],
+    opts: &Options,
+) -> Result<Option<Checkpoint>, StoreError> {
+    Checkpoint::open(
+        disk,
+        dir,
+        uuid,
+        false,
+        Compact::Never,
+        opts.checkpoint_cache,
+    )
+}
+
 /// Checks the store in `dir` (see the module doc); the store must not be open elsewhere.
 pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
     let _lock = crate::lock(&*opts.disk, dir)?;
@@ -200,14 +210,7 @@ pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let n = seg
         .read_at(&mut head, 0)
         .map_err(StoreError::io(&seg_path, "read"))?;
-    let base = match Checkpoint::open(
-        disk,
-        dir,
-        uuid,
-        false,
-        Compact::Never,
-        opts.checkpoint_cache,
-    )? {
+    let base = match checkpoint(disk, dir, uuid, opts)? {
         Some(ck) => ck.lsn(),
         None => 0,
     };
