@@ -449,7 +449,7 @@ fn crash_at_every_flush_of_compact() {
     let mut failures = Vec::new();
     for (i, (n, at, m, img)) in images.into_iter().enumerate() {
         let what = format!("crash at flush {n} ({at:?}) {m:?}");
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        collect(&mut failures, || {
             let got = reopen_dump(&img, &what);
             assert_same(&what, &want, &got);
             match i % 6 {
@@ -485,15 +485,7 @@ fn crash_at_every_flush_of_compact() {
                 }
                 _ => {}
             }
-        }));
-        if let Err(e) = r {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(msg);
-        }
+        });
     }
     if !failures.is_empty() {
         panic!(
@@ -501,6 +493,14 @@ fn crash_at_every_flush_of_compact() {
             failures.len(),
             failures[..failures.len().min(3)].join("\n---\n")
         );
+    }
+}
+
+/// Runs `f`, adding what it panicked with to `failures`, so that one run reports every case
+/// that fails.
+fn collect(failures: &mut Vec<String>, f: impl FnOnce()) {
+    if let Err(e) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        failures.push(panic_msg(e));
     }
 }
 
@@ -554,7 +554,7 @@ fn enospc_during_compact() {
             res.as_ref().map(|_| ()).map_err(|e| e.to_string())
         );
         disk.set_space(None);
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        collect(&mut failures, || {
             assert_same(&what, &want, &reopen_dump(&disk, &what));
             // Also a power cut now (after the failed compaction).
             let img = disk.crash(Unflushed::Lost);
@@ -566,10 +566,7 @@ fn enospc_during_compact() {
                 &want,
                 &reopen_dump(&disk, &what),
             );
-        }));
-        if let Err(e) = r {
-            failures.push(panic_msg(e));
-        }
+        });
     }
     assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
 }
@@ -653,7 +650,7 @@ fn host_errors_mid_compact() {
                     }
                 }
             }
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            collect(&mut failures, || {
                 // A power cut right after the failure, then the healthy disk itself.
                 let img = disk.crash(Unflushed::Lost);
                 assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
@@ -665,10 +662,7 @@ fn host_errors_mid_compact() {
                     &want,
                     &reopen_dump(&disk, &what),
                 );
-            }));
-            if let Err(e) = r {
-                failures.push(panic_msg(e));
-            }
+            });
         }
     }
     assert!(
@@ -855,16 +849,13 @@ fn open_time_compaction_host_errors() {
                 }
                 Ok(None) => {}
             }
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            collect(&mut failures, || {
                 if k == 2 {
                     let img = disk.crash(Unflushed::Lost);
                     assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
                 }
                 assert_same(&what, &want, &reopen_dump(&disk, &what));
-            }));
-            if let Err(e) = r {
-                failures.push(panic_msg(e));
-            }
+            });
         }
     }
     assert!(
@@ -899,7 +890,7 @@ fn compact_after_crash_in_use() {
     let mut failures = Vec::new();
     for (n, img) in images {
         let what = format!("crash at flush {n} while in use");
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        collect(&mut failures, || {
             let before = reopen_dump(&img, &what);
             compact(&dir(), opts(&img)).unwrap_or_else(|e| panic!("{what}: compact: {e}"));
             assert_same(
@@ -907,10 +898,7 @@ fn compact_after_crash_in_use() {
                 &before,
                 &reopen_dump(&img, &what),
             );
-        }));
-        if let Err(e) = r {
-            failures.push(panic_msg(e));
-        }
+        });
     }
     assert!(failures.is_empty(), "{}", failures.join("\n---\n"));
 }
