@@ -525,7 +525,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         dir,
         uuid,
         true,
-        checkpoint::Compact::IfMostlyFree,
+        // After loading, which tells whether it can be due without redb reading every page.
+        checkpoint::Compact::Never,
         opts.checkpoint_cache,
     )?
     .expect("made if missing");
@@ -540,6 +541,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     });
     let mut rec = Filesystem::recover(cfg, store);
     let loaded = ck.load(&mut rec)?;
+    ck.compact_if_mostly_free(disk, loaded.bytes)?;
+    let loaded = loaded.inodes;
     let checkpoint_lsn = ck.lsn();
     let synthesized = rec.records();
     let end = journal::scan(disk, dir, uuid, checkpoint_lsn + 1, |_, bytes| {

@@ -14,6 +14,12 @@
 //!    last its inode flags (`SetFlags`), since the creates, links and writes before moved
 //!    its times and an immutable flag would refuse them.
 //!
+//! Keys are read in runs, not one lookup each (a lookup descends the tree from its root):
+//! the tree's entries a window at a time and the inodes they name in key order (`inodes`),
+//! and the xattrs and pages of every inode with one cursor each alongside step 3's walk of
+//! all inodes (`ByInode`). The load counts the bytes of the keys and values it reads, each
+//! once ([`Loaded::bytes`]): the opening uses it to tell whether compaction could be due.
+//!
 //! Nothing loaded is appended to the store (recovery appends nothing).
 
 use std::collections::{HashSet, VecDeque};
@@ -50,9 +56,23 @@ fn new_inode(id: InodeId, v: &InodeVal) -> NewInode<'_> {
     }
 }
 
-/// Loads the checkpoint read by `txn` (with superblock `sb`) into `rec`; returns the inodes
-/// loaded.
-pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -> R<u64> {
+/// What [`load`] read.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Loaded {
+    /// Inodes loaded.
+    pub inodes: u64,
+    /// Bytes of the keys and values read, each key once: at most what the database's pages
+    /// hold.
+    pub bytes: u64,
+}
+
+fn len(k: &Guard, v: &Guard) -> u64 {
+    (k.value().len() + v.value().len()) as u64
+}
+
+/// Loads the checkpoint read by `txn` (with superblock `sb`) into `rec`.
+pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -> R<Loaded> {
+    let mut held = 0;
     let meta = txn.open_table(META).map_err(db)?;
     let data = txn.open_table(DATA).map_err(db)?;
     rec.observe_generation(lanefs::Generation(sb.max_generation));
@@ -61,7 +81,8 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         kv::ino_key(kv::COOKIE, u64::MAX),
     );
     for kvp in meta.range::<&[u8]>(&c1[..]..=&c2[..]).map_err(db)? {
-        let (_, v) = kvp.map_err(db)?;
+        let (k, v) = kvp.map_err(db)?;
+        held += len(&k, &v);
         let c: [u8; 8] = v
             .value()
             .try_into()
@@ -84,16 +105,41 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         }),
         || "the root".into(),
     )?;
-    // 2. The tree.
+    // 2. The tree, breadth first, in windows of about `WINDOW` entries: a window's entries
+    // are read, then the inodes they name, in key order (`inodes`), then applied in the
+    // order they were read (a directory's entries are read after its `Create` is applied,
+    // in a later window).
     let mut linked: HashSet<u64> = HashSet::new();
     let mut queue = VecDeque::from([(InodeId::ROOT, 1u64)]);
-    while let Some((dir, ino)) = queue.pop_front() {
-        let (a, b) = (kv::ino_key(kv::ENTRY, ino), kv::ino_key(kv::ENTRY, ino + 1));
-        for kvp in meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
-            let (k, v) = kvp.map_err(db)?;
-            let (_, name) = kv::split_key(k.value()).ok_or("entry key too short")?;
-            let e = EntryVal::decode(v.value())
-                .map_err(|e| format!("entry {dir}/{}: {e}", String::from_utf8_lossy(name)))?;
+    let mut window: Vec<(InodeId, Vec<u8>, EntryVal)> = Vec::new();
+    loop {
+        while window.len() < WINDOW {
+            let Some((dir, ino)) = queue.pop_front() else {
+                break;
+            };
+            let (a, b) = (kv::ino_key(kv::ENTRY, ino), kv::ino_key(kv::ENTRY, ino + 1));
+            for kvp in meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
+                let (k, v) = kvp.map_err(db)?;
+                held += len(&k, &v);
+                let (_, name) = kv::split_key(k.value()).ok_or("entry key too short")?;
+                let e = EntryVal::decode(v.value())
+                    .map_err(|e| format!("entry {dir}/{}: {e}", String::from_utf8_lossy(name)))?;
+                window.push((dir, name.to_vec(), e));
+            }
+        }
+        if window.is_empty() {
+            break;
+        }
+        let mut want: Vec<u64> = window
+            .iter()
+            .map(|(_, _, e)| e.target.ino.0)
+            .filter(|c| !linked.contains(c))
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let found = inodes(&meta, &want)?;
+        for (dir, name, e) in window.drain(..) {
+            let name = &name[..];
             let what = || format!("entry {dir}/{}", String::from_utf8_lossy(name));
             let child = e.target.ino.0;
             if linked.contains(&child) {
@@ -109,7 +155,10 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
                 )?;
                 continue;
             }
-            let cv = inode(child)?;
+            let cv = match found.binary_search_by_key(&child, |(ino, _)| *ino) {
+                Ok(i) => &found[i].1,
+                Err(_) => return Err(format!("inode {child} is named but missing")),
+            };
             if cv.generation != e.target.generation.0 {
                 return Err(format!(
                     "{}: names generation {}, the inode has {}",
@@ -123,7 +172,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
                     dir,
                     name,
                     cookie: e.cookie,
-                    inode: new_inode(e.target, &cv),
+                    inode: new_inode(e.target, cv),
                 }),
                 what,
             )?;
@@ -141,7 +190,8 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         kv::ino_key(kv::ORPHAN, u64::MAX),
     );
     for kvp in meta.range::<&[u8]>(&o1[..]..=&o2[..]).map_err(db)? {
-        let (k, _) = kvp.map_err(db)?;
+        let (k, v) = kvp.map_err(db)?;
+        held += len(&k, &v);
         let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
         let v = inode(ino)?;
         if v.nlink != 0 {
@@ -152,9 +202,12 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     }
     // 3. Every inode's contents, xattrs, attributes and flags.
     let mut count = 0;
+    let mut xattrs = ByInode::new(&meta, kv::XATTR)?;
+    let mut chunks = ByInode::new(&data, kv::PAGE_TAG)?;
     let (i1, i2) = (kv::ino_key(kv::INODE, 0), kv::ino_key(kv::INODE, u64::MAX));
     for kvp in meta.range::<&[u8]>(&i1[..]..=&i2[..]).map_err(db)? {
         let (k, v) = kvp.map_err(db)?;
+        held += len(&k, &v);
         let (ino, _) = kv::split_key(k.value()).ok_or("inode key too short")?;
         let v = InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))?;
         let id = v.id(ino);
@@ -164,11 +217,10 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         // one name (links moved its ctime), has other times, or got records since.
         let mut moved = v.is_dir() || v.nlink > 1 || v.atime != v.ctime || v.mtime != v.ctime;
         if v.is_file() {
-            moved |= load_pages(&data, rec, id, &v)?;
+            moved |= load_pages(&mut chunks, rec, id, &v, &mut held)?;
         }
-        let (x1, x2) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
-        for kvp in meta.range::<&[u8]>(&x1[..]..&x2[..]).map_err(db)? {
-            let (k, val) = kvp.map_err(db)?;
+        while let Some((k, val)) = xattrs.next(ino)? {
+            held += len(&k, &val);
             let (_, name) = kv::split_key(k.value()).ok_or("xattr key too short")?;
             let r = if name == ACL_ACCESS || name == ACL_DEFAULT {
                 rec.apply(&Record::SetAcl {
@@ -213,7 +265,93 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         }
         count += 1;
     }
-    Ok(count)
+    Ok(Loaded {
+        inodes: count,
+        bytes: held,
+    })
+}
+
+/// Entries read before the inodes they name are: a window of the tree's walk.
+const WINDOW: usize = 1 << 16;
+
+/// Inode numbers this close together are read with one range of keys instead of one lookup
+/// each (a lookup descends the tree from its root; a range reads each leaf once).
+const GAP: u64 = 32;
+
+/// The inodes `want` (sorted, no repeats) names that the checkpoint holds, in `want`'s
+/// order (an inode missing is left out; the caller says what named it).
+fn inodes(meta: &Meta, want: &[u64]) -> R<Vec<(u64, InodeVal)>> {
+    let mut found = Vec::with_capacity(want.len());
+    let mut i = 0;
+    while i < want.len() {
+        let mut j = i;
+        while j + 1 < want.len() && want[j + 1] - want[j] <= GAP {
+            j += 1;
+        }
+        let (a, b) = (
+            kv::ino_key(kv::INODE, want[i]),
+            kv::ino_key(kv::INODE, want[j]),
+        );
+        let mut next = i;
+        for kvp in meta.range::<&[u8]>(&a[..]..=&b[..]).map_err(db)? {
+            let (k, v) = kvp.map_err(db)?;
+            let (ino, _) = kv::split_key(k.value()).ok_or("inode key too short")?;
+            while next <= j && want[next] < ino {
+                next += 1;
+            }
+            if next <= j && want[next] == ino {
+                let v = InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))?;
+                found.push((ino, v));
+                next += 1;
+            }
+        }
+        i = j + 1;
+    }
+    Ok(found)
+}
+
+type Meta = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+type Guard = redb::AccessGuard<'static, &'static [u8]>;
+
+/// The keys `tag ++ ino ++ ...` of a table read alongside an ascending walk of inode
+/// numbers: one cursor for the whole walk, instead of a range opened (a descent from the
+/// root) for each inode.
+struct ByInode {
+    keys: std::iter::Peekable<redb::Range<'static, &'static [u8], &'static [u8]>>,
+}
+
+impl ByInode {
+    fn new(table: &Meta, tag: u8) -> R<ByInode> {
+        let (a, b) = ([tag], [tag + 1]);
+        let keys = table.range::<&[u8]>(&a[..]..&b[..]).map_err(db)?;
+        Ok(ByInode {
+            keys: keys.peekable(),
+        })
+    }
+
+    /// The next key and value of inode `ino`, which is above every inode asked for before.
+    /// Keys of lower inodes are passed over: the walk found no such inode, and neither does
+    /// the filesystem.
+    fn next(&mut self, ino: u64) -> R<Option<(Guard, Guard)>> {
+        loop {
+            let at = match self.keys.peek() {
+                None => return Ok(None),
+                Some(Ok((k, _))) => kv::split_key(k.value()).ok_or("key too short")?.0,
+                Some(Err(_)) => {
+                    let e = self.keys.next().and_then(Result::err);
+                    return Err(db(e.expect("peeked an error")));
+                }
+            };
+            if at > ino {
+                return Ok(None);
+            }
+            let kvp = self.keys.next().expect("peeked a key").map_err(db)?;
+            if at == ino {
+                return Ok(Some(kvp));
+            }
+        }
+    }
 }
 
 /// File `id`'s pages, each one the store keeps (`Recovery::kept_page`: its bytes stay in
@@ -221,18 +359,18 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
 /// allocated beyond the size (which setting the size would drop). Returns whether it applied
 /// anything (an empty file without pages needs nothing).
 fn load_pages(
-    data: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    chunks: &mut ByInode,
     rec: &mut Recovery,
     id: InodeId,
     v: &InodeVal,
+    held: &mut u64,
 ) -> R<bool> {
     let ino = id.ino.0;
     let what = || format!("file {id}");
     let mut beyond = Vec::new();
-    let (a, b) = (kv::chunk_key(ino, 0), kv::ino_key(kv::PAGE_TAG, ino + 1));
     let mut any = v.size != 0;
-    for kvp in data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
-        let (k, c) = kvp.map_err(db)?;
+    while let Some((k, c)) = chunks.next(ino)? {
+        *held += len(&k, &c);
         let chunk = kv::chunk_of(k.value()).ok_or("page key too short")?;
         let c = kv::Chunk::decode(c.value())
             .map_err(|e| format!("{}: pages from {}: {e}", what(), chunk * kv::CHUNK))?;
