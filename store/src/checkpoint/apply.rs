@@ -44,6 +44,46 @@ pub(crate) struct Tables<'t> {
     /// before pages are removed by range, and before the transaction commits, so that a
     /// file written page by page costs one read and one write of each chunk.
     pub open: Option<OpenChunk>,
+    /// Inodes changed and not written yet ([`Changed`]).
+    pub changed: Changed,
+    /// The highest cookie of each lane seen by this transaction, and whether it is to be
+    /// written ([`Tables::saw_cookie`]; written by [`Tables::end`]).
+    pub cookies: std::collections::HashMap<u64, (u64, bool), foldhash::fast::FixedState>,
+}
+
+/// Inode values changed by a checkpoint's records and not written to `meta` yet: a
+/// directory that a run of creates, removes or renames changes (its times, its link count)
+/// is written once, when its slot is wanted by another inode or the transaction ends
+/// ([`Tables::end`]), instead of read and written again for every record. Direct-mapped by
+/// inode number: [`Tables::inode`] looks here before `meta`, [`Tables::put_inode`] writes
+/// here, and the Free of an inode drops its slot, so no key of `meta` is read while a newer
+/// value waits here.
+pub(crate) struct Changed {
+    slots: Vec<Option<(u64, InodeVal)>>,
+}
+
+/// Slots of [`Changed`].
+const CHANGED_SLOTS: u64 = 256;
+
+impl Default for Changed {
+    fn default() -> Changed {
+        Changed {
+            slots: (0..CHANGED_SLOTS).map(|_| None).collect(),
+        }
+    }
+}
+
+impl Changed {
+    fn slot(ino: u64) -> usize {
+        (ino % CHANGED_SLOTS) as usize
+    }
+
+    fn get(&self, ino: u64) -> Option<&InodeVal> {
+        match &self.slots[Self::slot(ino)] {
+            Some((i, v)) if *i == ino => Some(v),
+            _ => None,
+        }
+    }
 }
 
 /// [`Tables::open`].
@@ -407,13 +447,24 @@ impl Tables<'_> {
         Ok(self.meta.remove(key).map_err(db)?.is_some())
     }
 
+    /// Inode `ino` as the records so far left it, if it exists ([`Changed`], else `meta`).
+    fn inode_val(&self, ino: u64) -> R<Option<InodeVal>> {
+        if let Some(v) = self.changed.get(ino) {
+            return Ok(Some(v.clone()));
+        }
+        match self.get(&kv::ino_key(kv::INODE, ino))? {
+            Some(v) => Ok(Some(
+                InodeVal::decode(&v).map_err(|e| format!("inode {ino}: {e}"))?,
+            )),
+            None => Ok(None),
+        }
+    }
+
     /// The inode `id`, which must exist with that generation.
     fn inode(&self, id: InodeId) -> R<InodeVal> {
-        let k = kv::ino_key(kv::INODE, id.ino.0);
         let v = self
-            .get(&k)?
+            .inode_val(id.ino.0)?
             .ok_or_else(|| format!("inode {id} is not in the checkpoint"))?;
-        let v = InodeVal::decode(&v).map_err(|e| format!("inode {}: {e}", id.ino))?;
         if v.generation != id.generation.0 {
             return Err(
                 format!("inode {id}: the checkpoint has generation {}", v.generation).into(),
@@ -422,8 +473,48 @@ impl Tables<'_> {
         Ok(v)
     }
 
-    fn put_inode(&mut self, ino: u64, v: &InodeVal) -> R<()> {
-        self.put(&kv::ino_key(kv::INODE, ino), &v.encode())
+    /// Sets inode `ino` to `v` ([`Changed`]: written when its slot is wanted, or at the end).
+    fn put_inode(&mut self, ino: u64, v: InodeVal) -> R<()> {
+        let slot = Changed::slot(ino);
+        if let Some((i, old)) = self.changed.slots[slot].take()
+            && i != ino
+        {
+            self.put(&kv::ino_key(kv::INODE, i), &old.encode())?;
+        }
+        self.changed.slots[slot] = Some((ino, v));
+        Ok(())
+    }
+
+    /// Forgets inode `ino` (freed): its key is deleted, and no value of it is written.
+    fn drop_inode(&mut self, ino: u64) -> R<()> {
+        let slot = Changed::slot(ino);
+        if matches!(&self.changed.slots[slot], Some((i, _)) if *i == ino) {
+            self.changed.slots[slot] = None;
+        }
+        self.del(&kv::ino_key(kv::INODE, ino)).map(drop)
+    }
+
+    /// Writes what waits to be written: the open chunk of pages, the inodes changed, the
+    /// lanes' highest cookies. Before the transaction commits.
+    pub(crate) fn end(&mut self) -> R<()> {
+        self.flush()?;
+        for slot in 0..self.changed.slots.len() {
+            if let Some((ino, v)) = self.changed.slots[slot].take() {
+                self.put(&kv::ino_key(kv::INODE, ino), &v.encode())?;
+            }
+        }
+        let mut lanes: Vec<(u64, u64)> = self
+            .cookies
+            .iter()
+            .filter(|(_, (_, dirty))| *dirty)
+            .map(|(&lane, &(c, _))| (lane, c))
+            .collect();
+        lanes.sort_unstable();
+        for (lane, c) in lanes {
+            self.put(&kv::ino_key(kv::COOKIE, lane), &c.to_le_bytes())?;
+        }
+        self.cookies.clear();
+        Ok(())
     }
 
     /// Changes inode `id` with `f`, keeping the orphan mark in step with its link count.
@@ -431,9 +522,10 @@ impl Tables<'_> {
         let mut v = self.inode(id)?;
         let was = v.nlink;
         f(&mut v);
-        self.put_inode(id.ino.0, &v)?;
+        let now = v.nlink;
+        self.put_inode(id.ino.0, v)?;
         let orphan = kv::ino_key(kv::ORPHAN, id.ino.0);
-        match (was == 0, v.nlink == 0) {
+        match (was == 0, now == 0) {
             (false, true) => self.put(&orphan, b""),
             (true, false) => self.del(&orphan).map(drop),
             _ => Ok(()),
@@ -505,21 +597,34 @@ impl Tables<'_> {
             parent: if dir { parent } else { 0 },
             target: n.target.to_vec(),
         };
-        let k = kv::ino_key(kv::INODE, n.id.ino.0);
-        if n.id.ino.0 != 1 && self.get(&k)?.is_some() {
+        let ino = n.id.ino.0;
+        let root = ino == 1;
+        if !root && self.changed.get(ino).is_some() {
             return Err(format!("inode number {} is in use", n.id.ino).into());
         }
-        self.put(&k, &v.encode())?;
-        self.set_xattr(
-            n.id.ino.0,
-            ACL_ACCESS,
-            Some(n.access_acl).filter(|a| !a.is_empty()),
-        )?;
-        self.set_xattr(
-            n.id.ino.0,
-            ACL_DEFAULT,
-            Some(n.default_acl).filter(|a| !a.is_empty()),
-        )?;
+        // The insert says whether the number was in use (an error abandons the transaction,
+        // so what it replaced does not matter then).
+        let k = kv::ino_key(kv::INODE, ino);
+        if self
+            .meta
+            .insert(&k[..], &v.encode()[..])
+            .map_err(db)?
+            .is_some()
+            && !root
+        {
+            return Err(format!("inode number {} is in use", n.id.ino).into());
+        }
+        if root {
+            let slot = Changed::slot(ino);
+            self.changed.slots[slot] = None;
+        }
+        // A number not in use has no xattrs (a Free deletes them): only the root, made
+        // again over the old one, may have ACLs to drop.
+        for (name, acl) in [(ACL_ACCESS, n.access_acl), (ACL_DEFAULT, n.default_acl)] {
+            if root || !acl.is_empty() {
+                self.set_xattr(ino, name, Some(acl).filter(|a| !a.is_empty()))?;
+            }
+        }
         self.max_generation = self.max_generation.max(n.id.generation.0);
         Ok(dir)
     }
@@ -530,13 +635,20 @@ impl Tables<'_> {
         if cookie == 0 {
             return Ok(());
         }
-        let k = kv::ino_key(kv::COOKIE, cookie >> 48);
-        let old = self
-            .get(&k)?
-            .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
-            .unwrap_or(0);
+        let lane = cookie >> 48;
+        let old = match self.cookies.get(&lane) {
+            Some(&(c, _)) => c,
+            None => {
+                let c = self
+                    .get(&kv::ino_key(kv::COOKIE, lane))?
+                    .and_then(|v| v.try_into().ok().map(u64::from_le_bytes))
+                    .unwrap_or(0);
+                self.cookies.insert(lane, (c, false));
+                c
+            }
+        };
         if cookie > old {
-            self.put(&k, &cookie.to_le_bytes())?;
+            self.cookies.insert(lane, (cookie, true));
         }
         Ok(())
     }
@@ -850,8 +962,8 @@ impl Tables<'_> {
         }
         match *rec {
             Record::Root { inode: n } => {
-                let nlink = match self.get(&kv::ino_key(kv::INODE, 1))? {
-                    Some(v) => InodeVal::decode(&v)?.nlink,
+                let nlink = match self.inode_val(1)? {
+                    Some(v) => v.nlink,
                     None => 2,
                 };
                 self.new_inode(&n, 0, 1)?;
@@ -1072,7 +1184,7 @@ impl Tables<'_> {
                     );
                 }
                 let ino = inode.ino.0;
-                self.del(&kv::ino_key(kv::INODE, ino))?;
+                self.drop_inode(ino)?;
                 self.del(&kv::ino_key(kv::ORPHAN, ino))?;
                 let (a, b) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
                 Self::clear(&mut self.meta, &a, &b)?;

@@ -903,6 +903,8 @@ impl Checkpoint {
                 ghosts: std::mem::take(&mut self.ghosts),
                 doomed,
                 open: None,
+                changed: Default::default(),
+                cookies: Default::default(),
             };
             // The records are read once, into windows of about `WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
@@ -946,9 +948,9 @@ impl Checkpoint {
                 Err(e) => return Err(Failed::other(e.to_string())),
                 Ok(next) => next,
             };
-            t.flush().map_err(|e| Failed {
+            t.end().map_err(|e| Failed {
                 reopen: matches!(e, apply::ApplyError::Db(_)),
-                why: format!("writing back pages: {e}"),
+                why: format!("writing back pages and inodes: {e}"),
             })?;
             let sb = Superblock {
                 uuid: self.uuid,
