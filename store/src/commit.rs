@@ -33,9 +33,11 @@
 //! coming back); only the first and the last of them wake the committer. Otherwise threads
 //! that fsync in turn each get a flush of their own, each arriving just after the next
 //! round has begun. A lone thread never waits. Without waiters a round runs every commit
-//! interval, or when a buffer grows past 2 MiB, and writes without flushing (the host
-//! writes back in its own time), so that records do not pile up in memory and a killed
-//! process loses at most an interval.
+//! interval, or when a buffer grows past 2 MiB, and writes without flushing, so that records
+//! do not pile up in memory and a killed process loses at most an interval; and once records
+//! have waited written but unflushed for the flush interval (5 s by default, ext4's commit
+//! interval), a round flushes with no one waiting, so that a power cut loses at most that
+//! much of what no one synced (`sync(1)` through a mount never reaches the store).
 //! The buffers the committer takes are given back to the threads, so their memory is
 //! reused rather than faulted in afresh.
 //!
@@ -250,6 +252,8 @@ pub(crate) struct Log {
     /// may still take (module doc, "Errors").
     budget: AtomicI64,
     interval: Duration,
+    /// How long written records may wait unflushed (module doc, "Group commit").
+    flush_interval: Duration,
     /// Set while the committer runs.
     running: AtomicBool,
     /// Chunks given back by the committer (threads take one per `CHUNK` bytes appended).
@@ -283,7 +287,7 @@ pub struct Counters {
 }
 
 impl Log {
-    pub(crate) fn new(interval: Duration) -> Log {
+    pub(crate) fn new(interval: Duration, flush_interval: Duration) -> Log {
         Log {
             clock: Clock::new(),
             bufs: ThreadLocal::new(),
@@ -296,6 +300,7 @@ impl Log {
             written: AtomicU64::new(0),
             flushed: AtomicU64::new(0),
             interval,
+            flush_interval,
             running: AtomicBool::new(false),
             free: Mutex::new(Vec::new()),
             checkpointing: AtomicBool::new(false),
@@ -508,7 +513,11 @@ impl Log {
         // `sync` calls seen, and whether the next segment could not be made.
         let mut asks = 0;
         let mut short = false;
+        // Since when records written have waited for a flush (none: every one is flushed).
+        let mut unflushed: Option<Instant> = None;
         loop {
+            // Records written and unflushed for the flush interval are flushed by this round.
+            let flush_in = unflushed.map(|t| self.flush_interval.saturating_sub(t.elapsed()));
             let (flush, shutdown, urgent) = {
                 let mut s = self.state.lock();
                 if s.held {
@@ -517,7 +526,8 @@ impl Log {
                         self.work.wait_for(&mut s, self.interval.min(RETRY));
                     }
                 } else if !(s.requested > s.durable || s.kicked || s.shutdown) {
-                    self.work.wait_for(&mut s, self.interval);
+                    let wait = flush_in.map_or(self.interval, |f| self.interval.min(f));
+                    self.work.wait_for(&mut s, wait);
                 }
                 let flush = s.requested > s.durable || s.shutdown;
                 if flush && !s.held && s.callbacks.len() < s.gather && !s.shutdown {
@@ -533,7 +543,8 @@ impl Log {
                 }
                 asks = s.asks;
                 s.kicked = false;
-                (flush, s.shutdown, s.urgent > s.durable)
+                let due = unflushed.is_some_and(|t| t.elapsed() >= self.flush_interval);
+                (flush || due, s.shutdown, s.urgent > s.durable)
             };
             if !urgent && !shutdown && self.mode.load(Relaxed) == 0 && self.held_off(writer.seq()) {
                 // The journal is over its size and a checkpoint is under way: nothing is
@@ -570,11 +581,15 @@ impl Log {
                         true => writer.flush().inspect(|()| {
                             self.flushes.fetch_add(1, Relaxed);
                             self.flushed.store(self.written.load(Relaxed), Release);
+                            unflushed = None;
                         }),
                         false => Ok(()),
                     };
                 }
             };
+            if unflushed.is_none() && self.written.load(Relaxed) > self.flushed.load(Relaxed) {
+                unflushed = Some(began);
+            }
             // What is left of each source (stamped at or after `t`) waits for the next
             // round; the chunks consumed go back to the threads.
             let mut spent = Vec::new();

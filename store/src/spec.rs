@@ -328,6 +328,11 @@ fn the_names_and_constants_quoted_match_the_code() {
     assert!(DOC.contains("64 MiB by default"));
     assert_eq!(crate::Options::default().segment_size, 64 << 20);
     assert!(DOC.contains("interval (100 ms by default)"));
+    assert!(DOC.contains("(`Options::flush_interval`, 5 s by default"));
+    assert_eq!(
+        crate::Options::default().flush_interval,
+        std::time::Duration::from_secs(5)
+    );
     assert_eq!(
         crate::Options::default().commit_interval,
         std::time::Duration::from_millis(100)

@@ -290,6 +290,47 @@ fn an_fsync_with_nothing_to_commit_costs_no_flush() {
     assert!(disk.syncs() > n, "no flush for the file's own change");
 }
 
+/// A change no one syncs is flushed once it has waited the flush interval, so that a power
+/// cut loses at most about that much; with an interval longer than the test, it is not.
+#[test]
+fn unsynced_changes_are_flushed_after_the_flush_interval() {
+    for (interval, flushed) in [
+        (Duration::from_millis(200), true),
+        (Duration::from_secs(3600), false),
+    ] {
+        let disk = SimDisk::new();
+        let mut opts = sim(&disk);
+        opts.flush_interval = interval;
+        let o = open(Path::new("/s"), Config::default(), opts).unwrap();
+        let c = Client::root(Arc::new(o.fs));
+        let before = o.store.counters().flushes;
+        c.write("/unsynced", b"x").unwrap();
+        let survives = || {
+            let image = disk.crash(Unflushed::Lost);
+            let mut opts = sim(&image);
+            opts.commit_interval = Duration::from_secs(3600);
+            let o = open(Path::new("/s"), Config::default(), opts).unwrap();
+            Client::root(Arc::new(o.fs)).read("/unsynced").is_ok()
+        };
+        // Polled, for a slow machine: the flush is due 200 ms after the write's round.
+        let t0 = std::time::Instant::now();
+        let mut survived = survives();
+        while !survived && t0.elapsed() < Duration::from_secs(if flushed { 10 } else { 1 }) {
+            std::thread::sleep(Duration::from_millis(100));
+            survived = survives();
+        }
+        assert_eq!(
+            survived, flushed,
+            "flush interval {interval:?}: the unsynced file after a power cut"
+        );
+        assert_eq!(
+            o.store.counters().flushes > before,
+            flushed,
+            "flush interval {interval:?}: flushes without a sync"
+        );
+    }
+}
+
 #[test]
 fn journal_damage_is_refused_naming_the_file_and_offset() {
     let disk = SimDisk::new();
