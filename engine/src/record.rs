@@ -599,8 +599,8 @@ impl<'a> Dec<'a> {
     #[inline]
     fn cookie(&mut self) -> D<u64> {
         let c = self.u64()?;
-        if c < FIRST_COOKIE {
-            return self.fail("readdir cookie below the first entry's");
+        if !crate::dir::valid_cookie(c) {
+            return self.fail("readdir cookie out of range");
         }
         Ok(c)
     }
@@ -1582,6 +1582,20 @@ mod tests {
             Record::decode(&b).unwrap_err().what,
             "nanoseconds out of range"
         );
+        let link = |cookie| Record::Link {
+            dir: id(9, 3),
+            name: b"x",
+            cookie,
+            inode: id(5, 1),
+            time: t(0),
+        };
+        for bad in [0, FIRST_COOKIE - 1, 65 << 48, u64::MAX] {
+            let e = Record::decode(&link(bad).to_bytes()).unwrap_err();
+            assert_eq!(e.what, "readdir cookie out of range", "{bad:#x}");
+        }
+        for good in [FIRST_COOKIE, (65 << 48) - 1] {
+            assert!(Record::decode(&link(good).to_bytes()).is_ok(), "{good:#x}");
+        }
     }
 
     #[test]

@@ -508,10 +508,7 @@ fn step(
             {
                 if r.random_bool(0.5) {
                     let _ = c.rename_with_flags(&a, &b, lanefs::RENAME_EXCHANGE);
-                } else if c
-                    .rename_with_flags(&a, &b, lanefs::RENAME_WHITEOUT)
-                    .is_ok()
-                {
+                } else if c.rename_with_flags(&a, &b, lanefs::RENAME_WHITEOUT).is_ok() {
                     n.files.retain(|p| *p != a);
                 }
             }
@@ -633,7 +630,11 @@ fn random_workloads_survive_checkpoint_and_reopen() {
             o.store.close().unwrap();
             let o = open(dir(), Config::default(), opts(&image, segment)).unwrap();
             let fs = Arc::new(o.fs);
-            same(&format!("seed {seed} round {round} crash image, again"), &want2, &snapshot(&fs));
+            same(
+                &format!("seed {seed} round {round} crash image, again"),
+                &want2,
+                &snapshot(&fs),
+            );
             drop(fs);
             o.store.close().unwrap();
         }
@@ -1079,7 +1080,10 @@ fn background_checkpoints_under_threads_and_power_cuts() {
         fs.sync_all().unwrap();
         let want = snapshot(&fs);
         let frozen_all = frozen.lock().unwrap().clone();
-        assert!(o.store.checkpoint_lsn() > 0, "no background checkpoint was taken");
+        assert!(
+            o.store.checkpoint_lsn() > 0,
+            "no background checkpoint was taken"
+        );
         let images = std::mem::take(&mut *images.lock().unwrap());
         eprintln!(
             "seed {seed}: {} frozen files, {} images, checkpoint lsn {}",
@@ -1091,7 +1095,11 @@ fn background_checkpoints_under_threads_and_power_cuts() {
         o.store.close().unwrap();
         let o = open(dir(), Config::default(), o_.clone()).unwrap();
         let fs = Arc::new(o.fs);
-        same(&format!("threads seed {seed} reopen"), &want, &snapshot(&fs));
+        same(
+            &format!("threads seed {seed} reopen"),
+            &want,
+            &snapshot(&fs),
+        );
         drop(fs);
         o.store.close().unwrap();
         assert!(!images.is_empty());
@@ -1108,7 +1116,10 @@ fn background_checkpoints_under_threads_and_power_cuts() {
                 let got = c
                     .read(p)
                     .unwrap_or_else(|e| panic!("seed {seed} image {n}: synced {p} lost: {e}"));
-                assert!(got == *data, "seed {seed} image {n}: synced {p} has other bytes");
+                assert!(
+                    got == *data,
+                    "seed {seed} image {n}: synced {p} has other bytes"
+                );
                 let ino = c.metadata(p).unwrap().ino();
                 assert_eq!(fs.getxattr(&ctx, ino, b"user.x").unwrap(), *x, "{p}");
             }
@@ -1124,7 +1135,11 @@ fn background_checkpoints_under_threads_and_power_cuts() {
             o.store.close().unwrap();
             let o = open(dir(), Config::default(), oi).unwrap();
             let fs = Arc::new(o.fs);
-            same(&format!("threads seed {seed} image {n} reopen"), &w, &snapshot(&fs));
+            same(
+                &format!("threads seed {seed} image {n} reopen"),
+                &w,
+                &snapshot(&fs),
+            );
             drop(fs);
             o.store.close().unwrap();
         }

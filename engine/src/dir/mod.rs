@@ -71,6 +71,13 @@ use node::{Entry, node_key};
 /// First cookie of a real entry; 1 and 2 are `.` and `..`.
 pub const FIRST_COOKIE: u64 = 1 << 48;
 const SEQ_MASK: u64 = FIRST_COOKIE - 1;
+
+/// Whether `cookie` is one an entry can have: its top 16 bits name one of the [`NSLOTS`]
+/// slots (1 to 64; 0 is `.` and `..`). What replay is given is checked against it, so that
+/// a damaged record is refused rather than indexing past the slots.
+pub fn valid_cookie(cookie: u64) -> bool {
+    (1..=NSLOTS as u64).contains(&(cookie >> 48))
+}
 /// Shards of the ordered index's locks.
 const NINDEX: usize = 256;
 /// Shards of the dirent map.

@@ -21,6 +21,7 @@ use crossbeam_epoch as epoch;
 
 use super::Filesystem;
 use super::apply::new_root;
+use crate::dir::valid_cookie;
 use crate::id::{Generation, Ino, InodeId};
 use crate::inode::{DirBody, Inode};
 use crate::record::{NewInode, Record, Store};
@@ -141,6 +142,23 @@ impl Recovery {
 
     /// Applies one record (see the module doc); an error says what does not fit.
     pub fn apply(&mut self, rec: &Record<'_>) -> Result<(), ReplayError> {
+        // Records built by a store from its own keys have not been through the decoder's
+        // checks of cookies (`Record::decode`).
+        let cookies = match *rec {
+            Record::Create { cookie, .. }
+            | Record::CreateWithFlags { cookie, .. }
+            | Record::Link { cookie, .. } => [Some(cookie), None],
+            Record::Rename { cookie, .. } => [(cookie != 0).then_some(cookie), None],
+            Record::RenameWhiteout {
+                cookie,
+                whiteout_cookie,
+                ..
+            } => [(cookie != 0).then_some(cookie), Some(whiteout_cookie)],
+            _ => [None, None],
+        };
+        if let Some(c) = cookies.into_iter().flatten().find(|&c| !valid_cookie(c)) {
+            return err(format!("readdir cookie {c:#x} out of range"));
+        }
         let fs = &self.fs;
         let g = epoch::pin();
         let r = match *rec {
@@ -258,8 +276,12 @@ impl Recovery {
     /// Notes that readdir cookie `cookie` was handed out (a checkpoint's high-water mark of
     /// its slot, which covers entries removed before it): that slot's fresh cookies come
     /// after it.
-    pub fn observe_cookie(&mut self, cookie: u64) {
+    pub fn observe_cookie(&mut self, cookie: u64) -> Result<(), ReplayError> {
+        if !valid_cookie(cookie) {
+            return err(format!("readdir cookie {cookie:#x} out of range"));
+        }
         self.fs.dirents.observe_cookie(cookie);
+        Ok(())
     }
 
     /// Adds page `page` of regular file `inode` as one the store keeps: it counts as an

@@ -16,6 +16,7 @@
 //!
 //! Keys are read in runs, not one lookup each (a lookup descends the tree from its root):
 //! the tree's entries a window at a time and the inodes they name in key order (`inodes`),
+//! on a thread of its own (`walk`) while the caller's thread applies the windows before,
 //! and the xattrs and pages of every inode with one cursor each alongside step 3's walk of
 //! all inodes (`ByInode`). The load counts the bytes of the keys and values it reads, each
 //! once ([`Loaded::bytes`]): the opening uses it to tell whether compaction could be due.
@@ -87,7 +88,10 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
             .value()
             .try_into()
             .map_err(|_| "cookie value not 8 bytes")?;
-        rec.observe_cookie(u64::from_le_bytes(c));
+        let c = u64::from_le_bytes(c);
+        applied(rec.observe_cookie(c), || {
+            format!("cookie key of lane {}", c >> 48)
+        })?;
     }
     let inode = |ino: u64| -> R<InodeVal> {
         let k = kv::ino_key(kv::INODE, ino);
@@ -105,84 +109,48 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         }),
         || "the root".into(),
     )?;
-    // 2. The tree, breadth first, in windows of about `WINDOW` entries: a window's entries
-    // are read, then the inodes they name, in key order (`inodes`), then applied in the
-    // order they were read (a directory's entries are read after its `Create` is applied,
-    // in a later window).
-    let mut linked: HashSet<u64> = HashSet::new();
-    let mut queue = VecDeque::from([(InodeId::ROOT, 1u64)]);
-    let mut window: Vec<(InodeId, Vec<u8>, EntryVal)> = Vec::new();
-    loop {
-        while window.len() < WINDOW {
-            let Some((dir, ino)) = queue.pop_front() else {
-                break;
-            };
-            let (a, b) = (kv::ino_key(kv::ENTRY, ino), kv::ino_key(kv::ENTRY, ino + 1));
-            for kvp in meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
-                let (k, v) = kvp.map_err(db)?;
-                held += len(&k, &v);
-                let (_, name) = kv::split_key(k.value()).ok_or("entry key too short")?;
-                let e = EntryVal::decode(v.value())
-                    .map_err(|e| format!("entry {dir}/{}: {e}", String::from_utf8_lossy(name)))?;
-                window.push((dir, name.to_vec(), e));
+    // 2. The tree, breadth first: read on a thread of its own (`walk`), a window at a time,
+    // while this one applies the windows read before, in the order they were read.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<R<Vec<Named>>>(2);
+    let walked = std::thread::scope(|s| -> R<u64> {
+        let reader = std::thread::Builder::new()
+            .name("lanefs-load".into())
+            .spawn_scoped(s, || walk(txn, tx))
+            .map_err(|e| format!("starting the checkpoint's reader: {e}"))?;
+        let applying = (|| -> R<()> {
+            for window in rx.iter() {
+                for n in window? {
+                    let name = &n.name[..];
+                    let what = || format!("entry {}/{}", n.dir, String::from_utf8_lossy(name));
+                    let r = match &n.inode {
+                        Some(v) => rec.apply(&Record::Create {
+                            dir: n.dir,
+                            name,
+                            cookie: n.entry.cookie,
+                            inode: new_inode(n.entry.target, v),
+                        }),
+                        None => rec.apply(&Record::Link {
+                            dir: n.dir,
+                            name,
+                            cookie: n.entry.cookie,
+                            inode: n.entry.target,
+                            time: Timespec::default(),
+                        }),
+                    };
+                    applied(r, what)?;
+                }
             }
-        }
-        if window.is_empty() {
-            break;
-        }
-        let mut want: Vec<u64> = window
-            .iter()
-            .map(|(_, _, e)| e.target.ino.0)
-            .filter(|c| !linked.contains(c))
-            .collect();
-        want.sort_unstable();
-        want.dedup();
-        let found = inodes(&meta, &want)?;
-        for (dir, name, e) in window.drain(..) {
-            let name = &name[..];
-            let what = || format!("entry {dir}/{}", String::from_utf8_lossy(name));
-            let child = e.target.ino.0;
-            if linked.contains(&child) {
-                applied(
-                    rec.apply(&Record::Link {
-                        dir,
-                        name,
-                        cookie: e.cookie,
-                        inode: e.target,
-                        time: Timespec::default(),
-                    }),
-                    what,
-                )?;
-                continue;
-            }
-            let cv = match found.binary_search_by_key(&child, |(ino, _)| *ino) {
-                Ok(i) => &found[i].1,
-                Err(_) => return Err(format!("inode {child} is named but missing")),
-            };
-            if cv.generation != e.target.generation.0 {
-                return Err(format!(
-                    "{}: names generation {}, the inode has {}",
-                    what(),
-                    e.target.generation,
-                    cv.generation
-                ));
-            }
-            applied(
-                rec.apply(&Record::Create {
-                    dir,
-                    name,
-                    cookie: e.cookie,
-                    inode: new_inode(e.target, cv),
-                }),
-                what,
-            )?;
-            if cv.is_dir() {
-                queue.push_back((e.target, child));
-            } else if cv.nlink > 1 {
-                linked.insert(child);
-            }
-        }
-    }
+            Ok(())
+        })();
+        // The reader stops at its next window once the receiver is gone.
+        drop(rx);
+        let read = reader
+            .join()
+            .map_err(|p| format!("reading the tree panicked: {}", super::panic_text(p)))?;
+        applying?;
+        read
+    })?;
+    held += walked;
     // The orphans, once every live entry's cookie is known (an orphan's passing name takes
     // a fresh cookie).
     let (o1, o2) = (
@@ -271,8 +239,108 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     })
 }
 
-/// Entries read before the inodes they name are: a window of the tree's walk.
-const WINDOW: usize = 1 << 16;
+/// An entry of the tree as [`walk`] read it: a `Create` of the inode it names (with its
+/// kept value), or a `Link` to an inode created before.
+struct Named {
+    dir: InodeId,
+    name: Vec<u8>,
+    entry: EntryVal,
+    inode: Option<InodeVal>,
+}
+
+/// Reads the tree breadth first from the root, in windows of about [`WINDOW`] entries: a
+/// window's entries, then the inodes they name, in key order ([`inodes`]); sends each window
+/// on `tx` (an error ends the walk, sent as the last window), and stops when the receiver is
+/// gone. Returns the bytes of the entries read.
+fn walk(txn: &ReadTransaction, tx: std::sync::mpsc::SyncSender<R<Vec<Named>>>) -> R<u64> {
+    let mut held = 0;
+    let r = walk_into(txn, &tx, &mut held);
+    if let Err(e) = r {
+        let _ = tx.send(Err(e));
+    }
+    Ok(held)
+}
+
+fn walk_into(
+    txn: &ReadTransaction,
+    tx: &std::sync::mpsc::SyncSender<R<Vec<Named>>>,
+    held: &mut u64,
+) -> R<()> {
+    let meta = txn.open_table(META).map_err(db)?;
+    let mut linked: HashSet<u64> = HashSet::new();
+    let mut queue = VecDeque::from([(InodeId::ROOT, 1u64)]);
+    let mut window: Vec<(InodeId, Vec<u8>, EntryVal)> = Vec::new();
+    loop {
+        while window.len() < WINDOW {
+            let Some((dir, ino)) = queue.pop_front() else {
+                break;
+            };
+            let (a, b) = (kv::ino_key(kv::ENTRY, ino), kv::ino_key(kv::ENTRY, ino + 1));
+            for kvp in meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
+                let (k, v) = kvp.map_err(db)?;
+                *held += len(&k, &v);
+                let (_, name) = kv::split_key(k.value()).ok_or("entry key too short")?;
+                let e = EntryVal::decode(v.value())
+                    .map_err(|e| format!("entry {dir}/{}: {e}", String::from_utf8_lossy(name)))?;
+                window.push((dir, name.to_vec(), e));
+            }
+        }
+        if window.is_empty() {
+            return Ok(());
+        }
+        let mut want: Vec<u64> = window
+            .iter()
+            .map(|(_, _, e)| e.target.ino.0)
+            .filter(|c| !linked.contains(c))
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let found = inodes(&meta, &want)?;
+        let mut out = Vec::with_capacity(window.len());
+        for (dir, name, e) in window.drain(..) {
+            let child = e.target.ino.0;
+            if linked.contains(&child) {
+                out.push(Named {
+                    dir,
+                    name,
+                    entry: e,
+                    inode: None,
+                });
+                continue;
+            }
+            let cv = match found.binary_search_by_key(&child, |(ino, _)| *ino) {
+                Ok(i) => found[i].1.clone(),
+                Err(_) => return Err(format!("inode {child} is named but missing")),
+            };
+            if cv.generation != e.target.generation.0 {
+                return Err(format!(
+                    "entry {dir}/{}: names generation {}, the inode has {}",
+                    String::from_utf8_lossy(&name),
+                    e.target.generation,
+                    cv.generation
+                ));
+            }
+            if cv.is_dir() {
+                queue.push_back((e.target, child));
+            } else if cv.nlink > 1 {
+                linked.insert(child);
+            }
+            out.push(Named {
+                dir,
+                name,
+                entry: e,
+                inode: Some(cv),
+            });
+        }
+        if tx.send(Ok(out)).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// Entries read before the inodes they name are: a window of the tree's walk (small in the
+/// crate's own tests, so that a small tree spans many windows).
+const WINDOW: usize = if cfg!(test) { 64 } else { 1 << 16 };
 
 /// Inode numbers this close together are read with one range of keys instead of one lookup
 /// each (a lookup descends the tree from its root; a range reads each leaf once).
