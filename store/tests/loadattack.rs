@@ -180,6 +180,34 @@ fn snapshot(fs: &Filesystem) -> String {
     out
 }
 
+/// Syncs, takes the filesystem's snapshot, takes a checkpoint if `checkpoint`, and closes
+/// the store; returns the snapshot.
+fn close_synced(
+    store: lanefs_store::StoreHandle,
+    fs: Arc<Filesystem>,
+    c: Client,
+    checkpoint: bool,
+) -> String {
+    fs.sync_all().unwrap();
+    let want = snapshot(&fs);
+    if checkpoint {
+        store.checkpoint().unwrap();
+    }
+    drop(c);
+    drop(fs);
+    store.close().unwrap();
+    want
+}
+
+/// Opens the store with `o`, checks that it holds `want` ([`same`]), and closes it.
+fn reopens_as(o: Options, what: &str, want: &str) {
+    let opened = open(dir(), Config::default(), o).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let fs = Arc::new(opened.fs);
+    same(what, want, &snapshot(&fs));
+    drop(fs);
+    opened.store.close().unwrap();
+}
+
 fn same(what: &str, want: &str, got: &str) {
     if want == got {
         return;
@@ -628,15 +656,11 @@ fn random_workloads_survive_checkpoint_and_reopen() {
             drop(c);
             drop(fs);
             o.store.close().unwrap();
-            let o = open(dir(), Config::default(), opts(&image, segment)).unwrap();
-            let fs = Arc::new(o.fs);
-            same(
+            reopens_as(
+                opts(&image, segment),
                 &format!("seed {seed} round {round} crash image, again"),
                 &want2,
-                &snapshot(&fs),
             );
-            drop(fs);
-            o.store.close().unwrap();
         }
         eprintln!(
             "seed {seed}: {} dirs {} files, {} checkpoints",
@@ -690,17 +714,8 @@ fn number_reuse_and_slot_collisions_within_one_checkpoint() {
         "numbers were reused ({} numbers)",
         seen.len()
     );
-    fs.sync_all().unwrap();
-    let want = snapshot(&fs);
-    o.store.checkpoint().unwrap();
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
-    let o = open(dir(), Config::default(), opts(&disk, 8 << 20)).unwrap();
-    let fs = Arc::new(o.fs);
-    same("number reuse", &want, &snapshot(&fs));
-    drop(fs);
-    o.store.close().unwrap();
+    let want = close_synced(o.store, fs, c, true);
+    reopens_as(opts(&disk, 8 << 20), "number reuse", &want);
     fsck::check(dir(), &opts(&disk, 8 << 20)).unwrap();
 }
 
@@ -749,12 +764,7 @@ fn a_tree_larger_than_a_window_loads() {
     for i in 0..100 {
         c.write(format!("/a/late{i}"), [i as u8]).unwrap();
     }
-    fs.sync_all().unwrap();
-    let want = snapshot(&fs);
-    o.store.checkpoint().unwrap();
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
+    let want = close_synced(o.store, fs, c, true);
     let o = open(dir(), Config::default(), opts(&disk, 16 << 20)).unwrap();
     assert!(o.report.loaded > 45_000, "loaded {}", o.report.loaded);
     assert_eq!(o.report.replayed, 0);
@@ -814,11 +824,7 @@ fn compaction_at_open_keeps_the_contents() {
             }
             o.store.checkpoint().unwrap();
         }
-        fs.sync_all().unwrap();
-        let want = snapshot(&fs);
-        drop(c);
-        drop(fs);
-        o.store.close().unwrap();
+        let want = close_synced(o.store, fs, c, false);
         let before = checkpoint_len(&disk);
         let o = open(dir(), Config::default(), opts(&disk, 16 << 20)).unwrap();
         let after = checkpoint_len(&disk);
@@ -837,22 +843,13 @@ fn compaction_at_open_keeps_the_contents() {
         // Goes on: writes over kept pages, a checkpoint, a reopen.
         let c = Client::root(fs.clone());
         c.write("/d/f3", b"rewritten").unwrap();
-        fs.sync_all().unwrap();
-        o.store.checkpoint().unwrap();
-        let want = snapshot(&fs);
-        drop(c);
-        drop(fs);
-        o.store.close().unwrap();
+        let want = close_synced(o.store, fs, c, true);
         fsck::check(dir(), &opts(&disk, 16 << 20)).unwrap();
-        let o = open(dir(), Config::default(), opts(&disk, 16 << 20)).unwrap();
-        let fs = Arc::new(o.fs);
-        same(
+        reopens_as(
+            opts(&disk, 16 << 20),
             &format!("compaction delete={delete}, again"),
             &want,
-            &snapshot(&fs),
         );
-        drop(fs);
-        o.store.close().unwrap();
     }
 }
 
@@ -901,16 +898,11 @@ fn power_cuts_during_checkpoints() {
             assert!(!images.is_empty(), "the checkpoint flushed nothing");
             for (k, img) in images.iter().step_by(1 + images.len() / 12) {
                 images_total += 1;
-                let o2 = open(dir(), Config::default(), opts(img, segment))
-                    .unwrap_or_else(|e| panic!("seed {seed} round {round} cut {k}: {e}"));
-                let fs2 = Arc::new(o2.fs);
-                same(
+                reopens_as(
+                    opts(img, segment),
                     &format!("seed {seed} round {round} cut at sync {k}"),
                     &want,
-                    &snapshot(&fs2),
                 );
-                drop(fs2);
-                drop(o2.store);
             }
         }
         for fh in handles.drain(..) {
@@ -1093,15 +1085,7 @@ fn background_checkpoints_under_threads_and_power_cuts() {
         );
         drop(fs);
         o.store.close().unwrap();
-        let o = open(dir(), Config::default(), o_.clone()).unwrap();
-        let fs = Arc::new(o.fs);
-        same(
-            &format!("threads seed {seed} reopen"),
-            &want,
-            &snapshot(&fs),
-        );
-        drop(fs);
-        o.store.close().unwrap();
+        reopens_as(o_.clone(), &format!("threads seed {seed} reopen"), &want);
         assert!(!images.is_empty());
         for (n, (img, fr)) in images.into_iter().enumerate() {
             let mut oi = opts(&img, 1 << 20);
@@ -1133,15 +1117,7 @@ fn background_checkpoints_under_threads_and_power_cuts() {
             drop(c);
             drop(fs);
             o.store.close().unwrap();
-            let o = open(dir(), Config::default(), oi).unwrap();
-            let fs = Arc::new(o.fs);
-            same(
-                &format!("threads seed {seed} image {n} reopen"),
-                &w,
-                &snapshot(&fs),
-            );
-            drop(fs);
-            o.store.close().unwrap();
+            reopens_as(oi, &format!("threads seed {seed} image {n} reopen"), &w);
         }
     }
 }
@@ -1170,11 +1146,7 @@ fn power_cuts_during_open_time_compaction() {
         }
     }
     o.store.checkpoint().unwrap();
-    fs.sync_all().unwrap();
-    let want = snapshot(&fs);
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
+    let want = close_synced(o.store, fs, c, false);
     let before = checkpoint_len(&disk);
     // How many flushes an opening makes, counted on a copy; then cuts spread over them.
     let copy = disk.crash(Unflushed::Kept);
@@ -1210,12 +1182,7 @@ fn power_cuts_during_open_time_compaction() {
     );
     assert!(!images.is_empty());
     for (n, img) in images.iter().enumerate() {
-        let o = open(dir(), Config::default(), opts(img, 16 << 20))
-            .unwrap_or_else(|e| panic!("image {n}: {e}"));
-        let fs = Arc::new(o.fs);
-        same(&format!("compaction cut {n}"), &want, &snapshot(&fs));
-        drop(fs);
-        o.store.close().unwrap();
+        reopens_as(opts(img, 16 << 20), &format!("compaction cut {n}"), &want);
     }
 }
 
@@ -1265,12 +1232,7 @@ fn directories_sharing_slots() {
             c.write(format!("/again{gi}/x"), b"x").unwrap();
         }
     }
-    fs.sync_all().unwrap();
-    let want = snapshot(&fs);
-    o.store.checkpoint().unwrap();
-    drop(c);
-    drop(fs);
-    o.store.close().unwrap();
+    let want = close_synced(o.store, fs, c, true);
     let o = open(dir(), Config::default(), opts(&disk, 8 << 20)).unwrap();
     assert_eq!(o.report.replayed, 0);
     let fs = Arc::new(o.fs);

@@ -1508,12 +1508,8 @@ mod load_tests {
 
     const FIRST_COOKIE: u64 = 1 << 48;
 
-    /// A checkpointed store of 30 directories of 10 files (many of the tests' 64-entry
-    /// windows); then `damage` changes its `meta` table directly (redb's checksums stay
-    /// right), and the opening must fail with an error containing `want`, within a minute:
-    /// the tree's reader and the thread applying what it read stop each other, whichever
-    /// fails.
-    fn refused(damage: impl FnOnce(&mut redb::Table<&[u8], &[u8]>), want: &str) {
+    /// A new store on a simulated disk: the disk, its directory, its options, and it open.
+    fn new_store() -> (SimDisk, &'static Path, crate::Options, crate::Opened) {
         let disk = SimDisk::new();
         let dir = Path::new("/s");
         let opts = crate::Options {
@@ -1521,6 +1517,16 @@ mod load_tests {
             ..crate::Options::default()
         };
         let o = crate::open(dir, Config::default(), opts.clone()).unwrap();
+        (disk, dir, opts, o)
+    }
+
+    /// A checkpointed store of 30 directories of 10 files (many of the tests' 64-entry
+    /// windows); then `damage` changes its `meta` table directly (redb's checksums stay
+    /// right), and the opening must fail with an error containing `want`, within a minute:
+    /// the tree's reader and the thread applying what it read stop each other, whichever
+    /// fails.
+    fn refused(damage: impl FnOnce(&mut redb::Table<&[u8], &[u8]>), want: &str) {
+        let (disk, dir, opts, o) = new_store();
         let c = Client::root(Arc::new(o.fs));
         for d in 0..30 {
             c.create_dir(format!("/d{d:02}")).unwrap();
@@ -1630,13 +1636,7 @@ mod load_tests {
     /// symlinks, xattrs, an orphan, nested directories.
     #[test]
     fn a_load_reads_no_more_than_the_pages_in_use_hold() {
-        let disk = SimDisk::new();
-        let dir = Path::new("/s");
-        let opts = crate::Options {
-            disk: Arc::new(disk.clone()),
-            ..crate::Options::default()
-        };
-        let o = crate::open(dir, Config::default(), opts.clone()).unwrap();
+        let (disk, dir, _, o) = new_store();
         let fs = Arc::new(o.fs);
         let c = Client::root(fs.clone());
         let mut data = 0;
