@@ -147,8 +147,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         let read = reader
             .join()
             .map_err(|p| format!("reading the tree panicked: {}", super::panic_text(p)))?;
-        applying?;
-        read
+        applying.map(|()| read)
     })?;
     held += walked;
     // The orphans, once every live entry's cookie is known (an orphan's passing name takes
@@ -252,13 +251,12 @@ struct Named {
 /// window's entries, then the inodes they name, in key order ([`inodes`]); sends each window
 /// on `tx` (an error ends the walk, sent as the last window), and stops when the receiver is
 /// gone. Returns the bytes of the entries read.
-fn walk(txn: &ReadTransaction, tx: std::sync::mpsc::SyncSender<R<Vec<Named>>>) -> R<u64> {
+fn walk(txn: &ReadTransaction, tx: std::sync::mpsc::SyncSender<R<Vec<Named>>>) -> u64 {
     let mut held = 0;
-    let r = walk_into(txn, &tx, &mut held);
-    if let Err(e) = r {
+    if let Err(e) = walk_into(txn, &tx, &mut held) {
         let _ = tx.send(Err(e));
     }
-    Ok(held)
+    held
 }
 
 fn walk_into(
