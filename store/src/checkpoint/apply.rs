@@ -84,6 +84,14 @@ impl Changed {
             _ => None,
         }
     }
+
+    /// Drops inode `ino`'s waiting value, if any (another inode in its slot stays).
+    fn forget(&mut self, ino: u64) {
+        let slot = &mut self.slots[Self::slot(ino)];
+        if matches!(slot, Some((i, _)) if *i == ino) {
+            *slot = None;
+        }
+    }
 }
 
 /// [`Tables::open`].
@@ -487,10 +495,7 @@ impl Tables<'_> {
 
     /// Forgets inode `ino` (freed): its key is deleted, and no value of it is written.
     fn drop_inode(&mut self, ino: u64) -> R<()> {
-        let slot = Changed::slot(ino);
-        if matches!(&self.changed.slots[slot], Some((i, _)) if *i == ino) {
-            self.changed.slots[slot] = None;
-        }
+        self.changed.forget(ino);
         self.del(&kv::ino_key(kv::INODE, ino)).map(drop)
     }
 
@@ -615,8 +620,8 @@ impl Tables<'_> {
             return Err(format!("inode number {} is in use", n.id.ino).into());
         }
         if root {
-            let slot = Changed::slot(ino);
-            self.changed.slots[slot] = None;
+            // Made anew over the old one: a value of the old waiting here must not be written.
+            self.changed.forget(ino);
         }
         // A number not in use has no xattrs (a Free deletes them): only the root, made
         // again over the old one, may have ACLs to drop.
