@@ -504,6 +504,16 @@ fn collect(failures: &mut Vec<String>, f: impl FnOnce()) {
     }
 }
 
+/// Ends every fault the cases set on `disk`: the hook, failing writes and reads, a file
+/// that cannot grow, a full host.
+fn heal(disk: &SimDisk) {
+    disk.clear_hook();
+    disk.set_failing(false);
+    disk.set_read_failing(None);
+    disk.set_file_full(None);
+    disk.set_space(None);
+}
+
 fn panic_msg(e: Box<dyn std::any::Any + Send>) -> String {
     e.downcast_ref::<String>()
         .cloned()
@@ -634,11 +644,7 @@ fn host_errors_mid_compact() {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 compact(&dir(), opts(&disk))
             }));
-            disk.clear_hook();
-            disk.set_failing(false);
-            disk.set_read_failing(None);
-            disk.set_file_full(None);
-            disk.set_space(None);
+            heal(&disk);
             match r {
                 Err(e) => {
                     failures.push(format!("{what}: compact panicked: {}", panic_msg(e)));
@@ -829,11 +835,7 @@ fn open_time_compaction_host_errors() {
                     }
                 }
             }));
-            disk.clear_hook();
-            disk.set_failing(false);
-            disk.set_read_failing(None);
-            disk.set_file_full(None);
-            disk.set_space(None);
+            heal(&disk);
             match r {
                 Err(e) => {
                     failures.push(format!("{what}: open panicked: {}", panic_msg(e)));
