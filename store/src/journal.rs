@@ -24,9 +24,23 @@
 //!
 //! Before a batch goes into a new segment the previous segment is flushed, so that a flush
 //! of the newest segment covers every earlier one. Segment numbers start at 1 and have no
-//! gap, and a segment after the journal's end reads as zeros throughout: anything else is
-//! damage. A writer continuing the journal first zeroes whatever follows the end in its
-//! segment, so that no bytes of an earlier life of the file are read after new batches.
+//! gap, and a segment after the journal's end is a spare: zeros throughout, or a **spare
+//! header** (a segment header whose first LSN is 0) followed by anything; anything else is
+//! damage.
+//!
+//! **Recycling**: segments a checkpoint covers are renamed `<seq>.free` (at most
+//! [`FREE_MAX`] of them; the rest are removed), and the next spare is made from one of them
+//! rather than written with zeros: its first block is rewritten as a spare header of its new
+//! number, flushed, and the file renamed into place. Its other bytes are an earlier life's
+//! batches, which no scan takes for this one's: a batch names its segment and LSN, and both
+//! only grow over a store's life. So that the end of a segment's batches is still told from
+//! a torn one, every batch write leaves at least a batch header's length of zeros after the
+//! batch (or reaches the file's end), and a segment's first block is written whole (header
+//! and zeros) when it is started. A writer continuing the journal where anything but zeros
+//! follows the end of its segment writes zeros right after the end and flushes; and if a
+//! batch of this segment is among the bytes after the end (a crash left it after a clean
+//! end), it starts the next segment instead of writing there, so that such a batch is never
+//! read as the continuation of new ones.
 //!
 //! The checkpointer reads the records it applies with [`follow`], forward from where its
 //! last checkpoint stopped, instead of a [`scan`] from the start of the journal.
@@ -55,6 +69,10 @@ pub(crate) const BATCH_HEADER: usize = 48;
 /// The journal format version.
 pub(crate) const VERSION: u32 = 1;
 
+/// How many covered segments are kept for reuse as spares (`<seq>.free`); a checkpoint
+/// removes the others it covers.
+pub(crate) const FREE_MAX: usize = 4;
+
 /// The directory of the journal in a store.
 pub(crate) fn dir(store: &Path) -> PathBuf {
     store.join("journal")
@@ -65,13 +83,28 @@ pub(crate) fn segment_path(store: &Path, seq: u64) -> PathBuf {
     dir(store).join(format!("{seq:016x}.seg"))
 }
 
+/// The path of a segment kept for reuse, named by the number it had.
+pub(crate) fn free_path(store: &Path, seq: u64) -> PathBuf {
+    dir(store).join(format!("{seq:016x}.free"))
+}
+
 /// A segment's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SegmentHeader {
     pub uuid: [u8; 16],
     pub seq: u64,
-    /// LSN of its first record.
+    /// LSN of its first record; 0 in a spare header (a recycled segment not yet started).
     pub first_lsn: u64,
+}
+
+/// Whether `b` (the first bytes of segment `seq`) says the segment holds no record: zeros,
+/// or a spare header of this store and number.
+fn unused_header(b: &[u8], uuid: &[u8; 16], seq: u64) -> bool {
+    match SegmentHeader::decode(b) {
+        Ok(None) => true,
+        Ok(Some(h)) => h.first_lsn == 0 && h.uuid == *uuid && h.seq == seq,
+        Err(_) => false,
+    }
 }
 
 impl SegmentHeader {
@@ -278,26 +311,45 @@ pub(crate) struct End {
     pub next_lsn: u64,
     /// Whether a torn tail was dropped.
     pub torn: bool,
-    /// Whether anything but zeros follows the end in `segment` (a torn tail, or a batch the
-    /// scan did not take after a clean end): the writer zeroes it before writing there.
+    /// Whether anything but zeros follows the end in `segment` (a torn tail, a batch the scan
+    /// did not take after a clean end, or an earlier life's bytes of a recycled segment): the
+    /// writer writes zeros right after the end before writing there.
     pub dirty: bool,
+    /// Whether a valid batch of `segment`, from the end's LSN on, follows the end (one the
+    /// scan did not take after a clean end): the writer then starts the next segment instead
+    /// of writing there (a new batch could end where it starts).
+    pub later: bool,
     /// Whether `segment` has a valid header (false: it is unused, or its header was torn,
     /// and the next batch starts it afresh).
     pub started: bool,
 }
 
-/// The journal's segments, by sequence number (other files are refused).
+/// The journal's segments, by sequence number (segments kept for reuse are not among
+/// them; other files are refused).
 pub(crate) fn segments(disk: &dyn Disk, store: &Path) -> Result<Vec<u64>, StoreError> {
+    Ok(listing(disk, store)?.0)
+}
+
+/// The segments kept for reuse (`<seq>.free`), by the number they had.
+pub(crate) fn free_segments(disk: &dyn Disk, store: &Path) -> Result<Vec<u64>, StoreError> {
+    Ok(listing(disk, store)?.1)
+}
+
+/// The journal directory's segments and segments kept for reuse, each sorted.
+fn listing(disk: &dyn Disk, store: &Path) -> Result<(Vec<u64>, Vec<u64>), StoreError> {
     let d = dir(store);
-    let mut seqs = Vec::new();
+    let (mut seqs, mut free) = (Vec::new(), Vec::new());
     for name in disk.list(&d).map_err(StoreError::io(&d, "list"))? {
         let name = name.to_string_lossy().into_owned();
-        let seq = name
-            .strip_suffix(".seg")
-            .filter(|s| s.len() == 16)
-            .and_then(|s| u64::from_str_radix(s, 16).ok());
-        match seq {
-            Some(seq) if seq > 0 => seqs.push(seq),
+        let number = |suffix: &str| {
+            name.strip_suffix(suffix)
+                .filter(|s| s.len() == 16)
+                .and_then(|s| u64::from_str_radix(s, 16).ok())
+                .filter(|&n| n > 0)
+        };
+        match (number(".seg"), number(".free")) {
+            (Some(seq), _) => seqs.push(seq),
+            (_, Some(seq)) => free.push(seq),
             _ => {
                 return Err(StoreError::NotAStore {
                     path: d.join(&name),
@@ -307,7 +359,50 @@ pub(crate) fn segments(disk: &dyn Disk, store: &Path) -> Result<Vec<u64>, StoreE
         }
     }
     seqs.sort_unstable();
-    Ok(seqs)
+    free.sort_unstable();
+    Ok((seqs, free))
+}
+
+/// Removes the names of free segments that a crash may have left on a file of the journal:
+/// a rename cut short between its two steps leaves the file under both names (the host
+/// journals a rename as one operation, but a crash image of this project's tests may keep
+/// the new name without the old one's removal). Such a free segment is `<k>.free` beside
+/// `<k>.seg` (a checkpoint's rename of a covered segment), or one whose first block is a
+/// spare header of a number `<s>.seg` has (a spare's rename into place); reusing it would
+/// write over a segment of the journal. Dropping the name loses nothing: the file is kept
+/// by its other name, or is only room not reused. Run before the writer makes any spare.
+fn tidy_free(disk: &dyn Disk, store: &Path, uuid: &[u8; 16]) -> Result<(), StoreError> {
+    let (seqs, free) = listing(disk, store)?;
+    let mut removed = false;
+    for n in free {
+        let p = free_path(store, n);
+        let doomed = seqs.binary_search(&n).is_ok()
+            || {
+                let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+                let mut h = [0u8; SEGMENT_HEADER];
+                let got = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+                matches!(SegmentHeader::decode(&h[..got]),
+                Ok(Some(h)) if h.first_lsn == 0 && h.uuid == *uuid && seqs.binary_search(&h.seq).is_ok())
+            };
+        if doomed {
+            disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+            removed = true;
+        }
+    }
+    if removed {
+        let d = dir(store);
+        disk.sync_dir(&d)
+            .map_err(StoreError::io(&d, "flush directory"))?;
+    }
+    Ok(())
+}
+
+/// Removes the segments kept for reuse, giving their room back to the host (errors are
+/// ignored: a file left is only room not given back).
+pub(crate) fn drop_free(disk: &dyn Disk, store: &Path) {
+    for seq in free_segments(disk, store).unwrap_or_default() {
+        let _ = disk.remove(&free_path(store, seq));
+    }
 }
 
 /// Reads every record with an LSN from `from_lsn` on, in order, handing each to `apply`
@@ -335,6 +430,7 @@ pub(crate) fn scan(
         next_lsn: from_lsn,
         torn: false,
         dirty: false,
+        later: false,
         started: false,
     };
     let mut started = false;
@@ -358,17 +454,37 @@ pub(crate) fn scan(
         }
         let (path, bytes) = read(seq)?;
         let header = match SegmentHeader::decode(&bytes) {
-            Ok(Some(h)) => h,
-            Ok(None) => {
-                // Made but never used, so zeros throughout (the header is flushed before
-                // anything is written after it); every later segment must be unused too.
-                if let Some(at) = bytes.iter().position(|&b| b != 0) {
-                    return Err(StoreError::damaged(
-                        &path,
-                        0,
-                        format!("segment header is zeros, but the segment holds data at byte {at}"),
-                    ));
+            Ok(Some(h)) if h.first_lsn != 0 => h,
+            Ok(spare) => {
+                match spare {
+                    // Made but never used, so zeros throughout (the header is flushed before
+                    // anything is written after it).
+                    None => {
+                        if let Some(at) = bytes.iter().position(|&b| b != 0) {
+                            return Err(StoreError::damaged(
+                                &path,
+                                0,
+                                format!(
+                                    "segment header is zeros, but the segment holds data at \
+                                     byte {at}"
+                                ),
+                            ));
+                        }
+                    }
+                    // A recycled segment not yet started: what follows is an earlier life's.
+                    Some(h) if h.uuid != uuid => {
+                        return Err(StoreError::damaged(&path, 16, "segment of another store"));
+                    }
+                    Some(h) if h.seq != seq => {
+                        return Err(StoreError::damaged(
+                            &path,
+                            32,
+                            format!("spare segment number {} in a file named {seq:016x}", h.seq),
+                        ));
+                    }
+                    Some(_) => {}
                 }
+                // Every later segment must be unused too.
                 contiguous(store, &seqs[k..])?;
                 later_must_be_unused(disk, store, &seqs[k + 1..], uuid, expected)?;
                 if end.segment == 0 || !started {
@@ -418,9 +534,6 @@ pub(crate) fn scan(
                 ),
             ));
         }
-        if header.first_lsn == 0 {
-            return Err(StoreError::damaged(&path, 40, "segment starts at record 0"));
-        }
         if !started && header.first_lsn > expected {
             return Err(StoreError::damaged(
                 &path,
@@ -465,7 +578,7 @@ pub(crate) fn scan(
                     ));
                 }
                 match seqs.get(k + 1) {
-                    Some(&next) if segment_is_used(disk, store, next)? => {
+                    Some(&next) if segment_is_used(disk, store, &uuid, next)? => {
                         if !(clean_end || stale) {
                             return Err(StoreError::damaged(
                                 &path,
@@ -489,6 +602,7 @@ pub(crate) fn scan(
                         }
                         end.torn = !(clean_end || stale);
                         end.dirty = bytes[at.min(bytes.len())..].iter().any(|&b| b != 0);
+                        end.later = valid_after(&bytes, at + 1, seq, lsn, &uuid).is_some();
                         contiguous(store, &seqs[k..])?;
                         later_must_be_unused(disk, store, &seqs[k + 1..], uuid, lsn)?;
                         return Ok(end);
@@ -769,15 +883,21 @@ fn valid_after(bytes: &[u8], from: usize, seq: u64, lsn: u64, uuid: &[u8; 16]) -
     None
 }
 
-fn segment_is_used(disk: &dyn Disk, store: &Path, seq: u64) -> Result<bool, StoreError> {
+/// Whether segment `seq` was started: its header is neither zeros nor a spare header.
+fn segment_is_used(
+    disk: &dyn Disk,
+    store: &Path,
+    uuid: &[u8; 16],
+    seq: u64,
+) -> Result<bool, StoreError> {
     let p = segment_path(store, seq);
     let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
     let mut h = [0u8; SEGMENT_HEADER];
     let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
-    Ok(h[..n].iter().any(|&b| b != 0))
+    Ok(!unused_header(&h[..n], uuid, seq))
 }
 
-/// The LSN segment `seq` starts at, if its header is whole.
+/// The LSN segment `seq` starts at, if its header is whole and it was started.
 pub(crate) fn first_lsn(
     disk: &dyn Disk,
     store: &Path,
@@ -790,7 +910,8 @@ pub(crate) fn first_lsn(
     Ok(SegmentHeader::decode(&h[..n])
         .ok()
         .flatten()
-        .map(|h| h.first_lsn))
+        .map(|h| h.first_lsn)
+        .filter(|&lsn| lsn != 0))
 }
 
 /// `seqs` must follow each other without a gap (see the check at the top of [`scan`]).
@@ -823,7 +944,9 @@ fn first_nonzero(f: &dyn DiskFile, from: u64) -> std::io::Result<Option<u64>> {
     }
 }
 
-/// Segments after the journal's end must be unused (zeros throughout): they are spares. `lsn` is the journal's next LSN, for the message.
+/// Segments after the journal's end must be unused: they are spares (zeros throughout, or a
+/// spare header and an earlier life's bytes). `lsn` is the journal's next LSN, for the
+/// message.
 fn later_must_be_unused(
     disk: &dyn Disk,
     store: &Path,
@@ -837,6 +960,7 @@ fn later_must_be_unused(
         let mut h = [0u8; SEGMENT_HEADER];
         let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
         let what = match SegmentHeader::decode(&h[..n]) {
+            Ok(Some(h)) if h.first_lsn == 0 && h.uuid == uuid && h.seq == seq => continue,
             Ok(None) => match first_nonzero(&*f, n as u64).map_err(StoreError::io(&p, "read"))? {
                 None => continue,
                 Some(at) => format!(
@@ -848,8 +972,7 @@ fn later_must_be_unused(
                 h.first_lsn
             ),
             // A segment gets a header only once every earlier one is flushed and whole, so
-            // none can follow the journal's end: this is no spare, whatever it holds (and a
-            // writer reusing it as one would leave its bytes behind its batches).
+            // none can follow the journal's end: this is no spare, whatever it holds.
             _ => format!("segment after the end of the journal (record {lsn}) is not empty"),
         };
         return Err(StoreError::damaged(&p, 0, what));
@@ -878,6 +1001,9 @@ pub(crate) struct Writer {
     /// The bytes of the block `offset` is in, up to `offset`: rewritten with each batch, as
     /// batches are written in whole blocks (`DiskFile::write_blocks`).
     tail: Vec<u8>,
+    /// The segment being written takes no more batches: a crash left bytes after its end
+    /// (module doc, "Recycling"), so the next batch starts the next segment.
+    closed: bool,
     /// Where a batch is laid out in whole blocks before it is written.
     staging: Blocks,
 }
@@ -954,31 +1080,42 @@ impl Writer {
             making: None,
             buf: Vec::new(),
             tail: Vec::new(),
+            closed: false,
             staging: Blocks::default(),
         };
+        tidy_free(&*w.disk, store, &uuid)?;
         if end.segment != 0 {
             let p = segment_path(store, end.segment);
             let f = w.disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-            if end.dirty {
-                // What a crash left after the end is zeroed, so that no later scan reads it
-                // (a batch left after a clean end could otherwise read as the continuation
-                // of new batches that end exactly where it starts).
-                let len = f.len().map_err(StoreError::io(&p, "size"))?;
-                let from = if end.started { end.offset } else { 0 };
-                let zeros = vec![0u8; len.saturating_sub(from) as usize];
-                f.write_at(&zeros, from)
+            if end.dirty && !end.started {
+                // A torn first write: the segment becomes a spare again (its other bytes are
+                // an earlier life's, or the torn write's, and no scan reads them).
+                f.write_blocks(spare_block(uuid, end.segment).bytes(1), 0)
                     .and_then(|()| f.sync_data())
-                    .map_err(StoreError::io(&p, "zero the torn tail"))?;
+                    .map_err(StoreError::io(&p, "rewrite the torn header"))?;
             }
             if end.started {
-                // What the scan read may sit in the host's page cache only (a killed
-                // process): flushed now, so that batches written after it say so truly.
-                f.sync_data().map_err(StoreError::io(&p, "flush"))?;
                 let base = end.offset - end.offset % BLOCK as u64;
                 w.tail = vec![0; (end.offset - base) as usize];
                 f.read_exact_at(&mut w.tail, base)
                     .map_err(StoreError::io(&p, "read"))?;
                 w.file = Some(f);
+                if end.dirty {
+                    // Bytes after the end (a torn batch, batches of this life left after a
+                    // clean end, or an earlier life's): zeros go right after the end, so
+                    // that the end is clean even if the next batch goes to the next
+                    // segment. If a batch of this segment is among those bytes, the next
+                    // batch does go there, so that it is never read as a new batch's
+                    // continuation (module doc, "Recycling"); an earlier life's batches
+                    // name another segment, and are written over.
+                    w.write_end()
+                        .map_err(StoreError::io(&p, "write zeros after the end"))?;
+                    w.closed = end.later;
+                }
+                // What the scan read may sit in the host's page cache only (a killed
+                // process): flushed now, so that batches written after it say so truly.
+                let f = w.file.as_ref().expect("just set");
+                f.sync_data().map_err(StoreError::io(&p, "flush"))?;
             } else {
                 // Unused, or with a torn first write: the next batch starts it.
                 w.spare = Some((end.segment, f));
@@ -996,16 +1133,17 @@ impl Writer {
         if self.spare.is_some() || self.making.is_some() {
             return;
         }
-        let (disk, store, seq, size) = (
+        let (disk, store, uuid, seq, size) = (
             self.disk.clone(),
             self.store.clone(),
+            self.uuid,
             self.seq + 1,
             self.segment_size,
         );
         self.making = Some(
             std::thread::Builder::new()
                 .name("lanefs-segment".into())
-                .spawn(move || make_segment(&*disk, &store, seq, size).map(|f| (seq, f)))
+                .spawn(move || make_segment(&*disk, &store, uuid, seq, size).map(|f| (seq, f)))
                 .expect("spawn the segment maker"),
         );
     }
@@ -1037,11 +1175,11 @@ impl Writer {
         self.next_lsn.saturating_sub(1)
     }
 
-    /// Bytes left for batches in the segment being written (0: none yet).
+    /// Bytes left for batches in the segment being written (0: none yet, or it is closed).
     pub(crate) fn room(&self) -> u64 {
         match self.file {
-            Some(_) => self.segment_size.saturating_sub(self.offset),
-            None => 0,
+            Some(_) if !self.closed => self.segment_size.saturating_sub(self.offset),
+            _ => 0,
         }
     }
 
@@ -1062,7 +1200,8 @@ impl Writer {
             Some(s) => Ok(s),
             None => {
                 let seq = self.seq + 1;
-                make_segment(&*self.disk, &self.store, seq, self.segment_size).map(|f| (seq, f))
+                make_segment(&*self.disk, &self.store, self.uuid, seq, self.segment_size)
+                    .map(|f| (seq, f))
             }
         }
     }
@@ -1098,10 +1237,7 @@ impl Writer {
     /// the same place, by the next call), so that the caller can retry (module doc,
     /// "Errors").
     pub(crate) fn write_payload(&mut self, p: &mut Payload) -> Result<u64, StoreError> {
-        let room = |w: &Writer| match w.file {
-            Some(_) => w.segment_size.saturating_sub(w.offset) as usize,
-            None => 0,
-        };
+        let room = |w: &Writer| w.room() as usize;
         if p.count > 0 && p.buf.len() > room(self) {
             // Whole records up to the room left, then the rest into new segments.
             let mut at = BATCH_HEADER;
@@ -1147,8 +1283,10 @@ impl Writer {
 
     /// Writes one batch: `buf` is a header's room followed by `count` records. The batch is
     /// written in whole blocks: the bytes of the block it starts in that are already there
-    /// (`tail`, rewritten as they were), the batch, and zeros to the end of its last block
-    /// (where the next batch starts over them).
+    /// (`tail`, rewritten as they were), the batch, and zeros to the end of the block that
+    /// holds a batch header's length after it, or of the segment (where the next batch
+    /// starts over them; they mark the end of the batches, whatever an earlier life of the
+    /// file left after them).
     fn write_batch(&mut self, buf: &mut [u8], count: u32) -> Result<(), StoreError> {
         let h = BatchHeader {
             segment: self.seq,
@@ -1161,7 +1299,7 @@ impl Writer {
         buf[..BATCH_HEADER].copy_from_slice(&h.encode(&self.uuid));
         let base = self.offset - self.tail.len() as u64;
         let total = self.tail.len() + buf.len();
-        let blocks = total.div_ceil(BLOCK);
+        let blocks = self.padded(base, total, self.segment_size).div_ceil(BLOCK);
         let out = self.staging.bytes(blocks);
         out[..self.tail.len()].copy_from_slice(&self.tail);
         out[self.tail.len()..total].copy_from_slice(buf);
@@ -1178,6 +1316,32 @@ impl Writer {
         Ok(())
     }
 
+    /// How far a write of `total` bytes from `base` (block-aligned, in the segment being
+    /// written) writes zeros: a batch header's length past its end, but not past `len`, the
+    /// length of the file (a write that reaches past it, in a segment grown for one large
+    /// record, ends the file anyway).
+    fn padded(&self, base: u64, total: usize, len: u64) -> usize {
+        let to_end = len.saturating_sub(base) as usize;
+        (total + BATCH_HEADER).min(to_end).max(total)
+    }
+
+    /// Writes zeros after the end of the segment being written (as [`Writer::write_batch`]
+    /// leaves after a batch), rewriting the bytes before it in its block as they are.
+    fn write_end(&mut self) -> std::io::Result<()> {
+        let f = self.file.clone().expect("a segment");
+        let base = self.offset - self.tail.len() as u64;
+        let total = self.tail.len();
+        let len = f.len()?.max(self.segment_size);
+        let blocks = self.padded(base, total, len).div_ceil(BLOCK);
+        let out = self.staging.bytes(blocks);
+        out[..total].copy_from_slice(&self.tail);
+        out[total..].fill(0);
+        match blocks {
+            0 => Ok(()),
+            _ => f.write_blocks(out, base),
+        }
+    }
+
     /// Starts the next segment (the spare if there is one), after flushing the current one:
     /// a flush of the newest segment then covers every earlier one.
     fn switch(&mut self) -> Result<(), StoreError> {
@@ -1189,9 +1353,14 @@ impl Writer {
             first_lsn: self.next_lsn,
         };
         let p = segment_path(&self.store, seq);
-        // Flushed alone, so that a torn header can only be a segment with nothing after it.
+        // Flushed alone, so that a torn header can only be a segment with nothing after it;
+        // written with the zeros of the rest of its block, which mark the end of a segment
+        // that is left with no batch (a recycled one holds an earlier life's bytes there).
         let header = h.encode();
-        if let Err(e) = f.write_at(&header, 0) {
+        let first = self.staging.bytes(1);
+        first.fill(0);
+        first[..SEGMENT_HEADER].copy_from_slice(&header);
+        if let Err(e) = f.write_blocks(first, 0) {
             // Kept for the next try.
             self.spare = Some((seq, f));
             return Err(StoreError::io(&p, "write header")(e));
@@ -1202,6 +1371,7 @@ impl Writer {
         self.file = Some(f);
         self.seq = seq;
         self.offset = SEGMENT_HEADER as u64;
+        self.closed = false;
         self.prepare_spare();
         Ok(())
     }
@@ -1219,15 +1389,93 @@ impl Drop for Writer {
 /// A new segment is zero-filled in writes of this size.
 const ZERO_FILL: usize = 1 << 20;
 
-/// Makes segment `seq`: `size` bytes allocated and written with zeros, flushed, its name
-/// flushed.
+/// The first block of a spare made from a recycled segment: a spare header (first LSN 0)
+/// of number `seq`, then zeros.
+fn spare_block(uuid: [u8; 16], seq: u64) -> Blocks {
+    let mut b = Blocks::default();
+    let header = SegmentHeader {
+        uuid,
+        seq,
+        first_lsn: 0,
+    }
+    .encode();
+    b.bytes(1)[..SEGMENT_HEADER].copy_from_slice(&header);
+    b
+}
+
+/// Makes segment `seq` out of a segment kept for reuse (module doc, "Recycling"): the
+/// lowest `<n>.free` of `size` bytes gets a spare header of number `seq` (flushed), and is
+/// renamed into place (the name flushed). Free segments of another size are removed (a
+/// segment grown for one large record, or written with another `segment_size`). `None` when
+/// there is none to reuse, or reusing one failed (it is removed then: a segment is made
+/// afresh instead, and reports the host's error if it has one).
+fn recycle_segment(
+    disk: &dyn Disk,
+    store: &Path,
+    uuid: [u8; 16],
+    seq: u64,
+    size: u64,
+) -> Option<Arc<dyn DiskFile>> {
+    let d = dir(store);
+    let p = segment_path(store, seq);
+    for n in free_segments(disk, store).ok()? {
+        let from = free_path(store, n);
+        let reused = disk.open(&from, false).and_then(|f| {
+            if f.len()? != size {
+                return Err(std::io::Error::other("not a segment's size"));
+            }
+            // The rename that made it free is flushed before its header changes: otherwise
+            // a crash could bring back the covered segment with a spare header of a later
+            // number, which a scan takes for damage.
+            disk.sync_dir(&d)?;
+            f.write_blocks(spare_block(uuid, seq).bytes(1), 0)?;
+            f.sync_data()?;
+            disk.rename(&from, &p)?;
+            disk.sync_dir(&d)?;
+            Ok(f)
+        });
+        match reused {
+            Ok(f) => return Some(f),
+            Err(_) => {
+                let _ = disk.remove(&from);
+            }
+        }
+    }
+    None
+}
+
+/// Makes segment `seq`: recycled from a segment kept for reuse if there is one, else `size`
+/// bytes allocated and written with zeros, flushed, its name flushed. A segment `seq` made
+/// before (a spare the store had when it closed or crashed) is kept if it is a whole
+/// recycled spare, and otherwise removed first: zeroing it in place could leave, after a
+/// power cut, zeros over its header and an earlier life's bytes after them, which a scan
+/// takes for damage.
 fn make_segment(
     disk: &dyn Disk,
     store: &Path,
+    uuid: [u8; 16],
     seq: u64,
     size: u64,
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
     let p = segment_path(store, seq);
+    if disk.exists(&p) {
+        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
+        let mut h = [0u8; SEGMENT_HEADER];
+        let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+        let spare = matches!(SegmentHeader::decode(&h[..n]),
+            Ok(Some(h)) if h.first_lsn == 0 && h.uuid == uuid && h.seq == seq);
+        if spare && f.len().map_err(StoreError::io(&p, "size"))? == size {
+            return Ok(f);
+        }
+        drop(f);
+        let d = dir(store);
+        disk.remove(&p)
+            .and_then(|()| disk.sync_dir(&d))
+            .map_err(StoreError::io(&p, "remove"))?;
+    }
+    if let Some(f) = recycle_segment(disk, store, uuid, seq, size) {
+        return Ok(f);
+    }
     let f = disk.open(&p, true).map_err(StoreError::io(&p, "create"))?;
     // Allocated (so that a full host fails here, not in a commit), then written with zeros:
     // a flush after a write into allocated but unwritten extents must also commit the host
@@ -1534,7 +1782,7 @@ mod tests {
 #[cfg(test)]
 mod regressions {
     use super::*;
-    use crate::disk::SimDisk;
+    use crate::disk::{SimDisk, Unflushed};
 
     const UUID: [u8; 16] = [7; 16];
 
@@ -1617,7 +1865,7 @@ mod regressions {
         assert!(seqs.len() >= 4, "{seqs:?}");
         let last = *seqs.last().unwrap();
         // The spare is unused; the one before it is the last in use.
-        assert!(!segment_is_used(&d, store, last).unwrap());
+        assert!(!segment_is_used(&d, store, &UUID, last).unwrap());
         for gone in [1, last - 1, last / 2] {
             let d = make();
             d.remove(&segment_path(store, gone)).unwrap();
@@ -1633,6 +1881,191 @@ mod regressions {
                 r => panic!("segment {gone} removed: {:?}", r.map(|(v, e)| (v.len(), e))),
             }
         }
+    }
+
+    /// As a checkpoint of every record up to `upto` does (`checkpoint::recycle`): segment
+    /// `k` leaves the journal once `k + 1` starts at or below `upto + 1`, kept for reuse
+    /// while fewer than `FREE_MAX` are.
+    fn retire(d: &SimDisk, store: &Path, upto: u64) {
+        let seqs = segments(d, store).unwrap();
+        let mut free = free_segments(d, store).unwrap().len();
+        for pair in seqs.windows(2) {
+            match first_lsn(d, store, pair[1]).unwrap() {
+                Some(l) if l <= upto + 1 => {
+                    let p = segment_path(store, pair[0]);
+                    if free < FREE_MAX {
+                        d.rename(&p, &free_path(store, pair[0])).unwrap();
+                        free += 1;
+                    } else {
+                        d.remove(&p).unwrap();
+                    }
+                }
+                _ => break,
+            }
+        }
+        d.sync_dir(&dir(store)).unwrap();
+    }
+
+    /// The records of `img` from `from` on, and where its journal ends.
+    fn from_lsn(img: &SimDisk, from: u64) -> Result<(Vec<Vec<u8>>, End), StoreError> {
+        let mut v = Vec::new();
+        let end = scan(img, Path::new("/s"), UUID, from, |lsn, r| {
+            assert_eq!(lsn, from + v.len() as u64);
+            v.push(r.to_vec());
+            Ok(())
+        })?;
+        Ok((v, end))
+    }
+
+    /// Segments recycled as spares hold an earlier life's batches after the end: a power cut
+    /// at any flush (of a batch, a switch, a spare's header or a rename), with unflushed
+    /// writes lost, kept or torn, leaves a journal that opens to a prefix of the records
+    /// with every flushed one, never with a stale batch in it; a writer continuing such a
+    /// journal (after a torn end, or stale bytes after a clean one) adds records that read
+    /// back after that prefix, across further reopens.
+    #[test]
+    fn recycled_segments_come_back_as_a_prefix_after_power_cuts() {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+        let store = Path::new("/s");
+        let d = SimDisk::new();
+        let images = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        // Records flushed, and the checkpoint's LSN (its records are no longer needed).
+        let flushed = Arc::new(AtomicUsize::new(0));
+        let ck = Arc::new(AtomicU64::new(0));
+        d.create_dir_all(&dir(store)).unwrap();
+        let end = scan(&d, store, UUID, 1, |_, _| Ok(())).unwrap();
+        let mut w = Writer::new(Arc::new(d.clone()), store, UUID, 8192, end).unwrap();
+        {
+            let (images, flushed, ck) = (images.clone(), flushed.clone(), ck.clone());
+            let mut n = 0u64;
+            d.on_sync(move |disk, _| {
+                n += 1;
+                let f = flushed.load(SeqCst);
+                let c = ck.load(SeqCst);
+                let u = match n % 3 {
+                    0 => Unflushed::Lost,
+                    1 => Unflushed::Kept,
+                    _ => Unflushed::Torn(n),
+                };
+                images.lock().push((f, c, disk.crash(u)));
+            });
+        }
+        let rs: Vec<Vec<u8>> = (0..900)
+            .map(|i| vec![(i % 251) as u8; 60 + i % 300])
+            .collect();
+        for (k, chunk) in rs.chunks(7).enumerate() {
+            let refs: Vec<&[u8]> = chunk.iter().map(|r| &r[..]).collect();
+            w.write(&refs).unwrap();
+            if k % 4 == 3 {
+                w.flush().unwrap();
+                flushed.store((k + 1) * 7, SeqCst);
+            }
+            if k % 9 == 8 {
+                // A checkpoint of everything flushed: its segments leave the journal.
+                let upto = flushed.load(SeqCst) as u64;
+                ck.store(upto, SeqCst);
+                retire(&d, store, upto);
+            }
+        }
+        w.flush().unwrap();
+        drop(w);
+        d.clear_hook();
+        let images = std::mem::take(&mut *images.lock());
+        assert!(images.len() > 100, "{} images", images.len());
+        // Spares were made from recycled segments (else this tests nothing new).
+        let recycled = images
+            .iter()
+            .filter(|(_, _, img)| {
+                img.files().iter().any(|(p, b)| {
+                    p.extension().is_some_and(|e| e == "seg")
+                        && SegmentHeader::decode(b).is_ok_and(|h| h.is_some())
+                        && b[SEGMENT_HEADER..].iter().any(|&x| x != 0)
+                        && b.windows(4).filter(|w| *w == BATCH_MAGIC).count() > 0
+                })
+            })
+            .count();
+        assert!(recycled > 0);
+        for (i, (f, c, img)) in images.into_iter().enumerate() {
+            let want = |got: &[Vec<u8>]| {
+                assert!(
+                    c as usize + got.len() >= f,
+                    "image {i}: {} records back after {c}, {f} were flushed",
+                    got.len()
+                );
+                assert!(
+                    got[..] == rs[c as usize..c as usize + got.len()],
+                    "image {i}: records after {c} differ"
+                );
+            };
+            let (got, end) = from_lsn(&img, c + 1).unwrap_or_else(|e| panic!("image {i}: {e}"));
+            want(&got);
+            // Continued twice, reopened in between: what was there, then the new records.
+            let mut more = Vec::new();
+            for round in 0..2u8 {
+                let end = from_lsn(&img, c + 1)
+                    .unwrap_or_else(|e| panic!("image {i}, reopen {round}: {e}"))
+                    .1;
+                let mut w = Writer::new(Arc::new(img.clone()), store, UUID, 8192, end).unwrap();
+                for j in 0..25u8 {
+                    let r = vec![200 + round, j, 0xee];
+                    w.write(&[&r[..]]).unwrap();
+                    more.push(r);
+                }
+                w.flush().unwrap();
+            }
+            let (again, _) = from_lsn(&img, c + 1).unwrap_or_else(|e| panic!("image {i}: {e}"));
+            assert_eq!(again.len(), got.len() + more.len(), "image {i} ({end:?})");
+            assert!(again[..got.len()] == got[..], "image {i}");
+            assert!(again[got.len()..] == more[..], "image {i}");
+        }
+    }
+
+    /// A writer reopening a journal whose last segment was grown past the segment size for
+    /// one large record, with bytes a crash left after its end, closes that segment with
+    /// zeros after the end (the file's length, not the segment size, bounds them), so that
+    /// the segment still ends cleanly once later segments follow it.
+    #[test]
+    fn a_grown_segment_with_bytes_after_its_end_is_closed_cleanly() {
+        let store = Path::new("/s");
+        let d = SimDisk::new();
+        let mut w = writer(&d);
+        // Its batch ends exactly at a block's end (header 64, batch header 48, frame 4).
+        let big = vec![3u8; (1 << 20) + 2 * BLOCK - SEGMENT_HEADER - BATCH_HEADER - 4];
+        w.write(&[&big[..]]).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        // The grown segment: garbage after its last batch, as a torn later batch leaves.
+        let seqs = segments(&d, store).unwrap();
+        let grown = seqs
+            .iter()
+            .map(|&s| segment_path(store, s))
+            .find(|p| d.files().iter().any(|(q, b)| q == p && b.len() > 1 << 20))
+            .expect("a grown segment");
+        let (_, mut bytes) = d.files().into_iter().find(|(q, _)| *q == grown).unwrap();
+        let end = batch_end(&bytes);
+        assert_eq!(end % BLOCK, 0);
+        bytes.resize(end + 700, 0);
+        bytes[end..].fill(0x5a);
+        d.put(&grown, bytes);
+        let (got, e) = scan_all(&d).unwrap();
+        assert_eq!(got, vec![big.clone()]);
+        assert!(e.dirty && e.torn, "{e:?}");
+        let mut w = writer(&d);
+        w.write(&[b"after".as_slice()]).unwrap();
+        w.flush().unwrap();
+        drop(w);
+        let (got, e) = scan_all(&d).unwrap();
+        assert_eq!(got, vec![big, b"after".to_vec()]);
+        assert!(!e.torn, "{e:?}");
+    }
+
+    /// The end of the batches of a segment's bytes.
+    fn batch_end(b: &[u8]) -> usize {
+        let mut at = SEGMENT_HEADER;
+        while let Some(h) = BatchHeader::decode(&b[at..], &UUID) {
+            at += BATCH_HEADER + h.len as usize;
+        }
+        at
     }
 
     /// A payload whose header claims billions of records is refused without allocating
@@ -1659,7 +2092,7 @@ mod regressions {
         drop(w);
         let seqs = segments(&d, store).unwrap();
         let last = seqs[seqs.len() - 2];
-        assert!(segment_is_used(&d, store, last).unwrap());
+        assert!(segment_is_used(&d, store, &UUID, last).unwrap());
         let p = segment_path(store, last);
         let (_, mut bytes) = d.files().into_iter().find(|(q, _)| *q == p).unwrap();
         bytes[..SEGMENT_HEADER].fill(0);

@@ -64,7 +64,7 @@ const LOCK: &str = "lanefs.lock";
 const IDENTITY_MAGIC: [u8; 8] = *b"LANEFSST";
 const IDENTITY_LEN: usize = 64;
 /// The store format version.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 /// How a store is opened.
 #[derive(Clone)]
@@ -472,6 +472,11 @@ pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
                 .into_iter()
                 .map(|s| journal::segment_path(dir, s)),
         );
+        files.extend(
+            journal::free_segments(&*disk, dir)?
+                .into_iter()
+                .map(|s| journal::free_path(dir, s)),
+        );
         let mut n = 0;
         for p in files.iter().filter(|p| disk.exists(p)) {
             let f = disk.open(p, false).map_err(StoreError::io(p, "open"))?;
@@ -497,6 +502,8 @@ pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
     let _lock = lock(&*disk, dir)?;
     let (uuid, _) = identity(&*disk, dir, false)?;
     checkpoint::Checkpoint::open(&*disk, dir, uuid, false, checkpoint::Compact::Always, cache)?;
+    // The journal's segments kept for reuse give their room back too.
+    journal::drop_free(&*disk, dir);
     Ok(CompactReport {
         applied,
         before,

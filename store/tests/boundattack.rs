@@ -278,7 +278,14 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
         let mut stuck_since = Instant::now();
         while Instant::now() < end {
             std::thread::sleep(Duration::from_millis(5));
-            let n = std::fs::read_dir(&journal).map_or(0, |d| d.count()) as u64;
+            // Segments of the journal (not those kept for reuse, `.free`).
+            let n = std::fs::read_dir(&journal).map_or(0, |d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                })
+                .count()
+            }) as u64;
             most_segments.fetch_max(n, SeqCst);
             let now: Vec<u64> = progress.iter().map(|p| p.load(SeqCst)).collect();
             if now.iter().zip(&last).any(|(a, b)| a != b) {

@@ -40,8 +40,18 @@ fn eager(disk: Option<&SimDisk>) -> Options {
     o
 }
 
+/// The journal's segments (not those kept for reuse, `.free`).
 fn segments(dir: &Path) -> usize {
-    std::fs::read_dir(dir.join("journal")).unwrap().count()
+    std::fs::read_dir(dir.join("journal"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "seg")
+        })
+        .count()
 }
 
 /// Two changes to one inode's times that share no lock (creates of two names in one

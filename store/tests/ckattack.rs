@@ -1006,15 +1006,15 @@ fn segments(disk: &SimDisk) -> Vec<(u64, Option<u64>)> {
     let mut v: Vec<_> = disk
         .files()
         .into_iter()
-        .filter(|(p, _)| p.parent() == Some(&jd))
+        .filter(|(p, _)| p.parent() == Some(&jd) && p.extension().is_some_and(|e| e == "seg"))
         .map(|(p, b)| {
             let name = p.file_name().unwrap().to_str().unwrap().to_owned();
             let seq = u64::from_str_radix(name.strip_suffix(".seg").unwrap(), 16).unwrap();
-            let used = b.len() >= 64 && b[..64].iter().any(|&x| x != 0);
-            (
-                seq,
-                used.then(|| u64::from_le_bytes(b[40..48].try_into().unwrap())),
-            )
+            // Zeros, or a spare header (first LSN 0): a spare.
+            let first = (b.len() >= 64)
+                .then(|| u64::from_le_bytes(b[40..48].try_into().unwrap()))
+                .filter(|&l| l != 0);
+            (seq, first)
         })
         .collect();
     v.sort();
@@ -1098,7 +1098,7 @@ fn journal_idle(disk: &SimDisk) {
     let last = |d: &SimDisk| {
         d.files()
             .into_iter()
-            .filter(|(p, _)| p.parent() == Some(&jd))
+            .filter(|(p, _)| p.parent() == Some(&jd) && p.extension().is_some_and(|e| e == "seg"))
             .max_by(|a, b| a.0.cmp(&b.0))
     };
     let t = std::time::Instant::now();
@@ -1107,7 +1107,8 @@ fn journal_idle(disk: &SimDisk) {
         if let (Some((p, b)), Some((q, _))) = (last(&img), last(disk))
             && p == q
             && b.len() as u64 >= size
-            && b.iter().all(|&x| x == 0)
+            // Zeros throughout, or a spare header made from a recycled segment (first LSN 0).
+            && (b.iter().all(|&x| x == 0) || (&b[..8] == b"LFSJRNL\x01" && b[40..48] == [0; 8]))
         {
             return;
         }

@@ -1268,14 +1268,16 @@ fn journal_end(store: &Path) -> (PathBuf, u64) {
     let mut segs: Vec<PathBuf> = std::fs::read_dir(&jd)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
         .collect();
     segs.sort();
     let used = segs
         .into_iter()
         .rev()
         .find(|p| {
+            // Neither zeros nor a spare header (first LSN 0).
             let b = std::fs::read(p).unwrap();
-            b.len() >= 64 && b[..64].iter().any(|&x| x != 0)
+            b.len() >= 64 && b[..64].iter().any(|&x| x != 0) && b[40..48] != [0; 8]
         })
         .expect("a used segment");
     let b = std::fs::read(&used).unwrap();

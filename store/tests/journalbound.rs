@@ -60,7 +60,14 @@ fn run(
             let start = Instant::now();
             let end = start + until;
             while Instant::now() < end && !done.load(SeqCst) {
-                let n = std::fs::read_dir(&journal).map_or(0, |d| d.count());
+                // Segments of the journal (not those kept for reuse, `.free`).
+                let n = std::fs::read_dir(&journal).map_or(0, |d| {
+                    d.filter(|e| {
+                        e.as_ref()
+                            .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "seg"))
+                    })
+                    .count()
+                });
                 if start.elapsed() >= from {
                     most.fetch_max(n as u64, SeqCst);
                 }

@@ -749,9 +749,11 @@ impl Checkpoint {
         }
     }
 
-    /// Gives the room of [`RESERVE`] to the checkpoint about to be tried (none if missing).
+    /// Gives the room of [`RESERVE`] to the checkpoint about to be tried (none if missing),
+    /// and that of the journal segments kept for reuse.
     fn spend_reserve(&self, disk: &dyn Disk) {
         let _ = disk.remove(&self.store.join(RESERVE));
+        journal::drop_free(disk, &self.store);
     }
 
     /// Whether the database is to be reopened: a failure left it closed, or a page read
@@ -1010,11 +1012,14 @@ impl Checkpoint {
         Ok(doomed)
     }
 
-    /// Removes the journal segments whose records are all in the checkpoint, oldest first:
-    /// segment `k` goes when segment `k + 1` starts at or below the record after it.
-    /// Only segments that `committed` covers go: never one a crash could still need.
+    /// Takes the journal segments whose records are all in the checkpoint out of the
+    /// journal, oldest first: segment `k` goes when segment `k + 1` starts at or below the
+    /// record after it. Only segments that `committed` covers go: never one a crash could
+    /// still need. Each is kept for reuse as a spare (renamed `<k>.free`) while fewer than
+    /// [`journal::FREE_MAX`] are, and removed otherwise.
     fn recycle(&mut self, disk: &dyn Disk) -> Result<(), StoreError> {
         let seqs = journal::segments(disk, &self.store)?;
+        let mut free = journal::free_segments(disk, &self.store)?.len();
         let mut removed = false;
         for w in seqs.windows(2) {
             let first = match journal::first_lsn(disk, &self.store, w[1]) {
@@ -1027,7 +1032,13 @@ impl Checkpoint {
             match first {
                 Some(first) if first <= self.committed + 1 => {
                     let p = journal::segment_path(&self.store, w[0]);
-                    disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+                    if free < journal::FREE_MAX {
+                        let to = journal::free_path(&self.store, w[0]);
+                        disk.rename(&p, &to).map_err(StoreError::io(&p, "rename"))?;
+                        free += 1;
+                    } else {
+                        disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
+                    }
                     removed = true;
                 }
                 _ => break,
