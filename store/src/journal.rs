@@ -373,18 +373,21 @@ fn listing(disk: &dyn Disk, store: &Path) -> Result<(Vec<u64>, Vec<u64>), StoreE
 /// by its other name, or is only room not reused. Run before the writer makes any spare.
 fn tidy_free(disk: &dyn Disk, store: &Path, uuid: &[u8; 16]) -> Result<(), StoreError> {
     let (seqs, free) = listing(disk, store)?;
+    let is_segment = |n: u64| seqs.binary_search(&n).is_ok();
+    // The number a free segment's spare header names, if it has one.
+    let spare_of = |p: &Path| -> Result<Option<u64>, StoreError> {
+        let f = disk.open(p, false).map_err(StoreError::io(p, "open"))?;
+        let mut h = [0u8; SEGMENT_HEADER];
+        let got = f.read_at(&mut h, 0).map_err(StoreError::io(p, "read"))?;
+        Ok(match SegmentHeader::decode(&h[..got]) {
+            Ok(Some(h)) if h.first_lsn == 0 && h.uuid == *uuid => Some(h.seq),
+            _ => None,
+        })
+    };
     let mut removed = false;
     for n in free {
         let p = free_path(store, n);
-        let doomed = seqs.binary_search(&n).is_ok()
-            || {
-                let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-                let mut h = [0u8; SEGMENT_HEADER];
-                let got = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
-                matches!(SegmentHeader::decode(&h[..got]),
-                Ok(Some(h)) if h.first_lsn == 0 && h.uuid == *uuid && seqs.binary_search(&h.seq).is_ok())
-            };
-        if doomed {
+        if is_segment(n) || spare_of(&p)?.is_some_and(is_segment) {
             disk.remove(&p).map_err(StoreError::io(&p, "remove"))?;
             removed = true;
         }
