@@ -1448,11 +1448,10 @@ fn recycle_segment(
 }
 
 /// Makes segment `seq`: recycled from a segment kept for reuse if there is one, else `size`
-/// bytes allocated and written with zeros, flushed, its name flushed. A segment `seq` made
-/// before (a spare the store had when it closed or crashed) is kept if it is a whole
-/// recycled spare, and otherwise removed first: zeroing it in place could leave, after a
-/// power cut, zeros over its header and an earlier life's bytes after them, which a scan
-/// takes for damage.
+/// bytes allocated, a spare header and zeros written, flushed, its name flushed. A segment
+/// `seq` made before (a spare the store had when it closed or crashed) is kept if it is a
+/// whole recycled spare, and otherwise made again in place (never removed first: the
+/// checkpointer may be reading the journal's list of segments).
 fn make_segment(
     disk: &dyn Disk,
     store: &Path,
@@ -1470,11 +1469,6 @@ fn make_segment(
         if spare && f.len().map_err(StoreError::io(&p, "size"))? == size {
             return Ok(f);
         }
-        drop(f);
-        let d = dir(store);
-        disk.remove(&p)
-            .and_then(|()| disk.sync_dir(&d))
-            .map_err(StoreError::io(&p, "remove"))?;
     }
     if let Some(f) = recycle_segment(disk, store, uuid, seq, size) {
         return Ok(f);
@@ -1484,13 +1478,19 @@ fn make_segment(
     // a flush after a write into allocated but unwritten extents must also commit the host
     // filesystem's journal (the extents become written), which made each flush cost 300 µs
     // instead of 125 µs on ext4 here. Database logs pre-zero their files for the same reason.
+    // The first block is a spare header (and zeros), written before the zeros after it: a
+    // file of this number left from before (a spare, perhaps recycled, of another size) then
+    // never shows zeros over its header with its old bytes after them, whatever a power cut
+    // keeps of these writes.
     let mut zeros = Blocks(Vec::new());
     let zeros = zeros.bytes(ZERO_FILL / BLOCK);
     let made = f
         .allocate(size)
         .map_err(StoreError::io(&p, "allocate"))
         .and_then(|()| {
-            let mut at = 0;
+            f.write_blocks(spare_block(uuid, seq).bytes(1), 0)
+                .map_err(StoreError::io(&p, "write the spare header"))?;
+            let mut at = BLOCK as u64;
             while at < size {
                 let n = (size - at).min(ZERO_FILL as u64) as usize;
                 f.write_blocks(&zeros[..n.div_ceil(BLOCK) * BLOCK], at)
@@ -1509,8 +1509,9 @@ fn make_segment(
                 .map_err(StoreError::io(&d, "flush directory"))
         });
     if let Err(e) = made {
-        // Whatever was allocated goes back to the host; the file is unused (all zeros) in
-        // any case, which a scan takes for a spare if the removal does not happen.
+        // Whatever was allocated goes back to the host; the file is unused (zeros, or a spare
+        // header first) in any case, which a scan takes for a spare if the removal does not
+        // happen.
         drop(f);
         let _ = disk.remove(&p);
         return Err(e);

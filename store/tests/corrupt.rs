@@ -290,7 +290,10 @@ fn random_damage_is_refused_or_opens_to_a_prefix_state() {
     let last_used = files
         .iter()
         .filter(|(p, b)| {
-            p.extension().is_some_and(|e| e == "seg") && b.iter().take(64).any(|&x| x != 0)
+            // Neither zeros nor a spare header (first LSN 0): a segment in use.
+            p.extension().is_some_and(|e| e == "seg")
+                && b.iter().take(64).any(|&x| x != 0)
+                && b.get(40..48) != Some(&[0; 8][..])
         })
         .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
         .max()
