@@ -376,9 +376,7 @@ fn tidy_free(disk: &dyn Disk, store: &Path, uuid: &[u8; 16]) -> Result<(), Store
     let is_segment = |n: u64| seqs.binary_search(&n).is_ok();
     // The number a free segment's spare header names, if it has one.
     let spare_of = |p: &Path| -> Result<Option<u64>, StoreError> {
-        let f = disk.open(p, false).map_err(StoreError::io(p, "open"))?;
-        let mut h = [0u8; SEGMENT_HEADER];
-        let got = f.read_at(&mut h, 0).map_err(StoreError::io(p, "read"))?;
+        let (_, h, got) = head(disk, p)?;
         Ok(match SegmentHeader::decode(&h[..got]) {
             Ok(Some(h)) if h.first_lsn == 0 && h.uuid == *uuid => Some(h.seq),
             _ => None,
@@ -886,6 +884,18 @@ fn valid_after(bytes: &[u8], from: usize, seq: u64, lsn: u64, uuid: &[u8; 16]) -
     None
 }
 
+/// A file opened, its first bytes (a segment header's length), and how many it has of them.
+type Head = (Arc<dyn DiskFile>, [u8; SEGMENT_HEADER], usize);
+
+/// The file at `p`, opened, and its first bytes: a segment header's length, or fewer (the
+/// count) if the file is shorter.
+fn head(disk: &dyn Disk, p: &Path) -> Result<Head, StoreError> {
+    let f = disk.open(p, false).map_err(StoreError::io(p, "open"))?;
+    let mut h = [0u8; SEGMENT_HEADER];
+    let n = f.read_at(&mut h, 0).map_err(StoreError::io(p, "read"))?;
+    Ok((f, h, n))
+}
+
 /// Whether segment `seq` was started: its header is neither zeros nor a spare header.
 fn segment_is_used(
     disk: &dyn Disk,
@@ -893,10 +903,7 @@ fn segment_is_used(
     uuid: &[u8; 16],
     seq: u64,
 ) -> Result<bool, StoreError> {
-    let p = segment_path(store, seq);
-    let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-    let mut h = [0u8; SEGMENT_HEADER];
-    let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+    let (_, h, n) = head(disk, &segment_path(store, seq))?;
     Ok(!unused_header(&h[..n], uuid, seq))
 }
 
@@ -906,10 +913,7 @@ pub(crate) fn first_lsn(
     store: &Path,
     seq: u64,
 ) -> Result<Option<u64>, StoreError> {
-    let p = segment_path(store, seq);
-    let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-    let mut h = [0u8; SEGMENT_HEADER];
-    let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+    let (_, h, n) = head(disk, &segment_path(store, seq))?;
     Ok(SegmentHeader::decode(&h[..n])
         .ok()
         .flatten()
@@ -959,9 +963,7 @@ fn later_must_be_unused(
 ) -> Result<(), StoreError> {
     for &seq in seqs {
         let p = segment_path(store, seq);
-        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-        let mut h = [0u8; SEGMENT_HEADER];
-        let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+        let (f, h, n) = head(disk, &p)?;
         let what = match SegmentHeader::decode(&h[..n]) {
             Ok(Some(h)) if h.first_lsn == 0 && h.uuid == uuid && h.seq == seq => continue,
             Ok(None) => match first_nonzero(&*f, n as u64).map_err(StoreError::io(&p, "read"))? {
@@ -1461,9 +1463,7 @@ fn make_segment(
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
     let p = segment_path(store, seq);
     if disk.exists(&p) {
-        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-        let mut h = [0u8; SEGMENT_HEADER];
-        let n = f.read_at(&mut h, 0).map_err(StoreError::io(&p, "read"))?;
+        let (f, h, n) = head(disk, &p)?;
         let spare = matches!(SegmentHeader::decode(&h[..n]),
             Ok(Some(h)) if h.first_lsn == 0 && h.uuid == uuid && h.seq == seq);
         if spare && f.len().map_err(StoreError::io(&p, "size"))? == size {
