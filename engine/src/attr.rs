@@ -399,29 +399,29 @@ impl AttrCell {
         r
     }
 
-    /// Sets mtime and ctime to `t` (a directory whose entries changed), writing only when
-    /// the stored values differ: a burst of creates in one directory, all stamped with one
-    /// tick of the coarse clock, stores once per tick. Between two changes of one directory
-    /// that share no lock, the later store wins, which may be the earlier tick: the value
-    /// then lags by one tick (4 ms) until the next change.
+    /// Moves mtime and ctime to `t` (a directory whose entries changed; [`Timespec::advance`],
+    /// so that changes that share no lock leave the latest of their times, in memory as after
+    /// recovery), writing only when that changes the stored values: a burst of creates in one
+    /// directory, all stamped with one tick of the coarse clock, stores once per tick.
     #[inline]
     pub fn set_mc(&self, t: Timespec, stats: &Stats) {
         let cur_m = Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed));
         let cur_c = Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed));
-        if cur_m == t && cur_c == t {
+        // A stale read only costs an update that changes nothing: the update decides.
+        if cur_m.advance(t) == cur_m && cur_c.advance(t) == cur_c {
             return;
         }
         let _ = self.update::<(), ()>(stats, |v| {
-            v.mtime = t;
-            v.ctime = t;
+            v.mtime = v.mtime.advance(t);
+            v.ctime = v.ctime.advance(t);
             Ok(())
         });
     }
 
-    /// Sets ctime to `t` (a status change: link count, rename, xattr).
+    /// Moves ctime to `t` (a status change: link count, rename, xattr; [`Timespec::advance`]).
     pub fn set_c(&self, t: Timespec, stats: &Stats) {
         let _ = self.update::<(), ()>(stats, |v| {
-            v.ctime = t;
+            v.ctime = v.ctime.advance(t);
             Ok(())
         });
     }

@@ -458,7 +458,9 @@ impl Filesystem {
 
     /// [`Record::SetAttr`] on the values of `inode`, inside its attribute seqlock; `pages` is
     /// how many pages the file keeps when the size changes. The caller holds the data lock
-    /// when the size changes and frees the pages beyond it after.
+    /// when the size changes and frees the pages beyond it after. Its times are set exactly,
+    /// not advanced ([`Timespec::advance`]): a `SetAttr` carries times chosen under the
+    /// seqlock, and loading a checkpoint restores an inode's times with one.
     pub(super) fn apply_attr(v: &mut AttrVals, c: &AttrChange, pages: u64) {
         if let Some(mode) = c.mode {
             v.mode = (v.mode & libc::S_IFMT) | (mode & 0o7777);
@@ -512,7 +514,7 @@ impl Filesystem {
             unreachable!("apply_flags of {rec:?}")
         };
         v.flags = (v.flags & !flags::USER) | f;
-        v.ctime = time;
+        v.ctime = v.ctime.advance(time);
     }
 
     /// [`Record::SetFlags`] as recovery applies it.
@@ -539,7 +541,7 @@ impl Filesystem {
             v.size = v.size.max(offset + data.len() as u64);
             v.blocks = pages * (PAGE / 512);
             v.mtime = time;
-            v.ctime = time;
+            v.ctime = v.ctime.advance(time);
             Ok(())
         });
     }
@@ -574,7 +576,7 @@ impl Filesystem {
             }
             v.blocks = pages * (PAGE / 512);
             v.mtime = time;
-            v.ctime = time;
+            v.ctime = v.ctime.advance(time);
             Ok(())
         });
     }
@@ -634,7 +636,7 @@ impl Filesystem {
             v.flags |= flags::XATTRS;
         }
         v.mode = a.mode;
-        v.ctime = a.time;
+        v.ctime = v.ctime.advance(a.time);
         Ok(())
     }
 
@@ -700,7 +702,7 @@ impl Filesystem {
             } else {
                 v.flags &= !flags::XATTRS;
             }
-            v.ctime = time;
+            v.ctime = v.ctime.advance(time);
             Ok(())
         });
         Ok(())

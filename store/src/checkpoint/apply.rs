@@ -329,7 +329,7 @@ impl Ghosts {
     /// written ([`Tables::finish`]), this one with them.
     fn later(&mut self, dir: InodeId, t: Timespec, cookie: u64) -> bool {
         match self.times.iter_mut().find(|(d, _)| *d == dir) {
-            Some((_, old)) => *old = t,
+            Some((_, old)) => *old = old.advance(t),
             None => self.times.push((dir, t)),
         }
         if cookie != 0 {
@@ -564,15 +564,19 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// A directory whose entries changed at `t`: its mtime and ctime advance to it as the
+    /// engine's do ([`Timespec::advance`]), so that a checkpoint holds the times the live
+    /// filesystem had whatever the order of changes that shared no lock.
     fn set_mc(&mut self, dir: InodeId, t: Timespec) -> R<()> {
         self.update(dir, |v| {
-            v.mtime = t;
-            v.ctime = t;
+            v.mtime = v.mtime.advance(t);
+            v.ctime = v.ctime.advance(t);
         })
     }
 
+    /// A status change at `t`: ctime advances to it ([`Timespec::advance`]).
     fn set_c(&mut self, id: InodeId, t: Timespec) -> R<()> {
-        self.update(id, |v| v.ctime = t)
+        self.update(id, |v| v.ctime = v.ctime.advance(t))
     }
 
     fn set_xattr(&mut self, ino: u64, name: &[u8], value: Option<&[u8]>) -> R<()> {
@@ -682,8 +686,8 @@ impl Tables<'_> {
             if is_dir {
                 v.nlink += 1;
             }
-            v.mtime = n.time;
-            v.ctime = n.time;
+            v.mtime = v.mtime.advance(n.time);
+            v.ctime = v.ctime.advance(n.time);
         })
     }
 
@@ -1006,7 +1010,7 @@ impl Tables<'_> {
                 )?;
                 self.update(inode, |v| {
                     v.nlink += 1;
-                    v.ctime = time;
+                    v.ctime = v.ctime.advance(time);
                 })?;
                 self.set_mc(dir, time)
             }
@@ -1116,7 +1120,7 @@ impl Tables<'_> {
                 self.update(inode, |v| {
                     v.size = v.size.max(offset + data.len() as u64);
                     v.mtime = time;
-                    v.ctime = time;
+                    v.ctime = v.ctime.advance(time);
                 })
             }
             Record::Allocate {
@@ -1135,7 +1139,7 @@ impl Tables<'_> {
                         v.size = v.size.max(offset + len);
                     }
                     v.mtime = time;
-                    v.ctime = time;
+                    v.ctime = v.ctime.advance(time);
                 })
             }
             Record::Punch {
@@ -1148,7 +1152,10 @@ impl Tables<'_> {
                 if !self.doomed(inode) {
                     self.punch(inode.ino.0, offset, len)?;
                 }
-                self.set_mc(inode, time)
+                self.update(inode, |v| {
+                    v.mtime = time;
+                    v.ctime = v.ctime.advance(time);
+                })
             }
             Record::SetXattr {
                 inode,
@@ -1174,12 +1181,12 @@ impl Tables<'_> {
                 self.set_xattr(inode.ino.0, name, Some(acl).filter(|a| !a.is_empty()))?;
                 self.update(inode, |v| {
                     v.mode = mode;
-                    v.ctime = time;
+                    v.ctime = v.ctime.advance(time);
                 })
             }
             Record::SetFlags { inode, flags, time } => self.update(inode, |v| {
                 v.flags = flags & USER_FLAGS;
-                v.ctime = time;
+                v.ctime = v.ctime.advance(time);
             }),
             Record::Free { inode } => {
                 let v = self.inode(inode)?;
