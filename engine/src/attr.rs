@@ -405,10 +405,15 @@ impl AttrCell {
     /// directory, all stamped with one tick of the coarse clock, stores once per tick.
     #[inline]
     pub fn set_mc(&self, t: Timespec, stats: &Stats) {
+        // The times, read as the seqlock's readers do: a torn pair (one field of a store that
+        // is under way) could look ahead of `t` and skip a store that was needed.
+        let s1 = self.seq.load(Acquire);
         let cur_m = Timespec::new(self.mtime_s.load(Relaxed), self.mtime_ns.load(Relaxed));
         let cur_c = Timespec::new(self.ctime_s.load(Relaxed), self.ctime_ns.load(Relaxed));
-        // A stale read only costs an update that changes nothing: the update decides.
-        if cur_m.advance(t) == cur_m && cur_c.advance(t) == cur_c {
+        // Acquire fence: the field loads above cannot move below the re-check.
+        fence(Acquire);
+        let whole = s1 & 1 == 0 && self.seq.load(Relaxed) == s1;
+        if whole && cur_m.advance(t) == cur_m && cur_c.advance(t) == cur_c {
             return;
         }
         let _ = self.update::<(), ()>(stats, |v| {
