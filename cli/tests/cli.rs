@@ -76,12 +76,23 @@ fn mount_options(p: &Path) -> (String, String) {
 }
 
 /// Unmounts as `umount` does: with umount2(2) as root (no fuse3 needed), with
-/// `fusermount3 -u` otherwise.
+/// `fusermount3 -u` otherwise. Tests run in parallel in one process, and a child another test
+/// forks holds copies of this test's descriptors until it execs, so an unmount can meet a
+/// brief EBUSY: retried for up to 5 s.
 fn unmount(p: &Path) {
     if is_root() {
         let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; umount2 has no other preconditions.
-        let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+        let mut tries = 0;
+        let r = loop {
+            // SAFETY: a valid C string; umount2 has no other preconditions.
+            let r = unsafe { libc::umount2(c.as_ptr(), 0) };
+            let busy = std::io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY);
+            if r == 0 || !busy || tries == 100 {
+                break r;
+            }
+            tries += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        };
         assert_eq!(
             r,
             0,
