@@ -131,6 +131,23 @@ impl Run {
         self.live.fetch_add(1, Relaxed);
     }
 
+    /// Replaces the word of `cookie`, which must be `old`, by `new`, a node of the same
+    /// cookie; the count stays.
+    ///
+    /// # Safety
+    /// The caller holds this run's shard lock, and the node of `new` is alive.
+    pub unsafe fn replace(&self, cookie: u64, old: u64, new: u64) {
+        // SAFETY: under the shard lock.
+        let i = match unsafe { self.find(cookie) } {
+            // SAFETY: under the shard lock.
+            Ok(i) if unsafe { self.words() }[i] == old => i,
+            _ => panic!("index entry with cookie {cookie:#x} missing"),
+        };
+        // SAFETY: the shard lock excludes every other access to `words`.
+        let words = unsafe { &mut *self.words.get() };
+        words[i] = new;
+    }
+
     /// Tombstones `cookie` and uncounts it; compacts when tombstones outnumber entries.
     ///
     /// # Safety

@@ -33,9 +33,13 @@
 //! An entry's cookie is its readdir offset: `((slot + 1) << 48) | seq`, where `seq` comes from
 //! a per-slot counter of the inserting thread, so no counter is shared by threads creating in
 //! one directory, and a cookie is never reused while the filesystem lives (Linux tmpfs gives
-//! the same guarantee since 6.6). Records carry cookies, so recovery restores them and
-//! [`Dirents::observe_cookie`] keeps the counters above them. Offsets 1 and 2 are `.` and
-//! `..`. Readdir walks the runs in slot order, each in cookie order, which is cookie order.
+//! the same guarantee since 6.6), with one exception: the whiteout a `RENAME_WHITEOUT` leaves
+//! takes over the cookie, and the index place, of the entry it replaces ([`Dirents::heir`]),
+//! so that a read which has returned that name never returns it again at a later cookie.
+//! At any moment, one directory's entries have distinct cookies. Records carry cookies, so
+//! recovery restores them and [`Dirents::observe_cookie`] keeps the counters above them.
+//! Offsets 1 and 2 are `.` and `..`. Readdir walks the runs in slot order, each in cookie
+//! order, which is cookie order.
 //!
 //! # The end of a directory read
 //! A read that starts from offset 0 records, for every slot, the last cookie that slot has
@@ -86,11 +90,13 @@ const _: () = assert!(NINDEX >= NSLOTS && NINDEX.is_power_of_two() && NMAP.is_po
 
 type MapShard = CachePadded<RwLock<HashTable<Entry>>>;
 
-/// An entry admitted into its directory's index but not yet visible: the creating thread owns
-/// it until it is revealed or cancelled.
+/// An entry not yet visible, owned by the thread making it until it is revealed or
+/// cancelled: admitted into its directory's index, or (an heir, [`Dirents::heir`]) waiting to
+/// take the index place of the entry it replaces.
 pub(crate) struct Pending {
     entry: Entry,
     parent: InoGen,
+    indexed: bool,
 }
 
 impl Pending {
@@ -241,18 +247,39 @@ impl Dirents {
             },
             |()| self.unindex(parent, dir, cookie, g, stats),
         )
-        .map(|()| Pending { entry, parent })
+        .map(|()| Pending {
+            entry,
+            parent,
+            indexed: true,
+        })
     }
 
-    /// Takes an admitted entry back out (its operation failed before it became visible).
+    /// An entry `name -> target` in directory `parent` that will take the place of the
+    /// entry of that name, `cookie` included, in a rename's visible moment (the whiteout of
+    /// `RENAME_WHITEOUT`; [`Dirents::rename_visible`]). It is not admitted: it inherits the
+    /// counted index place of the entry it replaces, so the directory's entry count never
+    /// changes, and a read that has returned that name never meets it again at another
+    /// cookie.
+    pub fn heir(&self, parent: InoGen, name: &[u8], target: InoGen, cookie: u64) -> Pending {
+        Pending {
+            entry: Entry::new(parent, name, target, cookie),
+            parent,
+            indexed: false,
+        }
+    }
+
+    /// Takes a pending entry back (its operation failed before it became visible).
     pub fn cancel(&self, p: Pending, dir: &DirBody, g: &Guard, stats: &Stats) {
-        self.unindex(p.parent, dir, p.cookie(), g, stats);
+        if p.indexed {
+            self.unindex(p.parent, dir, p.cookie(), g, stats);
+        }
     }
 
     /// Makes an admitted entry visible; `inside` runs while its map shard is write-locked
     /// (nothing else the change implies is then visible before the name).
     pub fn reveal(&self, p: Pending, stats: &Stats, inside: impl FnOnce()) {
-        let Pending { entry, parent } = p;
+        debug_assert!(p.indexed, "an heir is revealed by its rename");
+        let Pending { entry, parent, .. } = p;
         let h = self.hash(parent, entry.name());
         let mut shard = stats.write(LockClass::DirentShard, &self.map[Self::shard_index(h)]);
         let hasher = |e: &Entry| self.hash(e.parent(), e.name());
@@ -309,10 +336,14 @@ impl Dirents {
 
     /// The visible moment of a rename of `src` (in directory body `src_dir`) to `dst`. Both
     /// names' map shards are write-locked (in shard order), then the map changes as `how`
-    /// says (and a `whiteout`, admitted into the source directory under the source's name,
-    /// takes the source's place) and `inside` runs (link counts, `..`), then the locks go,
-    /// and a removed source entry leaves the index. The caller holds both names' stripes,
-    /// and both names are as it last saw them.
+    /// says (and a `whiteout` under the source's name takes the source's place) and `inside`
+    /// runs (link counts, `..`), then the locks go, and a removed source entry leaves the
+    /// index: its word is handed to the whiteout when that is its heir ([`Dirents::heir`]),
+    /// and tombstoned otherwise (an admitted whiteout, as replay of records from before heirs
+    /// makes). Between the two steps the index still holds the source's node, of the same name
+    /// and cookie, which the caller keeps alive; the whiteout cannot go meanwhile, since its
+    /// removal needs the source name's stripe. The caller holds both names' stripes, and both
+    /// names are as it last saw them.
     #[allow(clippy::too_many_arguments)] // two keys, two bodies, the change, and the context
     pub fn rename_visible(
         &self,
@@ -369,16 +400,57 @@ impl Dirents {
                 }
             }
         };
+        let mut heir = None;
         if let Some(w) = whiteout {
             debug_assert!(w.parent == sp && w.entry.name() == sn);
+            if !w.indexed {
+                let src = removed
+                    .as_ref()
+                    .expect("a whiteout replaces a removed source");
+                assert_eq!(
+                    w.cookie(),
+                    src.node().cookie(),
+                    "an heir has its source's cookie"
+                );
+                heir = Some(w.entry.word());
+            }
             src_shard.insert_unique(hs, w.entry, hasher);
         }
         inside();
         drop(src_shard);
         drop(dst_shard);
         if let Some(e) = removed {
-            self.unindex(sp, src_dir, e.dirent().cookie, g, stats);
+            let cookie = e.dirent().cookie;
+            match heir {
+                Some(word) => self.reindex(sp, src_dir, cookie, (e.word(), word), g, stats),
+                None => self.unindex(sp, src_dir, cookie, g, stats),
+            }
         }
+    }
+
+    /// Replaces the index word of the entry with `cookie` in directory `parent`, `old`, by
+    /// `new` (an heir's), under the run's shard lock; the count stays.
+    fn reindex(
+        &self,
+        parent: InoGen,
+        dir: &DirBody,
+        cookie: u64,
+        (old, new): (u64, u64),
+        g: &Guard,
+        stats: &Stats,
+    ) {
+        let slot = slot_of(cookie);
+        let _s = stats.lock(
+            LockClass::IndexShard,
+            &self.index[index_shard(parent, slot)],
+        );
+        let run = dir
+            .runs
+            .load(g)
+            .and_then(|s| s.get(slot))
+            .unwrap_or_else(|| panic!("no run of slot {slot} in directory {parent:?}"));
+        // SAFETY: we hold the run's shard lock.
+        unsafe { run.replace(cookie, old, new) };
     }
 
     /// The removing half of the removal protocol for directory `dir`: ENOTEMPTY unless it is
@@ -743,6 +815,61 @@ mod tests {
         let wd = d.get(key, b"c", &stats).unwrap();
         assert_eq!((wd.target, wd.cookie), (wt, wcookie));
         assert_eq!(d.get(key, b"e", &stats).unwrap().target, c.target);
+        assert_eq!(d.count(&dd, &g), 2);
+        assert_eq!(read_all(&d, key, &dd, 10).len(), 2);
+    }
+
+    #[test]
+    fn a_whiteout_heir_takes_its_sources_place_in_a_read_under_way() {
+        let (d, dd, stats) = (Dirents::new(), dir(), Stats::default());
+        let g = crossbeam_epoch::pin();
+        let key = InoGen::from_raw(5);
+        for n in [&b"a"[..], b"b"] {
+            create(&d, key, &dd, n, &stats).unwrap();
+        }
+        let a = d.get(key, b"a", &stats).unwrap();
+        // A read returns "a", then "a" is renamed to "z" leaving a whiteout.
+        let end = d.read_end(&dd, &g);
+        let mut first = Vec::new();
+        d.read_batch(key, &dd, 2, &end, 1, &g, &stats, &mut first);
+        assert_eq!(first, [(a.cookie, Name::from_slice(b"a"))]);
+        let wt = InoGen::from_raw(77);
+        let w = d.heir(key, b"a", wt, a.cookie);
+        let p = d
+            .admit((key, &dd), b"z", a.target, d.next_cookie(), &g, &stats)
+            .unwrap();
+        d.rename_visible(
+            (key, b"a"),
+            &dd,
+            (key, b"z"),
+            RenameMap::Move(p),
+            Some(w),
+            &g,
+            &stats,
+            || {},
+        );
+        assert_eq!(
+            d.get(key, b"a", &stats).unwrap(),
+            Dirent {
+                target: wt,
+                cookie: a.cookie
+            },
+            "the whiteout has the source's cookie"
+        );
+        assert_eq!(d.count(&dd, &g), 3, "a, b and z: the whiteout counts once");
+        let mut rest = Vec::new();
+        d.read_batch(key, &dd, a.cookie, &end, 10, &g, &stats, &mut rest);
+        let names: Vec<&[u8]> = rest.iter().map(|(_, n)| &n[..]).collect();
+        assert_eq!(names, [&b"b"[..]], "the read goes on without \"a\" again");
+        let all = read_all(&d, key, &dd, 10);
+        assert_eq!(
+            all[0],
+            (a.cookie, Name::from_slice(b"a")),
+            "the place is kept"
+        );
+        assert_eq!(all.len(), 3);
+        // Removing the whiteout removes its (inherited) index word.
+        d.remove(key, &dd, b"a", &g, &stats, |_| {}).unwrap();
         assert_eq!(d.count(&dd, &g), 2);
         assert_eq!(read_all(&d, key, &dd, 10).len(), 2);
     }

@@ -319,9 +319,11 @@ impl Filesystem {
                 assert_eq!(from.dec_nlink(), Fate::Lives, "a parent keeps its links");
             }
         };
-        // A whiteout is admitted into the source directory beside the source's entry (its
-        // inode counted, its number taken) before the record, installed after it, and takes
-        // the source's place in the map in the rename's visible moment.
+        // A whiteout is made ready (its inode counted, its number taken) before the record,
+        // installed after it, and takes the source's place in the map in the rename's visible
+        // moment, and its cookie and index place with it (`Dirents::heir`). A record from
+        // before heirs gives the whiteout a cookie of its own: it is admitted beside the
+        // source's entry instead.
         let give_back = |w: &NewInode<'_>| {
             if !self.replaying() {
                 self.ids.free(w.id.ino, &self.stats);
@@ -334,14 +336,21 @@ impl Filesystem {
                     give_back(&w);
                     return Err(e);
                 }
-                match self.dirents.admit(
-                    (d1.key(), dd1),
-                    from_name,
-                    w.id.key(),
-                    wcookie,
-                    g,
-                    &self.stats,
-                ) {
+                let source = self.dirents.get(d1.key(), from_name, &self.stats);
+                let made = match source {
+                    Some(de) if de.cookie == wcookie => {
+                        Ok(self.dirents.heir(d1.key(), from_name, w.id.key(), wcookie))
+                    }
+                    _ => self.dirents.admit(
+                        (d1.key(), dd1),
+                        from_name,
+                        w.id.key(),
+                        wcookie,
+                        g,
+                        &self.stats,
+                    ),
+                };
+                match made {
                     Ok(p) => Some((w, wflags, p)),
                     Err(e) => {
                         self.inode_quota.give(1);

@@ -824,7 +824,11 @@ impl Filesystem {
                 access_acl: &access_acl,
                 default_acl: b"",
             },
-            whiteout_cookie: self.dirents.next_cookie(),
+            // The whiteout inherits the source entry's cookie (`Dirents::heir`).
+            whiteout_cookie: self
+                .dget(d1.key(), name)
+                .expect("the source under its stripe")
+                .cookie,
             whiteout_flags: v1.flags & flags::INHERITED,
         };
         self.apply_rename(&rec, (d1, dd1), (d2, dd2), src, dst, g)

@@ -74,11 +74,9 @@ impl Filesystem {
     /// when `plus` is set (readdirplus); `f` returns false to stop, and the entry it refused is
     /// not consumed. `.` and `..` come first (offsets 1 and 2). Entries that exist for the whole
     /// read are returned exactly once, whatever is created or removed meanwhile, and entries
-    /// created after the read started (at offset 0) are not returned (module doc), with one
-    /// exception: a `RENAME_WHITEOUT` of a name the read has already returned, racing it,
-    /// may show that name once more, as the whiteout (its entry takes its cookie before the
-    /// rename becomes visible), as Linux could before it capped directory offsets at
-    /// opendir. For a
+    /// created after the read started (at offset 0) are not returned (module doc). A
+    /// `RENAME_WHITEOUT`'s whiteout takes the offset of the entry it replaces, so a read never
+    /// returns one name twice. For a
     /// [`crate::Via::Kernel`] caller, every accepted entry of readdirplus except `.` and `..`
     /// takes a lookup reference, and comes with its attributes, except a file that has had
     /// two names or more at once since it was made or loaded: its attributes are `None` and
