@@ -386,3 +386,58 @@ fn a_rebuilt_filesystem_continues_without_reusing_ids_or_cookies() {
     rebuilt.check_invariants().unwrap();
     drop(fs);
 }
+
+/// A `RENAME_WHITEOUT`'s whiteout takes the source entry's cookie; a record that gives it a
+/// cookie of its own (as lanefs wrote before that rule) still replays, the whiteout then
+/// being a new entry at that cookie.
+#[test]
+fn whiteout_records_replay_with_the_sources_cookie_or_their_own() {
+    let rec = Arc::new(Recorder::default());
+    let fs = Arc::new(Filesystem::recover(cfg(), rec.clone()).finish().unwrap());
+    let c = Client::root(fs.clone());
+    c.create_dir("/d").unwrap();
+    for n in ["a", "b"] {
+        c.write(format!("/d/{n}"), b"x").unwrap();
+    }
+    let d = c.metadata("/d").unwrap().ino();
+    let a = common::cookie_of(&fs, d, b"a");
+    c.rename_with_flags("/d/a", "/d/z", RENAME_WHITEOUT)
+        .unwrap();
+    assert_eq!(
+        common::cookie_of(&fs, d, b"a"),
+        a,
+        "the whiteout has the source's cookie"
+    );
+    let own = common::cookie_of(&fs, d, b"z") + 1000;
+    let records = rec.records.lock().unwrap().clone();
+    for old in [false, true] {
+        let mut r = Filesystem::recover(cfg(), Arc::new(MemoryStore));
+        for b in &records {
+            let mut record = Record::decode(b).unwrap();
+            if let Record::RenameWhiteout {
+                whiteout_cookie, ..
+            } = &mut record
+            {
+                assert_eq!(*whiteout_cookie, a);
+                if old {
+                    *whiteout_cookie = own;
+                }
+            }
+            r.apply(&record).unwrap();
+        }
+        let rebuilt = Arc::new(r.finish().unwrap());
+        rebuilt.check_invariants().unwrap();
+        let want = if old { own } else { a };
+        assert_eq!(common::cookie_of(&rebuilt, d, b"a"), want, "old: {old}");
+        let mut live = dump(&fs, false);
+        live.get_mut(&b"/d/a"[..]).unwrap().cookie = want;
+        assert_eq!(live, dump(&rebuilt, false), "old: {old}");
+        let names: Vec<_> = Client::root(rebuilt.clone())
+            .read_dir("/d")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names.len(), 3, "a (the whiteout), b, z: {names:?}");
+    }
+}
