@@ -1627,8 +1627,8 @@ mod tests {
         }
     }
 
-    /// Numbers are read eight bytes at once when eight are left, byte by byte otherwise:
-    /// both ways give the same number, the same length and the same refusals.
+    /// A number reads the same, to the same length, and is refused the same way, whatever
+    /// bytes follow it in the record.
     #[test]
     fn numbers_read_whole_words_and_bytes_alike() {
         let mut values = vec![0u64, u64::MAX];

@@ -23,7 +23,8 @@ pub struct DirEntry<'a> {
     /// Inode number.
     pub ino: Ino,
     /// The entry's cookie: pass it as `offset` to continue after this entry. Stable for the
-    /// entry's lifetime, never reused.
+    /// entry's lifetime and never reused, except by the whiteout a `RENAME_WHITEOUT` leaves
+    /// under the name, which takes over the cookie of the entry it replaces.
     pub offset: u64,
     /// Type.
     pub kind: FileType,
