@@ -13,6 +13,10 @@
 //! and is freed only then. So a node is alive while it is in either table: readers of the map
 //! touch nodes only under their shard lock, readers of the index only under theirs, and the
 //! remover frees the node after taking both out. Nothing else holds a pointer to a node.
+//! A whiteout's node (an heir, `Dirents::heir`) enters the map first, in a rename's visible
+//! moment, and the index just after, in place of the node it replaces, which the renaming
+//! thread frees only then; its removal, which needs the name's stripe, waits for the rename
+//! to end.
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::ptr::NonNull;
