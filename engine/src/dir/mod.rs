@@ -319,7 +319,24 @@ impl Dirents {
         Some(de)
     }
 
+    /// Takes the entry with `cookie` out of directory `parent`'s index.
     fn unindex(&self, parent: InoGen, dir: &DirBody, cookie: u64, g: &Guard, stats: &Stats) {
+        // SAFETY: `in_run` holds the run's shard lock while this runs.
+        self.in_run(parent, dir, cookie, g, stats, |run| unsafe {
+            run.remove(cookie)
+        });
+    }
+
+    /// Runs `f` on the run that holds `cookie` in directory `parent`, under its shard lock.
+    fn in_run(
+        &self,
+        parent: InoGen,
+        dir: &DirBody,
+        cookie: u64,
+        g: &Guard,
+        stats: &Stats,
+        f: impl FnOnce(&index::Run),
+    ) {
         let slot = slot_of(cookie);
         let _s = stats.lock(
             LockClass::IndexShard,
@@ -330,8 +347,7 @@ impl Dirents {
             .load(g)
             .and_then(|s| s.get(slot))
             .unwrap_or_else(|| panic!("no run of slot {slot} in directory {parent:?}"));
-        // SAFETY: we hold the run's shard lock.
-        unsafe { run.remove(cookie) };
+        f(run);
     }
 
     /// The visible moment of a rename of `src` (in directory body `src_dir`) to `dst`. Both
@@ -429,7 +445,7 @@ impl Dirents {
     }
 
     /// Replaces the index word of the entry with `cookie` in directory `parent`, `old`, by
-    /// `new` (an heir's), under the run's shard lock; the count stays.
+    /// `new` (an heir's, alive); the count stays.
     fn reindex(
         &self,
         parent: InoGen,
@@ -439,18 +455,11 @@ impl Dirents {
         g: &Guard,
         stats: &Stats,
     ) {
-        let slot = slot_of(cookie);
-        let _s = stats.lock(
-            LockClass::IndexShard,
-            &self.index[index_shard(parent, slot)],
-        );
-        let run = dir
-            .runs
-            .load(g)
-            .and_then(|s| s.get(slot))
-            .unwrap_or_else(|| panic!("no run of slot {slot} in directory {parent:?}"));
-        // SAFETY: we hold the run's shard lock.
-        unsafe { run.replace(cookie, old, new) };
+        // SAFETY: `in_run` holds the run's shard lock while this runs; `new`'s node is alive
+        // (the caller's contract).
+        self.in_run(parent, dir, cookie, g, stats, |run| unsafe {
+            run.replace(cookie, old, new)
+        });
     }
 
     /// The removing half of the removal protocol for directory `dir`: ENOTEMPTY unless it is
