@@ -502,16 +502,45 @@ impl Filesystem {
         if name == b".." {
             return self.iget_racy(d.parent(), g).ok_or(Errno::ENOENT);
         }
-        let key = dir.key();
+        self.named(dir.key(), name, None, false, g)
+    }
+
+    /// The inode the entry `name` in directory `key` names (ENOENT without one), found
+    /// without locks: when the inode read was freed meanwhile (a rename pointed the name at
+    /// another inode, or removed it, and the number may have been reused), the entry is read
+    /// again, and after a few such races under the name's stripe, where entry and inode are
+    /// stable. With `cookie`, only the entry with that cookie will do (ENOENT when the name
+    /// has another, made again since); with `pin`, the inode is returned with a reference
+    /// taken ([`Inode::get_ref`]), which is what can fail once it has been freed.
+    pub(crate) fn named<'g>(
+        &self,
+        key: InoGen,
+        name: &[u8],
+        cookie: Option<u64>,
+        pin: bool,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let read = || {
+            self.dget(key, name)
+                .filter(|de| cookie.is_none_or(|c| de.cookie == c))
+                .ok_or(Errno::ENOENT)
+        };
         for _ in 0..8 {
-            let de = self.dget(key, name).ok_or(Errno::ENOENT)?;
+            let de = read()?;
             if let Some(i) = self.iget_racy(de.target, g) {
-                return Ok(i);
+                match pin.then(|| i.get_ref()) {
+                    None | Some(Ok(())) => return Ok(i),
+                    Some(Err(Errno::ENFILE)) => return Err(Errno::ENFILE),
+                    Some(Err(_)) => {} // freed since it was read
+                }
             }
         }
         let _s = self.lock_stripe(self.stripe_of(key, name));
-        let de = self.dget(key, name).ok_or(Errno::ENOENT)?;
-        self.iget_named(de, g)
+        let i = self.iget_named(read()?, g)?;
+        if pin {
+            i.get_ref()?;
+        }
+        Ok(i)
     }
 
     /// One step of a path walk: `name` in `dir` (ENOTDIR if it is none), after the search

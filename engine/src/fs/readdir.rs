@@ -222,24 +222,28 @@ impl Filesystem {
             for (cookie, name) in &batch {
                 off = *cookie;
                 // The index gives order and names; the map says whether the entry is (still)
-                // published and what it names now.
-                let Some(de) = self.dget(i.key(), name) else {
+                // published, with this cookie (a name made again has a new one and is
+                // reported at that), and what it names now: a name pointed at another inode
+                // while it is read is read again (`named`), so that none present throughout
+                // the read is missed. A kernel caller gets no attributes (and takes no
+                // reference) for a file that has had several names (method doc).
+                let Ok(mut child) = self.named(i.key(), name, Some(*cookie), false, g) else {
                     continue;
                 };
-                if de.cookie != *cookie {
-                    continue; // re-created under a new cookie: reported at that cookie
-                }
-                let Some(child) = self.iget_racy(de.target, g) else {
-                    continue;
-                };
-                // A kernel caller gets no attributes (and takes no reference) for a file that
-                // has had several names (method doc).
-                let withheld = ctx.counts_lookups() && child.was_shared();
-                let attr = (plus && !withheld).then(|| self.attr_of(child, g));
-                let pinned = plus && !withheld && ctx.counts_lookups();
+                let mut withheld = ctx.counts_lookups() && child.was_shared();
+                let mut pinned = plus && !withheld && ctx.counts_lookups();
                 if pinned && child.get_ref().is_err() {
-                    continue; // freed since
+                    // Freed since it was read: read the name again, with a reference.
+                    let Ok(c) = self.named(i.key(), name, Some(*cookie), true, g) else {
+                        continue;
+                    };
+                    child = c;
+                    if child.was_shared() {
+                        self.put_refs(child, 1, g);
+                        (withheld, pinned) = (true, false);
+                    }
                 }
+                let attr = (plus && !withheld).then(|| self.attr_of(child, g));
                 let e = DirEntry {
                     ino: child.ino,
                     offset: *cookie,
