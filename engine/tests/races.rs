@@ -506,3 +506,50 @@ fn a_name_renamed_over_during_a_read_is_still_returned() {
         &bad[..bad.len().min(3)]
     );
 }
+
+/// A lookup of a name that a rename keeps pointing at new inodes never fails (POSIX: the
+/// name stays visible throughout a rename over it), for a library caller and for the
+/// kernel, whose lookups take a reference on what they find (a reference on the inode the
+/// name named a moment before, freed meanwhile, failed with ENOENT).
+#[test]
+fn a_name_renamed_over_is_always_found() {
+    let fs = &fs();
+    let root = Ctx::root();
+    let d = fs.mkdir(&root, ROOT_INO, b"d", 0o755).unwrap().ino;
+    let e = fs.mkdir(&root, ROOT_INO, b"e", 0o755).unwrap().ino;
+    fs.mknod(&root, d, b"x", libc::S_IFREG | 0o644, 0).unwrap();
+    let stop = AtomicBool::new(false);
+    let failed = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        let stop = &stop;
+        s.spawn(move || {
+            let ctx = Ctx::root();
+            while !stop.load(Relaxed) {
+                fs.mknod(&ctx, e, b"q", libc::S_IFREG | 0o644, 0).unwrap();
+                fs.rename(&ctx, e, b"q", d, b"x", 0).unwrap();
+            }
+        });
+        let _stop = StopOnDrop(stop);
+        let end = Instant::now() + Duration::from_secs(2);
+        let mut n = 0u64;
+        while Instant::now() < end {
+            let kernel = n % 2 == 1;
+            let ctx = if kernel {
+                Ctx::root().via_kernel()
+            } else {
+                Ctx::root()
+            };
+            match fs.lookup(&ctx, d, b"x") {
+                Ok(a) if kernel => fs.forget(a.ino, 1),
+                Ok(_) => {}
+                Err(_) => {
+                    failed.fetch_add(1, Relaxed);
+                }
+            }
+            n += 1;
+        }
+        assert!(n > 1000, "only {n} lookups");
+    });
+    fs.check_invariants().unwrap();
+    assert_eq!(failed.load(Relaxed), 0, "lookups that failed");
+}

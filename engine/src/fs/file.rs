@@ -202,7 +202,7 @@ impl Filesystem {
                 }
                 Err(Errno::EEXIST) if flags & libc::O_EXCL == 0 => {
                     let (dir, d) = self.dir_inode(parent, &g)?;
-                    let child = match self.child(dir, d, name, &g) {
+                    let child = match self.child(dir, d, name, false, &g) {
                         Err(Errno::ENOENT) => continue, // removed since: create again
                         r => r?,
                     };

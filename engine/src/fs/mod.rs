@@ -486,23 +486,34 @@ impl Filesystem {
         }
     }
 
-    /// The inode `name` names in `dir`, without locks: re-reads the entry if the inode it
-    /// named was freed and its number reused meanwhile, and after a few such races reads it
-    /// under the name's stripe, where entry and inode are stable.
+    /// The inode `name` names in `dir` (`.` and `..` understood), found without locks as
+    /// [`Filesystem::named`] finds it, with a reference taken when `pin` (a kernel lookup's):
+    /// a name that exists throughout is found even while renames point it at other inodes.
     pub(crate) fn child<'g>(
         &self,
         dir: &'g Inode,
         d: &DirBody,
         name: &[u8],
+        pin: bool,
         g: &'g Guard,
     ) -> Result<&'g Inode> {
+        let take = |i: &Inode| if pin { i.get_ref() } else { Ok(()) };
         if name == b"." {
+            take(dir)?;
             return Ok(dir);
         }
         if name == b".." {
-            return self.iget_racy(d.parent(), g).ok_or(Errno::ENOENT);
+            // A parent read just as its directory moves may be freed meanwhile: read again.
+            for _ in 0..8 {
+                if let Some(p) = self.iget_racy(d.parent(), g)
+                    && take(p).is_ok()
+                {
+                    return Ok(p);
+                }
+            }
+            return Err(Errno::ENOENT);
         }
-        self.named(dir.key(), name, None, false, g)
+        self.named(dir.key(), name, None, pin, g)
     }
 
     /// The inode the entry `name` in directory `key` names (ENOENT without one), found
@@ -559,7 +570,7 @@ impl Filesystem {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        self.child(dir, d, name, g)
+        self.child(dir, d, name, false, g)
     }
 
     /// Whether `ctx` may search directory `dir`: root always may (no attribute read), anyone
@@ -717,8 +728,7 @@ impl Filesystem {
         if name.contains(&b'/') || name.contains(&0) {
             return Err(Errno::EINVAL);
         }
-        let child = self.child(dir, d, name, &g)?;
-        self.pin_for(ctx, child)?;
+        let child = self.child(dir, d, name, ctx.counts_lookups(), &g)?;
         Ok(self.attr_of(child, &g))
     }
 
