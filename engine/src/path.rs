@@ -360,16 +360,24 @@ impl Client {
         Ok((dir, last, trailing))
     }
 
-    /// Resolves `path` and applies `f` to what it names.
+    /// Resolves `path` and applies `f` to what it names. When `f` fails with ENOENT because
+    /// that inode was freed after the walk found it (a rename pointed the name at another
+    /// inode, or removed it), the path is resolved again, a few times at most.
     fn at<T>(
         &self,
         path: &Path,
         follow: bool,
-        f: impl FnOnce(&Inode, &Guard) -> Result<T>,
+        mut f: impl FnMut(&Inode, &Guard) -> Result<T>,
     ) -> io::Result<T> {
         let g = epoch::pin();
-        let i = self.resolve(bytes(path), follow, &g)?;
-        Ok(f(i, &g)?)
+        let mut tries = 0;
+        loop {
+            let i = self.resolve(bytes(path), follow, &g)?;
+            match f(i, &g) {
+                Err(Errno::ENOENT) if i.is_dead() && tries < 8 => tries += 1,
+                r => return Ok(r?),
+            }
+        }
     }
 
     /// Changes attributes of what `path` names (symlinks followed).
@@ -678,6 +686,7 @@ impl Client {
         let g = epoch::pin();
         let mut from = self.cwd;
         let mut p: &[u8] = bytes(path.as_ref());
+        let mut retries = 0;
         loop {
             let (dir, name, slash) = self.resolve_parent_from(from, p, &mut links, &g)?;
             // Creating first saves a lookup of a new name; an existing one (EEXIST, reported
@@ -711,8 +720,13 @@ impl Client {
                         if slash && !i.is_dir() {
                             return Err(Errno::ENOTDIR.into());
                         }
-                        let fh = self.fs.open(&self.ctx, i.id(), flags)?;
-                        return Ok(self.file(fh, i.ino, opts));
+                        match self.fs.open(&self.ctx, i.id(), flags) {
+                            Ok(fh) => return Ok(self.file(fh, i.ino, opts)),
+                            // Freed since the walk found it: a rename pointed the name at
+                            // another inode, or removed it. Walk again (a few times at most).
+                            Err(Errno::ENOENT) if i.is_dead() && retries < 8 => retries += 1,
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                 },
                 Err(Errno::ENOENT) if opts.create || opts.create_new => {

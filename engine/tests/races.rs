@@ -553,3 +553,49 @@ fn a_name_renamed_over_is_always_found() {
     fs.check_invariants().unwrap();
     assert_eq!(failed.load(Relaxed), 0, "lookups that failed");
 }
+
+/// Through the path API, reading a file and changing the mode of a directory whose names a
+/// rename keeps pointing at new inodes never fail: an inode freed after the walk found it
+/// sends the call back to walk again. (A directory opened and then replaced reads as ENOENT
+/// afterwards, as on Linux, whose getdents fails so on a removed directory.)
+#[test]
+fn paths_renamed_over_are_always_opened() {
+    let fs = fs();
+    let c = lanefs::Client::root(fs.clone());
+    c.create_dir("/d").unwrap();
+    c.create_dir("/e").unwrap();
+    c.write("/d/x", b"x").unwrap();
+    c.create_dir("/d/sub").unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let (stop, c) = (&stop, &c);
+        s.spawn(move || {
+            while !stop.load(Relaxed) {
+                c.write("/e/q", b"q").unwrap();
+                c.rename("/e/q", "/d/x").unwrap();
+                c.create_dir("/e/s").unwrap();
+                c.rename("/e/s", "/d/sub").unwrap();
+            }
+        });
+        let _stop = StopOnDrop(stop);
+        let end = Instant::now() + Duration::from_secs(2);
+        let (mut n, mut failed) = (0u64, Vec::new());
+        while Instant::now() < end {
+            if let Err(e) = c.read("/d/x") {
+                failed.push(format!("read: {e}"));
+            }
+            if let Err(e) = c.set_permissions("/d/sub", 0o750) {
+                failed.push(format!("set_permissions: {e}"));
+            }
+            n += 1;
+        }
+        assert!(n > 500, "only {n} rounds");
+        assert!(
+            failed.is_empty(),
+            "{} of {n} rounds failed: {:?}",
+            failed.len(),
+            &failed[..failed.len().min(4)]
+        );
+    });
+    fs.check_invariants().unwrap();
+}
