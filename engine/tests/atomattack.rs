@@ -98,6 +98,20 @@ fn check(fs: &Arc<Filesystem>, fails: &Fails) {
     }
 }
 
+/// Lets the threads `hs` race for [`dur`], then stops and joins them.
+fn race(stop: &AtomicBool, hs: Vec<std::thread::JoinHandle<()>>) {
+    std::thread::sleep(dur());
+    stop.store(true, Relaxed);
+    for h in hs {
+        h.join().unwrap();
+    }
+}
+
+/// Asserts that `test` counted no failure (each is printed by `report`).
+fn done(test: &str, fails: &Fails) {
+    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+}
+
 // T1: path API on a file renamed over
 #[test]
 fn t1_path_file_renamed_over() {
@@ -191,15 +205,10 @@ fn t1_path_file_renamed_over() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     println!("ops {}", ops.load(Relaxed));
-    let test = "t1";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t1", &fails);
 }
 
 // T2: symlink renamed over by another symlink; path walks through it
@@ -275,14 +284,9 @@ fn t2_symlink_renamed_over() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t2";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t2", &fails);
 }
 
 // T3: inode API with kernel refs: lookup b then ops by ino
@@ -414,15 +418,10 @@ fn t3_kernel_ops_on_renamed_over() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let _ = (k, a);
-    let test = "t3";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t3", &fails);
 }
 
 // T4: readdir while renames over stable names, creates/unlinks churn
@@ -543,11 +542,7 @@ fn t4_readdir() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let a = fs.getattr(d).unwrap();
     let mut cnt = 0;
@@ -561,8 +556,7 @@ fn t4_readdir() {
     if a.size != cnt as u64 * 20 {
         fails.add("dir size", format!("size {} entries {}", a.size, cnt));
     }
-    let test = "t4";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t4", &fails);
 }
 
 // T5: rename a dir over an empty dir while creating inside the target
@@ -625,11 +619,7 @@ fn t5_dir_renamed_over_vs_create_inside() {
             println!("t5 mknod ok {ok} enoent {en}");
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let pa = fs.getattr(p).unwrap();
     let ta = fs.lookup(&r, p, b"t").unwrap();
@@ -639,8 +629,7 @@ fn t5_dir_renamed_over_vs_create_inside() {
     if ta.size != 40 {
         fails.add("t size", format!("{}", ta.size));
     }
-    let test = "t5";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t5", &fails);
 }
 
 // T6: cross-directory directory moves; `..` and walks
@@ -739,11 +728,7 @@ fn t6_cross_dir_moves() {
     fn r() -> Ctx {
         Ctx::root()
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let mut total = 0;
     for i in 0..np {
@@ -778,8 +763,7 @@ fn t6_cross_dir_moves() {
     if total != nc as u32 {
         fails.add("subdir count", format!("{total}"));
     }
-    let test = "t6";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t6", &fails);
 }
 
 // T7: RENAME_EXCHANGE of two dirs: walks through either name always work
@@ -850,14 +834,9 @@ fn t7_exchange_dirs_walk() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t7";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t7", &fails);
 }
 
 // T8: open handles survive rename-over and unlink; nlink bookkeeping under link/rename churn
@@ -954,11 +933,7 @@ fn t8_handles_and_nlink() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let mut count: HashMap<Ino, u32> = HashMap::new();
     for n in &names {
@@ -978,8 +953,7 @@ fn t8_handles_and_nlink() {
     if fs.open_handles() != 0 {
         fails.add("handles leaked", format!("{}", fs.open_handles()));
     }
-    let test = "t8";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t8", &fails);
 }
 
 // T9: a name that always exists (renamed over, exchanged, whiteout-replaced): creates must EEXIST,
@@ -1110,14 +1084,9 @@ fn t9_always_exists() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t9";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t9", &fails);
 }
 
 // T10: rmdir (and rename-over of an empty dir) racing every way of adding an entry
@@ -1224,11 +1193,7 @@ fn t10_rmdir_vs_adders() {
             println!("t10 adder successes {succ:?}");
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     let fa = fs.getattr(f0).unwrap();
     if fa.nlink != 1 {
@@ -1256,8 +1221,7 @@ fn t10_rmdir_vs_adders() {
     if sa.nlink != 2 + sd {
         fails.add("src nlink", format!("{} vs {}", sa.nlink, 2 + sd));
     }
-    let test = "t10";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t10", &fails);
 }
 
 // T11: cross-parent directory replace / exchange (dir<->file, dir<->dir), nlink and `..`
@@ -1330,11 +1294,7 @@ fn t11_cross_parent_replace_exchange() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
     for i in 0..2 {
         let pp = format!("/p{i}");
@@ -1372,8 +1332,7 @@ fn t11_cross_parent_replace_exchange() {
             }
         }
     }
-    let test = "t11";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t11", &fails);
 }
 
 // T12: torn attributes; XATTR_CREATE exclusivity
@@ -1452,14 +1411,9 @@ fn t12_attr_atomicity() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t12";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t12", &fails);
 }
 
 // T13: XATTR_CREATE exclusivity across threads, XATTR_REPLACE vs remove
@@ -1497,8 +1451,7 @@ fn t13_xattr_create_excl() {
         fails.add("XATTR_CREATE winners", format!("{}", wins.load(Relaxed)));
     }
     check(&fs, &fails);
-    let test = "t13";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t13", &fails);
 }
 
 // T14: concurrent cross moves that together would make a cycle
@@ -1557,14 +1510,9 @@ fn t14_rename_cycles() {
             println!("t14 moves ok {ok}");
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t14";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t14", &fails);
 }
 
 #[test]
@@ -1690,8 +1638,7 @@ fn t16_append_atomic() {
     if bad > 0 {
         fails.add("interleaved records", format!("{bad}"));
     }
-    let test = "t16";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t16", &fails);
 }
 
 // T17: linearizability of one-way renames: once the new name is seen, the old one is gone;
@@ -1788,8 +1735,7 @@ fn t17_rename_linearizable() {
                 h.join().unwrap();
             }
             check(&fs, &fails);
-            let test = &format!("t17 cross={cross} mode={mode}");
-            assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+            done(&format!("t17 cross={cross} mode={mode}"), &fails);
         }
     }
 }
@@ -1883,8 +1829,7 @@ fn t18_dotdot_linearizable() {
         if a1.nlink != 2 || a2.nlink != 2 + n as u32 {
             fails.add("nlinks", format!("{} {}", a1.nlink, a2.nlink));
         }
-        let test = &format!("t18 exch={exch}");
-        assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+        done(&format!("t18 exch={exch}"), &fails);
     }
 }
 
@@ -1936,14 +1881,9 @@ fn t19_kernel_create_open() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t19";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t19", &fails);
 }
 
 // T20: a stable xattr stays readable while others on the same inode come and go; names renamed over keep theirs
@@ -2000,14 +1940,9 @@ fn t20_xattr_stable() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     check(&fs, &fails);
-    let test = "t20";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t20", &fails);
 }
 
 fn acl_bytes() -> Vec<u8> {
@@ -2110,13 +2045,8 @@ fn t21_truncate_stale() {
             }
         }));
     }
-    std::thread::sleep(dur());
-    stop.store(true, Relaxed);
-    for h in hs {
-        h.join().unwrap();
-    }
+    race(&stop, hs);
     fs.release(fh).unwrap();
     check(&fs, &fails);
-    let test = "t21";
-    assert_eq!(fails.report(test), 0, "{test}: failures (printed above)");
+    done("t21", &fails);
 }
