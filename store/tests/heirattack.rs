@@ -846,7 +846,7 @@ fn background_checkpoints_and_midflight_crashes() {
         }));
     }
     let mut imgs = Vec::new();
-    for k in 0..12u64 {
+    for k in 0..6u64 {
         std::thread::sleep(Duration::from_millis(150));
         imgs.push(sim.crash(if k % 2 == 0 {
             Unflushed::Kept
