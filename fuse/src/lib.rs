@@ -20,7 +20,12 @@
 //!   mount, one directory's mutations cannot run in parallel whatever the server does.
 //! - `FUSE_DO_READDIRPLUS` + `FUSE_READDIRPLUS_AUTO`: `ls -l` gets names and attributes in one
 //!   round trip, except for a file that has had two names or more at once: its entry comes
-//!   with node id 0 (the name only), and the kernel looks it up when it needs it. The kernel
+//!   with node id 0 (the name only), and the kernel looks it up when it needs it. A
+//!   directory's entry comes with its attributes but no attribute timeout: the kernel does
+//!   not version a directory's attributes against the changes made inside it (it only marks
+//!   them stale), so a listing of its parent read before a mkdir in it and applied after
+//!   would bring its old link count and times back for the whole timeout; a `stat` after a
+//!   listing asks for them again (a GETATTR per directory). The kernel
 //!   lowers its cached link count by itself when an unlink or a rename over a name returns;
 //!   attributes another request read after lanefs removed the name, applied before that
 //!   return, are counted down twice, and a count of 0 makes `link(2)` of a live file fail
