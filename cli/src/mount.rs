@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use lanefs::{Config, Filesystem, Locking};
+use lanefs::{Atime, Config, Filesystem, Locking};
 use lanefs_fuse::MountConfig;
 
 /// Mounts a lanefs filesystem and serves it until SIGINT, SIGTERM or `fusermount3 -u`.
@@ -104,6 +104,9 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
         allow_other: is_root(),
         ..MountConfig::default()
     };
+    // The kernel flags the options set, in order: the atime ones also tell the engine when a
+    // read moves an access time (the kernel leaves that to a FUSE server).
+    let mut bits: libc::c_ulong = 0;
     for o in a.options.iter().filter(|o| !o.is_empty()) {
         let (k, v) = o
             .split_once('=')
@@ -135,6 +138,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             "noallow_other" => m.allow_other = false,
             _ if v.is_none() && lanefs_fuse::mount_flag(k).is_some() => {
                 let f = lanefs_fuse::mount_flag(k).expect("just found");
+                bits = f.apply(bits);
                 // The last of conflicting options wins, as with mount(8).
                 m.flags.retain(|o| {
                     lanefs_fuse::MOUNT_FLAGS
@@ -169,6 +173,14 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             _ => return Err(format!("unknown mount option '{o}'")),
         }
     }
+    fs.atime = if bits & libc::MS_NOATIME != 0 {
+        Atime::Never
+    } else if bits & libc::MS_STRICTATIME != 0 {
+        Atime::Strict
+    } else {
+        Atime::Relative
+    };
+    fs.no_dir_atime = bits & libc::MS_NODIRATIME != 0;
     Ok(Plan {
         fs,
         mount: m,
@@ -677,6 +689,18 @@ mod tests {
             p.mount.flags,
             [MountOption::Suid, MountOption::CUSTOM("strictatime".into())]
         );
+        assert_eq!((p.fs.atime, p.fs.no_dir_atime), (Atime::Strict, false));
+        // The engine's access-time policy follows the last atime option.
+        for (opts, want) in [
+            ("", (Atime::Relative, false)),
+            ("noatime", (Atime::Never, false)),
+            ("noatime,relatime,nodiratime", (Atime::Relative, true)),
+            ("strictatime,noatime", (Atime::Never, false)),
+            ("noatime,atime", (Atime::Relative, false)),
+        ] {
+            let p = plan(&args(opts)).unwrap();
+            assert_eq!((p.fs.atime, p.fs.no_dir_atime), want, "{opts}");
+        }
         assert_eq!(
             plan(&args("uring=on")).unwrap().mount.uring,
             lanefs_fuse::Uring::On

@@ -132,6 +132,11 @@ pub struct SetAttr {
     pub mtime: Option<TimeSet>,
     /// New change time (FUSE can send one; otherwise the engine sets it to now on any change).
     pub ctime: Option<Timespec>,
+    /// A `chown(2)`, also when `uid` and `gid` are both `None` (`chown(path, -1, -1)`): a
+    /// file that is not a directory loses its set-user-ID bit, and its set-group-ID bit when
+    /// group-executable (or the caller is outside its group and not root), as a change of
+    /// owner or group takes them. A `SetAttr` with `uid` or `gid` set is a chown anyway.
+    pub chown: bool,
 }
 
 /// The mutable attribute values of an inode, copied out of or into an [`AttrCell`].

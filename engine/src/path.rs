@@ -442,6 +442,7 @@ impl Client {
             SetAttr {
                 uid,
                 gid,
+                chown: true,
                 ..Default::default()
             },
         )

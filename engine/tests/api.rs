@@ -680,6 +680,66 @@ fn o_noatime_reads_leave_atime_alone_and_need_ownership() {
         Err(Errno::EPERM)
     );
     assert!(fs.open(&other, ino, libc::O_RDONLY).is_ok());
+    // A caller that keeps open files itself passes the open's flags with each read.
+    c.set_times("/d/f", Some(TimeSet::At(Timespec::new(1000, 0))), None)
+        .unwrap();
+    let mut b = [0u8; 4];
+    fs.read_inode_flags(ino, 0, &mut b, libc::O_RDONLY | libc::O_NOATIME)
+        .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().atime, Timespec::new(1000, 0));
+    fs.read_inode_flags(ino, 0, &mut b, libc::O_RDONLY).unwrap();
+    assert_ne!(fs.getattr(ino).unwrap().atime, Timespec::new(1000, 0));
+}
+
+/// The `atime` mount options (`Config::atime`, `Config::no_dir_atime`): `noatime` never
+/// moves an access time, `strictatime` on every read (relatime leaves one that is after
+/// the last change and less than a day old), `nodiratime` not a directory's.
+#[test]
+fn access_times_follow_the_atime_options() {
+    // An access time after the last change and less than a day old: relatime keeps it.
+    let recent = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        Timespec::new(now.as_secs() as i64 - 60, 0)
+    };
+    let run = |atime: Atime, no_dir_atime: bool, old: Timespec| {
+        let (fs, c) = new_fs(Config {
+            atime,
+            no_dir_atime,
+            ..Config::default()
+        });
+        c.create_dir("/d").unwrap();
+        c.write("/d/f", b"data").unwrap();
+        // Modification and change times before `old` (a SetAttr of the ctime, as FUSE can
+        // send one).
+        let before = Some(TimeSet::At(Timespec::new(old.sec - 10, 0)));
+        for p in ["/d/f", "/d"] {
+            c.set_times(p, Some(TimeSet::At(old)), before).unwrap();
+            let ino = c.metadata(p).unwrap().ino();
+            fs.setattr(
+                &Ctx::root(),
+                ino,
+                &SetAttr {
+                    ctime: Some(Timespec::new(old.sec - 10, 0)),
+                    ..SetAttr::default()
+                },
+                None,
+            )
+            .unwrap();
+        }
+        assert_eq!(c.read("/d/f").unwrap(), b"data");
+        assert!(c.read_dir("/d").unwrap().iter().any(|e| e.name == b"f"));
+        let moved = |p: &str| c.metadata(p).unwrap().attr.atime != old;
+        (moved("/d/f"), moved("/d"))
+    };
+    let day_old = Timespec::new(recent().sec - 90_000, 0);
+    assert_eq!(run(Atime::Relative, false, recent()), (false, false));
+    assert_eq!(run(Atime::Relative, false, day_old), (true, true));
+    assert_eq!(run(Atime::Strict, false, recent()), (true, true));
+    assert_eq!(run(Atime::Never, false, day_old), (false, false));
+    assert_eq!(run(Atime::Relative, true, day_old), (true, false));
+    assert_eq!(run(Atime::Strict, true, recent()), (true, false));
 }
 
 /// Privileges a change takes away, as the kernel's tmpfs does (checked there with setpriv

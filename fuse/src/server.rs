@@ -476,7 +476,10 @@ impl Server {
             FUSE_READ => {
                 let a: fuse_read_in = req.arg()?;
                 let buf = out.room(a.size as usize);
-                let n = self.fs.read_inode(node(ino), a.offset, buf)?;
+                // `flags` are the file's open(2) flags: `O_NOATIME` keeps the access time.
+                let n = self
+                    .fs
+                    .read_inode_flags(node(ino), a.offset, buf, a.flags as i32)?;
                 out.grow(n);
                 OK
             }
@@ -668,6 +671,13 @@ impl Server {
             atime: has(FATTR_ATIME).then(|| tset(has(FATTR_ATIME_NOW), a.atime, a.atimensec)),
             mtime: has(FATTR_MTIME).then(|| tset(has(FATTR_MTIME_NOW), a.mtime, a.mtimensec)),
             ctime: has(FATTR_CTIME).then(|| Timespec::new(a.ctime as i64, a.ctimensec)),
+            // A SETATTR that asks for nothing takes set-id bits away, as a chown does: it is
+            // a `chown(path, -1, -1)` (the kernel sends no ctime without a writeback cache,
+            // and leaves the bits a chown takes to the server, FUSE_HANDLE_KILLPRIV_V2,
+            // flagging that only when an owner or group is given), or the kernel's own
+            // removal of them before a write by someone without CAP_FSETID (whose WRITE
+            // then says so too). Every other change sets a field.
+            chown: a.valid & !(FATTR_FH | FATTR_LOCKOWNER) == 0,
         };
         let fh = has(FATTR_FH);
         // Without FUSE_ATOMIC_O_TRUNC, `open(O_TRUNC)` of an existing file arrives as this:

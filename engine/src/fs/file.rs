@@ -27,7 +27,7 @@ use crossbeam_epoch::{self as epoch, Guard};
 
 use super::apply::OwnedAcl;
 use super::namespace::NewNode;
-use super::{Filesystem, InodeRef, MAX_FILE_SIZE};
+use super::{Atime, Filesystem, InodeRef, MAX_FILE_SIZE};
 use crate::acl::{ACL_ACCESS_NAME, Acl};
 use crate::attr::flags::{self as attr_flags};
 use crate::attr::{Attr, AttrVals, SetAttr, TimeSet, flags};
@@ -275,12 +275,24 @@ impl Filesystem {
         Ok((h, i))
     }
 
-    /// Access time under `relatime`: updated when older than mtime or ctime, or a day old.
+    /// The access time after a read, as [`crate::Config::atime`] says (under `relatime`: updated
+    /// when not after mtime or ctime, or a day old); a directory's not with `nodiratime`.
     pub(super) fn touch_atime(&self, i: &Inode, g: &Guard) {
         let v = i.attr.load();
         let now = Timespec::now();
-        let stale = v.atime <= v.mtime || v.atime <= v.ctime || now.sec - v.atime.sec >= 86_400;
-        if self.cfg.read_only || !stale || v.atime == now || v.flags & flags::NOATIME != 0 {
+        let stale = match self.cfg.atime {
+            Atime::Never => return,
+            Atime::Strict => true,
+            Atime::Relative => {
+                v.atime <= v.mtime || v.atime <= v.ctime || now.sec - v.atime.sec >= 86_400
+            }
+        };
+        if self.cfg.read_only
+            || !stale
+            || v.atime == now
+            || v.flags & flags::NOATIME != 0
+            || self.cfg.no_dir_atime && v.mode & libc::S_IFMT == libc::S_IFDIR
+        {
             return;
         }
         let Ok(_held) = self.hold(i, g) else {
@@ -312,12 +324,25 @@ impl Filesystem {
     /// reading: the FUSE server in FUSE's no-open mode, where the kernel keeps open files and
     /// sends reads by inode.
     pub fn read_inode(&self, ino: Ino, offset: u64, buf: &mut [u8]) -> Result<usize> {
-        self.read_from(FileRef::Inode(ino, libc::O_RDONLY), offset, buf)
+        self.read_inode_flags(ino, offset, buf, libc::O_RDONLY)
+    }
+
+    /// [`Filesystem::read_inode`] of a file opened with the `open(2)` flags `open_flags`:
+    /// with `O_NOATIME` (which the opener checked it may use) the access time stays.
+    pub fn read_inode_flags(
+        &self,
+        ino: Ino,
+        offset: u64,
+        buf: &mut [u8],
+        open_flags: i32,
+    ) -> Result<usize> {
+        self.read_from(FileRef::Inode(ino, open_flags), offset, buf)
     }
 
     fn read_from(&self, f: FileRef, offset: u64, buf: &mut [u8]) -> Result<usize> {
         let _c = self.begin(Op::Read);
         let g = epoch::pin();
+        let noatime = matches!(f, FileRef::Inode(_, fl) if fl & libc::O_NOATIME != 0);
         let (h, i) = self.file_inode(f, &g)?;
         if h.is_some_and(|h| !h.readable()) {
             return Err(Errno::EBADF);
@@ -340,7 +365,7 @@ impl Filesystem {
                 n
             }
         };
-        if h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
+        if !noatime && h.is_none_or(|h| h.flags & libc::O_NOATIME == 0) {
             self.touch_atime(i, &g);
         }
         self.after_data_op(false);
@@ -954,12 +979,26 @@ fn attr_change(
         }
         mode = (v.mode & libc::S_IFMT) | m;
     }
-    if (set.uid.is_some() || set.gid.is_some()) && v.mode & libc::S_IFMT != libc::S_IFDIR {
+    if (set.uid.is_some() || set.gid.is_some() || set.chown)
+        && v.mode & libc::S_IFMT != libc::S_IFDIR
+    {
         mode &= !libc::S_ISUID;
         let sgid = mode & libc::S_ISGID != 0;
         let gx = mode & libc::S_IXGRP != 0;
         if sgid && (gx || !ctx.is_root() && !ctx.in_group(v.gid)) {
             mode &= !libc::S_ISGID;
+        }
+        // Linux turns the bits a chown takes into a mode change, which only the owner may
+        // make: a `chown(path, -1, -1)` of someone else's file with such bits is EPERM.
+        // Through FUSE the kernel sends the same request (a SETATTR of nothing) to take the
+        // bits away before a write by someone who may not keep them, which must not fail:
+        // from the kernel, a caller who may write the file may take them (its write would).
+        if mode != v.mode
+            && !owner
+            && (ctx.via != crate::Via::Kernel
+                || super::permission_with(ctx, v, acl, MAY_WRITE).is_err())
+        {
+            return Err(Errno::EPERM);
         }
     }
     let time = |t: Option<TimeSet>| match t {

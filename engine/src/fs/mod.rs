@@ -66,6 +66,19 @@ pub enum Locking {
     Coarse,
 }
 
+/// When reads move an access time: the `atime` mount options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Atime {
+    /// `relatime`, Linux's default: when the access time is not after the modification or
+    /// change time, or is a day old.
+    #[default]
+    Relative,
+    /// `strictatime`: on every read.
+    Strict,
+    /// `noatime`: never.
+    Never,
+}
+
 impl Locking {
     /// Every mode, product first.
     pub const ALL: [Locking; 3] = [Locking::Lanes, Locking::DirLock, Locking::Coarse];
@@ -154,6 +167,11 @@ pub struct Config {
     /// a store that holds pages (`fs/cache.rs`); `None`: a sixteenth of physical memory, at
     /// least 64 MiB. Ignored by the memory store, where every page lives in memory.
     pub cache_bytes: Option<u64>,
+    /// When reads of files and directories move their access time (an inode's
+    /// `FS_NOATIME_FL` and an `O_NOATIME` open keep it whatever this says).
+    pub atime: Atime,
+    /// `nodiratime`: listing a directory leaves its access time alone.
+    pub no_dir_atime: bool,
 }
 
 /// The running kernel's `fs.protected_hardlinks`, on if it cannot be read.
@@ -184,6 +202,8 @@ impl Default for Config {
             root_gid: 0,
             protected_hardlinks: kernel_protects_hardlinks(),
             cache_bytes: None,
+            atime: Atime::Relative,
+            no_dir_atime: false,
         }
     }
 }

@@ -318,6 +318,19 @@ pub fn permissions_as_plain_users() -> Case {
     steps.push((root(), Stat(s("suid"))));
     steps.push((root(), Chown(s("suid"), Some(1000), None)));
     steps.push((root(), Stat(s("suid"))));
+    // chown(path, -1, -1) takes set-id bits as a change of owner does: set-user-ID always,
+    // set-group-ID when group-executable or the caller is outside the group and not root.
+    for (who, mode) in [
+        (root(), 0o6755),
+        (root(), 0o2745),
+        (u1(), 0o6755),
+        (u1(), 0o2745),
+        (u2(), 0o6755),
+    ] {
+        steps.push((root(), Chmod(s("suid"), mode)));
+        steps.push((who, Chown(s("suid"), None, None)));
+        steps.push((root(), Stat(s("suid"))));
+    }
     Case::new("perms", 0o022, &steps)
 }
 
