@@ -8,7 +8,8 @@
 //!   the kernel only when the reply sets `FUSE_INIT_EXT`);
 //! - the INIT flags `FUSE_HANDLE_KILLPRIV_V2` (7.33), `FUSE_INIT_EXT` (7.36) and
 //!   `FUSE_OVER_IO_URING` (7.42, bit 41 of the 64-bit flags);
-//! - `FUSE_WRITE_KILL_SUIDGID` (7.33; the same bit as 7.31's `FUSE_WRITE_KILL_PRIV`, renamed);
+//! - `FUSE_WRITE_KILL_SUIDGID` (7.33; the same bit as 7.31's `FUSE_WRITE_KILL_PRIV`, renamed)
+//!   and `FATTR_KILL_SUIDGID` (7.33);
 //! - the `FUSE_TMPFILE` opcode (7.37, fuse_create_in in, fuse_entry_out + fuse_open_out out);
 //! - the io_uring transport (7.42): `fuse_uring_req_header`, `fuse_uring_ent_in_out`,
 //!   `fuse_uring_cmd_req` and the two commands;
@@ -28,6 +29,10 @@ pub const FUSE_OVER_IO_URING: u64 = 1 << 41;
 
 /// WRITE flag: the writer lacks `CAP_FSETID`; set-id bits must go (7.33).
 pub const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
+
+/// SETATTR valid bit: set-id bits must go (7.33): on a truncate by a caller without
+/// `CAP_FSETID`, and on every change of owner or group.
+pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
 
 /// Opcode: create an unnamed file in a directory (`O_TMPFILE`, 7.37).
 pub const FUSE_TMPFILE: u32 = 51;

@@ -79,6 +79,63 @@ pub struct Server {
     /// (see [`Server::write`]); the thread is started at the first one and ends when this
     /// drops with the server.
     failed_pages: OnceLock<std::sync::mpsc::Sender<(u64, u64, u64)>>,
+    /// FORGETs handled, for requests refused with ENOSPC to wait on (see [`Forgets`]).
+    forgets: Forgets,
+}
+
+/// How long a request refused with ENOSPC waits, in all, for FORGETs that may give room back
+/// before it is answered (see [`Server::dispatch`]).
+const ENOSPC_WAIT: Duration = Duration::from_millis(5);
+
+/// A count of the FORGETs handled, and a way to wait for the next one.
+///
+/// The kernel holds a file it unlinked until its last user is gone, then sends a FORGET,
+/// and only then can lanefs free the inode and its pages: a create or write right after an
+/// unlink that needed that room would fail with ENOSPC where tmpfs (which frees at the last
+/// `iput`) succeeds. Over io_uring that is the common case: the FORGET comes through
+/// `/dev/fuse` and the next request through the ring, served by another thread. So a request
+/// refused with ENOSPC waits (at most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again
+/// after each. The count is bumped after the FORGET is applied; the lock and condition
+/// variable are touched only while someone waits.
+#[derive(Default)]
+struct Forgets {
+    count: std::sync::atomic::AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+impl Forgets {
+    fn done(&self) {
+        self.count.fetch_add(1, SeqCst);
+        if self.waiters.load(SeqCst) > 0 {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until the count passes `seen` or `deadline` comes; true if it passed.
+    fn wait_past(&self, seen: u64, deadline: Instant) -> bool {
+        self.waiters.fetch_add(1, SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.count.load(SeqCst) != seen {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, SeqCst);
+        self.count.load(SeqCst) != seen
+    }
 }
 
 const READ_END_SHARDS: usize = 16;
@@ -304,6 +361,7 @@ impl Server {
             read_ends: Default::default(),
             listings_stop: None,
             failed_pages: OnceLock::new(),
+            forgets: Forgets::default(),
         }
     }
 
@@ -374,11 +432,25 @@ impl Server {
         out: &mut Out,
         later: &dyn Fn() -> Pending,
     ) -> Answer {
-        match self.handle(req, out, later) {
-            Ok(a) => a,
-            Err(e) => {
-                out.clear();
-                Answer::Reply(e.code())
+        let mut deadline = None;
+        loop {
+            let seen = self.forgets.count.load(SeqCst);
+            match self.handle(req, out, later) {
+                Ok(a) => return a,
+                // A refusal changed nothing: the request can be made again once a FORGET may
+                // have given room back ([`Forgets`]).
+                Err(Errno::ENOSPC)
+                    if self.forgets.wait_past(
+                        seen,
+                        *deadline.get_or_insert_with(|| Instant::now() + ENOSPC_WAIT),
+                    ) =>
+                {
+                    out.clear();
+                }
+                Err(e) => {
+                    out.clear();
+                    return Answer::Reply(e.code());
+                }
             }
         }
     }
@@ -658,6 +730,7 @@ impl Server {
             shard.listed.fetch_sub(1, Release);
         }
         self.fs.forget(node(ino), nlookup);
+        self.forgets.done();
     }
 
     fn setattr(&self, req: &Request, out: &mut Out) -> Handled {
@@ -694,10 +767,13 @@ impl Server {
         }
         // A handle means an `ftruncate` of a file the kernel holds open for writing.
         let by = fh.then_some(TruncateBy::OpenFile);
-        self.attr(
-            self.fs.setattr(&ctx(req), node(req.h.nodeid), &set, by),
-            out,
-        )
+        // A truncate says whether its caller may keep set-id bits (root without CAP_FSETID
+        // may not), as a WRITE does.
+        let mut c = ctx(req);
+        if set.size.is_some() {
+            c.keeps_setid = !has(FATTR_KILL_SUIDGID);
+        }
+        self.attr(self.fs.setattr(&c, node(req.h.nodeid), &set, by), out)
     }
 
     fn rename(&self, req: &Request, newparent: u64, flags: u32) -> Handled {
