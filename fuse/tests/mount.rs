@@ -1080,6 +1080,100 @@ fn non_owners_write_set_id_and_capability_files_and_take_the_privileges_away() {
     let r = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
     assert_eq!(r, -1, "capabilities survived a non-owner's fallocate");
     assert_eq!(std::fs::metadata(d.join("c")).unwrap().len(), 4096);
+    // xfstests generic/683: a non-owner's fallocate and hole punch take the set-id bits
+    // away, and the mode the kernel shows says so at once.
+    for (n, cmd) in [
+        ("e", "fallocate -o 65536 -l 65536 e"),
+        ("f", "fallocate -p -l 4096 f"),
+    ] {
+        std::fs::write(d.join(n), vec![b'x'; 8192]).unwrap();
+        set_mode(n, 0o6666);
+        as_nobody(cmd);
+        assert_eq!(mode(n), 0o666, "{cmd}");
+    }
+    // Root without CAP_FSETID loses them too (the kernel flags the truncate's SETATTR).
+    for (n, cmd) in [("g", "truncate -s 100 g"), ("h", "fallocate -l 8192 h")] {
+        std::fs::write(d.join(n), b"abc").unwrap();
+        set_mode(n, 0o6777);
+        let o = sh(&format!(
+            "cd {} && setpriv --inh-caps=-fsetid --bounding-set=-fsetid {cmd}",
+            d.display()
+        ));
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert_eq!(mode(n), 0o777, "root without CAP_FSETID: {cmd}");
+    }
+    // `chown(path, -1, -1)` takes them as any chown does (an owner's, and root's).
+    std::fs::write(d.join("i"), b"").unwrap();
+    set_mode("i", 0o6755);
+    std::os::unix::fs::chown(d.join("i"), None, None).unwrap();
+    assert_eq!(mode("i"), 0o755);
+    m.unmount_and_check();
+}
+
+/// lanefs updates access times on the reads it serves as the atime mount options say:
+/// `noatime` never, `strictatime` on every read that reaches it; and an `O_NOATIME` read
+/// leaves the time alone (the kernel passes the file's flags with each READ).
+#[test]
+fn access_times_follow_noatime_strictatime_and_o_noatime() {
+    let old = libc::timespec {
+        tv_sec: 946_684_800, // 2000-01-01
+        tv_nsec: 0,
+    };
+    let read_moves_atime = |m: &Mounted, flags: i32| {
+        let f = m.path().join("f");
+        std::fs::write(&f, b"abc").unwrap();
+        let c = CString::new(f.as_os_str().as_bytes()).unwrap();
+        let times = [
+            old,
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+        ];
+        // SAFETY: a valid path and two timespecs.
+        assert_eq!(
+            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
+            0
+        );
+        // SAFETY: a valid path; the descriptor is closed below.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | flags) };
+        assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+        // The file's pages dropped from the page cache, so that the read reaches lanefs.
+        // SAFETY: our own descriptor.
+        assert_eq!(
+            unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) },
+            0
+        );
+        let mut b = [0u8; 3];
+        // SAFETY: a buffer of 3 bytes.
+        assert_eq!(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 3) }, 3);
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+        std::os::unix::fs::MetadataExt::atime(&std::fs::metadata(&f).unwrap()) != old.tv_sec
+    };
+    // (`lanefs mount -o noatime` and `-o strictatime` set these: cli/src/mount.rs.)
+    let mounted = |atime| {
+        Mounted::new(
+            Config {
+                atime,
+                ..Config::default()
+            },
+            Duration::from_secs(60),
+        )
+    };
+    let m = mounted(lanefs::Atime::Relative);
+    assert!(read_moves_atime(&m, 0), "relatime: a day-old atime moves");
+    assert!(!read_moves_atime(&m, libc::O_NOATIME), "O_NOATIME");
+    m.unmount_and_check();
+    let m = mounted(lanefs::Atime::Never);
+    assert!(!read_moves_atime(&m, 0), "noatime");
+    m.unmount_and_check();
+    let m = mounted(lanefs::Atime::Strict);
+    assert!(read_moves_atime(&m, 0), "strictatime");
     m.unmount_and_check();
 }
 
