@@ -1135,19 +1135,15 @@ fn access_times_follow_noatime_strictatime_and_o_noatime() {
             },
         ];
         // SAFETY: a valid path and two timespecs.
-        assert_eq!(
-            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) },
-            0
-        );
+        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), times.as_ptr(), 0) };
+        assert_eq!(r, 0);
         // SAFETY: a valid path; the descriptor is closed below.
         let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | flags) };
         assert!(fd >= 0, "{}", std::io::Error::last_os_error());
         // The file's pages dropped from the page cache, so that the read reaches lanefs.
         // SAFETY: our own descriptor.
-        assert_eq!(
-            unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) },
-            0
-        );
+        let r = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(r, 0);
         let mut b = [0u8; 3];
         // SAFETY: a buffer of 3 bytes.
         assert_eq!(unsafe { libc::read(fd, b.as_mut_ptr().cast(), 3) }, 3);
