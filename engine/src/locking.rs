@@ -54,7 +54,10 @@
 //! - a directory's **run set** (`dir/index.rs`): replaced by compare-and-swap, under the
 //!   index-shard lock of the slot it adds; runs' `live` counts: atomics changed under their
 //!   shard lock, read without it;
-//! - per-slot counters (statistics, cookie sequences, quota reserves): atomics.
+//! - per-slot counters (statistics, cookie sequences, quota reserves): atomics;
+//! - the **kernel-held counts** (`notify.rs`, `KernelHeld`): one atomic per inode number,
+//!   raised by a kernel caller's lookup reference before it reads the attributes it answers
+//!   with, lowered by FORGET, read by a library change's report; SeqCst fences order them.
 //!
 //! ## Ordering
 //!

@@ -13,27 +13,158 @@
 //! `coarse` one: the kernel's handling of an invalidation may wait for requests in flight in
 //! the same directory, and those requests may need engine locks. The sink is called on the
 //! caller's thread, so when the call returns the kernel has dropped the stale entries.
+//!
+//! **Inodes on their way into the kernel.** An invalidation finds nothing for an inode the
+//! kernel does not hold yet. But a LOOKUP or READDIRPLUS that read the inode's attributes
+//! before the change may have answered already, and the kernel, handling that answer after
+//! the invalidation, would keep the old attributes for the whole timeout. So the engine
+//! counts the lookup references a kernel caller takes, per inode ([`KernelHeld`]), apart
+//! from open handles: taken before the attributes the answer carries are read, dropped by
+//! FORGET. When an invalidation of an inode's attributes finds nothing while that count is
+//! above 0, the kernel is about to hold the inode (or has just let it go and its FORGET is
+//! on the way): the report tries again, every 50 µs for at most [`SETTLE`], until the
+//! invalidation lands or the count drops to 0. If the count read after the change is 0,
+//! any lookup that takes a reference later reads the attributes after the change.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering, fence};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 
 use crate::{Ctx, Ino, Via};
 
+/// How long a report waits at most for the kernel to take an inode it is being handed (see
+/// the module doc).
+pub const SETTLE: Duration = Duration::from_millis(100);
+
 /// Receives invalidations. Implementations must not call back into the filesystem.
+///
+/// `entry`, `inode` and `listing` return whether the cache held the inode whose attributes
+/// they drop (`parent`, `ino`, `dir`): false only when it held nothing of it (the kernel
+/// answers ENOENT), which the engine may follow with [`Invalidate::inode`] calls of the same
+/// inode (module doc, "Inodes on their way into the kernel").
 pub trait Invalidate: Send + Sync {
     /// The name `name` in directory `parent` was created, removed or now names another inode
     /// (the directory's own attributes changed with it).
-    fn entry(&self, parent: Ino, name: &[u8]);
+    fn entry(&self, parent: Ino, name: &[u8]) -> bool;
     /// The attributes of `ino` changed; `data` is `Some((offset, len))` when the file's
     /// contents in that byte range changed too (`len` 0: to the end of the file).
-    fn inode(&self, ino: Ino, data: Option<(u64, u64)>);
+    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool;
     /// What a read of directory `dir` returns changed without a name in `dir` changing: its
     /// `..` names another directory (it was moved to another parent). Every name created,
     /// removed or replaced in `dir` is reported by [`Invalidate::entry`] instead, which a
     /// cache of `dir`'s listing must take as a change of that listing too.
-    fn listing(&self, dir: Ino);
+    fn listing(&self, dir: Ino) -> bool;
+}
+
+/// Inode numbers per [`KernelHeld`] chunk.
+const HELD_CHUNK: usize = 1 << 16;
+
+/// The counts of [`HELD_CHUNK`] inode numbers, made at the first count among them.
+type Chunk = OnceLock<Box<[AtomicU32]>>;
+
+/// Lookup references kernel callers hold, per inode number (the FUSE node id): counted
+/// apart from the inode's own reference count, which open handles share. Lock-free (a
+/// lookup stays lock-free): one atomic counter per inode number, in chunks allocated on
+/// first use. A count cannot wrap in practice (it would take 2^32 lookups of one inode with
+/// no FORGET between).
+///
+/// Ordering: a kernel caller counts its reference, then a SeqCst fence, then reads the
+/// attributes its answer carries; a report makes its change, then a SeqCst fence, then reads
+/// the count. By the fences, either the report sees the count, or the caller reads the
+/// attributes after the change.
+#[derive(Default)]
+pub(crate) struct KernelHeld {
+    /// Made at the first count (a filesystem never mounted has none).
+    chunks: OnceLock<Box<[Chunk]>>,
+}
+
+impl KernelHeld {
+    fn count(&self, ino: Ino, make: bool) -> Option<&AtomicU32> {
+        let i = ino.get() as usize;
+        let chunks = if make {
+            self.chunks.get_or_init(|| {
+                let n = (crate::id::MAX_INO as usize + 1).div_ceil(HELD_CHUNK);
+                (0..n).map(|_| OnceLock::new()).collect()
+            })
+        } else {
+            self.chunks.get()?
+        };
+        let chunk = chunks.get(i / HELD_CHUNK)?;
+        let c = if make {
+            chunk.get_or_init(|| (0..HELD_CHUNK).map(|_| AtomicU32::new(0)).collect())
+        } else {
+            chunk.get()?
+        };
+        Some(&c[i % HELD_CHUNK])
+    }
+
+    /// A kernel caller took a lookup reference on `ino` (followed by a SeqCst fence).
+    pub(crate) fn add(&self, ino: Ino) {
+        if let Some(c) = self.count(ino, true) {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+        fence(Ordering::SeqCst);
+    }
+
+    /// Kernel callers dropped `n` lookup references on `ino` (or never took them).
+    pub(crate) fn sub(&self, ino: Ino, n: u64) {
+        if let Some(c) = self.count(ino, false) {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            let _ = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                Some(v.saturating_sub(n))
+            });
+        }
+    }
+
+    /// Whether a kernel caller holds a lookup reference on `ino` (after a SeqCst fence).
+    pub(crate) fn holds(&self, ino: Ino) -> bool {
+        fence(Ordering::SeqCst);
+        self.count(ino, false)
+            .is_some_and(|c| c.load(Ordering::SeqCst) > 0)
+    }
+}
+
+/// The installed sink, with its attribute invalidations tried again while the kernel is
+/// being handed the inode (module doc).
+pub(crate) struct Settled<'a> {
+    pub(crate) sink: &'a dyn Invalidate,
+    pub(crate) held: &'a KernelHeld,
+}
+
+impl Settled<'_> {
+    /// Whether `found` (the first invalidation's answer) or a later try landed.
+    fn settle(&self, ino: Ino, found: bool) -> bool {
+        if found {
+            return true;
+        }
+        let deadline = Instant::now() + SETTLE;
+        while self.held.holds(ino) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(50));
+            if self.sink.inode(ino, None) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+impl Invalidate for Settled<'_> {
+    fn entry(&self, parent: Ino, name: &[u8]) -> bool {
+        let found = self.sink.entry(parent, name);
+        self.settle(parent, found)
+    }
+
+    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {
+        let found = self.sink.inode(ino, data);
+        self.settle(ino, found)
+    }
+
+    fn listing(&self, dir: Ino) -> bool {
+        let found = self.sink.listing(dir);
+        self.settle(dir, found)
+    }
 }
 
 /// The installed sink. The flag keeps the common case (nothing installed, or a kernel caller)
@@ -43,6 +174,8 @@ pub trait Invalidate: Send + Sync {
 pub(crate) struct Watch {
     on: AtomicBool,
     sink: RwLock<Option<Arc<dyn Invalidate>>>,
+    /// Kernel callers' lookup references, per inode (module doc).
+    pub(crate) held: KernelHeld,
 }
 
 impl Watch {

@@ -447,18 +447,21 @@ fn path_api_follows_symlinks_and_detects_loops() {
 struct Recorder(std::sync::Mutex<Vec<String>>);
 
 impl lanefs::notify::Invalidate for Recorder {
-    fn entry(&self, parent: Ino, name: &[u8]) {
+    fn entry(&self, parent: Ino, name: &[u8]) -> bool {
         let name = String::from_utf8_lossy(name);
         self.0
             .lock()
             .unwrap()
             .push(format!("entry {parent} {name}"));
+        true
     }
-    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) {
+    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {
         self.0.lock().unwrap().push(format!("inode {ino} {data:?}"));
+        true
     }
-    fn listing(&self, dir: Ino) {
+    fn listing(&self, dir: Ino) -> bool {
         self.0.lock().unwrap().push(format!("listing {dir}"));
+        true
     }
 }
 

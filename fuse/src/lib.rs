@@ -191,7 +191,9 @@
 //! the library while the filesystem is mounted ([`mount_background`]) are reported by the
 //! engine ([`lanefs::notify`]) and sent to the kernel as `FUSE_NOTIFY_INVAL_ENTRY` (a name
 //! created, removed or replaced) and `FUSE_NOTIFY_INVAL_INODE` (attributes, and the page-cache
-//! range a write or truncate changed) before the library call returns.
+//! range a write or truncate changed) before the library call returns; an inode the kernel
+//! is being handed by a LOOKUP or READDIRPLUS that read it before the change is invalidated
+//! again once the kernel holds it (`lanefs::notify`).
 //!
 //! ## Write-back that fails
 //! Pages a program dirties through `mmap` reach lanefs as write-back WRITEs

@@ -31,7 +31,9 @@ use crate::session::Notifier;
 pub const FS_TYPE: &str = "fuse.lanefs";
 
 /// Sends the engine's invalidations to the kernel. Errors are ignored: ENOENT means the kernel
-/// holds nothing for that name or inode, and ENODEV that the mount is gone.
+/// holds nothing for that name or inode (reported back to the engine, which may try an
+/// inode's again while the kernel is being handed it: `lanefs::notify`), and ENODEV that the
+/// mount is gone.
 ///
 /// A directory's listing is cached by the kernel (`FOPEN_CACHE_DIR`, see `server.rs`) in the
 /// directory inode's page cache, so a library change of a name also drops those pages. The
@@ -48,41 +50,46 @@ pub const FS_TYPE: &str = "fuse.lanefs";
 /// where it was, within one tick of the coarse clock.)
 pub(crate) struct KernelCache(pub(crate) Notifier);
 
+/// Whether an inode invalidation found the inode: false only for ENOENT.
+fn found(r: io::Result<()>) -> bool {
+    !matches!(r, Err(e) if e.raw_os_error() == Some(libc::ENOENT))
+}
+
 impl KernelCache {
-    /// Drops `dir`'s cached listing (its pages) and attributes.
-    pub(crate) fn drop_listing(&self, dir: lanefs::Ino) {
-        let _ = self.0.inval_inode(dir.get(), 0, 0);
+    /// Drops `dir`'s cached listing (its pages) and attributes; false if the kernel holds
+    /// no inode `dir`.
+    pub(crate) fn drop_listing(&self, dir: lanefs::Ino) -> bool {
+        found(self.0.inval_inode(dir.get(), 0, 0))
     }
 
-    /// Drops the cached pages of `ino` from `off` for `len` bytes, and its attributes.
-    pub(crate) fn drop_pages(&self, ino: lanefs::Ino, off: u64, len: u64) {
+    /// Drops the cached pages of `ino` from `off` for `len` bytes, and its attributes; false
+    /// if the kernel holds no inode `ino`.
+    pub(crate) fn drop_pages(&self, ino: lanefs::Ino, off: u64, len: u64) -> bool {
         let off = off.min(i64::MAX as u64) as i64;
         let len = len.min(i64::MAX as u64) as i64;
-        let _ = self.0.inval_inode(ino.get(), off, len);
+        found(self.0.inval_inode(ino.get(), off, len))
     }
 }
 
 impl Invalidate for KernelCache {
-    fn entry(&self, parent: lanefs::Ino, name: &[u8]) {
+    fn entry(&self, parent: lanefs::Ino, name: &[u8]) -> bool {
         let _ = self.0.inval_entry(parent.get(), name);
-        self.drop_listing(parent);
+        self.drop_listing(parent)
     }
 
-    fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) {
+    fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) -> bool {
         match data {
             Some((off, len)) => self.drop_pages(ino, off, len),
             // A negative offset drops the attributes only.
-            None => {
-                let _ = self.0.inval_inode(ino.get(), -1, 0);
-            }
+            None => found(self.0.inval_inode(ino.get(), -1, 0)),
         }
     }
 
-    fn listing(&self, dir: lanefs::Ino) {
+    fn listing(&self, dir: lanefs::Ino) -> bool {
         // `..` names no dentry: the entry invalidation only waits out the reads in flight
         // (above), and drops nothing.
         let _ = self.0.inval_entry(dir.get(), b"..");
-        self.drop_listing(dir);
+        self.drop_listing(dir)
     }
 }
 

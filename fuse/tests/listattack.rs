@@ -31,10 +31,12 @@
 //! (link(2) of a live file: ENOENT) for the second.
 //! `directory_attributes_after_a_change_inside_while_its_parent_is_listed` fails within a
 //! second when READDIRPLUS gives a directory's attributes a timeout (`listed_entry_out` in
-//! the server).
+//! the server); `library_attribute_changes_survive_{listings,lookups}_in_flight` when the
+//! engine does not retry an invalidation of an inode the kernel is being handed
+//! (`lanefs::notify`, `Settled`).
 //!
-//! The `#[ignore]`d tests fail on the current code, each for a bug of its own (the reason
-//! says which); `cargo test -p lanefs-fuse --test listattack -- --include-ignored` runs them.
+//! The `#[ignore]`d test fails on the current code, for the bug its reason names;
+//! `cargo test -p lanefs-fuse --test listattack -- --include-ignored` runs it.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -2562,7 +2564,6 @@ enum Racer {
 }
 
 #[test]
-#[ignore = "fails within seconds: an in-flight READDIRPLUS undoes a library change of an inode the kernel holds no inode for (reported)"]
 fn library_attribute_changes_survive_listings_in_flight() {
     library_changes_race(
         "library_attribute_changes_survive_listings_in_flight",
@@ -2571,7 +2572,6 @@ fn library_attribute_changes_survive_listings_in_flight() {
 }
 
 #[test]
-#[ignore = "fails within seconds: an in-flight LOOKUP undoes a library change of an inode the kernel holds no inode for (reported)"]
 fn library_attribute_changes_survive_lookups_in_flight() {
     library_changes_race(
         "library_attribute_changes_survive_lookups_in_flight",

@@ -378,10 +378,28 @@ impl Filesystem {
     /// Reports a change to the installed sink, if `ctx` is a library caller. Called only after
     /// the operation has released its locks.
     #[inline]
-    fn report(&self, ctx: &Ctx, f: impl FnOnce(&dyn Invalidate)) {
+    fn report<R>(&self, ctx: &Ctx, f: impl FnOnce(&dyn Invalidate) -> R) {
         if let Some(s) = self.watch.sink(ctx) {
-            f(&*s);
+            f(&crate::notify::Settled {
+                sink: &*s,
+                held: &self.watch.held,
+            });
         }
+    }
+
+    /// Takes a kernel caller's lookup reference on `i`, counted in [`crate::notify`]'s table
+    /// before the caller reads the attributes its answer carries.
+    #[inline]
+    fn kernel_ref(&self, i: &Inode) -> Result<()> {
+        i.get_ref()?;
+        self.watch.held.add(i.ino);
+        Ok(())
+    }
+
+    /// Gives back `n` lookup references a kernel caller took on `i` and will not hand over.
+    fn kernel_unref(&self, i: &Inode, n: u64, g: &Guard) {
+        self.watch.held.sub(i.ino, n);
+        self.put_refs(i, n, g);
     }
 
     /// Reports the removal of `name` from `parent`, which named `ino`.
@@ -517,7 +535,7 @@ impl Filesystem {
         pin: bool,
         g: &'g Guard,
     ) -> Result<&'g Inode> {
-        let take = |i: &Inode| if pin { i.get_ref() } else { Ok(()) };
+        let take = |i: &Inode| if pin { self.kernel_ref(i) } else { Ok(()) };
         if name == b"." {
             take(dir)?;
             return Ok(dir);
@@ -559,7 +577,7 @@ impl Filesystem {
         for _ in 0..8 {
             let de = read()?;
             if let Some(i) = self.iget_racy(de.target, g) {
-                match pin.then(|| i.get_ref()) {
+                match pin.then(|| self.kernel_ref(i)) {
                     None | Some(Ok(())) => return Ok(i),
                     Some(Err(Errno::ENFILE)) => return Err(Errno::ENFILE),
                     Some(Err(_)) => {} // freed since it was read
@@ -569,7 +587,7 @@ impl Filesystem {
         let _s = self.lock_stripe(self.stripe_of(key, name));
         let i = self.iget_named(read()?, g)?;
         if pin {
-            i.get_ref()?;
+            self.kernel_ref(i)?;
         }
         Ok(i)
     }
@@ -724,7 +742,7 @@ impl Filesystem {
     #[inline]
     fn pin_for(&self, ctx: &Ctx, i: &Inode) -> Result<()> {
         if ctx.counts_lookups() {
-            i.get_ref()
+            self.kernel_ref(i)
         } else {
             Ok(())
         }
@@ -774,6 +792,7 @@ impl Filesystem {
     pub fn forget(&self, ino: Ino, n: u64) {
         let _c = self.begin(Op::Forget);
         let g = epoch::pin();
+        self.watch.held.sub(ino, n);
         if let Some(i) = self.table.get(ino, &g) {
             let (fate, short) = i.put_refs_at_most(n);
             if short > 0

@@ -208,8 +208,29 @@ impl Filesystem {
                 flags: inherited,
             },
         };
-        let refs = extra_refs + u32::from(ctx.counts_lookups());
-        self.apply_create(&rec, (dir, d), refs, g)
+        self.counted_for(ctx, inode.id.ino, |refs| {
+            self.apply_create(&rec, (dir, d), extra_refs + refs, g)
+        })
+    }
+
+    /// Makes a new inode numbered `ino` with `make(refs)`, `refs` being the lookup reference
+    /// a kernel caller takes on it (1, else 0): counted before the inode can be found
+    /// ([`crate::notify`]), and the count given back if it is not made.
+    fn counted_for<T>(
+        &self,
+        ctx: &Ctx,
+        ino: Ino,
+        make: impl FnOnce(u32) -> Result<T>,
+    ) -> Result<T> {
+        let kernel = ctx.counts_lookups();
+        if kernel {
+            self.watch.held.add(ino);
+        }
+        let r = make(u32::from(kernel));
+        if kernel && r.is_err() {
+            self.watch.held.sub(ino, 1);
+        }
+        r
     }
 
     /// What a new inode of `kind`, made by `ctx` with permission bits `mode` in directory
@@ -282,9 +303,10 @@ impl Filesystem {
         }
         let a = self.inherit(ctx, dir, &dv, mode, &NewNode::File);
         debug_assert!(a.default_acl.is_empty(), "only directories inherit one");
+        let id = self.ids.alloc(&self.stats)?;
         let rec = Record::Tmpfile {
             inode: NewInode {
-                id: self.ids.alloc(&self.stats)?,
+                id,
                 mode: libc::S_IFREG | a.bits,
                 uid: ctx.uid,
                 gid: a.gid,
@@ -296,8 +318,9 @@ impl Filesystem {
             },
             flags: dv.flags & flags::INHERITED,
         };
-        let refs = refs + u32::from(ctx.counts_lookups());
-        self.apply_tmpfile(&rec, refs, linkable, g)
+        self.counted_for(ctx, id.ino, |kernel| {
+            self.apply_tmpfile(&rec, refs + kernel, linkable, g)
+        })
     }
 
     /// Creates a device node, FIFO, socket or (type bits 0 or `S_IFREG`) regular file.

@@ -232,14 +232,14 @@ impl Filesystem {
                 };
                 let mut withheld = ctx.counts_lookups() && child.was_shared();
                 let mut pinned = plus && !withheld && ctx.counts_lookups();
-                if pinned && child.get_ref().is_err() {
+                if pinned && self.kernel_ref(child).is_err() {
                     // Freed since it was read: read the name again, with a reference.
                     let Ok(c) = self.named(i.key(), name, Some(*cookie), true, g) else {
                         continue;
                     };
                     child = c;
                     if child.was_shared() {
-                        self.put_refs(child, 1, g);
+                        self.kernel_unref(child, 1, g);
                         (withheld, pinned) = (true, false);
                     }
                 }
@@ -252,7 +252,7 @@ impl Filesystem {
                 };
                 if !f(e, attr.as_ref()) {
                     if pinned {
-                        self.put_refs(child, 1, g);
+                        self.kernel_unref(child, 1, g);
                     }
                     return Ok(false);
                 }
