@@ -65,10 +65,11 @@ const HELD_CHUNK: usize = 1 << 16;
 type Chunk = OnceLock<Box<[AtomicU32]>>;
 
 /// Lookup references kernel callers hold, per inode number (the FUSE node id): counted
-/// apart from the inode's own reference count, which open handles share. Lock-free (a
-/// lookup stays lock-free): one atomic counter per inode number, in chunks allocated on
-/// first use. A count cannot wrap in practice (it would take 2^32 lookups of one inode with
-/// no FORGET between).
+/// apart from the inode's own reference count, which open handles share. One atomic counter
+/// per inode number, in chunks of 256 KiB made on first use (the first counts in a new chunk
+/// wait for it to be made; after that no lock is taken). A count stays below the inode's
+/// own references, which are capped. Cleared when a mount installs or removes its sink
+/// ([`Watch::set`]).
 ///
 /// Ordering: a kernel caller counts its reference, then a SeqCst fence, then reads the
 /// attributes its answer carries; a report makes its change, then a SeqCst fence, then reads
@@ -115,6 +116,16 @@ impl KernelHeld {
             let _ = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
                 Some(v.saturating_sub(n))
             });
+        }
+    }
+
+    /// Forgets every count: the kernel sends no FORGET when it unmounts, so counts of the
+    /// mount that ended would stay above 0.
+    pub(crate) fn clear(&self) {
+        for chunk in self.chunks.get().into_iter().flatten() {
+            for c in chunk.get().into_iter().flatten() {
+                c.store(0, Ordering::SeqCst);
+            }
         }
     }
 
@@ -179,10 +190,13 @@ pub(crate) struct Watch {
 }
 
 impl Watch {
+    /// Installs or removes the sink. Either way the kernel-held counts start afresh: a mount
+    /// begins with the kernel holding nothing, and an unmount sends no FORGET.
     pub(crate) fn set(&self, sink: Option<Arc<dyn Invalidate>>) {
         let mut s = self.sink.write();
         self.on.store(sink.is_some(), Ordering::Release);
         *s = sink;
+        self.held.clear();
     }
 
     /// The sink to report `ctx`'s changes to, if any.

@@ -404,9 +404,12 @@ impl Filesystem {
 
     /// Reports the removal of `name` from `parent`, which named `ino`.
     fn report_removal(&self, ctx: &Ctx, parent: Ino, name: &[u8], ino: Ino) {
+        // The inode first, while the kernel's entry for the name still holds it: dropping
+        // the entry can make the kernel let go of the inode, and an invalidation that then
+        // finds nothing would wait for the FORGET ([`crate::notify`]).
         self.report(ctx, |s| {
-            s.entry(parent, name);
             s.inode(ino, None);
+            s.entry(parent, name);
         });
     }
 

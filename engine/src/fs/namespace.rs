@@ -424,8 +424,8 @@ impl Filesystem {
         let (ino, newparent) = (ino.into(), newparent.into());
         let a = self.link_locked(ctx, ino, newparent, newname)?;
         self.report(ctx, |s| {
-            s.entry(newparent.ino(), newname);
             s.inode(ino.ino(), None);
+            s.entry(newparent.ino(), newname);
         });
         Ok(a)
     }
@@ -599,19 +599,21 @@ impl Filesystem {
     ) -> Result<()> {
         let (parent, newparent) = (parent.into(), newparent.into());
         let [moved, changed] = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
+        // Inodes before names, while the kernel's entries still hold them (as
+        // `report_removal` does).
         self.report(ctx, |s| {
-            s.entry(parent.ino(), name);
-            s.entry(newparent.ino(), newname);
-            // A directory moved to another parent lists another `..`.
-            for d in moved.into_iter().flatten() {
-                s.listing(d);
-            }
             // The inodes whose attributes the rename changed, as another name or an open
             // descriptor sees them: the one moved (its ctime), the one replaced (its link
             // count and ctime) or exchanged (its ctime).
             for i in changed.into_iter().flatten() {
                 s.inode(i, None);
             }
+            // A directory moved to another parent lists another `..`.
+            for d in moved.into_iter().flatten() {
+                s.listing(d);
+            }
+            s.entry(parent.ino(), name);
+            s.entry(newparent.ino(), newname);
         });
         Ok(())
     }

@@ -132,6 +132,7 @@ impl Filesystem {
                 self.set_acl_xattr(ctx, i, kind, Some(value))?;
                 drop(_held);
                 drop(_c);
+                drop(g);
                 self.report(ctx, |s| s.inode(ino, None));
                 return Ok(());
             }
@@ -186,6 +187,7 @@ impl Filesystem {
                 self.set_acl_xattr(ctx, i, kind, None)?;
                 drop(_held);
                 drop(_c);
+                drop(g);
                 self.report(ctx, |s| s.inode(ino, None));
                 return Ok(());
             }
