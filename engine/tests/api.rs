@@ -589,6 +589,67 @@ fn library_changes_are_reported_to_the_invalidator_and_kernel_ones_are_not() {
     assert_eq!(rec.take(), Vec::<String>::new(), "removed sink");
 }
 
+/// A sink that, like the kernel, holds no inode until it has been "handed" one: its
+/// attribute invalidations find nothing for the first `misses` calls.
+struct Late {
+    misses: std::sync::atomic::AtomicU32,
+    calls: std::sync::atomic::AtomicU32,
+}
+
+impl lanefs::notify::Invalidate for Late {
+    fn entry(&self, _: Ino, _: &[u8]) -> bool {
+        true
+    }
+    fn inode(&self, _: Ino, _: Option<(u64, u64)>) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.calls.fetch_add(1, SeqCst);
+        self.misses
+            .fetch_update(SeqCst, SeqCst, |m| m.checked_sub(1))
+            .is_err()
+    }
+    fn listing(&self, _: Ino) -> bool {
+        true
+    }
+}
+
+/// A library change whose invalidation finds nothing is tried again while a kernel caller
+/// holds a lookup reference on the inode (its answer may not be applied yet), until it lands;
+/// it gives up after `SETTLE` and is counted; with no reference held it is not tried again.
+#[test]
+fn invalidations_of_an_inode_the_kernel_is_being_handed_are_tried_again() {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let (fs, c) = new_fs(Config::default());
+    c.write("/f", b"x").unwrap();
+    let sink = Arc::new(Late {
+        misses: AtomicU32::new(0),
+        calls: AtomicU32::new(0),
+    });
+    fs.set_invalidator(Some(sink.clone()));
+    let kernel = Ctx::root().via_kernel();
+    let f = fs.lookup(&kernel, fs.root(), b"f").unwrap().ino;
+
+    // Held: five misses, then the sixth call lands.
+    sink.misses.store(5, SeqCst);
+    c.set_permissions("/f", 0o600).unwrap();
+    assert_eq!(sink.calls.swap(0, SeqCst), 6);
+    assert_eq!(fs.invalidations_given_up(), 0);
+
+    // Held, never found: gives up after SETTLE, counted.
+    sink.misses.store(u32::MAX, SeqCst);
+    let t = std::time::Instant::now();
+    c.set_permissions("/f", 0o640).unwrap();
+    assert!(t.elapsed() >= lanefs::notify::SETTLE);
+    assert!(sink.calls.swap(0, SeqCst) > 1);
+    assert_eq!(fs.invalidations_given_up(), 1);
+
+    // Forgotten: one call, nothing waited for.
+    fs.forget(f, 1);
+    c.set_permissions("/f", 0o644).unwrap();
+    assert_eq!(sink.calls.swap(0, SeqCst), 1);
+    assert_eq!(fs.invalidations_given_up(), 1);
+    assert_eq!(c.metadata("/f").unwrap().attr.mode & 0o7777, 0o644);
+}
+
 /// The data operations by inode, for a caller that keeps open files itself (the FUSE server
 /// in no-open mode): same data and attributes as through a handle, no handle involved, and
 /// `ftruncate` by `TruncateBy::OpenFile` needs no write permission on the file.

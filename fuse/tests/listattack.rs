@@ -213,6 +213,12 @@ impl Env {
         if let Err(e) = self.fs.check_invariants() {
             fails.fail(format!("engine invariants after unmount: {e}"));
         }
+        let given_up = self.fs.invalidations_given_up();
+        if given_up > 0 && fails.count.load(SeqCst) > 0 {
+            fails.fail(format!(
+                "(for the record: {given_up} library invalidations gave up waiting for the kernel)"
+            ));
+        }
         fails.assert_none(what, self.transport, seed);
     }
 

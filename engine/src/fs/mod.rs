@@ -383,6 +383,7 @@ impl Filesystem {
             f(&crate::notify::Settled {
                 sink: &*s,
                 held: &self.watch.held,
+                given_up: &self.watch.given_up,
             });
         }
     }
@@ -819,6 +820,15 @@ impl Filesystem {
     /// [`Filesystem::forget`]).
     pub fn over_forgets(&self) -> u64 {
         self.over_forgets.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Library changes whose report to the installed sink gave up waiting for the kernel to
+    /// take the inode it was being handed (see [`crate::notify`]): each may have left the
+    /// mount showing old attributes until the attribute timeout.
+    pub fn invalidations_given_up(&self) -> u64 {
+        self.watch
+            .given_up
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The attributes of `ino`.
