@@ -28,8 +28,8 @@
 //! attributes after the change.
 //!
 //! The wait ends when the kernel's caller is scheduled and applies its answer, which on a
-//! loaded machine can take many milliseconds (a 100 ms bound ran out about once in 2,600
-//! races with 60 threads on 2 CPUs). A report that still finds nothing after [`SETTLE`]
+//! loaded machine can take many milliseconds (100 ms is not always enough with 60 threads
+//! on 2 CPUs). A report that still finds nothing after [`SETTLE`]
 //! gives up, is counted ([`crate::Filesystem::invalidations_given_up`]) and said once on
 //! stderr: the kernel may then keep the old attributes for the mount's attribute timeout.
 
@@ -148,9 +148,8 @@ impl KernelHeld {
 /// being handed the inode (module doc).
 pub(crate) struct Settled<'a> {
     pub(crate) sink: &'a dyn Invalidate,
-    pub(crate) held: &'a KernelHeld,
-    /// Reports that gave up ([`crate::Filesystem::invalidations_given_up`]).
-    pub(crate) given_up: &'a AtomicU64,
+    /// Its kernel-held counts and count of reports that gave up.
+    pub(crate) watch: &'a Watch,
 }
 
 impl Settled<'_> {
@@ -161,9 +160,9 @@ impl Settled<'_> {
         }
         let deadline = Instant::now() + SETTLE;
         let mut pause = Duration::from_micros(50);
-        while self.held.holds(ino) {
+        while self.watch.held.holds(ino) {
             if Instant::now() >= deadline {
-                if self.given_up.fetch_add(1, Ordering::Relaxed) == 0 {
+                if self.watch.given_up.fetch_add(1, Ordering::Relaxed) == 0 {
                     eprintln!(
                         "lanefs: the kernel did not take inode {} within {SETTLE:?} of a \
                          library change to it; it may show the old attributes until its \

@@ -382,8 +382,7 @@ impl Filesystem {
         if let Some(s) = self.watch.sink(ctx) {
             f(&crate::notify::Settled {
                 sink: &*s,
-                held: &self.watch.held,
-                given_up: &self.watch.given_up,
+                watch: &self.watch,
             });
         }
     }
