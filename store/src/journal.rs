@@ -1013,7 +1013,8 @@ pub(crate) struct Writer {
     /// Where a batch is laid out in whole blocks before it is written.
     staging: Blocks,
     /// Set by the checkpointer while the host's room is kept for its next checkpoint: no
-    /// segment is made ([`Writer::hold_room_with`]).
+    /// segment is made unless the host has room for it and that checkpoint
+    /// ([`Writer::room_held`]).
     room_hold: Arc<AtomicBool>,
     /// A spare refused meanwhile, for [`Writer::poll_spare`] to report.
     refused: Option<StoreError>,
@@ -1207,9 +1208,15 @@ impl Writer {
         self.host_short
     }
 
-    /// ENOSPC while the host's room is kept for a checkpoint.
+    /// ENOSPC while the host's room is kept for a checkpoint: the checkpointer holds it
+    /// ([`Writer::hold_room_with`]) and the host has no room for a segment beside what a
+    /// checkpoint of one segment may need.
     fn room_held(&self) -> Result<(), StoreError> {
         if !self.room_hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        let room = self.segment_size.saturating_add(checkpoint_room(self.segment_size));
+        if self.disk.available(&self.store).is_none_or(|a| a >= room) {
             return Ok(());
         }
         Err(StoreError::Io {
