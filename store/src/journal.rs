@@ -1215,7 +1215,9 @@ impl Writer {
         if !self.room_hold.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
-        let room = self.segment_size.saturating_add(checkpoint_room(self.segment_size));
+        let room = self
+            .segment_size
+            .saturating_add(checkpoint_room(self.segment_size));
         if self.disk.available(&self.store).is_none_or(|a| a >= room) {
             return Ok(());
         }

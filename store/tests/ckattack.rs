@@ -1138,7 +1138,7 @@ fn checkpoint_while_out_of_space_then_recovers() {
     assert!(ck_lsn > 0);
     let mut acked_dump = dump(&fs, false);
     // Little room: less than the checkpoint must grow by.
-    for (k, extra) in [0u64, 0, 0, 100, 1000, 5000, 20000].into_iter().enumerate() {
+    for extra in [0u64, 0, 0, 100, 1000, 5000, 20000] {
         let before = segments(&disk);
         disk.set_space(Some(disk.used() + extra));
         let r = store.checkpoint();
