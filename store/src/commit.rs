@@ -53,6 +53,9 @@
 //! checkpoint's own syncs ([`Log::sync_for_checkpoint`]), so buffers fill and their writers,
 //! and other syncs, wait until the checkpoint ends and its segments go (as a full journal
 //! waits for its checkpoint in jbd2). A stopped, low or closing store never waits.
+//! Buffers are full at `WAKE_BYTES` too while the host has room for few more segments
+//! ([`journal::Writer::host_short`]): what they hold when the host fills must be written
+//! before any removal appended after it.
 //!
 //! **Errors**: the host's errors are of two kinds (`journal::out_of_space` tells them apart).
 //!
@@ -81,7 +84,8 @@
 //!   segment again every round; once one is made, the store is no longer low.
 //! - The reserve is a bound, not a promise: records appended before the committer notices
 //!   the shortage are not metered, and records larger than what is left fail their round
-//!   and are held (above).
+//!   and are held (above). When a round fails for lack of space, what was written before
+//!   is flushed, so that a checkpoint can take it and give its segments back.
 //! - At shutdown held records get one last try; if it fails for lack of space they are
 //!   lost (none was acknowledged by a `sync`), and `close` returns ENOSPC.
 //!
@@ -629,6 +633,18 @@ impl Log {
                     // Appends are refused before anyone hears of the failure.
                     self.budget.store(i64::MIN / 2, Relaxed);
                     self.mode.fetch_or(LOW, Relaxed);
+                    // What was written before the failure is made durable, so that a
+                    // checkpoint can take it: the segments it gives back make room for the
+                    // held records (a round that served no sync flushed nothing).
+                    if let Err(fe) = writer.flush() {
+                        self.stop(&fe, Errno::EIO);
+                        break;
+                    }
+                    if self.written.load(Relaxed) > self.flushed.load(Relaxed) {
+                        self.flushes.fetch_add(1, Relaxed);
+                        self.flushed.store(self.written.load(Relaxed), Release);
+                    }
+                    unflushed = None;
                     let mut s = self.state.lock();
                     if !s.held {
                         eprintln!(
@@ -671,7 +687,8 @@ impl Log {
                     break;
                 }
             }
-            self.tight.store(self.over(writer.seq()), Relaxed);
+            self.tight
+                .store(self.over(writer.seq()) || writer.host_short(), Relaxed);
             if held || short {
                 self.set_low(held, &writer, reserve, &payload, &carry);
             } else {

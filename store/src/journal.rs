@@ -54,6 +54,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
@@ -1011,6 +1012,15 @@ pub(crate) struct Writer {
     closed: bool,
     /// Where a batch is laid out in whole blocks before it is written.
     staging: Blocks,
+    /// Set by the checkpointer while the host's room is kept for its next checkpoint: no
+    /// segment is made unless the host has room for it and that checkpoint
+    /// ([`Writer::room_held`]).
+    room_hold: Arc<AtomicBool>,
+    /// A spare refused meanwhile, for [`Writer::poll_spare`] to report.
+    refused: Option<StoreError>,
+    /// When the last spare was asked for, the host had room for fewer than
+    /// [`SHORT_SEGMENTS`] more segments ([`Writer::host_short`]).
+    host_short: bool,
 }
 
 /// Memory aligned to [`BLOCK`], in whole blocks, for block writes.
@@ -1087,6 +1097,9 @@ impl Writer {
             tail: Vec::new(),
             closed: false,
             staging: Blocks::default(),
+            room_hold: Arc::default(),
+            refused: None,
+            host_short: false,
         };
         tidy_free(&*w.disk, store, &uuid)?;
         if end.segment != 0 {
@@ -1135,7 +1148,15 @@ impl Writer {
     /// Starts making the next segment, zeroed and flushed, on a thread of its own, so that
     /// switching segments later costs no zeroing (nothing if one is ready or being made).
     pub(crate) fn prepare_spare(&mut self) {
-        if self.spare.is_some() || self.making.is_some() {
+        if self.spare.is_some() || self.making.is_some() || self.refused.is_some() {
+            return;
+        }
+        self.host_short = self
+            .disk
+            .available(&self.store)
+            .is_some_and(|a| a < SHORT_SEGMENTS * self.segment_size);
+        if let Err(e) = self.room_held() {
+            self.refused = Some(e);
             return;
         }
         let (disk, store, uuid, seq, size) = (
@@ -1157,6 +1178,9 @@ impl Writer {
     /// with `wait`, once it has). After [`Spare::Failed`] nothing is being made:
     /// [`Writer::prepare_spare`] tries again.
     pub(crate) fn poll_spare(&mut self, wait: bool) -> Spare {
+        if let Some(e) = self.refused.take() {
+            return Spare::Failed(e);
+        }
         if let Some(job) = self.making.take_if(|j| wait || j.is_finished()) {
             match job.join().expect("the segment maker does not panic") {
                 Ok(made) => self.spare = Some(made),
@@ -1168,6 +1192,40 @@ impl Writer {
             (None, Some(_)) => Spare::Making,
             (None, None) => Spare::Missing,
         }
+    }
+
+    /// Makes the writer make no segment while `hold` is set (the checkpointer's
+    /// [`crate::checkpoint::Checkpoint::room_hold`]).
+    pub(crate) fn hold_room_with(&mut self, hold: Arc<AtomicBool>) {
+        self.room_hold = hold;
+    }
+
+    /// Whether the host had room for fewer than [`SHORT_SEGMENTS`] more segments when the
+    /// last spare was asked for: the committer then keeps the threads' buffers small, so
+    /// that what they hold when the host fills (records the journal must write before any
+    /// removal after them) stays small too (commit.rs, "Backpressure").
+    pub(crate) fn host_short(&self) -> bool {
+        self.host_short
+    }
+
+    /// ENOSPC while the host's room is kept for a checkpoint: the checkpointer holds it
+    /// ([`Writer::hold_room_with`]) and the host has no room for a segment beside what a
+    /// checkpoint of one segment may need.
+    fn room_held(&self) -> Result<(), StoreError> {
+        if !self.room_hold.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        let room = self
+            .segment_size
+            .saturating_add(checkpoint_room(self.segment_size));
+        if self.disk.available(&self.store).is_none_or(|a| a >= room) {
+            return Ok(());
+        }
+        Err(StoreError::Io {
+            path: segment_path(&self.store, self.seq + 1),
+            op: "make: the host's room is kept for a checkpoint that failed for lack of it",
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        })
     }
 
     /// The sequence number of the segment being written.
@@ -1204,6 +1262,8 @@ impl Writer {
         match self.spare.take() {
             Some(s) => Ok(s),
             None => {
+                self.refused = None;
+                self.room_held()?;
                 let seq = self.seq + 1;
                 make_segment(&*self.disk, &self.store, self.uuid, seq, self.segment_size)
                     .map(|f| (seq, f))
@@ -1447,6 +1507,25 @@ fn recycle_segment(
         }
     }
     None
+}
+
+/// Below room for this many more segments on the host, the threads' record buffers are kept
+/// small ([`Writer::host_short`]).
+const SHORT_SEGMENTS: u64 = 8;
+
+/// The length of segment `seq` (0 if it cannot be read).
+pub(crate) fn segment_len(disk: &dyn Disk, store: &Path, seq: u64) -> u64 {
+    disk.open(&segment_path(store, seq), false)
+        .and_then(|f| f.len())
+        .unwrap_or(0)
+}
+
+/// The room on the host a checkpoint of journal segments of `journal` bytes in all may need:
+/// the data of the records they hold, which it copies into `checkpoint.redb` before the
+/// segments go, and a quarter more for the database's own pages (a commit of one segment of
+/// 8 MiB of file data took 8.9 MiB of a tmpfs).
+pub(crate) fn checkpoint_room(journal: u64) -> u64 {
+    journal.saturating_add(journal / 4)
 }
 
 /// Makes segment `seq`: recycled from a segment kept for reuse if there is one, else `size`

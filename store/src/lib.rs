@@ -110,10 +110,11 @@ pub struct Options {
     /// redb's page cache for the checkpoint, in bytes (pages of file data out of memory are
     /// read through it).
     pub checkpoint_cache: usize,
-    /// Room kept on the host for checkpoints, in bytes, at most a quarter of
-    /// `segment_size` (0: none): the file `checkpoint.reserve`, given up when a checkpoint
-    /// fails and made again after one succeeds, so that a store that filled its host can
-    /// still commit the checkpoint that removes segments (docs/STORE.md, "Checkpoints").
+    /// Room kept on the host for checkpoints, in bytes, at most what a checkpoint of one
+    /// segment may need (a segment and a quarter; the default) (0: none): the file
+    /// `checkpoint.reserve`, given up when a checkpoint fails and made again after one
+    /// succeeds, so that a store that filled its host can still commit, segment by segment,
+    /// the checkpoint that removes segments (docs/STORE.md, "Checkpoints").
     pub checkpoint_reserve: u64,
     /// The clock of those waits (the host's, unless a test simulates it).
     pub clock: Arc<dyn Clock>,
@@ -134,7 +135,7 @@ impl Default for Options {
             checkpoint_retry: Duration::from_secs(1),
             checkpoint_retry_max: Duration::from_secs(60),
             checkpoint_cache: 64 << 20,
-            checkpoint_reserve: 16 << 20,
+            checkpoint_reserve: u64::MAX,
             clock: Arc::new(RealClock),
         }
     }
@@ -316,13 +317,13 @@ impl Drop for StoreHandle {
     }
 }
 
-/// The least segment size [`segment_size`] picks for a small host: eight of the largest
-/// write a FUSE request carries (1 MiB), so that a record of one fills no more than an
-/// eighth of a segment.
-const MIN_AUTO_SEGMENT: u64 = 8 << 20;
+/// The least segment size [`segment_size`] picks for a small host: four of the largest
+/// write a FUSE request carries (1 MiB), so that a record of one fills no more than a
+/// quarter of a segment.
+const MIN_AUTO_SEGMENT: u64 = 4 << 20;
 
 /// The segment size of a store on a host of `capacity` bytes: `most`, or on a small host a
-/// thirty-second of it rounded down to a power of two, at least 8 MiB (a 64 MiB segment, its
+/// thirty-second of it rounded down to a power of two, at least 4 MiB (a 64 MiB segment, its
 /// spare and the checkpoint's reserve would take most of a 200 MiB host). Segments of
 /// another size already in the journal are read as they are (docs/STORE.md, "Segments").
 pub fn segment_size(most: u64, capacity: Option<u64>) -> u64 {
@@ -543,7 +544,11 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         opts.checkpoint_cache,
     )?
     .expect("made if missing");
-    ck.set_reserve(disk, opts.checkpoint_reserve.min(segment_size / 4));
+    ck.set_reserve(
+        disk,
+        opts.checkpoint_reserve
+            .min(journal::checkpoint_room(segment_size)),
+    );
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {
         log: log.clone(),
@@ -563,7 +568,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         rec.apply(&r).map_err(|e| e.to_string())
     })?;
     let replayed = rec.records() - synthesized;
-    let writer = journal::Writer::new(opts.disk.clone(), dir, uuid, segment_size, end)?;
+    let mut writer = journal::Writer::new(opts.disk.clone(), dir, uuid, segment_size, end)?;
+    writer.hold_room_with(ck.room_hold());
     let committer = commit::spawn(log.clone(), writer);
     // File data changed since the last checkpoint cannot leave memory: bounded by checkpoints
     // (docs/STORE.md, "Memory").

@@ -1120,10 +1120,10 @@ fn journal_idle(disk: &SimDisk) {
     }
 }
 
-/// Checkpoints while the host is full: the first fails with ENOSPC (redb refuses every
-/// transaction after a failed one until its database is reopened), and each later one
-/// commits, segment by segment, what fits in the room it has, failing with ENOSPC at the
-/// first that does not; no segment goes that the committed checkpoint does not cover, and
+/// Checkpoints while the host is full: each commits, segment by segment (the host is short
+/// of room for the whole journal's), what fits in the room it has (pages redb freed before,
+/// segments removed by its earlier commits), failing with ENOSPC at the first that does not
+/// (redb refuses every transaction after a failed one until its database is reopened); no segment goes that the committed checkpoint does not cover, and
 /// nothing acknowledged is lost (power cuts during the full period keep every fsynced file
 /// and the checkpoint committed so far); once there is room again a checkpoint of the same
 /// open store succeeds, the segments it covers are removed, a power cut then keeps it, and
@@ -1138,16 +1138,12 @@ fn checkpoint_while_out_of_space_then_recovers() {
     assert!(ck_lsn > 0);
     let mut acked_dump = dump(&fs, false);
     // Little room: less than the checkpoint must grow by.
-    for (k, extra) in [0u64, 0, 0, 100, 1000, 5000, 20000].into_iter().enumerate() {
+    for extra in [0u64, 0, 0, 100, 1000, 5000, 20000] {
         let before = segments(&disk);
         disk.set_space(Some(disk.used() + extra));
         let r = store.checkpoint();
         eprintln!("checkpoint with {extra} bytes of room: {r:?}");
         match r {
-            Ok(n) if k == 0 => panic!(
-                "seed {seed}: a checkpoint of {n} records needing more than {extra} bytes of \
-                 room succeeded"
-            ),
             Ok(_) => {}
             Err(e) => assert!(
                 is_enospc(&e),
@@ -1157,9 +1153,6 @@ fn checkpoint_while_out_of_space_then_recovers() {
         }
         let lsn = store.checkpoint_lsn();
         assert!(lsn >= ck_lsn, "seed {seed}");
-        if k == 0 {
-            assert_eq!(lsn, ck_lsn, "seed {seed}: the first failed try committed");
-        }
         ck_lsn = lsn;
         // (A spare the journal could not make for lack of room is removed by the journal:
         // it holds no record. Waiting for an idle journal keeps that from happening here,
@@ -1261,8 +1254,10 @@ fn checkpoint_while_out_of_space_then_recovers() {
     );
 }
 
-/// A checkpoint that fails for lack of space, on a host that also fails (EIO) from the next
-/// flush on, which is the drop or the reopen of the checkpoint's database after the failure:
+/// A checkpoint on a host with no room that also fails (EIO) from its second flush on: the
+/// checkpoint, which commits segment by segment on so short a host, fails for lack of space
+/// or at the flush after its first (redb reuses pages it freed before), and the drop or the
+/// reopen of its database after the failure flushes too:
 /// the reopen fails, and so does the next one; the store goes on from its journal; once the
 /// host works, the next checkpoint reopens the database and succeeds, without reopening the
 /// store.
@@ -1288,8 +1283,9 @@ fn checkpoint_reopen_that_fails_is_tried_again() {
     eprintln!("checkpoint on a failing host: {r:?}");
     let e = r.expect_err("a checkpoint on a failing host succeeded");
     assert!(
-        is_enospc(&e) && e.contains("reopening the checkpoint"),
-        "seed {seed}: not ENOSPC, then a failed reopen: {e}"
+        (is_enospc(&e) || e.contains(&std::io::Error::from_raw_os_error(libc::EIO).to_string()))
+            && e.contains("reopening the checkpoint"),
+        "seed {seed}: not ENOSPC or EIO, then a failed reopen: {e}"
     );
     assert_eq!(store.checkpoint_lsn(), ck_lsn);
     // Still failing: the reopen fails again, nothing else happens.

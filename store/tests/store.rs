@@ -474,11 +474,12 @@ fn segments_shrink_on_a_small_host() {
     use lanefs_store::segment_size;
     const M: u64 = 1 << 20;
     assert_eq!(segment_size(64 * M, None), 64 * M);
-    assert_eq!(segment_size(64 * M, Some(96 * M)), 8 * M);
+    assert_eq!(segment_size(64 * M, Some(96 * M)), 4 * M);
+    assert_eq!(segment_size(64 * M, Some(320 * M)), 8 * M);
     assert_eq!(segment_size(64 * M, Some(1000 * M)), 16 * M);
     assert_eq!(segment_size(64 * M, Some(2048 * M)), 64 * M);
     assert_eq!(segment_size(64 * M, Some(1 << 40)), 64 * M);
-    assert_eq!(segment_size(64 * M, Some(8 * M)), 8 * M);
+    assert_eq!(segment_size(64 * M, Some(8 * M)), 4 * M);
     assert_eq!(segment_size(256 << 10, Some(8 * M)), 256 << 10);
-    assert_eq!(segment_size(64 * M, Some(0)), 8 * M);
+    assert_eq!(segment_size(64 * M, Some(0)), 4 * M);
 }

@@ -123,7 +123,7 @@ pub(crate) use pages::{PageReader, Shared, Slot};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use lanefs::{Glance, PageEpochs, Record, Recovery};
@@ -288,8 +288,15 @@ pub(crate) struct Checkpoint {
     /// every record: the next one first looks through all its records for the files they
     /// free, and writes none of their data (module doc, "Out of room").
     careful: bool,
+    /// The checkpoint under way commits segment by segment for lack of room on the host:
+    /// each segment it covers before its last commit is removed, not kept for reuse, so that
+    /// the next commit has room.
+    lean: bool,
     /// Bytes of room kept for checkpoints in [`RESERVE`] (0: none).
     reserve: u64,
+    /// Set while the last checkpoint failed with the host short of room for one segment's
+    /// commit: the journal makes no segment meanwhile ([`Checkpoint::room_hold`]).
+    room_hold: Arc<AtomicBool>,
 }
 
 /// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
@@ -532,6 +539,8 @@ impl Checkpoint {
             backoff: Backoff::default(),
             attempts: 0,
             careful: false,
+            lean: false,
+            room_hold: Arc::default(),
             reserve: 0,
         })
     }
@@ -698,10 +707,25 @@ impl Checkpoint {
         }
         // Page readers that meet redb's error meanwhile wait for the outcome.
         self.shared.busy(true);
+        // A checkpoint that may lack room keeps what room there is, and what it frees, from
+        // the journal's held records until it has committed (`room_hold`).
+        let short = |store: &Path| {
+            let seg = journal::segments(disk, store)
+                .ok()
+                .and_then(|s| s.first().map(|&q| journal::segment_len(disk, store, q)))
+                .unwrap_or(0);
+            disk.available(store)
+                .is_some_and(|a| a < journal::checkpoint_room(seg))
+        };
+        if short(&self.store) {
+            self.room_hold.store(true, SeqCst);
+        }
         let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
         if r.is_err() {
             self.careful = true;
         }
+        self.room_hold
+            .store(r.is_err() && short(&self.store), SeqCst);
         let r = match r {
             Ok(applied) => Ok(applied),
             Err(f) if f.reopen => {
@@ -717,6 +741,14 @@ impl Checkpoint {
         };
         self.shared.busy(false);
         r
+    }
+
+    /// The flag the journal's writer reads before it makes a segment: set while the last
+    /// checkpoint failed with the host short of room for one segment's commit, so that the
+    /// room the next one frees (its reserve, the segments kept for reuse) goes to it, not to
+    /// the journal's held records (docs/STORE.md, "Checkpoints", Out of room).
+    pub(crate) fn room_hold(&self) -> Arc<AtomicBool> {
+        self.room_hold.clone()
     }
 
     /// Keeps `bytes` of room for checkpoints on the host, in the file [`RESERVE`]: a
@@ -837,10 +869,11 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// [`Checkpoint::advance`]'s work: one transaction; after a failure (`careful`), one
-    /// per journal segment, each committed and the segment removed before the next is
-    /// applied, so that the checkpoint needs room for one segment's changes, not the whole
-    /// journal's, and the reserve's room for the first (module doc, "Out of room").
+    /// [`Checkpoint::advance`]'s work: one transaction; after a failure (`careful`), or on
+    /// a host with less room than the whole journal's commit may need, one per journal
+    /// segment, each committed and the segment removed before the next is applied, so that
+    /// the checkpoint needs room for one segment's changes, not the whole journal's, and the
+    /// reserve's room for the first (module doc, "Out of room").
     fn advance_inner(
         &mut self,
         disk: &dyn Disk,
@@ -848,19 +881,30 @@ impl Checkpoint {
         stop: &dyn Fn() -> bool,
     ) -> Result<u64, Failed> {
         let from = self.sb.lsn + 1;
-        let doomed = if self.careful {
+        // One transaction for the whole journal, unless the host's room is short of what that
+        // may need (or a checkpoint failed): then one per segment.
+        let seqs =
+            journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?;
+        let size = seqs
+            .first()
+            .map_or(0, |&q| journal::segment_len(disk, &self.store, q));
+        let short = disk
+            .available(&self.store)
+            .is_some_and(|a| a < journal::checkpoint_room(size.saturating_mul(seqs.len() as u64)));
+        let segmentwise = self.careful || short;
+        if self.careful {
             self.spend_reserve(disk);
+        }
+        let doomed = if segmentwise {
             self.freed(disk, self.cursor, from, upto, stop)?
         } else {
             apply::Doomed::default()
         };
-        // After a failure, the last record of each segment in range, then `upto`. (A segment
-        // that cannot be read here ends the list: the spare being made, or one removed
-        // meanwhile; damage is for the reading of the records to report.)
+        // Segment by segment: the last record of each segment in range, then `upto`. (A
+        // segment that cannot be read here ends the list: the spare being made, or one
+        // removed meanwhile; damage is for the reading of the records to report.)
         let mut ends = Vec::new();
-        if self.careful {
-            let seqs =
-                journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?;
+        if segmentwise {
             for &seq in seqs.iter().skip(1) {
                 match journal::first_lsn(disk, &self.store, seq) {
                     Ok(Some(first)) if first > upto => break,
@@ -872,9 +916,15 @@ impl Checkpoint {
         }
         ends.push(upto);
         let mut applied = 0;
-        for end in ends {
-            applied += self.apply_and_commit(disk, end, stop, &doomed)?;
+        let last = ends.len() - 1;
+        for (i, end) in ends.into_iter().enumerate() {
+            // Segments covered before the last commit give their room to the next one; the
+            // last commit's are kept for reuse (the journal's next spare).
+            self.lean = short && i < last;
+            let r = self.apply_and_commit(disk, end, stop, &doomed);
+            applied += r.inspect_err(|_| self.lean = false)?;
         }
+        self.lean = false;
         self.careful = false;
         Ok(applied)
     }
@@ -1016,7 +1066,8 @@ impl Checkpoint {
     /// journal, oldest first: segment `k` goes when segment `k + 1` starts at or below the
     /// record after it. Only segments that `committed` covers go: never one a crash could
     /// still need. Each is kept for reuse as a spare (renamed `<k>.free`) while fewer than
-    /// [`journal::FREE_MAX`] are, and removed otherwise.
+    /// [`journal::FREE_MAX`] are, and removed otherwise, and always by a checkpoint short of
+    /// room (`lean`: its room is what the next segment's commit needs).
     fn recycle(&mut self, disk: &dyn Disk) -> Result<(), StoreError> {
         let seqs = journal::segments(disk, &self.store)?;
         let mut free = journal::free_segments(disk, &self.store)?.len();
@@ -1032,7 +1083,8 @@ impl Checkpoint {
             match first {
                 Some(first) if first <= self.committed + 1 => {
                     let p = journal::segment_path(&self.store, w[0]);
-                    if free < journal::FREE_MAX {
+                    // A checkpoint short of room gives every segment's room back.
+                    if free < journal::FREE_MAX && !self.lean {
                         let to = journal::free_path(&self.store, w[0]);
                         disk.rename(&p, &to).map_err(StoreError::io(&p, "rename"))?;
                         free += 1;
