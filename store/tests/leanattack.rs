@@ -106,6 +106,55 @@ fn enospc(e: &io::Error) -> bool {
     errno(e) == libc::ENOSPC
 }
 
+/// Options for a store on `host` with segments of `seg` bytes that checkpoints only when
+/// asked to.
+fn manual_opts(host: &Host, seg: u64) -> Options {
+    Options {
+        disk: Arc::new(host.clone()),
+        segment_size: seg,
+        checkpoint_poll: Duration::from_secs(3600),
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: 1 << 20,
+        journal_segments: 1 << 21,
+        checkpoint_changed: 1 << 40,
+        ..Options::default()
+    }
+}
+
+/// Asks `store` for a checkpoint until one succeeds or `most` have failed: the last result
+/// and the number of tries.
+fn checkpoint_tries(store: &lanefs_store::StoreHandle, most: u32) -> (Result<u64, String>, u32) {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let r = store.checkpoint();
+        if r.is_ok() || tries == most {
+            return (r, tries);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Closes `store` (its filesystem already dropped), checks it with fsck, reopens it with
+/// `opts` and asserts the invariants and that it holds exactly `live`.
+fn close_and_reopen_equal(
+    store: lanefs_store::StoreHandle,
+    dir: &Path,
+    opts: Options,
+    live: &BTreeMap<String, Vec<u8>>,
+) {
+    store.close().expect("close");
+    fsck::check(dir, &opts).unwrap();
+    let o = lanefs_store::open(dir, Config::default(), opts).unwrap();
+    let fs = Arc::new(o.fs);
+    fs.check_invariants().unwrap();
+    let again = tree(&Client::root(fs.clone())).unwrap();
+    assert!(
+        *live == again,
+        "the reopened store differs from the live one"
+    );
+}
+
 /// Every regular file under the root, by path, with its contents.
 fn tree(c: &Client) -> io::Result<BTreeMap<String, Vec<u8>>> {
     let mut out = BTreeMap::new();
@@ -835,15 +884,7 @@ fn power_cuts_at_every_flush_of_lean_checkpoints() {
     let live = tree(&c).unwrap();
     drop(c);
     drop(fs);
-    store.close().expect("close");
-    let o = lanefs_store::open(Path::new(DIR), Config::default(), quiet(&sim, seg)).unwrap();
-    let fs = Arc::new(o.fs);
-    fs.check_invariants().unwrap();
-    let again = tree(&Client::root(fs.clone())).unwrap();
-    assert!(
-        live == again,
-        "the reopened store differs from the live one"
-    );
+    close_and_reopen_equal(store, Path::new(DIR), quiet(&sim, seg), &live);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1145,16 +1186,7 @@ fn fill_delete_and_go_on() {
     fs.sync_all().unwrap();
     drop(c);
     drop(fs);
-    store.close().expect("close");
-    fsck::check(dir, &opts).unwrap();
-    let o = lanefs_store::open(dir, Config::default(), opts).unwrap();
-    let fs = Arc::new(o.fs);
-    fs.check_invariants().unwrap();
-    let again = tree(&Client::root(fs.clone())).unwrap();
-    assert!(
-        live == again,
-        "the reopened store differs from the live one"
-    );
+    close_and_reopen_equal(store, dir, opts, &live);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1332,16 +1364,7 @@ fn room_comes_and_goes_under_load() {
     }
     drop(c);
     drop(fs);
-    store.close().expect("close");
-    fsck::check(dir, &opts).unwrap();
-    let o = lanefs_store::open(dir, Config::default(), opts).unwrap();
-    let fs = Arc::new(o.fs);
-    fs.check_invariants().unwrap();
-    let again = tree(&Client::root(fs.clone())).unwrap();
-    assert!(
-        live == again,
-        "the reopened store differs from the live one"
-    );
+    close_and_reopen_equal(store, dir, opts, &live);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1368,17 +1391,8 @@ fn a_checkpoint_short_of_room_keeps_its_room_from_the_journal() {
         // A host that takes a moment to create a file (the window is there without it, but
         // narrower: most runs of this test on an idle machine find it all the same).
         host.create_delay_us.store(2000, SeqCst);
-        let opts = Options {
-            disk: Arc::new(host.clone()),
-            segment_size: seg,
-            // Only the checkpoints asked for below.
-            checkpoint_poll: Duration::from_secs(3600),
-            checkpoint_records: u64::MAX,
-            checkpoint_segments: 1 << 20,
-            journal_segments: 1 << 21,
-            checkpoint_changed: 1 << 40,
-            ..Options::default()
-        };
+        // Only the checkpoints asked for below.
+        let opts = manual_opts(&host, seg);
         let dir = Path::new(DIR);
         let o = lanefs_store::open(dir, Config::default(), opts).unwrap();
         let fs = Arc::new(o.fs);
@@ -1441,16 +1455,7 @@ fn after_a_lean_checkpoint_the_journal_goes_on() {
     let seg: u64 = 4 << 20;
     let host = Host::new();
     host.set_cap(Some(32 * seg));
-    let opts = Options {
-        disk: Arc::new(host.clone()),
-        segment_size: seg,
-        checkpoint_poll: Duration::from_secs(3600),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: 1 << 20,
-        journal_segments: 1 << 21,
-        checkpoint_changed: 1 << 40,
-        ..Options::default()
-    };
+    let opts = manual_opts(&host, seg);
     let dir = Path::new(DIR);
     let o = lanefs_store::open(dir, Config::default(), opts).unwrap();
     let fs = Arc::new(o.fs);
@@ -1472,15 +1477,7 @@ fn after_a_lean_checkpoint_the_journal_goes_on() {
     // The files' data goes into the checkpoint first (segment by segment: the host is
     // short), so that deleting them frees pages of the checkpoint, not of the journal.
     let _ = c.remove_file(format!("/d/{}", name(id, 0)));
-    let mut tries = 0;
-    let first = loop {
-        tries += 1;
-        let r = store.checkpoint();
-        if r.is_ok() || tries == 8 {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (first, tries) = checkpoint_tries(&store, 8);
     eprintln!(
         "{} KiB synced in {} files; first checkpoint after {tries} tries: {first:?}; segments \
          removed {}, kept {}; {} KiB left",
@@ -1498,15 +1495,7 @@ fn after_a_lean_checkpoint_the_journal_goes_on() {
         }
     }
     let _ = c.remove_file(format!("/d/{}", name(id, 0)));
-    let mut tries = 0;
-    let r = loop {
-        tries += 1;
-        let r = store.checkpoint();
-        if r.is_ok() || tries == 8 {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let (r, tries) = checkpoint_tries(&store, 8);
     eprintln!(
         "{} KiB deleted; checkpoint after {tries} tries: {r:?}; segments removed {}, kept {}; \
          {} KiB left",

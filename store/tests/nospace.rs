@@ -496,14 +496,7 @@ fn a_store_that_filled_its_tmpfs_with_files_goes_on_once_they_are_deleted() {
                     t.elapsed() < Duration::from_secs(20),
                     "still ENOSPC 20 s after every file was deleted: {:?}\n{}",
                     o.store.checkpoint_status(),
-                    String::from_utf8_lossy(
-                        &Command::new("ls")
-                            .arg("-lR")
-                            .arg(&store)
-                            .output()
-                            .unwrap()
-                            .stdout
-                    )
+                    listing(&store)
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -578,14 +571,7 @@ fn a_store_that_filled_its_tmpfs_goes_on_once_some_files_are_deleted() {
                     "no file taken 60 s after {} of {written} were deleted: {:?}\n{}",
                     deleted.len(),
                     o.store.checkpoint_status(),
-                    String::from_utf8_lossy(
-                        &Command::new("ls")
-                            .arg("-lR")
-                            .arg(&store)
-                            .output()
-                            .unwrap()
-                            .stdout
-                    )
+                    listing(&store)
                 );
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -634,4 +620,10 @@ fn statfs_reports_no_more_available_than_the_host_has() {
     disk.set_space(None);
     let st = c.fs().statfs();
     assert_eq!(st.bavail, st.bfree, "{st:?}");
+}
+
+/// `ls -lR` of `dir`, for a failure's message.
+fn listing(dir: &Path) -> String {
+    let out = Command::new("ls").arg("-lR").arg(dir).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
