@@ -49,10 +49,14 @@
 //! deadlock; operations that need those locks wait too, as they would for the disk.
 //! The journal itself is bounded the same way: while it holds more than its most segments
 //! ([`Log::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
-//! takes a checkpoint ([`Log::set_checkpointing`]) the committer runs no round but for the
+//! works through it ([`Log::set_checkpointing`]: from the look that finds a checkpoint due
+//! until one finds none due, or one fails) the committer runs no round but for the
 //! checkpoint's own syncs ([`Log::sync_for_checkpoint`]), so buffers fill and their writers,
-//! and other syncs, wait until the checkpoint ends and its segments go (as a full journal
-//! waits for its checkpoint in jbd2). A stopped, low or closing store never waits.
+//! and other syncs, wait until a checkpoint's segments go (as a full journal waits for its
+//! checkpoint in jbd2). The wait spans the checkpointer's gaps between checkpoints too: on a
+//! fast host (tmpfs) writers fill segments faster than a few milliseconds' gap. A stopped,
+//! low or closing store never waits, nor does one whose checkpointer waits after a failure
+//! (nothing would end the wait).
 //! Buffers are full at `WAKE_BYTES` too while the host has room for few more segments
 //! ([`journal::Writer::host_short`]): what they hold when the host fills must be written
 //! before any removal appended after it.
@@ -98,7 +102,10 @@
 //!
 //! Lock order: a thread's buffer mutex, then nothing; the committer's state mutex, then
 //! nothing; the free-chunk pool's mutex, then nothing. The committer never holds the state
-//! mutex while taking buffers or writing.
+//! mutex while taking buffers or writing. The room hold's mutex (`journal::RoomHold`) is
+//! taken by whoever makes a segment (the committer, or the spare maker's thread), then
+//! nothing, and by the checkpointer, under its checkpoint's mutex, to turn the hold on, then
+//! nothing; no one holding it waits for the committer or the checkpointer.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, AtomicU64, Ordering::*};
@@ -268,12 +275,14 @@ pub(crate) struct Log {
     written: AtomicU64,
     /// The LSN of the last record a flush made durable.
     flushed: AtomicU64,
-    /// Set by the checkpointer while it takes a checkpoint (module doc, "Backpressure").
+    /// Set by the checkpointer while it works through the journal: from the look that finds
+    /// a checkpoint due until one finds none due, one fails, or it stops (module doc,
+    /// "Backpressure").
     checkpointing: AtomicBool,
     /// The oldest segment of the journal, as the checkpointer last saw it (0: not known).
     first_segment: AtomicU64,
     /// The most segments the journal holds before rounds that serve no sync wait for a
-    /// checkpoint in progress (0: no bound).
+    /// checkpoint (0: no bound).
     max_segments: AtomicU64,
     /// Set by the committer while the journal is over that bound: buffers are full at
     /// `WAKE_BYTES` instead of `FULL_BYTES`.
@@ -320,8 +329,9 @@ impl Log {
         self.max_segments.store(max, SeqCst);
     }
 
-    /// The checkpointer tells when it takes a checkpoint, and the journal's oldest segment
-    /// (after one, the segments it let go are gone); either may end a committer's wait.
+    /// The checkpointer tells whether it works through the journal (a checkpoint is due or
+    /// under way, and none failed since), and the journal's oldest segment (after a
+    /// checkpoint, the segments it let go are gone); either may end a committer's wait.
     pub(crate) fn set_checkpointing(&self, on: bool, first_segment: Option<u64>) {
         self.checkpointing.store(on, SeqCst);
         if let Some(f) = first_segment {
@@ -551,8 +561,8 @@ impl Log {
                 (flush || due, s.shutdown, s.urgent > s.durable)
             };
             if !urgent && !shutdown && self.mode.load(Relaxed) == 0 && self.held_off(writer.seq()) {
-                // The journal is over its size and a checkpoint is under way: nothing is
-                // written but for the checkpoint's own syncs until it ends.
+                // The journal is over its size and the checkpointer works through it: nothing
+                // is written but for the checkpoint's own syncs until its segments go.
                 let mut s = self.state.lock();
                 if !(s.urgent > s.durable || s.shutdown || s.held) && self.held_off(writer.seq()) {
                     self.work.wait_for(&mut s, BEHIND_WAIT);

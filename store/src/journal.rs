@@ -54,7 +54,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
@@ -1014,8 +1014,8 @@ pub(crate) struct Writer {
     staging: Blocks,
     /// Set by the checkpointer while the host's room is kept for its next checkpoint: no
     /// segment is made unless the host has room for it and that checkpoint
-    /// ([`Writer::room_held`]).
-    room_hold: Arc<AtomicBool>,
+    /// ([`RoomHold::check`]).
+    room_hold: Arc<RoomHold>,
     /// A spare refused meanwhile, for [`Writer::poll_spare`] to report.
     refused: Option<StoreError>,
     /// When the last spare was asked for, the host had room for fewer than
@@ -1155,21 +1155,31 @@ impl Writer {
             .disk
             .available(&self.store)
             .is_some_and(|a| a < SHORT_SEGMENTS * self.segment_size);
-        if let Err(e) = self.room_held() {
+        if let Err(e) =
+            self.room_hold
+                .check(&*self.disk, &self.store, self.seq + 1, self.segment_size)
+        {
             self.refused = Some(e);
             return;
         }
-        let (disk, store, uuid, seq, size) = (
+        let (disk, store, uuid, seq, size, hold) = (
             self.disk.clone(),
             self.store.clone(),
             self.uuid,
             self.seq + 1,
             self.segment_size,
+            self.room_hold.clone(),
         );
         self.making = Some(
             std::thread::Builder::new()
                 .name("lanefs-segment".into())
-                .spawn(move || make_segment(&*disk, &store, uuid, seq, size).map(|f| (seq, f)))
+                .spawn(move || {
+                    // Looked at again here, the hold kept meanwhile: it may have gone on since.
+                    hold.make(&*disk, &store, seq, size, || {
+                        make_segment(&*disk, &store, uuid, seq, size)
+                    })
+                    .map(|f| (seq, f))
+                })
                 .expect("spawn the segment maker"),
         );
     }
@@ -1194,9 +1204,9 @@ impl Writer {
         }
     }
 
-    /// Makes the writer make no segment while `hold` is set (the checkpointer's
+    /// Makes the writer make no segment while `hold` is on (the checkpointer's
     /// [`crate::checkpoint::Checkpoint::room_hold`]).
-    pub(crate) fn hold_room_with(&mut self, hold: Arc<AtomicBool>) {
+    pub(crate) fn hold_room_with(&mut self, hold: Arc<RoomHold>) {
         self.room_hold = hold;
     }
 
@@ -1206,26 +1216,6 @@ impl Writer {
     /// removal after them) stays small too (commit.rs, "Backpressure").
     pub(crate) fn host_short(&self) -> bool {
         self.host_short
-    }
-
-    /// ENOSPC while the host's room is kept for a checkpoint: the checkpointer holds it
-    /// ([`Writer::hold_room_with`]) and the host has no room for a segment beside what a
-    /// checkpoint of one segment may need.
-    fn room_held(&self) -> Result<(), StoreError> {
-        if !self.room_hold.load(std::sync::atomic::Ordering::SeqCst) {
-            return Ok(());
-        }
-        let room = self
-            .segment_size
-            .saturating_add(checkpoint_room(self.segment_size));
-        if self.disk.available(&self.store).is_none_or(|a| a >= room) {
-            return Ok(());
-        }
-        Err(StoreError::Io {
-            path: segment_path(&self.store, self.seq + 1),
-            op: "make: the host's room is kept for a checkpoint that failed for lack of it",
-            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
-        })
     }
 
     /// The sequence number of the segment being written.
@@ -1263,9 +1253,12 @@ impl Writer {
             Some(s) => Ok(s),
             None => {
                 self.refused = None;
-                self.room_held()?;
-                let seq = self.seq + 1;
-                make_segment(&*self.disk, &self.store, self.uuid, seq, self.segment_size)
+                let (disk, store, seq, size) =
+                    (&*self.disk, &self.store, self.seq + 1, self.segment_size);
+                self.room_hold
+                    .make(disk, store, seq, size, || {
+                        make_segment(disk, store, self.uuid, seq, size)
+                    })
                     .map(|f| (seq, f))
             }
         }
@@ -1507,6 +1500,66 @@ fn recycle_segment(
         }
     }
     None
+}
+
+/// The checkpointer's hold on the host's room (docs/STORE.md, "Checkpoints", Out of room):
+/// while it is on, the journal makes no segment unless the host has room for one beside what
+/// a checkpoint of one segment may need, so that the room a checkpoint short of it frees
+/// (its reserve, the segments it removes) goes to that checkpoint, not to held records.
+///
+/// Turning it on waits for a segment being made to be made (`making`), and a segment is made
+/// with `making` held after the look at the hold: so no segment begun before the hold went
+/// on takes room after it (a maker on its own thread, started before, would otherwise take
+/// the room the checkpoint's reserve gives back). Turning it off waits for nothing.
+#[derive(Default)]
+pub(crate) struct RoomHold {
+    on: AtomicBool,
+    /// Held while a segment is made, and while the hold goes on.
+    making: parking_lot::Mutex<()>,
+}
+
+impl RoomHold {
+    /// Turns the hold on (once any segment being made is made) or off.
+    pub(crate) fn set(&self, on: bool) {
+        if on {
+            let _making = self.making.lock();
+            self.on.store(true, SeqCst);
+        } else {
+            self.on.store(false, SeqCst);
+        }
+    }
+
+    /// ENOSPC, naming segment `seq`, while the hold is on and the host has no room for a
+    /// segment of `size` beside what a checkpoint of one segment may need.
+    fn check(&self, disk: &dyn Disk, store: &Path, seq: u64, size: u64) -> Result<(), StoreError> {
+        if !self.on.load(SeqCst) {
+            return Ok(());
+        }
+        let room = size.saturating_add(checkpoint_room(size));
+        if disk.available(store).is_none_or(|a| a >= room) {
+            return Ok(());
+        }
+        Err(StoreError::Io {
+            path: segment_path(store, seq),
+            op: "make: the host's room is kept for a checkpoint that failed for lack of it",
+            source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+        })
+    }
+
+    /// `make()`s segment `seq` unless the hold refuses it ([`RoomHold::check`]), the hold
+    /// kept off meanwhile.
+    fn make<T>(
+        &self,
+        disk: &dyn Disk,
+        store: &Path,
+        seq: u64,
+        size: u64,
+        make: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let _making = self.making.lock();
+        self.check(disk, store, seq, size)?;
+        make()
+    }
 }
 
 /// Below room for this many more segments on the host, the threads' record buffers are kept

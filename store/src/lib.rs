@@ -86,9 +86,9 @@ pub struct Options {
     pub checkpoint_records: u64,
     /// ...or this many segments...
     pub checkpoint_segments: usize,
-    /// While the journal holds more segments than this (at least `checkpoint_segments` + 2)
-    /// and the checkpointer is taking a checkpoint, the committer writes only for that
-    /// checkpoint, and writers and other syncs wait for it: the journal, and so the time a
+    /// While the journal holds more segments than this (at least `checkpoint_segments` + 2),
+    /// a checkpoint is due, and until one lets segments go the committer writes only for the
+    /// checkpointer, and writers and other syncs wait for it: the journal, and so the time a
     /// recovery replays it, stays bounded when records come faster than checkpoints apply
     /// them (docs/STORE.md, "Backpressure").
     pub journal_segments: usize,

@@ -123,7 +123,7 @@ pub(crate) use pages::{PageReader, Shared, Slot};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use lanefs::{Glance, PageEpochs, Record, Recovery};
@@ -296,7 +296,7 @@ pub(crate) struct Checkpoint {
     reserve: u64,
     /// Set while the last checkpoint failed with the host short of room for one segment's
     /// commit: the journal makes no segment meanwhile ([`Checkpoint::room_hold`]).
-    room_hold: Arc<AtomicBool>,
+    room_hold: Arc<journal::RoomHold>,
 }
 
 /// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
@@ -718,14 +718,13 @@ impl Checkpoint {
                 .is_some_and(|a| a < journal::checkpoint_room(seg))
         };
         if short(&self.store) {
-            self.room_hold.store(true, SeqCst);
+            self.room_hold.set(true);
         }
         let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
         if r.is_err() {
             self.careful = true;
         }
-        self.room_hold
-            .store(r.is_err() && short(&self.store), SeqCst);
+        self.room_hold.set(r.is_err() && short(&self.store));
         let r = match r {
             Ok(applied) => Ok(applied),
             Err(f) if f.reopen => {
@@ -747,7 +746,7 @@ impl Checkpoint {
     /// checkpoint failed with the host short of room for one segment's commit, so that the
     /// room the next one frees (its reserve, the segments kept for reuse) goes to it, not to
     /// the journal's held records (docs/STORE.md, "Checkpoints", Out of room).
-    pub(crate) fn room_hold(&self) -> Arc<AtomicBool> {
+    pub(crate) fn room_hold(&self) -> Arc<journal::RoomHold> {
         self.room_hold.clone()
     }
 
@@ -1113,8 +1112,9 @@ pub(crate) struct Policy {
     pub records: u64,
     /// Segments in the journal.
     pub segments: usize,
-    /// Segments in the journal beyond which the committer holds off while a checkpoint
-    /// runs ([`Log::set_checkpointing`]; commit.rs, "Backpressure").
+    /// Segments in the journal beyond which the committer holds off until a checkpoint
+    /// lets some go, and a checkpoint is due ([`Log::set_checkpointing`]; commit.rs,
+    /// "Backpressure").
     pub journal_segments: usize,
     /// Pages of file data changed since the last checkpoint began that make one due, and
     /// changed since the last one committed began that make writers wait
@@ -1322,6 +1322,8 @@ impl Checkpointer {
             self.stop.1.notify_all();
             let _ = t.join();
         }
+        // No checkpoint will come: the journal's writers wait for none.
+        self.log.set_checkpointing(false, None);
         // Again: an attempt that was running when the first call came may have cleared it.
         self.epochs.set_stalled(true);
     }
@@ -1355,6 +1357,8 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
         // Cheap (no integrity check), and reads of pages out of memory fail until it is done:
         // not left for a checkpoint to become due.
         if let Err(e) = ck.repair(c.disk) {
+            // Nothing ends a wait for checkpoints until the next try.
+            c.log.set_checkpointing(false, None);
             let wait = ck.backoff.failed(c.clock.now(), c.policy);
             if !*said {
                 eprintln!(
@@ -1376,17 +1380,24 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
         || (segments >= c.policy.segments && written > ck.lsn())
         || c.epochs.due()
         // Short of room: only a checkpoint gives the journal's segments back.
-        || (c.log.low() && written > ck.lsn());
+        || (c.log.low() && written > ck.lsn())
+        // Over its bound: writers wait for this checkpoint (commit.rs, "Backpressure").
+        || (segments > c.policy.journal_segments && written > ck.lsn());
     if !due {
+        // No wait for a checkpoint while none is due: none would end it.
+        c.log.set_checkpointing(false, seqs.first().copied());
         return true;
     }
-    // While it runs, a journal over its size takes only syncs (commit.rs, "Backpressure").
+    // From now until a look finds none due, a journal over its size takes only syncs, so
+    // that writers wait for this checkpoint and the next rather than grow the journal in
+    // between (commit.rs, "Backpressure").
     c.log.set_checkpointing(true, seqs.first().copied());
     let failures = ck.backoff.failures;
     let r = attempt(ck, c, stopped);
     let first = journal::segments(c.disk, &ck.store).ok();
+    // After a failure nothing ends a wait until the next try.
     c.log
-        .set_checkpointing(false, first.and_then(|s| s.first().copied()));
+        .set_checkpointing(r.is_ok(), first.and_then(|s| s.first().copied()));
     match r {
         Ok(_) => {
             if *said {
