@@ -1021,6 +1021,9 @@ pub(crate) struct Writer {
     /// When the last spare was asked for, the host had room for fewer than
     /// [`SHORT_SEGMENTS`] more segments ([`Writer::host_short`]).
     host_short: bool,
+    /// Where batches in the segment being written end: `segment_size`, or less in a segment
+    /// made short on a host without room for a whole one ([`Writer::take_spare`]).
+    file_len: u64,
 }
 
 /// Memory aligned to [`BLOCK`], in whole blocks, for block writes.
@@ -1100,6 +1103,7 @@ impl Writer {
             room_hold: Arc::default(),
             refused: None,
             host_short: false,
+            file_len: segment_size,
         };
         tidy_free(&*w.disk, store, &uuid)?;
         if end.segment != 0 {
@@ -1117,6 +1121,10 @@ impl Writer {
                 w.tail = vec![0; (end.offset - base) as usize];
                 f.read_exact_at(&mut w.tail, base)
                     .map_err(StoreError::io(&p, "read"))?;
+                w.file_len = f
+                    .len()
+                    .map_err(StoreError::io(&p, "size"))?
+                    .min(segment_size);
                 w.file = Some(f);
                 if end.dirty {
                     // Bytes after the end (a torn batch, batches of this life left after a
@@ -1162,6 +1170,7 @@ impl Writer {
             self.refused = Some(e);
             return;
         }
+        let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
         let (disk, store, uuid, seq, size, hold) = (
             self.disk.clone(),
             self.store.clone(),
@@ -1174,11 +1183,7 @@ impl Writer {
             std::thread::Builder::new()
                 .name("lanefs-segment".into())
                 .spawn(move || {
-                    // Looked at again here, the hold kept meanwhile: it may have gone on since.
-                    hold.make(&*disk, &store, seq, size, || {
-                        make_segment(&*disk, &store, uuid, seq, size)
-                    })
-                    .map(|f| (seq, f))
+                    make_next(&*disk, &store, uuid, seq, size, &hold, covered).map(|f| (seq, f))
                 })
                 .expect("spawn the segment maker"),
         );
@@ -1231,7 +1236,7 @@ impl Writer {
     /// Bytes left for batches in the segment being written (0: none yet, or it is closed).
     pub(crate) fn room(&self) -> u64 {
         match self.file {
-            Some(_) if !self.closed => self.segment_size.saturating_sub(self.offset),
+            Some(_) if !self.closed => self.file_len.saturating_sub(self.offset),
             _ => 0,
         }
     }
@@ -1255,10 +1260,8 @@ impl Writer {
                 self.refused = None;
                 let (disk, store, seq, size) =
                     (&*self.disk, &self.store, self.seq + 1, self.segment_size);
-                self.room_hold
-                    .make(disk, store, seq, size, || {
-                        make_segment(disk, store, self.uuid, seq, size)
-                    })
+                let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
+                make_next(disk, store, self.uuid, seq, size, &self.room_hold, covered)
                     .map(|f| (seq, f))
             }
         }
@@ -1357,7 +1360,7 @@ impl Writer {
         buf[..BATCH_HEADER].copy_from_slice(&h.encode(&self.uuid));
         let base = self.offset - self.tail.len() as u64;
         let total = self.tail.len() + buf.len();
-        let blocks = self.padded(base, total, self.segment_size).div_ceil(BLOCK);
+        let blocks = self.padded(base, total, self.file_len).div_ceil(BLOCK);
         let out = self.staging.bytes(blocks);
         out[..self.tail.len()].copy_from_slice(&self.tail);
         out[self.tail.len()..total].copy_from_slice(buf);
@@ -1389,7 +1392,7 @@ impl Writer {
         let f = self.file.clone().expect("a segment");
         let base = self.offset - self.tail.len() as u64;
         let total = self.tail.len();
-        let len = f.len()?.max(self.segment_size);
+        let len = f.len()?.max(self.file_len);
         let blocks = self.padded(base, total, len).div_ceil(BLOCK);
         let out = self.staging.bytes(blocks);
         out[..total].copy_from_slice(&self.tail);
@@ -1424,6 +1427,10 @@ impl Writer {
             return Err(StoreError::io(&p, "write header")(e));
         }
         f.sync_data().map_err(StoreError::io(&p, "flush"))?;
+        self.file_len = f
+            .len()
+            .map_err(StoreError::io(&p, "size"))?
+            .min(self.segment_size);
         self.tail.clear();
         self.tail.extend_from_slice(&header);
         self.file = Some(f);
@@ -1516,9 +1523,21 @@ pub(crate) struct RoomHold {
     on: AtomicBool,
     /// Held while a segment is made, and while the hold goes on.
     making: parking_lot::Mutex<()>,
+    /// The LSN of the last record the checkpoint holds, durably (0: not known).
+    covered: std::sync::atomic::AtomicU64,
 }
 
 impl RoomHold {
+    /// The checkpoint now durably holds every record up to `lsn`.
+    pub(crate) fn set_covered(&self, lsn: u64) {
+        self.covered.fetch_max(lsn, SeqCst);
+    }
+
+    /// Whether the checkpoint holds every record up to `lsn`.
+    fn covers(&self, lsn: u64) -> bool {
+        self.covered.load(SeqCst) >= lsn
+    }
+
     /// Turns the hold on (once any segment being made is made) or off.
     pub(crate) fn set(&self, on: bool) {
         if on {
@@ -1561,6 +1580,46 @@ impl RoomHold {
         make()
     }
 }
+
+/// Makes segment `seq` ([`make_segment`]) unless `hold` refuses it (looked at again here, and
+/// kept meanwhile: it may have gone on since the writer asked).
+///
+/// On a host without room for a whole segment, while every record written so far is in the
+/// checkpoint (`covered`, which so needs no room for them), the segment is made short, of half
+/// the room left, so that the segment before it can go: the next checkpoint keeps that one
+/// for reuse, as the next spare, and the journal goes on with whole segments. Without it a
+/// journal whose every record is checkpointed, on a host whose free room sits in the
+/// checkpoint's database, could never start another segment (docs/STORE.md, "Checkpoints",
+/// Out of room). Not while records wait for a checkpoint: the room left is that checkpoint's.
+fn make_next(
+    disk: &dyn Disk,
+    store: &Path,
+    uuid: [u8; 16],
+    seq: u64,
+    size: u64,
+    hold: &RoomHold,
+    covered: bool,
+) -> Result<Arc<dyn DiskFile>, StoreError> {
+    let make = |size: u64| {
+        hold.make(disk, store, seq, size, || {
+            make_segment(disk, store, uuid, seq, size)
+        })
+    };
+    match make(size) {
+        Err(e) if covered && out_of_space(&e) => {
+            let half = disk.available(store).unwrap_or(0) / 2;
+            let short = half - half % BLOCK as u64;
+            if short < MIN_SHORT_SEGMENT {
+                return Err(e);
+            }
+            make(short.min(size)).map_err(|_| e)
+        }
+        r => r,
+    }
+}
+
+/// The least segment made short for lack of room ([`make_next`]).
+const MIN_SHORT_SEGMENT: u64 = 64 << 10;
 
 /// Below room for this many more segments on the host, the threads' record buffers are kept
 /// small ([`Writer::host_short`]).
