@@ -1281,7 +1281,18 @@ struct Ctx<'a> {
 /// stop caused is not counted as one).
 fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<u64, String> {
     ck.attempts += 1;
+    // From now until a look finds none due, a journal over its size takes only syncs, so
+    // that writers wait for this checkpoint and the next rather than grow the journal in
+    // between, or while a checkpoint asked for runs (commit.rs, "Backpressure").
+    let first = |ck: &Checkpoint| {
+        journal::segments(c.disk, &ck.store)
+            .ok()
+            .and_then(|s| s.first().copied())
+    };
+    c.log.set_checkpointing(true, first(ck));
     let r = take(ck, c.log, c.disk, c.epochs, stop);
+    // After a failure nothing ends a wait until the next try.
+    c.log.set_checkpointing(r.is_ok(), first(ck));
     match &r {
         Ok(_) => ck.backoff.succeeded(),
         Err(_) if stop() => {}
@@ -1412,16 +1423,8 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
         c.log.set_checkpointing(false, seqs.first().copied());
         return true;
     }
-    // From now until a look finds none due, a journal over its size takes only syncs, so
-    // that writers wait for this checkpoint and the next rather than grow the journal in
-    // between (commit.rs, "Backpressure").
-    c.log.set_checkpointing(true, seqs.first().copied());
     let failures = ck.backoff.failures;
     let r = attempt(ck, c, stopped);
-    let first = journal::segments(c.disk, &ck.store).ok();
-    // After a failure nothing ends a wait until the next try.
-    c.log
-        .set_checkpointing(r.is_ok(), first.and_then(|s| s.first().copied()));
     match r {
         Ok(_) => {
             if *said {
