@@ -50,10 +50,10 @@
 //! The journal itself is bounded the same way: while it holds more than its most segments
 //! ([`Log::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
 //! works through it ([`Log::set_checkpointing`]: from the look that finds a checkpoint due
-//! until one finds none due, or one fails) the committer runs no round but for the
-//! checkpoint's own syncs ([`Log::sync_for_checkpoint`]), so buffers fill and their writers,
-//! and other syncs, wait until a checkpoint's segments go (as a full journal waits for its
-//! checkpoint in jbd2). The wait spans the checkpointer's gaps between checkpoints too: on a
+//! until one finds none due, or one fails; and while a checkpoint asked for runs) the
+//! committer runs no round but for the checkpoint's own syncs ([`Log::sync_for_checkpoint`]),
+//! so buffers fill and their writers, and other syncs, wait until a checkpoint's segments go
+//! (as a full journal waits for its checkpoint in jbd2). The wait spans the checkpointer's gaps between checkpoints too: on a
 //! fast host (tmpfs) writers fill segments faster than a few milliseconds' gap. A stopped,
 //! low or closing store never waits, nor does one whose checkpointer waits after a failure
 //! (nothing would end the wait).
