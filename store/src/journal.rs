@@ -1163,27 +1163,21 @@ impl Writer {
             .disk
             .available(&self.store)
             .is_some_and(|a| a < SHORT_SEGMENTS * self.segment_size);
-        if let Err(e) =
-            self.room_hold
-                .check(&*self.disk, &self.store, self.seq + 1, self.segment_size)
+        let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
+        let (seq, size) = (self.seq + 1, self.segment_size);
+        if let Err(e) = self
+            .room_hold
+            .check(&*self.disk, &self.store, seq, size, covered)
         {
             self.refused = Some(e);
             return;
         }
-        let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
-        let (disk, store, uuid, seq, size, hold) = (
-            self.disk.clone(),
-            self.store.clone(),
-            self.uuid,
-            self.seq + 1,
-            self.segment_size,
-            self.room_hold.clone(),
-        );
+        let (disk, store, uuid) = (self.disk.clone(), self.store.clone(), self.uuid);
         self.making = Some(
             std::thread::Builder::new()
                 .name("lanefs-segment".into())
                 .spawn(move || {
-                    make_next(&*disk, &store, uuid, seq, size, &hold, covered).map(|f| (seq, f))
+                    make_next(&*disk, &store, uuid, seq, size, None, covered).map(|f| (seq, f))
                 })
                 .expect("spawn the segment maker"),
         );
@@ -1261,8 +1255,16 @@ impl Writer {
                 let (disk, store, seq, size) =
                     (&*self.disk, &self.store, self.seq + 1, self.segment_size);
                 let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
-                make_next(disk, store, self.uuid, seq, size, &self.room_hold, covered)
-                    .map(|f| (seq, f))
+                make_next(
+                    disk,
+                    store,
+                    self.uuid,
+                    seq,
+                    size,
+                    Some(&self.room_hold),
+                    covered,
+                )
+                .map(|f| (seq, f))
             }
         }
     }
@@ -1514,10 +1516,15 @@ fn recycle_segment(
 /// a checkpoint of one segment may need, so that the room a checkpoint short of it frees
 /// (its reserve, the segments it removes) goes to that checkpoint, not to held records.
 ///
-/// Turning it on waits for a segment being made to be made (`making`), and a segment is made
-/// with `making` held after the look at the hold: so no segment begun before the hold went
-/// on takes room after it (a maker on its own thread, started before, would otherwise take
-/// the room the checkpoint's reserve gives back). Turning it off waits for nothing.
+/// The committer looks at the hold when it asks for a spare ([`Writer::prepare_spare`]) and,
+/// making one itself ([`Writer::take_spare`]), again under `making`, which turning the hold
+/// on takes. The spare maker's thread does not look again: a spare begun before the hold
+/// went on may take the room the checkpoint's reserve gives back (docs/STORE.md, known bug
+/// A). Looking there too was tried and made things worse: a store that filled a 64 MiB tmpfs
+/// through a mount then stayed stuck after half its files were deleted (3 runs of 3), as
+/// the removals held in memory never reached the journal while every checkpoint, without
+/// them, failed for lack of room; with the spare made they are written, and the checkpoint
+/// that follows skips the deleted files' data. Turning the hold off waits for nothing.
 #[derive(Default)]
 pub(crate) struct RoomHold {
     on: AtomicBool,
@@ -1538,6 +1545,11 @@ impl RoomHold {
         self.covered.load(SeqCst) >= lsn
     }
 
+    /// Whether the hold is on.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(SeqCst)
+    }
+
     /// Turns the hold on (once any segment being made is made) or off.
     pub(crate) fn set(&self, on: bool) {
         if on {
@@ -1549,9 +1561,18 @@ impl RoomHold {
     }
 
     /// ENOSPC, naming segment `seq`, while the hold is on and the host has no room for a
-    /// segment of `size` beside what a checkpoint of one segment may need.
-    fn check(&self, disk: &dyn Disk, store: &Path, seq: u64, size: u64) -> Result<(), StoreError> {
-        if !self.on.load(SeqCst) {
+    /// segment of `size` beside what a checkpoint of one segment may need; never while every
+    /// record written is in the checkpoint (`covered`: no checkpoint needs room for them, and
+    /// records held for lack of room could otherwise never be written).
+    fn check(
+        &self,
+        disk: &dyn Disk,
+        store: &Path,
+        seq: u64,
+        size: u64,
+        covered: bool,
+    ) -> Result<(), StoreError> {
+        if !self.on.load(SeqCst) || covered {
             return Ok(());
         }
         let room = size.saturating_add(checkpoint_room(size));
@@ -1573,10 +1594,11 @@ impl RoomHold {
         store: &Path,
         seq: u64,
         size: u64,
+        covered: bool,
         make: impl FnOnce() -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let _making = self.making.lock();
-        self.check(disk, store, seq, size)?;
+        self.check(disk, store, seq, size, covered)?;
         make()
     }
 }
@@ -1597,13 +1619,14 @@ fn make_next(
     uuid: [u8; 16],
     seq: u64,
     size: u64,
-    hold: &RoomHold,
+    hold: Option<&RoomHold>,
     covered: bool,
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
-    let make = |size: u64| {
-        hold.make(disk, store, seq, size, || {
+    let make = |size: u64| match hold {
+        Some(hold) => hold.make(disk, store, seq, size, covered, || {
             make_segment(disk, store, uuid, seq, size)
-        })
+        }),
+        None => make_segment(disk, store, uuid, seq, size),
     };
     match make(size) {
         Err(e) if covered && out_of_space(&e) => {

@@ -724,6 +724,7 @@ impl Checkpoint {
             disk.available(store)
                 .is_some_and(|a| a < journal::checkpoint_room(seg))
         };
+        let held = self.room_hold.is_on();
         if short(&self.store) {
             self.room_hold.set(true);
         }
@@ -731,7 +732,12 @@ impl Checkpoint {
         if r.is_err() {
             self.careful = true;
         }
-        self.room_hold.set(r.is_err() && short(&self.store));
+        // Held after a failure short of room, for the next try; but not after a try that had
+        // the room held and still failed: the journal then gets its turn, so that records it
+        // holds for lack of room (the removals among them, which the next try can use) are
+        // written rather than wait for a checkpoint that cannot succeed without them.
+        self.room_hold
+            .set(r.is_err() && short(&self.store) && !held);
         let r = match r {
             Ok(applied) => Ok(applied),
             Err(f) if f.reopen => {
