@@ -281,6 +281,8 @@ pub(crate) struct Log {
     checkpointing: AtomicBool,
     /// The oldest segment of the journal, as the checkpointer last saw it (0: not known).
     first_segment: AtomicU64,
+    /// The LSN of the last record the checkpoint holds, as the checkpointer last said.
+    checkpointed: AtomicU64,
     /// The most segments the journal holds before rounds that serve no sync wait for a
     /// checkpoint (0: no bound).
     max_segments: AtomicU64,
@@ -318,6 +320,7 @@ impl Log {
             free: Mutex::new(Vec::new()),
             checkpointing: AtomicBool::new(false),
             first_segment: AtomicU64::new(0),
+            checkpointed: AtomicU64::new(0),
             max_segments: AtomicU64::new(0),
             tight: AtomicBool::new(false),
         }
@@ -350,10 +353,23 @@ impl Log {
         max > 0 && first > 0 && seq >= first.saturating_add(max)
     }
 
-    /// Whether the journal, whose newest segment is `seq`, is over its bound while a
-    /// checkpoint runs (module doc, "Backpressure").
+    /// Whether the journal, whose newest segment is `seq`, is over its bound while the
+    /// checkpointer works through it, with records written that the checkpoint does not hold
+    /// yet (module doc, "Backpressure"). With every record in the checkpoint, no checkpoint
+    /// can make the journal shorter: its newest segment goes only once the next one has
+    /// started, which takes a round.
     fn held_off(&self, seq: u64) -> bool {
-        self.checkpointing.load(SeqCst) && self.over(seq)
+        self.checkpointing.load(SeqCst)
+            && self.over(seq)
+            && self.written.load(Acquire) > self.checkpointed.load(SeqCst)
+    }
+
+    /// The checkpoint holds every record up to `lsn` (what ends a wait for it when the
+    /// journal cannot be made shorter; [`Log::held_off`]).
+    pub(crate) fn set_checkpointed(&self, lsn: u64) {
+        self.checkpointed.fetch_max(lsn, SeqCst);
+        let _s = self.state.lock();
+        self.work.notify_one();
     }
 
     /// The size at which a thread's buffer is full: smaller while the journal is over its

@@ -1021,8 +1021,7 @@ pub(crate) struct Writer {
     /// When the last spare was asked for, the host had room for fewer than
     /// [`SHORT_SEGMENTS`] more segments ([`Writer::host_short`]).
     host_short: bool,
-    /// Where batches in the segment being written end: `segment_size`, or less in a segment
-    /// made short on a host without room for a whole one ([`Writer::take_spare`]).
+    /// Where batches in the segment being written end: its length, at most `segment_size`.
     file_len: u64,
 }
 
@@ -1603,16 +1602,14 @@ impl RoomHold {
     }
 }
 
-/// Makes segment `seq` ([`make_segment`]) unless `hold` refuses it (looked at again here, and
-/// kept meanwhile: it may have gone on since the writer asked).
+/// Makes segment `seq` ([`make_segment`]), unless `hold` refuses it (looked at again there,
+/// and kept meanwhile: it may have gone on since the writer asked; `covered`: every record
+/// written is in the checkpoint, and the hold does not apply).
 ///
-/// On a host without room for a whole segment, while every record written so far is in the
-/// checkpoint (`covered`, which so needs no room for them), the segment is made short, of half
-/// the room left, so that the segment before it can go: the next checkpoint keeps that one
-/// for reuse, as the next spare, and the journal goes on with whole segments. Without it a
-/// journal whose every record is checkpointed, on a host whose free room sits in the
-/// checkpoint's database, could never start another segment (docs/STORE.md, "Checkpoints",
-/// Out of room). Not while records wait for a checkpoint: the room left is that checkpoint's.
+/// Not made short on a host without room for a whole one, though the reader takes a segment
+/// of any length and the writer ends batches at its segment's own length
+/// (`Writer::file_len`): short segments, made while every record was in the checkpoint, let
+/// roomattack's power-cut images lose acknowledged changes (docs/STORE.md, known bug C).
 fn make_next(
     disk: &dyn Disk,
     store: &Path,
@@ -1622,27 +1619,13 @@ fn make_next(
     hold: Option<&RoomHold>,
     covered: bool,
 ) -> Result<Arc<dyn DiskFile>, StoreError> {
-    let make = |size: u64| match hold {
+    match hold {
         Some(hold) => hold.make(disk, store, seq, size, covered, || {
             make_segment(disk, store, uuid, seq, size)
         }),
         None => make_segment(disk, store, uuid, seq, size),
-    };
-    match make(size) {
-        Err(e) if covered && out_of_space(&e) => {
-            let half = disk.available(store).unwrap_or(0) / 2;
-            let short = half - half % BLOCK as u64;
-            if short < MIN_SHORT_SEGMENT {
-                return Err(e);
-            }
-            make(short.min(size)).map_err(|_| e)
-        }
-        r => r,
     }
 }
-
-/// The least segment made short for lack of room ([`make_next`]).
-const MIN_SHORT_SEGMENT: u64 = 64 << 10;
 
 /// Below room for this many more segments on the host, the threads' record buffers are kept
 /// small ([`Writer::host_short`]).

@@ -1297,6 +1297,7 @@ fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<
     };
     c.log.set_checkpointing(true, first(ck));
     let r = take(ck, c.log, c.disk, c.epochs, stop);
+    c.log.set_checkpointed(ck.lsn());
     // After a failure nothing ends a wait until the next try.
     c.log.set_checkpointing(r.is_ok(), first(ck));
     match &r {
