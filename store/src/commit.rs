@@ -53,9 +53,12 @@
 //! until one finds none due, or one fails; and while a checkpoint asked for runs) the
 //! committer runs no round but for the checkpoint's own syncs ([`Log::sync_for_checkpoint`]),
 //! so buffers fill and their writers, and other syncs, wait until a checkpoint's segments go
-//! (as a full journal waits for its checkpoint in jbd2). The wait spans the checkpointer's gaps between checkpoints too: on a
-//! fast host (tmpfs) writers fill segments faster than a few milliseconds' gap. A stopped,
-//! low or closing store never waits, nor does one whose checkpointer waits after a failure
+//! (as a full journal waits for its checkpoint in jbd2). The wait spans the checkpointer's
+//! gaps between checkpoints too: on a fast host (tmpfs) writers fill segments faster than a
+//! few milliseconds' gap. It lasts only while some record written is not in the checkpoint
+//! yet ([`Log::set_checkpointed`]): with every record in it no checkpoint can shorten the
+//! journal, whose newest segment goes only once the next one has started. A stopped, low or
+//! closing store never waits, nor does one whose checkpointer waits after a failure
 //! (nothing would end the wait).
 //! Buffers are full at `WAKE_BYTES` too while the host has room for few more segments
 //! ([`journal::Writer::host_short`]): what they hold when the host fills must be written
