@@ -548,7 +548,6 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         disk,
         opts.checkpoint_reserve
             .min(journal::checkpoint_room(segment_size)),
-        segment_size,
     );
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {

@@ -294,8 +294,6 @@ pub(crate) struct Checkpoint {
     lean: bool,
     /// Bytes of room kept for checkpoints in [`RESERVE`] (0: none).
     reserve: u64,
-    /// The journal's segment size: the reserve is made only beside room for two of them.
-    segment: u64,
     /// Set while the last checkpoint failed with the host short of room for one segment's
     /// commit: the journal makes no segment meanwhile ([`Checkpoint::room_hold`]).
     room_hold: Arc<journal::RoomHold>,
@@ -548,7 +546,6 @@ impl Checkpoint {
                 h
             },
             reserve: 0,
-            segment: 0,
         })
     }
 
@@ -767,31 +764,23 @@ impl Checkpoint {
     /// checkpoint needs room of its own before it removes any segment (redb writes each
     /// transaction's pages anew), and a store whose journal filled the host would have none.
     /// Made now if there is room (else after the next checkpoint that takes every record),
-    /// given up before a checkpoint that follows a failure. `segment`: the journal's segment
-    /// size.
-    pub(crate) fn set_reserve(&mut self, disk: &dyn Disk, bytes: u64, segment: u64) {
+    /// given up before a checkpoint that follows a failure.
+    pub(crate) fn set_reserve(&mut self, disk: &dyn Disk, bytes: u64) {
         self.reserve = bytes;
-        self.segment = segment;
         self.keep_reserve(disk);
     }
 
     /// Makes [`RESERVE`] whole if it is missing or short (a power cut may leave the name
-    /// without the room); a host without room for it beside two journal segments (the one
-    /// being written and its spare) keeps none, so that the reserve never takes the room the
-    /// journal needs to go on (tried again after the next checkpoint).
+    /// without the room); a host without the room keeps none (tried again after the next
+    /// checkpoint).
     fn keep_reserve(&self, disk: &dyn Disk) {
         let p = self.store.join(RESERVE);
         if self.reserve == 0 {
             return;
         }
         let made = disk.open(&p, true).and_then(|f| {
-            let has = f.len()?;
-            if has >= self.reserve {
+            if f.len()? >= self.reserve {
                 return Ok(());
-            }
-            let need = (self.reserve - has).saturating_add(self.segment.saturating_mul(2));
-            if disk.available(&self.store).is_some_and(|a| a < need) {
-                return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
             }
             f.allocate(self.reserve)?;
             f.sync_data()
