@@ -1021,8 +1021,6 @@ pub(crate) struct Writer {
     /// When the last spare was asked for, the host had room for fewer than
     /// [`SHORT_SEGMENTS`] more segments ([`Writer::host_short`]).
     host_short: bool,
-    /// Where batches in the segment being written end: its length, at most `segment_size`.
-    file_len: u64,
 }
 
 /// Memory aligned to [`BLOCK`], in whole blocks, for block writes.
@@ -1102,7 +1100,6 @@ impl Writer {
             room_hold: Arc::default(),
             refused: None,
             host_short: false,
-            file_len: segment_size,
         };
         tidy_free(&*w.disk, store, &uuid)?;
         if end.segment != 0 {
@@ -1120,10 +1117,6 @@ impl Writer {
                 w.tail = vec![0; (end.offset - base) as usize];
                 f.read_exact_at(&mut w.tail, base)
                     .map_err(StoreError::io(&p, "read"))?;
-                w.file_len = f
-                    .len()
-                    .map_err(StoreError::io(&p, "size"))?
-                    .min(segment_size);
                 w.file = Some(f);
                 if end.dirty {
                     // Bytes after the end (a torn batch, batches of this life left after a
@@ -1175,9 +1168,7 @@ impl Writer {
         self.making = Some(
             std::thread::Builder::new()
                 .name("lanefs-segment".into())
-                .spawn(move || {
-                    make_next(&*disk, &store, uuid, seq, size, None, covered).map(|f| (seq, f))
-                })
+                .spawn(move || make_segment(&*disk, &store, uuid, seq, size).map(|f| (seq, f)))
                 .expect("spawn the segment maker"),
         );
     }
@@ -1229,7 +1220,7 @@ impl Writer {
     /// Bytes left for batches in the segment being written (0: none yet, or it is closed).
     pub(crate) fn room(&self) -> u64 {
         match self.file {
-            Some(_) if !self.closed => self.file_len.saturating_sub(self.offset),
+            Some(_) if !self.closed => self.segment_size.saturating_sub(self.offset),
             _ => 0,
         }
     }
@@ -1254,16 +1245,11 @@ impl Writer {
                 let (disk, store, seq, size) =
                     (&*self.disk, &self.store, self.seq + 1, self.segment_size);
                 let covered = self.room_hold.covers(self.next_lsn.saturating_sub(1));
-                make_next(
-                    disk,
-                    store,
-                    self.uuid,
-                    seq,
-                    size,
-                    Some(&self.room_hold),
-                    covered,
-                )
-                .map(|f| (seq, f))
+                self.room_hold
+                    .make(disk, store, seq, size, covered, || {
+                        make_segment(disk, store, self.uuid, seq, size)
+                    })
+                    .map(|f| (seq, f))
             }
         }
     }
@@ -1361,7 +1347,7 @@ impl Writer {
         buf[..BATCH_HEADER].copy_from_slice(&h.encode(&self.uuid));
         let base = self.offset - self.tail.len() as u64;
         let total = self.tail.len() + buf.len();
-        let blocks = self.padded(base, total, self.file_len).div_ceil(BLOCK);
+        let blocks = self.padded(base, total, self.segment_size).div_ceil(BLOCK);
         let out = self.staging.bytes(blocks);
         out[..self.tail.len()].copy_from_slice(&self.tail);
         out[self.tail.len()..total].copy_from_slice(buf);
@@ -1393,7 +1379,7 @@ impl Writer {
         let f = self.file.clone().expect("a segment");
         let base = self.offset - self.tail.len() as u64;
         let total = self.tail.len();
-        let len = f.len()?.max(self.file_len);
+        let len = f.len()?.max(self.segment_size);
         let blocks = self.padded(base, total, len).div_ceil(BLOCK);
         let out = self.staging.bytes(blocks);
         out[..total].copy_from_slice(&self.tail);
@@ -1428,10 +1414,6 @@ impl Writer {
             return Err(StoreError::io(&p, "write header")(e));
         }
         f.sync_data().map_err(StoreError::io(&p, "flush"))?;
-        self.file_len = f
-            .len()
-            .map_err(StoreError::io(&p, "size"))?
-            .min(self.segment_size);
         self.tail.clear();
         self.tail.extend_from_slice(&header);
         self.file = Some(f);
@@ -1599,31 +1581,6 @@ impl RoomHold {
         let _making = self.making.lock();
         self.check(disk, store, seq, size, covered)?;
         make()
-    }
-}
-
-/// Makes segment `seq` ([`make_segment`]), unless `hold` refuses it (looked at again there,
-/// and kept meanwhile: it may have gone on since the writer asked; `covered`: every record
-/// written is in the checkpoint, and the hold does not apply).
-///
-/// Not made short on a host without room for a whole one, though the reader takes a segment
-/// of any length and the writer ends batches at its segment's own length
-/// (`Writer::file_len`): short segments, made while every record was in the checkpoint, let
-/// roomattack's power-cut images lose acknowledged changes (docs/STORE.md, known bug C).
-fn make_next(
-    disk: &dyn Disk,
-    store: &Path,
-    uuid: [u8; 16],
-    seq: u64,
-    size: u64,
-    hold: Option<&RoomHold>,
-    covered: bool,
-) -> Result<Arc<dyn DiskFile>, StoreError> {
-    match hold {
-        Some(hold) => hold.make(disk, store, seq, size, covered, || {
-            make_segment(disk, store, uuid, seq, size)
-        }),
-        None => make_segment(disk, store, uuid, seq, size),
     }
 }
 

@@ -1397,8 +1397,8 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
     let mut seqs = journal::segments(c.disk, &ck.store).unwrap_or_default();
     if c.log.low() && written <= ck.lsn() && seqs.len() > 1 {
         // Short of room with every record in the checkpoint: a segment it covers can go once
-        // the one after it has started (perhaps short, since the last commit: journal.rs,
-        // `make_next`), kept for reuse as the journal's next spare.
+        // the one after it has started (perhaps since the last commit), kept for reuse as the
+        // journal's next spare.
         if ck.recycle(c.disk).is_ok() {
             seqs = journal::segments(c.disk, &ck.store).unwrap_or_default();
         }
