@@ -106,9 +106,11 @@
 //! in. While a checkpoint writes or reopens (`Slot::busy`), a reader that finds the slot
 //! empty, or meets redb's error, waits for the database that replaces it (up to 2 s) and
 //! reads that; reads of file pages out of memory fail with EIO only when there is none (the
-//! reopen failed). A reader marks the slot broken only if it still holds
-//! the `Database` the reader failed on, and putting a database in clears the mark, so a
-//! reader of a replaced one never breaks its successor.
+//! reopen failed); it lets go of the `Database` it failed on before it waits (the reopen
+//! waits for every holder), naming it by the number of the put that put it in the slot. A
+//! reader marks the slot broken only if the slot still holds the `Database` the reader
+//! failed on, and putting a database in clears the mark, so a reader of a replaced one
+//! never breaks its successor.
 //!
 //! The engine holds every inode and name in memory; the checkpoint bounds the journal, the
 //! time to open, and the file data in memory.

@@ -24,8 +24,12 @@ pub(crate) type Shared = Arc<Slot>;
 /// The slot the page readers take the database from.
 #[derive(Default)]
 pub(crate) struct Slot {
-    /// `None` while the checkpoint reopens it after an error.
-    db: RwLock<Option<Arc<Database>>>,
+    /// The database (`None` while the checkpoint reopens it after an error), and the number
+    /// of the [`Slot::put`] that put it there: a reader that waits for a replacement names
+    /// the one it failed on by that number, so that it holds no `Arc` of it while it waits
+    /// (the reopen waits for every holder to let go: `Checkpoint::close_db`), and a new
+    /// `Database` allocated where the old one was is never taken for it.
+    db: RwLock<(u64, Option<Arc<Database>>)>,
     /// A read of the database in the slot failed in redb (the host's error): redb refuses
     /// every later transaction of it, reads included, so the checkpointer reopens it.
     broken: AtomicBool,
@@ -42,27 +46,28 @@ const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 impl Slot {
     pub(crate) fn new(db: Option<Arc<Database>>) -> Shared {
         Arc::new(Slot {
-            db: RwLock::new(db),
+            db: RwLock::new((0, db)),
             broken: AtomicBool::new(false),
             busy: AtomicBool::new(false),
         })
     }
 
-    /// The database now in the slot.
-    fn get(&self) -> Option<Arc<Database>> {
+    /// The database now in the slot, with the number of the put that put it there.
+    fn get(&self) -> (u64, Option<Arc<Database>>) {
         self.db.read().clone()
     }
 
-    /// The database in the slot other than `old` (any, without it), waiting while a
-    /// checkpoint is busy (at most [`REOPEN_WAIT`]); `None` if there is none then. Polled:
-    /// this is the path of a checkpoint that failed, not of every read.
-    fn replacing(&self, old: Option<&Arc<Database>>) -> Option<Arc<Database>> {
+    /// The database in the slot other than the one put by put number `old` (any, without
+    /// it), waiting while a checkpoint is busy (at most [`REOPEN_WAIT`]); `None` if there is
+    /// none then. Polled: this is the path of a checkpoint that failed, not of every read.
+    /// The caller holds no `Arc` of the old one: the reopen it waits for waits for that.
+    fn replacing(&self, old: Option<u64>) -> Option<(u64, Arc<Database>)> {
         let t = std::time::Instant::now();
         loop {
-            if let Some(db) = self.get()
-                && !old.is_some_and(|o| Arc::ptr_eq(o, &db))
+            if let (n, Some(db)) = self.get()
+                && old != Some(n)
             {
-                return Some(db);
+                return Some((n, db));
             }
             if !self.busy.load(SeqCst) || t.elapsed() > REOPEN_WAIT {
                 return None;
@@ -79,15 +84,15 @@ impl Slot {
     /// Puts `db` in the slot (`None`: empties it), which is not broken.
     pub(crate) fn put(&self, db: Option<Arc<Database>>) {
         let mut g = self.db.write();
-        *g = db;
+        *g = (g.0 + 1, db);
         self.broken.store(false, SeqCst);
     }
 
-    /// Says that redb failed reading `db`, if it is still the one in the slot (a reader of
-    /// a database already replaced says nothing).
-    fn broke(&self, db: &Arc<Database>) {
+    /// Says that redb failed reading the database put by put number `n`, if it is still
+    /// the one in the slot (a reader of a database already replaced says nothing).
+    fn broke(&self, n: u64) {
         let g = self.db.read();
-        if g.as_ref().is_some_and(|d| Arc::ptr_eq(d, db)) {
+        if g.0 == n && g.1.is_some() {
             self.broken.store(true, SeqCst);
         }
     }
@@ -127,20 +132,25 @@ impl PageReader {
     /// replaces it and reads that ([`Slot::busy`]).
     pub(crate) fn read(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         let n = buf.len() as u64 / PAGE;
-        let mut db = self.slot.get().or_else(|| self.slot.replacing(None));
+        let mut db = match self.slot.get() {
+            (n, Some(d)) => Some((n, d)),
+            (_, None) => self.slot.replacing(None),
+        };
         let r = loop {
-            let Some(d) = db else {
+            let Some((n, d)) = db else {
                 break Err("the checkpoint is closed, being reopened after an error".to_string());
             };
             match guarded(|| read_pages(&d, inode, first, buf), Failed::Db) {
                 Ok(()) => break Ok(()),
                 Err(Failed::Db(e)) => {
                     // A checkpoint that failed may be reopening it: read that one (once).
-                    if let Some(new) = self.slot.replacing(Some(&d)) {
+                    // Let go of this one first: the reopen waits until no reader holds it.
+                    drop(d);
+                    if let Some(new) = self.slot.replacing(Some(n)) {
                         db = Some(new);
                         continue;
                     }
-                    self.slot.broke(&d);
+                    self.slot.broke(n);
                     break Err(e);
                 }
                 Err(Failed::Damaged(e)) => break Err(e),
