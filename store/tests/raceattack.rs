@@ -1082,10 +1082,11 @@ fn race(
                                         Err(e) if tries < 100 => {
                                             tries += 1;
                                             if tries == 1 && p.space_pressure {
-                                                // The bug that
-                                                // `a_page_read_meeting_a_failed_checkpoint_\
-                                                // waits_for_the_reopen` shows: counted, not
-                                                // failed again here.
+                                                // Reads may fail (EIO) while a reopen of
+                                                // the checkpoint fails for lack of room;
+                                                // counted (the focused test is
+                                                // `a_page_read_meeting_a_failed_\
+                                                // checkpoint_waits_for_the_reopen`).
                                                 shared.read_errors.fetch_add(1, SeqCst);
                                             } else if tries == 1 {
                                                 shared.sync_errors.lock().unwrap().push(format!(
@@ -1643,9 +1644,11 @@ fn a_clean_close_after_a_race_reopens_the_same_tree() {
 /// reopened database and read from it (docs/STORE.md, "Memory": "a read of pages out of
 /// memory meanwhile (or one that meets redb's refusal while the checkpoint is still
 /// writing) waits for the reopened database, up to 2 s, and reads from it; only if the
-/// reopen fails do such reads fail with EIO"). Every reopen here succeeds, so no read may
-/// fail: a reader that held the broken `Database` while it waited would wait out the 2 s and
-/// fail, since the reopen (`Checkpoint::close_db`) waits for every holder to let it go.
+/// reopen fails do such reads fail with EIO"). No read may fail but in a round whose reopen
+/// failed too (the host still short of room): before 7d29bc9 a reader that met the error
+/// held the broken `Database` while it waited, the reopen (`Checkpoint::close_db`) waited
+/// for every holder to let it go, and the read waited out its 2 s and failed with EIO
+/// although the reopen then succeeded (5 of 5 runs on 578c7b6).
 #[test]
 fn a_page_read_meeting_a_failed_checkpoint_waits_for_the_reopen() {
     let disk = SimDisk::new();
@@ -1669,22 +1672,27 @@ fn a_page_read_meeting_a_failed_checkpoint_waits_for_the_reopen() {
     o.store.checkpoint().expect("a first checkpoint");
     fs.evict();
     let stop = AtomicBool::new(false);
-    let failed: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    // Reads that failed, with the round they began in.
+    let failed: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+    let round_now = AtomicU64::new(0);
+    // Rounds whose reopen failed (the host still short of room): reads may fail then.
+    let mut excused: Vec<u64> = Vec::new();
     let mut checkpoints_failed = 0;
     let t0 = Instant::now();
     std::thread::scope(|s| {
         for r in 0..2 {
-            let (c, files, stop, failed) = (&c, &files, &stop, &failed);
+            let (c, files, stop, failed, round_now) = (&c, &files, &stop, &failed, &round_now);
             s.spawn(move || {
                 while !stop.load(SeqCst) {
                     for (i, f) in files.iter().enumerate().skip(r) {
                         let t = Instant::now();
+                        let round = round_now.load(SeqCst);
                         match c.read(f) {
                             Ok(v) => assert!(v.iter().all(|&b| b == i as u8 + 1), "{f}"),
-                            Err(e) => failed
-                                .lock()
-                                .unwrap()
-                                .push(format!("read of {f} failed after {:?}: {e}", t.elapsed())),
+                            Err(e) => failed.lock().unwrap().push((
+                                round,
+                                format!("read of {f} failed after {:?}: {e}", t.elapsed()),
+                            )),
                         }
                     }
                 }
@@ -1699,7 +1707,13 @@ fn a_page_read_meeting_a_failed_checkpoint_waits_for_the_reopen() {
         }
         let _stop = Stop(&stop);
         for round in 0..40 {
-            if !failed.lock().unwrap().is_empty() || t0.elapsed() > Duration::from_secs(12) {
+            round_now.store(round, SeqCst);
+            let unexcused = failed
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(r, _)| !excused.contains(r));
+            if unexcused || t0.elapsed() > Duration::from_secs(12) {
                 break;
             }
             // Something for the checkpoint to apply, more than the host has room for: new
@@ -1720,20 +1734,33 @@ fn a_page_read_meeting_a_failed_checkpoint_waits_for_the_reopen() {
             if let Err(e) = o.store.checkpoint() {
                 checkpoints_failed += 1;
                 eprintln!("a checkpoint failed after {:?}: {e}", t.elapsed());
-                // The failed transaction's database was dropped and reopened at once.
-                assert!(!e.contains("reopening"), "the reopen failed: {e}");
-                assert_eq!(o.store.checkpoint_status().failures, 1, "{e}");
+                // The failed transaction's database is dropped and reopened at once; if
+                // the host's lack of room fails the reopen too, reads may fail (with EIO)
+                // until a reopen succeeds: this round proves nothing.
+                if e.contains("reopening") {
+                    excused.push(round);
+                }
             }
             disk.set_space(None);
             o.store.checkpoint().expect("a checkpoint with room");
+            // Reads begun from here on find the database reopened.
+            round_now.store(round + 1000, SeqCst);
             fs.evict();
         }
     });
-    let failed = failed.into_inner().unwrap();
+    let all = failed.into_inner().unwrap();
+    let failed: Vec<String> = all
+        .iter()
+        .filter(|(r, _)| !excused.contains(r))
+        .map(|(_, e)| e.clone())
+        .collect();
     eprintln!(
-        "{checkpoints_failed} checkpoints failed for lack of room in {:.1}s; {} reads failed",
+        "{checkpoints_failed} checkpoints failed for lack of room ({} of them and their \
+         reopen) in {:.1}s; {} reads failed, {} of them while a reopen had failed",
+        excused.len(),
         t0.elapsed().as_secs_f64(),
-        failed.len()
+        all.len(),
+        all.len() - failed.len()
     );
     assert!(
         checkpoints_failed > 0,
