@@ -549,9 +549,16 @@ impl FileData {
         freed
     }
 
-    /// Drops everything at or beyond byte `size` (zeroing the tail of a partial last page,
-    /// labelled `epoch`); returns the pages freed.
-    pub fn truncate(&mut self, size: u64, epoch: u64, e: &PageEpochs) -> u64 {
+    /// A size change from `old_size` to `size`: a shrink drops everything at or beyond byte
+    /// `size` (zeroing the tail of a partial last page, labelled `epoch`), pages allocated
+    /// past the old end included; a growth (or no change) cuts nothing, so pages
+    /// `fallocate(FALLOC_FL_KEEP_SIZE)` gave past the end stay, as on tmpfs (they hold
+    /// zeros: bytes past the end are never written without moving it). Returns the pages
+    /// freed.
+    pub fn truncate(&mut self, size: u64, old_size: u64, epoch: u64, e: &PageEpochs) -> u64 {
+        if size >= old_size {
+            return 0;
+        }
         let freed = self.remove_pages(size.div_ceil(PAGE).., None, e);
         if size % PAGE != 0 {
             self.zero_in(size / PAGE, (size % PAGE) as usize..PAGE as usize, epoch, e);
@@ -567,8 +574,11 @@ impl FileData {
         n
     }
 
-    /// Pages that remain after truncating to `size` bytes.
-    pub fn pages_below(&self, size: u64) -> u64 {
+    /// Pages that remain after [`FileData::truncate`] from `old_size` to `size` bytes.
+    pub fn pages_after_truncate(&self, size: u64, old_size: u64) -> u64 {
+        if size >= old_size {
+            return self.pages();
+        }
         self.map().range(..size.div_ceil(PAGE)).count() as u64
     }
 
@@ -679,11 +689,17 @@ mod tests {
         let e = PageEpochs::default();
         let mut d = FileData::default();
         d.write(0, &[1u8; 3 * PAGE as usize], 1, &e);
-        assert_eq!(d.truncate(PAGE + 10, 1, &e), 1);
+        assert_eq!(d.truncate(PAGE + 10, 3 * PAGE, 1, &e), 1);
         assert_eq!(d.pages(), 2);
         // Growing again must expose zeros, not the old bytes.
         assert_eq!(read(&d, PAGE + 8, 4), vec![1, 1, 0, 0]);
-        assert_eq!(d.truncate(0, 1, &e), 2);
+        assert_eq!(
+            d.truncate(5 * PAGE, PAGE + 10, 1, &e),
+            0,
+            "a growth cuts nothing"
+        );
+        assert_eq!(d.pages(), 2);
+        assert_eq!(d.truncate(0, 5 * PAGE, 1, &e), 2);
         assert_eq!(d.pages(), 0);
     }
 
@@ -804,7 +820,7 @@ mod tests {
         model[PAGE as usize + 100..PAGE as usize + 300].fill(0);
         d.prepare_truncate(3 * PAGE + 7, 4 * PAGE, &fetch, &e)
             .unwrap();
-        d.truncate(3 * PAGE + 7, e.label(), &e);
+        d.truncate(3 * PAGE + 7, 4 * PAGE, e.label(), &e);
         model.truncate(3 * PAGE as usize + 7);
         let mut got = vec![0u8; model.len()];
         d.read(0, &mut got, &fetch).unwrap();

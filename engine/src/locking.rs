@@ -82,10 +82,13 @@
 //! rename's two `dirent_shard`s are sorted before acquisition; below the stripes only
 //! `file_data → xattr → attr` nest (a write removes a file's capabilities and set-id bits
 //! while holding its data lock; an xattr change stores the inode's flags and ctime while
-//! holding its xattr shard). The one wait that is not a lock
-//! acquisition, a creator waiting for a removal's decision (below), happens with stripes
-//! held, and the removal it waits for holds only the stripe of the directory's own name and
-//! takes nothing until it decides but its store append, so the wait always ends.
+//! holding its xattr shard). Two waits are not lock
+//! acquisitions, both with stripes held, both between a creator in directory D and a removal
+//! of D (below): a creator waits for a removal's decision, and the removal holds only the
+//! stripe of D's own name and takes, until it decides, only index-shard and dirent-shard
+//! locks (one at a time, leaves) and its store append; a removal that finds D's counted
+//! entries all still being published waits, with D alive, for their creators, which need
+//! no stripe to reveal or take back an entry. So both waits end.
 //!
 //! Rename takes the `rename` lock before its stripes, but only knows whether it moves a
 //! directory after looking the names up. It peeks without locks, takes the locks its peek
@@ -104,7 +107,7 @@
 //! | tmpfile (`O_TMPFILE`) | none | `ino_alloc`; `xattr` of the directory (its default ACL, if it has one) and of the new inode (an inherited ACL); `handles`: each alone, none nested. The directory is only read (no entry, no time); an rmdir racing it is not excluded, since neither changes what the other reads, and the file is refused only if the directory was already dead |
 //! | link of a tmpfile (its first name) | as link | as link: the first name raises the link count from 0 in the same lifecycle transition that clears the inode's `LINKABLE` mark (`inode.rs`), so no lock is added |
 //! | unlink | `(parent, name)` | `dirent_shard`, `index_shard` of the entry's run, `attr` |
-//! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock |
+//! | rmdir | `(parent, name)` | as unlink; the victim's emptiness is counted without a lock, and when it has entries, their `index_shard`s and `dirent_shard`s (read, one at a time) find whether one is visible |
 //! | rename | `(p1, n1)` and `(p2, n2)` | both names' `dirent_shard`s (write, together), `index_shard`s; `rename` first if a directory changes parent; with `RENAME_WHITEOUT` also `ino_alloc`, the whiteout's `index_shard` in `p1`, `xattr` of `p1` (read its default ACL) and of the whiteout (an inherited ACL), before the map shards |
 //! | open, release | none | `handles` of a slot |
 //! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared; a page the store keeps is read from the store under it) |
@@ -146,7 +149,10 @@
 //! and its runs' counts, as in Dekker's algorithm, with one SeqCst fence on each side; the
 //! protocol, its argument and its loom model are in `dir/life.rs`. It covers every way of
 //! adding an entry (create, mknod, mkdir, symlink, link, rename into D) and every way of
-//! removing a directory (rmdir, a rename over an empty directory). Entries enter the index
+//! removing a directory (rmdir, a rename over an empty directory). Its outcomes are a
+//! serial order: a removal answers ENOTEMPTY only when one of the entries it counted is
+//! visible in the map, and a creator it refuses is told ENOENT only after D's name has left
+//! the map. Entries enter the index
 //! before the map and leave the map before the index, so an entry is counted by a removal
 //! whenever a lookup could see it. A readdir reads names from the index and reports only
 //! those the map confirms with the same cookie.

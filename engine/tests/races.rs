@@ -599,3 +599,273 @@ fn paths_renamed_over_are_always_opened() {
     });
     fs.check_invariants().unwrap();
 }
+
+/// Burns a CPU until `stop`, so that the racing threads beside it are descheduled in the
+/// middle of their operations (the windows below are a few instructions wide; on an idle
+/// machine a thread is rarely preempted inside one).
+fn burn(stop: &AtomicBool) {
+    while !stop.load(Relaxed) {
+        std::hint::spin_loop();
+    }
+}
+
+/// A permission check reads the mode and the access ACL as one state: a chmod rewrites both
+/// (the ACL's mask is the mode's group bits), and a check that took the mode from before a
+/// chmod and the ACL from after it answers what neither state answers. The file flips
+/// between two modes; every caller whose answer is the same in both (read first, in each
+/// state alone) must get that answer throughout, refusals and grants alike.
+#[test]
+fn a_permission_check_reads_the_mode_and_the_acl_as_one_state() {
+    const ACCESS: &[u8] = b"system.posix_acl_access";
+    const MODES: [u32; 2] = [0o664, 0o604];
+    let fs = fs();
+    let root = Ctx::root();
+    let f = fs
+        .mknod(&root, ROOT_INO, b"f", libc::S_IFREG | MODES[0], 0)
+        .unwrap()
+        .ino;
+    // user 2000: r-- (a named entry); user 3000: --- (named); user 4000: no entry.
+    let mut acl = common::named_user_acl(2000, 4, 6);
+    acl.splice(20..20, {
+        let mut e = 2u16.to_le_bytes().to_vec();
+        e.extend_from_slice(&0u16.to_le_bytes());
+        e.extend_from_slice(&3000u32.to_le_bytes());
+        e
+    });
+    fs.setxattr(&root, f, ACCESS, &acl, 0).unwrap();
+    let chmod = |mode| {
+        let set = lanefs::SetAttr {
+            mode: Some(mode),
+            ..Default::default()
+        };
+        fs.setattr(&root, f, &set, None).unwrap();
+    };
+    let callers: Vec<Ctx> = [2000, 3000, 4000].map(|u| Ctx::user(u, u)).to_vec();
+    let answer = |c: &Ctx, mask: u32| fs.access(c, f, mask).is_ok();
+    let mut expect = Vec::new();
+    for c in &callers {
+        for mask in [libc::R_OK as u32, libc::W_OK as u32] {
+            let per_mode: Vec<bool> = MODES
+                .iter()
+                .map(|&m| {
+                    chmod(m);
+                    answer(c, mask)
+                })
+                .collect();
+            if per_mode[0] == per_mode[1] {
+                expect.push((c.clone(), mask, per_mode[0]));
+            }
+        }
+    }
+    chmod(MODES[0]);
+    assert!(
+        expect.iter().any(|&(_, _, ok)| ok) && expect.iter().any(|&(_, _, ok)| !ok),
+        "the callers cover a grant and a refusal that both modes agree on: {expect:?}"
+    );
+    let stop = AtomicBool::new(false);
+    let wrong = AtomicU64::new(0);
+    let checks = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
+            let mut k = 0;
+            while !stop.load(Relaxed) {
+                chmod(MODES[k % 2]);
+                k += 1;
+            }
+        });
+        s.spawn(|| burn(&stop));
+        s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                for (c, mask, ok) in &expect {
+                    checks.fetch_add(1, Relaxed);
+                    let by_open =
+                        (*mask == libc::R_OK as u32).then(|| match fs.open(c, f, libc::O_RDONLY) {
+                            Ok(fh) => {
+                                fs.release(fh).unwrap();
+                                true
+                            }
+                            Err(Errno::EACCES) => false,
+                            r => panic!("open by uid {}: {r:?}", c.uid),
+                        });
+                    for got in [Some(answer(c, *mask)), by_open].into_iter().flatten() {
+                        if got != *ok {
+                            wrong.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+            }
+        });
+    });
+    let wrong = wrong.load(Relaxed);
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} of {} checks answered what neither mode answers",
+        checks.load(Relaxed)
+    );
+}
+
+/// Once a create in directory C has failed with ENOENT because C is being removed, C's name
+/// is gone: the caller who was told ENOENT must not find C again by its name.
+#[test]
+fn a_directory_a_create_was_refused_in_is_not_found_again() {
+    let fs = fs();
+    let ctx = Ctx::root();
+    let stop = AtomicBool::new(false);
+    let (refused, seen_again) = (AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
+            while !stop.load(Relaxed) {
+                match fs.mkdir(&ctx, ROOT_INO, b"C", 0o755) {
+                    Ok(_) | Err(Errno::EEXIST) => {}
+                    r => panic!("mkdir C: {r:?}"),
+                }
+                match fs.rmdir(&ctx, ROOT_INO, b"C") {
+                    Ok(()) | Err(Errno::ENOTEMPTY) | Err(Errno::ENOENT) => {}
+                    r => panic!("rmdir C: {r:?}"),
+                }
+            }
+        });
+        s.spawn(|| burn(&stop));
+        let _stop = StopOnDrop(&stop);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            let Ok(c) = fs.lookup(&ctx, ROOT_INO, b"C") else {
+                continue;
+            };
+            let id = lanefs::InodeId {
+                ino: c.ino,
+                generation: c.generation,
+            };
+            match fs.mknod(&ctx, id, b"x", libc::S_IFREG | 0o644, 0) {
+                Ok(_) => {
+                    let _ = fs.unlink(&ctx, id, b"x");
+                }
+                Err(Errno::ENOENT) => {
+                    refused.fetch_add(1, Relaxed);
+                    if let Ok(again) = fs.lookup(&ctx, ROOT_INO, b"C") {
+                        if (again.ino, again.generation) == (c.ino, c.generation) {
+                            seen_again.fetch_add(1, Relaxed);
+                        }
+                    }
+                }
+                r => panic!("mknod in C: {r:?}"),
+            }
+        }
+    });
+    let seen_again = seen_again.load(Relaxed);
+    assert!(
+        refused.load(Relaxed) > 0,
+        "no create was refused: no race ran"
+    );
+    assert_eq!(
+        seen_again,
+        0,
+        "{seen_again} of {} refused creates found the removed directory again",
+        refused.load(Relaxed)
+    );
+    fs.check_invariants().unwrap();
+}
+
+/// An rmdir racing a create: either the create wins (rmdir says ENOTEMPTY, and a listing
+/// made after that shows the new name, which nobody removes) or the rmdir wins (the create
+/// says ENOENT). A create counted but not yet visible must not make the rmdir fail while a
+/// listing still finds the directory empty.
+#[test]
+fn an_rmdir_that_says_enotempty_leaves_a_listing_that_is_not_empty() {
+    let fs = fs();
+    let ctx = Ctx::root();
+    let stop = AtomicBool::new(false);
+    let (rounds, refused, empty) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|s| {
+        s.spawn(|| burn(&stop));
+        s.spawn(|| burn(&stop));
+        let _stop = StopOnDrop(&stop);
+        let deadline = Instant::now() + Duration::from_secs(4);
+        while Instant::now() < deadline {
+            let d = fs.mkdir(&ctx, ROOT_INO, b"D", 0o755).unwrap();
+            let id = lanefs::InodeId {
+                ino: d.ino,
+                generation: d.generation,
+            };
+            let created = std::thread::scope(|s| {
+                let creator = s.spawn(|| fs.mknod(&ctx, id, b"x", libc::S_IFREG | 0o644, 0));
+                let removed = fs.rmdir(&ctx, ROOT_INO, b"D");
+                if removed == Err(Errno::ENOTEMPTY) {
+                    refused.fetch_add(1, Relaxed);
+                    let fh = fs.opendir(&ctx, id).unwrap();
+                    let mut names = Vec::new();
+                    fs.readdir(&ctx, fh, 0, false, |e, _| {
+                        names.push(e.name.to_vec());
+                        true
+                    })
+                    .unwrap();
+                    fs.releasedir(fh).unwrap();
+                    if !names.iter().any(|n| n == b"x") {
+                        empty.fetch_add(1, Relaxed);
+                    }
+                } else {
+                    assert_eq!(removed, Ok(()), "rmdir of D");
+                }
+                let created = creator.join().unwrap();
+                match (&removed, &created) {
+                    (Ok(()), Err(Errno::ENOENT)) | (Err(Errno::ENOTEMPTY), Ok(_)) => {}
+                    _ => panic!("rmdir {removed:?} and create {created:?} in D"),
+                }
+                created.is_ok()
+            });
+            if created {
+                fs.unlink(&ctx, id, b"x").unwrap();
+                fs.rmdir(&ctx, ROOT_INO, b"D").unwrap();
+            }
+            rounds.fetch_add(1, Relaxed);
+        }
+    });
+    let empty = empty.load(Relaxed);
+    assert_eq!(
+        empty,
+        0,
+        "{empty} of {} refused rmdirs (in {} rounds) were followed by an empty listing",
+        refused.load(Relaxed),
+        rounds.load(Relaxed)
+    );
+    fs.check_invariants().unwrap();
+}
+
+/// Growing a file with `truncate` keeps the pages `fallocate(FALLOC_FL_KEEP_SIZE)` gave it
+/// past its end (tmpfs: `shmem_setattr` cuts pages only when the size shrinks); shrinking
+/// cuts them, as it cuts written ones.
+#[test]
+fn a_growing_truncate_keeps_pages_fallocated_past_the_end() {
+    let fs = fs();
+    let ctx = Ctx::root();
+    let (a, fh) = fs
+        .create(&ctx, ROOT_INO, b"f", libc::S_IFREG | 0o644, libc::O_RDWR)
+        .unwrap();
+    fs.fallocate(&ctx, fh, libc::FALLOC_FL_KEEP_SIZE, 0, 16 * 4096)
+        .unwrap();
+    assert_eq!(fs.getattr(a.ino).unwrap().blocks, 16 * 8);
+    let truncate = |size| {
+        let set = lanefs::SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        fs.setattr(&ctx, a.ino, &set, Some(lanefs::TruncateBy::Handle(fh)))
+            .unwrap()
+    };
+    let grown = truncate(4 * 4096);
+    assert_eq!(
+        (grown.size, grown.blocks),
+        (4 * 4096, 16 * 8),
+        "grown to 4 pages"
+    );
+    let grown = truncate(5 * 4096 + 100);
+    assert_eq!(grown.blocks, 16 * 8, "grown to 5 pages and a bit");
+    let shrunk = truncate(2 * 4096 + 1);
+    assert_eq!(shrunk.blocks, 3 * 8, "shrunk to 2 pages and a byte");
+    fs.release(fh).unwrap();
+}

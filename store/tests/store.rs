@@ -483,3 +483,51 @@ fn segments_shrink_on_a_small_host() {
     assert_eq!(segment_size(256 << 10, Some(8 * M)), 256 << 10);
     assert_eq!(segment_size(64 * M, Some(0)), 4 * M);
 }
+
+/// A growing truncate keeps the pages `fallocate(FALLOC_FL_KEEP_SIZE)` gave past the end, in
+/// the live filesystem, in the journal's replay and in the checkpoint (the two ways a reopen
+/// rebuilds a file), as tmpfs does.
+#[test]
+fn pages_fallocated_past_the_end_survive_a_growing_truncate_and_a_reopen() {
+    let disk = SimDisk::new();
+    let ctx = lanefs::Ctx::root();
+    let truncate = |fs: &lanefs::Filesystem, ino, size| {
+        let set = lanefs::SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        fs.setattr(&ctx, ino, &set, None).unwrap()
+    };
+    for checkpointed in [false, true] {
+        let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+        let name = format!("f{checkpointed}");
+        let (a, fh) =
+            o.fs.create(
+                &ctx,
+                lanefs::ROOT_INO,
+                name.as_bytes(),
+                0o100644,
+                libc::O_RDWR,
+            )
+            .unwrap();
+        o.fs.fallocate(&ctx, fh, libc::FALLOC_FL_KEEP_SIZE, 0, 16 * 4096)
+            .unwrap();
+        o.fs.release(fh).unwrap();
+        assert_eq!(truncate(&o.fs, a.ino, 4 * 4096).blocks, 16 * 8);
+        if checkpointed {
+            o.store.checkpoint().unwrap();
+        }
+        o.store.close().unwrap();
+        let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
+        let again =
+            o.fs.lookup(&ctx, lanefs::ROOT_INO, name.as_bytes())
+                .unwrap();
+        assert_eq!(
+            (again.size, again.blocks),
+            (4 * 4096, 16 * 8),
+            "reopened (checkpointed: {checkpointed})"
+        );
+        assert_eq!(truncate(&o.fs, again.ino, 4096 + 1).blocks, 2 * 8);
+        o.store.close().unwrap();
+    }
+}

@@ -10,12 +10,13 @@
 //! creator (`admit`)                         remover (`decide`)
 //!   C1 register this slot's run in D          R1 life: ALIVE -> DYING
 //!      (once per slot; an RMW)                R2 fence(SeqCst)
-//!   C2 count the entry in the run             R3 read D's runs and add up their counts
-//!   C3 fence(SeqCst)                          R4 empty: commit, life -> DEAD
-//!   C4 read life                                 else:  life -> ALIVE (ENOTEMPTY)
-//!      DYING: wait until it changes
-//!      DEAD:  uncount the entry, ENOENT
-//!      ALIVE: the entry may become visible
+//!   C2 count the entry in the run             R3 look at D's entries: their counts, then,
+//!   C3 fence(SeqCst)                             if some are counted, whether one is visible
+//!   C4 read life                              R4 none counted: commit; the caller removes
+//!      DYING: wait until it changes              D's name, then life -> DEAD (`Removal`)
+//!      DEAD:  uncount the entry, ENOENT          one visible: life -> ALIVE (ENOTEMPTY)
+//!      ALIVE: the entry may become visible       only some being published: life -> ALIVE,
+//!                                                wait until they are out, start again at R1
 //! ```
 //!
 //! **Claim**: no entry becomes visible in a DEAD directory, and a remover never finds a
@@ -26,21 +27,39 @@
 //!   value coherence-ordered before a write that happens before a fence X preceding Y). This
 //!   holds even when C1 was made by another thread of the same slot: that registration
 //!   happens before our C2 through the index-shard lock both take. So R3 counts the entry
-//!   and the remover answers ENOTEMPTY.
+//!   and the remover does not remove the directory in this round.
 //! - If R2 precedes C3 in S: by the same rule C4 reads DYING or a later value. The creator
-//!   waits for R4 and admits on ALIVE (the removal failed; it may have counted this very
-//!   entry) or backs out on DEAD (the removal succeeded without it).
+//!   waits for R4 and admits on ALIVE (the removal failed or starts again; it may have
+//!   counted this very entry) or backs out on DEAD (the removal succeeded without it).
 //!
 //! A creator that read ALIVE at C4 is therefore ordered before every removal that could miss
 //! it, and its entry stays counted until it is removed, so every later removal sees it. The
 //! window from R1 to R4 takes no lock a creator could hold (the stripes of D's entries are
 //! not the stripe of D's own name; see `locking.rs`), so a waiting creator always sees R4.
 //!
+//! **What callers see is a serial order.** Two more rules make the outcomes linearizable,
+//! not only safe:
+//! - *ENOTEMPTY means an entry was visible.* An entry is counted (C2) before it is visible
+//!   (revealed in the dirent map), so counts alone would let a removal fail on an entry
+//!   nobody can see yet, and a listing made after that failure find the directory empty.
+//!   R3 therefore answers ENOTEMPTY only when it finds a counted entry that is visible
+//!   ([`Found::Visible`]); when every counted entry is still being published
+//!   ([`Found::OnlyPending`]: their creators are between admission and reveal, backing out,
+//!   or waiting at C4 for this very removal), it declares the directory alive again, waits
+//!   without deciding until a look finds an entry visible or none counted, and starts again
+//!   at R1. The creators it waits for hold no lock it holds and wait for nothing it does
+//!   once the directory is alive, so the wait ends.
+//! - *ENOENT means the name is gone.* A creator told ENOENT must not find the directory by
+//!   its name afterwards. So a successful decision leaves the directory DYING (creators in
+//!   it keep waiting) while the caller takes its name out of the dirent map; only then does
+//!   [`Removal`] declare it DEAD and let the waiting creators fail.
+//!
 //! Only fences are SeqCst; the RMWs and loads are AcqRel/Acquire/Relaxed. That is all the
 //! argument needs, and it is what loom models exactly (loom treats SeqCst loads and stores as
 //! AcqRel but implements SeqCst fences): the model at the end of this file runs the protocol
 //! under every interleaving with up to two preemptions (`RUSTFLAGS="--cfg loom"
-//! CARGO_TARGET_DIR=target/loom cargo test --release -p lanefs --lib dir::life`; CI runs it).
+//! CARGO_TARGET_DIR=target/loom cargo test --release -p lanefs --lib dir::life`; CI runs it),
+//! with both rules above among its assertions.
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 
@@ -117,30 +136,78 @@ pub(crate) fn admit<T>(
     }
 }
 
-/// The removing half. `is_empty` reads the directory's counts (R3); when it is empty,
-/// `commit` runs before the directory is declared DEAD (the record of the removal is
-/// appended there, so a failure to append leaves the directory alive) and its error is
-/// returned. ENOTEMPTY when an entry was counted.
-pub(crate) fn decide(
-    life: &DirLife,
-    is_empty: impl FnOnce() -> bool,
+/// What a remover's look at a directory's entries (R3) found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// No entry is counted.
+    Empty,
+    /// A counted entry is visible: the directory is not empty to anyone.
+    Visible,
+    /// Entries are counted, but none is visible yet: each is being published (or taken
+    /// back) by a creator past its admission.
+    OnlyPending,
+}
+
+/// A removal decided and committed: its directory stays DYING, so creators in it wait,
+/// until this is dropped (after the caller has taken the directory's name out of the map),
+/// which declares it DEAD.
+#[must_use = "the directory is declared dead when the removal is dropped"]
+pub(crate) struct Removal<'a>(&'a DirLife);
+
+impl Drop for Removal<'_> {
+    fn drop(&mut self) {
+        self.0.settle(true);
+    }
+}
+
+/// The removing half. `look` reads the directory's entries (R3); when none is counted,
+/// `commit` runs before anything else (the record of the removal is appended there, so a
+/// failure to append leaves the directory alive) and its error is returned; on success the
+/// directory is DEAD once the returned [`Removal`] is dropped. ENOTEMPTY when an entry was
+/// visible; while counted entries are all still being published, looks again.
+pub(crate) fn decide<'a>(
+    life: &'a DirLife,
+    mut look: impl FnMut() -> Found,
     commit: impl FnOnce() -> Result<()>,
-) -> Result<()> {
-    life.begin_deciding();
-    fence(SeqCst); // R2
-    let r = if is_empty() {
-        commit()
-    } else {
-        Err(Errno::ENOTEMPTY)
-    };
-    life.settle(r.is_ok());
-    r
+) -> Result<Removal<'a>> {
+    let mut round = 0;
+    loop {
+        life.begin_deciding();
+        fence(SeqCst); // R2
+        match look() {
+            Found::Empty => break,
+            Found::Visible => {
+                life.settle(false);
+                return Err(Errno::ENOTEMPTY);
+            }
+            Found::OnlyPending => {
+                // Alive again, so that creators waiting at C4 go on; then wait, deciding
+                // nothing, until the entries being published have come out (visible or taken
+                // back), and start again. Flipping DYING and ALIVE in a loop instead could
+                // keep a creator at C4 from ever seeing ALIVE.
+                life.settle(false);
+                while look() == Found::OnlyPending {
+                    wait_round(round);
+                    round += 1;
+                }
+            }
+        }
+    }
+    match commit() {
+        Ok(()) => Ok(Removal(life)),
+        Err(e) => {
+            life.settle(false);
+            Err(e)
+        }
+    }
 }
 
 #[cfg(all(test, loom))]
 mod loom_model {
     //! The protocol under loom: one creator and one remover (or two creators sharing a slot's
-    //! registration), every interleaving, with the claim of the module doc as the assertion.
+    //! registration), every interleaving, with the claim of the module doc and its two
+    //! serial-order rules (ENOTEMPTY only with a visible entry; ENOENT only once the name is
+    //! gone) as the assertions.
 
     use super::*;
     use loom::sync::atomic::{AtomicBool, AtomicU32};
@@ -148,13 +215,15 @@ mod loom_model {
     use std::sync::atomic::Ordering::AcqRel;
 
     /// A directory as the protocol sees it: a life word, a registration flag (C1; the run
-    /// set), and one run's entry count under its shard lock (C2).
+    /// set), one run's entry count under its shard lock (C2), how many entries were made
+    /// visible (revealed), and whether the directory's own name is in its parent.
     struct Dir {
         life: DirLife,
         registered: AtomicBool,
         shard: Mutex<()>,
         count: AtomicU32,
         visible: AtomicU32,
+        named: AtomicBool,
     }
 
     impl Dir {
@@ -165,6 +234,7 @@ mod loom_model {
                 shard: Mutex::new(()),
                 count: AtomicU32::new(0),
                 visible: AtomicU32::new(0),
+                named: AtomicBool::new(true),
             })
         }
 
@@ -183,19 +253,42 @@ mod loom_model {
                     self.count.fetch_sub(1, Relaxed);
                 },
             );
-            if r.is_ok() {
-                self.visible.fetch_add(1, Release);
-            }
+            match r {
+                Ok(()) => {
+                    self.visible.fetch_add(1, Release);
+                }
+                // Told ENOENT: the directory's name must be gone already.
+                Err(_) => assert!(!self.named.load(Relaxed), "ENOENT while still named"),
+            };
             r.is_ok()
         }
 
         fn remove(&self) -> bool {
-            decide(
-                &self.life,
-                || !self.registered.load(Acquire) || self.count.load(Relaxed) == 0,
-                || Ok(()),
-            )
-            .is_ok()
+            let look = || {
+                if !self.registered.load(Acquire) || self.count.load(Relaxed) == 0 {
+                    Found::Empty
+                } else if self.visible.load(Acquire) > 0 {
+                    Found::Visible
+                } else {
+                    Found::OnlyPending
+                }
+            };
+            match decide(&self.life, look, || Ok(())) {
+                Ok(removal) => {
+                    self.named.store(false, Relaxed);
+                    drop(removal);
+                    true
+                }
+                Err(e) => {
+                    assert_eq!(e, Errno::ENOTEMPTY);
+                    // Entries are never taken back here: the one seen stays visible.
+                    assert!(
+                        self.visible.load(Acquire) > 0,
+                        "ENOTEMPTY with nothing visible"
+                    );
+                    false
+                }
+            }
         }
     }
 

@@ -68,6 +68,7 @@ use crate::slots::{NSLOTS, PerSlot, current};
 use crate::stats::{LockClass, Stats};
 
 pub(crate) use index::{RunSet, Runs};
+pub(crate) use life::{Found, Removal};
 pub use node::NAME_MAX;
 pub(crate) use node::{Dirent, Name};
 use node::{Entry, node_key};
@@ -462,20 +463,51 @@ impl Dirents {
         });
     }
 
-    /// The removing half of the removal protocol for directory `dir`: ENOTEMPTY unless it is
-    /// empty; when it is, `commit` runs (and may refuse) before the directory is dead. The
-    /// caller holds the stripe of the directory's own name.
-    pub fn decide_removal(
+    /// The removing half of the removal protocol for directory `dir` (key `key`): ENOTEMPTY
+    /// if an entry of it is visible; when none is counted, `commit` runs (and may refuse)
+    /// and the directory is dead once the returned [`Removal`] is dropped, which the caller
+    /// does after taking the directory's name out of the map (`life.rs`). The caller holds
+    /// the stripe of the directory's own name.
+    pub fn decide_removal<'d>(
         &self,
-        dir: &DirBody,
+        (key, dir): (InoGen, &'d DirBody),
         g: &Guard,
+        stats: &Stats,
         commit: impl FnOnce() -> Result<()>,
-    ) -> Result<()> {
-        life::decide(
-            &dir.life,
-            || dir.runs.load(g).is_none_or(|s| s.live() == 0),
-            commit,
-        )
+    ) -> Result<Removal<'d>> {
+        life::decide(&dir.life, || self.look(key, dir, g, stats), commit)
+    }
+
+    /// R3 of the removal protocol: whether directory `dir` (key `key`) has entries counted,
+    /// and if so whether one of them is visible. Reads names from the index in batches
+    /// (under each run's shard lock) and looks each up in the map with no index lock held
+    /// (the index-shard lock is a leaf); an entry is visible when the map holds its name
+    /// with its cookie. Stops at the first visible one.
+    fn look(&self, key: InoGen, dir: &DirBody, g: &Guard, stats: &Stats) -> Found {
+        if self.count(dir, g) == 0 {
+            return Found::Empty;
+        }
+        let everything = ReadEnd {
+            mask: u64::MAX,
+            last: (0..NSLOTS).map(|s| slot_base(s) | SEQ_MASK).collect(),
+        };
+        let mut batch = Vec::new();
+        let mut after = 0;
+        loop {
+            batch.clear();
+            self.read_batch(key, dir, after, &everything, 16, g, stats, &mut batch);
+            let Some(&(last, _)) = batch.last() else {
+                return Found::OnlyPending;
+            };
+            let visible = batch.iter().any(|(cookie, name)| {
+                self.get(key, name, stats)
+                    .is_some_and(|de| de.cookie == *cookie)
+            });
+            if visible {
+                return Found::Visible;
+            }
+            after = last;
+        }
     }
 
     /// Entries in directory `dir` (published or being published), without a lock.
@@ -723,21 +755,69 @@ mod tests {
         let g = crossbeam_epoch::pin();
         let key = InoGen::from_raw(5);
         create(&d, key, &dd, b"a", &stats).unwrap();
-        assert_eq!(d.decide_removal(&dd, &g, || Ok(())), Err(Errno::ENOTEMPTY));
+        let decide = |commit: Result<()>| {
+            d.decide_removal((key, &dd), &g, &stats, || commit)
+                .map(drop)
+        };
+        assert_eq!(decide(Ok(())), Err(Errno::ENOTEMPTY));
         assert!(!dd.life.is_dead());
         d.remove(key, &dd, b"a", &g, &stats, |_| {}).unwrap();
         assert_eq!(
-            d.decide_removal(&dd, &g, || Err(Errno::ENOSPC)),
+            decide(Err(Errno::ENOSPC)),
             Err(Errno::ENOSPC),
             "a refused commit leaves the directory alive"
         );
         assert!(!dd.life.is_dead());
-        assert_eq!(d.decide_removal(&dd, &g, || Ok(())), Ok(()));
+        let removal = d.decide_removal((key, &dd), &g, &stats, || Ok(())).unwrap();
+        assert!(!dd.life.is_dead(), "dead only once the removal is dropped");
+        drop(removal);
         assert!(dd.life.is_dead());
         assert_eq!(create(&d, key, &dd, b"b", &stats), Err(Errno::ENOENT));
         assert_eq!(d.count(&dd, &g), 0, "the backed-out entry left no count");
         assert_eq!(d.get(key, b"b", &stats), None);
         assert_eq!(d.len(), 0);
+    }
+
+    /// An entry admitted but not yet revealed neither lets a removal through nor makes it
+    /// answer ENOTEMPTY while nobody can see the entry: the removal waits for its outcome,
+    /// whichever thread gets there first. Revealed: ENOTEMPTY; taken back: removed.
+    #[test]
+    fn a_removal_waits_for_entries_being_published() {
+        for reveal in [true, false] {
+            let (d, dd, stats) = (Dirents::new(), dir(), Stats::default());
+            let key = InoGen::from_raw(6);
+            let g = crossbeam_epoch::pin();
+            let p = d
+                .admit(
+                    (key, &dd),
+                    b"x",
+                    InoGen::from_raw(42),
+                    d.next_cookie(),
+                    &g,
+                    &stats,
+                )
+                .unwrap();
+            let removed = std::thread::scope(|s| {
+                let remover = s.spawn(|| {
+                    let g = crossbeam_epoch::pin();
+                    d.decide_removal((key, &dd), &g, &stats, || Ok(()))
+                        .map(drop)
+                });
+                if reveal {
+                    d.reveal(p, &stats, || {});
+                } else {
+                    d.cancel(p, &dd, &g, &stats);
+                }
+                remover.join().unwrap()
+            });
+            let want = if reveal {
+                Err(Errno::ENOTEMPTY)
+            } else {
+                Ok(())
+            };
+            assert_eq!(removed, want, "entry revealed: {reveal}");
+            assert_eq!(dd.life.is_dead(), !reveal);
+        }
     }
 
     #[test]

@@ -11,8 +11,8 @@
 //!   other change can reach the inode before it is installed);
 //! - an unlink: before the name leaves the map;
 //! - an rmdir, or a rename over a directory: inside the removal protocol's decision, after the
-//!   directory was found empty and before it is declared dead (a refused record leaves it
-//!   alive);
+//!   directory was found empty and before its name goes and it is declared dead (a refused
+//!   record leaves it alive);
 //! - a rename that leaves a whiteout: as a rename, with the whiteout's entry admitted into
 //!   the source directory before the record too, its inode installed after the record, and
 //!   the entry put in the source's place within the rename's visible moment;
@@ -244,13 +244,16 @@ impl Filesystem {
         let mut fate = Fate::Lives;
         match victim.dir() {
             Some(vd) => {
-                self.dirents.decide_removal(vd, g, || self.commit(rec))?;
+                let removal =
+                    self.dirents
+                        .decide_removal((victim.key(), vd), g, &self.stats, || self.commit(rec))?;
                 self.dirents
                     .remove(dir.key(), d, name, g, &self.stats, |_| {
                         assert_eq!(dir.dec_nlink(), Fate::Lives, "a parent keeps its links");
                         fate = victim.clear_nlink();
                     })
                     .expect("entry present under its stripe");
+                drop(removal); // dead only now that its name is gone (`dir/life.rs`)
             }
             None => {
                 self.commit(rec)?;
@@ -399,13 +402,19 @@ impl Filesystem {
             }
             Some(t) => {
                 let r = match t.dir() {
-                    Some(td) => self.dirents.decide_removal(td, g, || commit(&mut wo)),
-                    None => commit(&mut wo),
+                    Some(td) => self
+                        .dirents
+                        .decide_removal((t.key(), td), g, &self.stats, || commit(&mut wo))
+                        .map(Some),
+                    None => commit(&mut wo).map(|()| None),
                 };
-                if let Err(e) = r {
-                    undo(&mut wo);
-                    return Err(e);
-                }
+                let removal = match r {
+                    Ok(removal) => removal,
+                    Err(e) => {
+                        undo(&mut wo);
+                        return Err(e);
+                    }
+                };
                 let wp = install(wo);
                 self.dirents.rename_visible(
                     k1,
@@ -428,6 +437,7 @@ impl Filesystem {
                         }
                     },
                 );
+                drop(removal); // a replaced directory is dead only now (`dir/life.rs`)
                 t.attr.set_c(time, &self.stats);
             }
             None => {
@@ -496,14 +506,16 @@ impl Filesystem {
             (Some(size), Body::File(data)) => {
                 let mut d = self.stats.write(crate::stats::LockClass::FileData, data);
                 let fetch = |f, b: &mut [u8]| self.fetch_pages(i, f, b);
-                d.prepare_truncate(size, i.attr.size(), &fetch, &self.page_epochs)?;
-                let kept = d.pages_below(size);
+                let old_size = i.attr.size();
+                d.prepare_truncate(size, old_size, &fetch, &self.page_epochs)?;
+                let kept = d.pages_after_truncate(size, old_size);
                 let _ = i.attr.update::<(), ()>(&self.stats, |v| {
                     Self::apply_attr(v, &change, kept);
                     Ok(())
                 });
                 let label = self.page_epochs.label();
-                self.space.give(d.truncate(size, label, &self.page_epochs));
+                self.space
+                    .give(d.truncate(size, old_size, label, &self.page_epochs));
             }
             (Some(_), _) => return Err(Errno::EINVAL),
             (None, _) => {

@@ -619,8 +619,10 @@ impl Filesystem {
         if size_change || owner_change && !i.is_dir() {
             self.remove_privs(ctx, i, now, size_change)?;
         }
+        // Under the data lock, which every size change holds: the size cannot move.
+        let old_size = i.attr.size();
         let kept = match (&data, set.size) {
-            (Some(d), Some(s)) => d.pages_below(s),
+            (Some(d), Some(s)) => d.pages_after_truncate(s, old_size),
             _ => 0,
         };
         let had_pages = data.as_ref().is_some_and(|d| d.pages() > 0);
@@ -683,7 +685,8 @@ impl Filesystem {
             // Outside the attribute seqlock (readers must not spin while pages are freed),
             // still under the data lock, so no reader sees bytes beyond the new size.
             let label = self.page_epochs.label();
-            self.space.give(d.truncate(size, label, &self.page_epochs));
+            let freed = d.truncate(size, old_size, label, &self.page_epochs);
+            self.space.give(freed);
         }
         Ok(())
     }

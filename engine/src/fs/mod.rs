@@ -631,9 +631,25 @@ impl Filesystem {
     /// `perm::check` alone). Every permission check on an inode
     /// goes through here, or through [`Filesystem::permission_with`] inside the attribute
     /// seqlock.
+    ///
+    /// The mode and the ACL are read as one state. A chmod of an inode with an ACL rewrites
+    /// both (the ACL's mask is the mode's group bits) inside the attribute seqlock while
+    /// holding the inode's xattr shard, as does every change of the ACL; so when `v` says the
+    /// inode has an ACL, the attributes are read again under that shard, beside the ACL. A
+    /// `v` without the flag is a state of its own (the mode of an inode with no ACL), and is
+    /// decided alone (the common case: no lock taken).
     pub(crate) fn permission(&self, ctx: &Ctx, i: &Inode, v: &AttrVals, mask: u32) -> Result<()> {
-        let acl = self.access_acl(ctx, i, v)?;
-        permission_with(ctx, v, acl.as_ref(), mask)
+        if ctx.is_root() || v.flags & flags::ACL == 0 {
+            return permission_with(ctx, v, None, mask);
+        }
+        let shard = self.xattrs.lock(i.ino, &self.stats);
+        let v = i.attr.access_view();
+        let acl = (v.flags & flags::ACL != 0)
+            .then(|| shard.get(&i.ino).and_then(|x| x.get(ACL_ACCESS_NAME)))
+            .flatten()
+            .map(|bytes| Acl::parse(bytes).expect("stored ACLs are valid"));
+        drop(shard);
+        permission_with(ctx, &v, acl.as_ref(), mask)
     }
 
     /// Directory `dir`'s default ACL, if it has one.
@@ -641,22 +657,6 @@ impl Filesystem {
         let shard = self.xattrs.lock(dir.ino, &self.stats);
         let bytes = shard.get(&dir.ino)?.get(crate::acl::ACL_DEFAULT_NAME)?;
         Some(Acl::parse(bytes).expect("stored ACLs are valid"))
-    }
-
-    /// The access ACL a permission check by `ctx` on `i` needs: none for root, or when the
-    /// inode has none (the common case: no lock taken).
-    pub(crate) fn access_acl(&self, ctx: &Ctx, i: &Inode, v: &AttrVals) -> Result<Option<Acl>> {
-        if ctx.is_root() || v.flags & flags::ACL == 0 {
-            return Ok(None);
-        }
-        let shard = self.xattrs.lock(i.ino, &self.stats);
-        let bytes = shard.get(&i.ino).and_then(|x| x.get(ACL_ACCESS_NAME));
-        // The flag and the table change together under the shard lock; a flag read just
-        // before a removal finds no ACL, and the mode bits decide, as they now do.
-        Ok(bytes
-            .map(Acl::parse)
-            .transpose()
-            .expect("stored ACLs are valid"))
     }
 
     /// A symlink's target, if `i` is one.

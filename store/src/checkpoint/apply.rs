@@ -1093,7 +1093,11 @@ impl Tables<'_> {
                     if !v.is_file() {
                         return Err(format!("size set on inode {inode}, not a file").into());
                     }
-                    self.truncate(inode.ino.0, size)?;
+                    // As `FileData::truncate`: only a shrink cuts pages (a growth keeps
+                    // those allocated past the old end).
+                    if size < v.size {
+                        self.truncate(inode.ino.0, size)?;
+                    }
                 }
                 self.update(inode, |v| {
                     if let Some(mode) = change.mode {
