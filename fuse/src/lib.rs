@@ -214,15 +214,21 @@
 mod abi;
 mod control;
 mod creds;
+mod devfuse;
+mod dispatch;
 mod handoff;
+mod info;
 mod mnt;
+mod notify;
 mod server;
 mod session;
 mod uring;
+mod wire;
 
 pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
+pub use info::SessionInfo;
 pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
 pub use server::{Mount, MountConfig, MountOption, Mounted, Server, mount, mount_background};
-pub use session::{SessionInfo, Uring};
+pub use session::Uring;

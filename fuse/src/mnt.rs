@@ -1,4 +1,4 @@
-//! Mounting and unmounting, and keeping the kernel's caches in step with library callers.
+//! Mounting and unmounting.
 //!
 //! As root, lanefs calls `mount(2)` itself with the filesystem type `fuse.lanefs`, so that
 //! `/proc/mounts`, `findmnt` and `df -T` show what is mounted and test harnesses that look a
@@ -18,85 +18,13 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use fuser::MountOption;
-use lanefs::Filesystem;
-use lanefs::notify::Invalidate;
 
 use crate::server::MountConfig;
-use crate::session::Notifier;
 
 /// The filesystem type lanefs mounts under (`-t fuse.lanefs`).
 pub const FS_TYPE: &str = "fuse.lanefs";
-
-/// Sends the engine's invalidations to the kernel. Errors are ignored: ENOENT means the kernel
-/// holds nothing for that name or inode (reported back to the engine, which may try an
-/// inode's again while the kernel is being handed it: `lanefs::notify`), and ENODEV that the
-/// mount is gone.
-///
-/// A directory's listing is cached by the kernel (`FOPEN_CACHE_DIR`, see `server.rs`) in the
-/// directory inode's page cache, so a library change of a name also drops those pages. The
-/// `FUSE_NOTIFY_INVAL_ENTRY` goes first: the kernel handles it with the directory's `i_rwsem`
-/// held exclusively (Linux 6.18, `fuse_reverse_inval_entry`, whether or not it holds a dentry
-/// for the name), and every `getdents` holds that lock shared from before its READDIR is sent
-/// until the reply is in the cache. So when the entry invalidation returns, no listing read
-/// before the change is still on its way into the cache, and the `FUSE_NOTIFY_INVAL_INODE`
-/// that follows drops every page such a read left; the next read of the directory finds a
-/// page missing and reads the directory again. (Kernels after 6.18 look the name up without
-/// the lock first and return at once when they hold no dentry for it; there a listing read
-/// before the change and put into the cache after the pages were dropped is caught only by
-/// the kernel's mtime check, which misses it when the change left the directory's mtime
-/// where it was, within one tick of the coarse clock.)
-pub(crate) struct KernelCache(pub(crate) Notifier);
-
-/// Whether an inode invalidation found the inode: false only for ENOENT.
-fn found(r: io::Result<()>) -> bool {
-    !matches!(r, Err(e) if e.raw_os_error() == Some(libc::ENOENT))
-}
-
-impl KernelCache {
-    /// Drops `dir`'s cached listing (its pages) and attributes; false if the kernel holds
-    /// no inode `dir`.
-    pub(crate) fn drop_listing(&self, dir: lanefs::Ino) -> bool {
-        found(self.0.inval_inode(dir.get(), 0, 0))
-    }
-
-    /// Drops the cached pages of `ino` from `off` for `len` bytes, and its attributes; false
-    /// if the kernel holds no inode `ino`.
-    pub(crate) fn drop_pages(&self, ino: lanefs::Ino, off: u64, len: u64) -> bool {
-        let off = off.min(i64::MAX as u64) as i64;
-        let len = len.min(i64::MAX as u64) as i64;
-        found(self.0.inval_inode(ino.get(), off, len))
-    }
-}
-
-impl Invalidate for KernelCache {
-    fn entry(&self, parent: lanefs::Ino, name: &[u8]) -> bool {
-        let _ = self.0.inval_entry(parent.get(), name);
-        self.drop_listing(parent)
-    }
-
-    fn inode(&self, ino: lanefs::Ino, data: Option<(u64, u64)>) -> bool {
-        match data {
-            Some((off, len)) => self.drop_pages(ino, off, len),
-            // A negative offset drops the attributes only.
-            None => found(self.0.inval_inode(ino.get(), -1, 0)),
-        }
-    }
-
-    fn listing(&self, dir: lanefs::Ino) -> bool {
-        // `..` names no dentry: the entry invalidation only waits out the reads in flight
-        // (above), and drops nothing.
-        let _ = self.0.inval_entry(dir.get(), b"..");
-        self.drop_listing(dir)
-    }
-}
-
-/// Tells `fs` to report library-side changes to the kernel through `notifier`.
-pub(crate) fn install_invalidator(fs: &Filesystem, notifier: Notifier) {
-    fs.set_invalidator(Some(Arc::new(KernelCache(notifier))));
-}
 
 /// A mount option that is a kernel mount flag: the `MS_*` bits it sets and those it clears.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

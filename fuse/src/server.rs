@@ -14,8 +14,12 @@ use lanefs::{
 use zerocopy::{FromBytes, FromZeros, IntoBytes};
 
 use crate::abi::*;
-use crate::session::{self, Answer, Notifier, Out, Pending, Request, SessionInfo, Uring};
-use crate::{creds, mnt};
+use crate::dispatch::{Caller, Dispatch};
+use crate::info::SessionInfo;
+use crate::mnt;
+use crate::notify::{self, KernelCache, Notifier};
+use crate::session::{self, Uring};
+use crate::wire::{Answer, Out, Pending, Request, cstr};
 
 pub use fuser::MountOption;
 
@@ -64,7 +68,7 @@ pub struct Server {
     volatile_store: bool,
     /// The session's notifier, once the session exists: a RENAME that moves a directory to
     /// another parent drops that directory's cached listing (its `..` changed).
-    notifier: Arc<OnceLock<mnt::KernelCache>>,
+    notifier: Arc<OnceLock<KernelCache>>,
     /// The kernel opens directories by itself (`FUSE_NO_OPENDIR_SUPPORT`, so OPENDIR is
     /// answered ENOSYS): READDIR comes with handle 0 and is read by inode. Set by INIT.
     pub(crate) no_opendir: bool,
@@ -185,7 +189,7 @@ impl EndShard {
 /// depends on this: a listing is right however old it is (module doc, "Directory listings").
 fn expire_listings(
     ends: std::sync::Weak<ReadEnds>,
-    kc: std::sync::Weak<OnceLock<mnt::KernelCache>>,
+    kc: std::sync::Weak<OnceLock<KernelCache>>,
     ttl: Duration,
     stop: std::sync::mpsc::Receiver<()>,
 ) {
@@ -326,9 +330,24 @@ mod ioctl {
     }
 }
 
-/// The caller's credentials (`creds.rs`).
-fn ctx(req: &Request) -> Ctx {
-    creds::ctx(req.h.uid, req.h.gid, req.h.pid)
+/// A request and who made it: what every handler gets.
+struct Call<'r, 'a> {
+    req: &'r Request<'a>,
+    from: Caller<'r>,
+}
+
+impl<'a> std::ops::Deref for Call<'_, 'a> {
+    type Target = Request<'a>;
+    fn deref(&self) -> &Request<'a> {
+        self.req
+    }
+}
+
+impl Call<'_, '_> {
+    /// The caller's credentials (`dispatch.rs`, [`Caller`]).
+    fn ctx(&self) -> Ctx {
+        self.from.ctx(&self.req.h)
+    }
 }
 
 /// A handler's result: how the request is answered, or the errno it is answered with.
@@ -346,6 +365,41 @@ fn put<T: IntoBytes + zerocopy::Immutable>(out: &mut Out, t: &T) -> Handled {
         OK
     } else {
         Err(Errno::ERANGE)
+    }
+}
+
+impl Dispatch for Server {
+    /// Serves one request with one engine call and writes its reply body into `out`;
+    /// `later` gives a [`Pending`] for a request answered from another thread.
+    fn dispatch(
+        &self,
+        req: &Request,
+        from: Caller,
+        out: &mut Out,
+        later: &dyn Fn() -> Pending,
+    ) -> Answer {
+        let req = &Call { req, from };
+        let mut deadline = None;
+        loop {
+            let seen = self.forgets.count.load(SeqCst);
+            match self.handle(req, out, later) {
+                Ok(a) => return a,
+                // A refusal changed nothing: the request can be made again once a FORGET may
+                // have given room back ([`Forgets`]).
+                Err(Errno::ENOSPC)
+                    if self.forgets.wait_past(
+                        seen,
+                        *deadline.get_or_insert_with(|| Instant::now() + ENOSPC_WAIT),
+                    ) =>
+                {
+                    out.clear();
+                }
+                Err(e) => {
+                    out.clear();
+                    return Answer::Reply(e.code());
+                }
+            }
+        }
     }
 }
 
@@ -424,38 +478,7 @@ impl Server {
         )
     }
 
-    /// Serves one request with one engine call and writes its reply body into `out`
-    /// (`session.rs`); `later` gives a [`Pending`] for a request answered from another thread.
-    pub(crate) fn dispatch(
-        &self,
-        req: &Request,
-        out: &mut Out,
-        later: &dyn Fn() -> Pending,
-    ) -> Answer {
-        let mut deadline = None;
-        loop {
-            let seen = self.forgets.count.load(SeqCst);
-            match self.handle(req, out, later) {
-                Ok(a) => return a,
-                // A refusal changed nothing: the request can be made again once a FORGET may
-                // have given room back ([`Forgets`]).
-                Err(Errno::ENOSPC)
-                    if self.forgets.wait_past(
-                        seen,
-                        *deadline.get_or_insert_with(|| Instant::now() + ENOSPC_WAIT),
-                    ) =>
-                {
-                    out.clear();
-                }
-                Err(e) => {
-                    out.clear();
-                    return Answer::Reply(e.code());
-                }
-            }
-        }
-    }
-
-    fn handle(&self, req: &Request, out: &mut Out, later: &dyn Fn() -> Pending) -> Handled {
+    fn handle(&self, req: &Call, out: &mut Out, later: &dyn Fn() -> Pending) -> Handled {
         let ino = req.h.nodeid;
         match req.h.opcode {
             FUSE_LOOKUP => self.lookup(req, out),
@@ -485,7 +508,7 @@ impl Server {
             FUSE_MKNOD => {
                 let a: fuse_mknod_in = req.arg()?;
                 let (name, _) = req.name()?;
-                let c = ctx(req).with_umask(a.umask);
+                let c = req.ctx().with_umask(a.umask);
                 let r = self
                     .fs
                     .mknod(&c, node(ino), name, a.mode, u64::from(a.rdev));
@@ -494,27 +517,27 @@ impl Server {
             FUSE_MKDIR => {
                 let a: fuse_mkdir_in = req.arg()?;
                 let (name, _) = req.name()?;
-                let c = ctx(req).with_umask(a.umask);
+                let c = req.ctx().with_umask(a.umask);
                 self.changed(ino, self.fs.mkdir(&c, node(ino), name, a.mode), out)
             }
             FUSE_UNLINK => {
                 let (name, _) = req.name()?;
-                self.fs.unlink(&ctx(req), node(ino), name)?;
+                self.fs.unlink(&req.ctx(), node(ino), name)?;
                 self.names_changed(ino);
                 OK
             }
             FUSE_RMDIR => {
                 let (name, _) = req.name()?;
-                self.fs.rmdir(&ctx(req), node(ino), name)?;
+                self.fs.rmdir(&req.ctx(), node(ino), name)?;
                 self.names_changed(ino);
                 OK
             }
             FUSE_SYMLINK => {
                 let (name, rest) = req.name()?;
-                let (target, _) = session::cstr(rest)?;
+                let (target, _) = cstr(rest)?;
                 self.changed(
                     ino,
-                    self.fs.symlink(&ctx(req), node(ino), name, target),
+                    self.fs.symlink(&req.ctx(), node(ino), name, target),
                     out,
                 )
             }
@@ -529,7 +552,7 @@ impl Server {
             FUSE_LINK => {
                 let a: fuse_link_in = req.arg()?;
                 let (name, _) = req.name()?;
-                let r = self.fs.link(&ctx(req), node(a.oldnodeid), node(ino), name);
+                let r = self.fs.link(&req.ctx(), node(a.oldnodeid), node(ino), name);
                 self.changed(ino, r, out)
             }
             // Regular files are opened by the kernel alone (no-open mode): ENOSYS tells it
@@ -602,21 +625,21 @@ impl Server {
                 let value = value.get(..a.size as usize).ok_or(Errno::EINVAL)?;
                 done(
                     self.fs
-                        .setxattr(&ctx(req), node(ino), name, value, a.flags as i32),
+                        .setxattr(&req.ctx(), node(ino), name, value, a.flags as i32),
                 )
             }
             FUSE_GETXATTR => {
                 let a: fuse_getxattr_in = req.arg()?;
                 let (name, _) = req.name()?;
-                Self::xattr(self.fs.getxattr(&ctx(req), node(ino), name), a.size, out)
+                Self::xattr(self.fs.getxattr(&req.ctx(), node(ino), name), a.size, out)
             }
             FUSE_LISTXATTR => {
                 let a: fuse_getxattr_in = req.arg()?;
-                Self::xattr(self.fs.listxattr(&ctx(req), node(ino)), a.size, out)
+                Self::xattr(self.fs.listxattr(&req.ctx(), node(ino)), a.size, out)
             }
             FUSE_REMOVEXATTR => {
                 let (name, _) = req.name()?;
-                done(self.fs.removexattr(&ctx(req), node(ino), name))
+                done(self.fs.removexattr(&req.ctx(), node(ino), name))
             }
             FUSE_OPENDIR => self.opendir(req, out),
             FUSE_READDIR => self.readdir(req, out, false),
@@ -644,7 +667,7 @@ impl Server {
             }
             FUSE_ACCESS => {
                 let a: fuse_access_in = req.arg()?;
-                done(self.fs.access(&ctx(req), node(ino), a.mask))
+                done(self.fs.access(&req.ctx(), node(ino), a.mask))
             }
             FUSE_IOCTL => self.ioctl(req, out),
             // The kernel sends only `SEEK_DATA` and `SEEK_HOLE` here (it moves offsets
@@ -662,7 +685,7 @@ impl Server {
             FUSE_FALLOCATE => {
                 let a: fuse_fallocate_in = req.arg()?;
                 done(self.fs.fallocate_inode(
-                    &ctx(req),
+                    &req.ctx(),
                     node(ino),
                     a.mode as i32,
                     a.offset,
@@ -670,7 +693,7 @@ impl Server {
                 ))
             }
             FUSE_TMPFILE => self.tmpfile(req, out),
-            // Interrupts are not acted on (`session.rs`, "Interrupts").
+            // Interrupts are not acted on (`dispatch.rs`).
             FUSE_INTERRUPT => Ok(Answer::None),
             FUSE_DESTROY => OK,
             // A second INIT, locks (the kernel then keeps them itself), BMAP, POLL,
@@ -679,13 +702,13 @@ impl Server {
         }
     }
 
-    fn lookup(&self, req: &Request, out: &mut Out) -> Handled {
+    fn lookup(&self, req: &Call, out: &mut Out) -> Handled {
         let (name, _) = req.name()?;
         let parent = req.h.nodeid;
         if name == b"." {
             return self.lookup_dot(req, parent, out);
         }
-        match self.fs.lookup(&ctx(req), node(parent), name) {
+        match self.fs.lookup(&req.ctx(), node(parent), name) {
             // A negative entry (node id 0) with the entry timeout: the kernel caches the
             // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
             // creation goes through this mount, which replaces the negative dentry.
@@ -713,8 +736,8 @@ impl Server {
     /// kernel's ESTALE), as tmpfs answers for a removed file, and the reference just taken
     /// is dropped again. (An unlinked file that is still open is in the kernel's cache and
     /// is opened from there, without a LOOKUP.)
-    fn lookup_dot(&self, req: &Request, ino: u64, out: &mut Out) -> Handled {
-        match self.fs.lookup_inode(&ctx(req), node(ino)) {
+    fn lookup_dot(&self, req: &Call, ino: u64, out: &mut Out) -> Handled {
+        match self.fs.lookup_inode(&req.ctx(), node(ino)) {
             Ok(a) if a.nlink == 0 => {
                 self.fs.forget(node(ino), 1);
                 Err(Errno::ENOENT)
@@ -733,7 +756,7 @@ impl Server {
         self.forgets.done();
     }
 
-    fn setattr(&self, req: &Request, out: &mut Out) -> Handled {
+    fn setattr(&self, req: &Call, out: &mut Out) -> Handled {
         let a: fuse_setattr_in = req.arg()?;
         let has = |bit: u32| a.valid & bit != 0;
         let mut set = SetAttr {
@@ -769,19 +792,19 @@ impl Server {
         let by = fh.then_some(TruncateBy::OpenFile);
         // A truncate says whether its caller may keep set-id bits (root without CAP_FSETID
         // may not), as a WRITE does.
-        let mut c = ctx(req);
+        let mut c = req.ctx();
         if set.size.is_some() {
             c.keeps_setid = !has(FATTR_KILL_SUIDGID);
         }
         self.attr(self.fs.setattr(&c, node(req.h.nodeid), &set, by), out)
     }
 
-    fn rename(&self, req: &Request, newparent: u64, flags: u32) -> Handled {
+    fn rename(&self, req: &Call, newparent: u64, flags: u32) -> Handled {
         let (name, rest) = req.name()?;
-        let (newname, _) = session::cstr(rest)?;
+        let (newname, _) = cstr(rest)?;
         let parent = req.h.nodeid;
         let r = self.fs.rename(
-            &ctx(req),
+            &req.ctx(),
             node(parent),
             name,
             node(newparent),
@@ -797,13 +820,13 @@ impl Server {
         OK
     }
 
-    fn write(&self, req: &Request, out: &mut Out) -> Handled {
+    fn write(&self, req: &Call, out: &mut Out) -> Handled {
         let a: fuse_write_in = req.arg()?;
         let data = req.data.get(..a.size as usize).ok_or(Errno::EINVAL)?;
         // With FUSE_HANDLE_KILLPRIV_V2 the kernel flags a write whose writer lacks
         // CAP_FSETID on a file with set-id bits to take away; without the flag there is
         // nothing the writer must lose.
-        let mut c = ctx(req);
+        let mut c = req.ctx();
         c.keeps_setid = a.write_flags & FUSE_WRITE_KILL_SUIDGID == 0;
         // The file's open flags come along: the engine refuses a write the open would have
         // been refused for had the kernel known the inode flags (immutable, or append-only
@@ -831,14 +854,14 @@ impl Server {
     /// directories by itself from then on, with no OPENDIR or RELEASEDIR, and keeps their
     /// listings (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default for such opens); READDIR
     /// then comes with handle 0. An older kernel gets an engine handle and those two flags.
-    fn opendir(&self, req: &Request, out: &mut Out) -> Handled {
+    fn opendir(&self, req: &Call, out: &mut Out) -> Handled {
         if self.no_opendir {
             return Err(Errno::ENOSYS);
         }
         let a: fuse_open_in = req.arg()?;
         let fh = self
             .fs
-            .opendir_flags(&ctx(req), node(req.h.nodeid), a.flags as i32)?;
+            .opendir_flags(&req.ctx(), node(req.h.nodeid), a.flags as i32)?;
         // The kernel keeps the listing it reads in the directory's page cache, and keeps it
         // across opens (module doc, "Directory listings").
         put(
@@ -853,7 +876,7 @@ impl Server {
 
     /// READDIR and READDIRPLUS: entries as `fuse_dirent` (`fuse_direntplus` with attributes),
     /// each padded to 8 bytes, as many as fit in the size asked for.
-    fn readdir(&self, req: &Request, out: &mut Out, plus: bool) -> Handled {
+    fn readdir(&self, req: &Call, out: &mut Out, plus: bool) -> Handled {
         let a: fuse_read_in = req.arg()?;
         let size = a.size as usize;
         self.read_dir(req, req.h.nodeid, a.fh, a.offset, plus, |e, attr| {
@@ -914,7 +937,7 @@ impl Server {
     /// `CAP_LINUX_IMMUTABLE` checks, and after fetching the old flags with
     /// `FS_IOC_FSGETXATTR`, which a `chattr` therefore needs too). Every other ioctl is
     /// ENOTTY, as on tmpfs.
-    fn ioctl(&self, req: &Request, out: &mut Out) -> Handled {
+    fn ioctl(&self, req: &Call, out: &mut Out) -> Handled {
         let a: fuse_ioctl_in = req.arg()?;
         let ino = node(req.h.nodeid);
         let in_data = req.data;
@@ -924,7 +947,7 @@ impl Server {
         // as an attribute invalidation (an inode's, never an entry's, which is safe from a
         // request thread), before this reply.
         let setter = || {
-            let mut c = ctx(req);
+            let mut c = req.ctx();
             c.via = lanefs::Via::Library;
             c
         };
@@ -989,9 +1012,9 @@ impl Server {
     /// handle is 0: reads and writes come by inode, and a RELEASE (sent for it when no OPEN
     /// has switched no-open mode on yet) is answered OK. A LINK of its node id then gives it
     /// a name (`linkat` through `/proc/self/fd` or `AT_EMPTY_PATH`).
-    fn tmpfile(&self, req: &Request, out: &mut Out) -> Handled {
+    fn tmpfile(&self, req: &Call, out: &mut Out) -> Handled {
         let a: fuse_create_in = req.arg()?;
-        let c = ctx(req).with_umask(a.umask);
+        let c = req.ctx().with_umask(a.umask);
         let (attr, fh) = self
             .fs
             .tmpfile(&c, node(req.h.nodeid), a.mode, a.flags as i32)?;
@@ -1106,7 +1129,7 @@ impl Server {
     /// through the engine handle OPENDIR made.
     fn read_dir(
         &self,
-        req: &Request,
+        req: &Call,
         ino: u64,
         fh: u64,
         offset: u64,
@@ -1116,14 +1139,14 @@ impl Server {
         if fh == 0 {
             let end = self.dir_end(ino, offset)?;
             self.fs
-                .readdir_inode(&ctx(req), node(ino), offset, &end, plus, f)
+                .readdir_inode(&req.ctx(), node(ino), offset, &end, plus, f)
         } else {
             if offset == 0 {
                 // The handle keeps where its read ends; this records that the kernel may be
                 // filling its cache of the listing (`names_changed`).
                 self.dir_end(ino, 0)?;
             }
-            self.fs.readdir(&ctx(req), fh, offset, plus, f)
+            self.fs.readdir(&req.ctx(), fh, offset, plus, f)
         }
     }
 
@@ -1136,7 +1159,7 @@ impl Server {
     /// lock, so it is safe from a request thread.
     fn moved_dirs(
         &self,
-        req: &Request,
+        req: &Call,
         newparent: u64,
         newname: &[u8],
         parent: u64,
@@ -1147,7 +1170,7 @@ impl Server {
             return;
         };
         // A library caller's lookup: it takes no lookup reference for the kernel.
-        let mut c = ctx(req);
+        let mut c = req.ctx();
         c.via = lanefs::Via::Library;
         let mut at = vec![(newparent, newname)];
         if flags & lanefs::RENAME_EXCHANGE != 0 {
@@ -1198,7 +1221,7 @@ fn new_session(fs: &Arc<Filesystem>, mountpoint: &Path, cfg: &MountConfig) -> io
             (File::from(fd), Unmounter::Fusermount(canonical(mountpoint)))
         }
     };
-    let neg = match session::init(&dev, &mut server, cfg.uring) {
+    let neg = match session::init(&dev, cfg.uring) {
         Ok(n) => n,
         Err(e) => {
             drop(dev);
@@ -1206,8 +1229,9 @@ fn new_session(fs: &Arc<Filesystem>, mountpoint: &Path, cfg: &MountConfig) -> io
             return Err(e);
         }
     };
+    server.no_opendir = neg.no_opendir;
     let dev = Arc::new(dev);
-    let _ = server.notifier.set(mnt::KernelCache(Notifier(dev.clone())));
+    let _ = server.notifier.set(KernelCache(Notifier(dev.clone())));
     if !cfg.ttl.is_zero() {
         let (ends, kc, ttl) = (
             Arc::downgrade(&server.read_ends),
@@ -1270,7 +1294,7 @@ pub fn mount(
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => u.unmount(true),
         r => r,
     });
-    mnt::install_invalidator(&fs, Notifier(s.dev.clone()));
+    notify::install_invalidator(&fs, Notifier(s.dev.clone()));
     let info = s.info.clone();
     let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
         on_mounted(Mounted { unmount, info })
@@ -1366,7 +1390,7 @@ pub fn mount_background(
     cfg: &MountConfig,
 ) -> io::Result<Mount> {
     let s = new_session(&fs, mountpoint, cfg)?;
-    mnt::install_invalidator(&fs, Notifier(s.dev.clone()));
+    notify::install_invalidator(&fs, Notifier(s.dev.clone()));
     let info = s.info.clone();
     let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());
     let thread = std::thread::Builder::new()
