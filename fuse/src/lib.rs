@@ -218,7 +218,7 @@ mod devfuse;
 mod dispatch;
 mod handoff;
 mod info;
-mod mnt;
+mod mount;
 mod notify;
 mod server;
 mod session;
@@ -229,6 +229,9 @@ pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
 pub use info::SessionInfo;
-pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
-pub use server::{Mount, MountConfig, MountOption, Mounted, Server, mount, mount_background};
+pub use mount::{
+    FS_TYPE, MOUNT_FLAGS, Mount, MountConfig, MountFlag, MountOption, Mounted, mount,
+    mount_background, mount_flag, mount_flags_at, mount_id_at,
+};
+pub use server::Server;
 pub use session::Uring;
