@@ -4,9 +4,8 @@
 //! ([`lanefs::notify`]) and the server drops the listings and pages it must (`server/`).
 //!
 //! Notifications are written to the session's first `/dev/fuse` descriptor on either
-//! transport: the kernel takes them only there. An entry invalidation takes the directory's
-//! `i_rwsem`, so none is ever sent from a request thread (which may be serving a request the
-//! kernel made under that lock); inode invalidations take no inode lock and may be.
+//! transport: the kernel takes them only there. Which may be sent from a request thread, and
+//! which may not: the crate doc, "Locks".
 
 use std::fs::File;
 use std::io;
