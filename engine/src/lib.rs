@@ -6,7 +6,19 @@
 //! stripe chosen by a hash of the name,
 //! and no counter, allocator or table is shared by every operation. It is the core of the
 //! lanefs filesystem; the FUSE server (`lanefs-fuse`) and the benchmarks (`lanefs-bench`) are
-//! thin layers on top, and the engine knows nothing of either.
+//! thin layers on top.
+//!
+//! The engine has no FUSE code, but it serves one kind of caller differently: the kernel,
+//! serving a process through a mount, which the FUSE server names on every call it makes
+//! ([`Via::Kernel`], [`Ctx::via_kernel`]). For such a caller every inode an operation returns
+//! carries a lookup reference that [`Filesystem::forget`] drops (the kernel keeps an inode,
+//! and names it by number, until its FORGET), and an inode is freed only once those are gone
+//! too; a readdirplus leaves out the attributes of a file that has had several names (the
+//! kernel would count its links down twice); the checks the kernel makes before it sends a
+//! request are left to it (`fs.protected_hardlinks`, writing `security.*` attributes, the
+//! removal of set-id bits before a write); and its changes are not reported to the
+//! invalidation sink ([`notify`]), since the kernel made them. [`Via`] lists each;
+//! docs/DESIGN.md §2.2 says why.
 //!
 //! Two APIs:
 //! - the **inode API** on [`Filesystem`] (lookup, getattr, setattr, create, mkdir, unlink,

@@ -24,15 +24,21 @@ pub enum Via {
     /// A program calling the library directly (the default).
     #[default]
     Library,
-    /// The kernel, serving a process through a FUSE mount. Three things follow, each part of
-    /// the FUSE protocol: every inode an operation returns (lookup, create, mkdir, mknod,
-    /// symlink, link, readdirplus) carries one lookup reference that the kernel drops with
-    /// `forget`; changes are not reported to the invalidation sink ([`crate::notify`]: the
-    /// kernel made them and updates its own caches); and the checks the kernel applies by
-    /// its own policy before it sends a request are left to it: `fs.protected_hardlinks`,
-    /// and the capabilities that writing `security.*` attributes needs (the kernel itself
-    /// sends the removal of a file's capabilities, on the credentials of the writer whose
-    /// change takes them away).
+    /// The kernel, serving a process through a FUSE mount. Four things follow, each part of
+    /// the FUSE protocol or of the kernel's own checks (docs/DESIGN.md §2.2):
+    /// - every inode an operation returns (lookup, `lookup_inode`, create, mkdir, mknod,
+    ///   symlink, link, tmpfile, readdirplus) carries one lookup reference that the kernel
+    ///   drops with `forget`, and an inode is freed only once those are gone too;
+    /// - a readdirplus gives a file that has had two names or more no attributes and no
+    ///   reference (the kernel would count its links down twice; `Filesystem::readdir`);
+    /// - changes are not reported to the invalidation sink ([`crate::notify`]: the kernel
+    ///   made them and updates its own caches);
+    /// - the checks the kernel applies by its own policy before it sends a request are left
+    ///   to it: `fs.protected_hardlinks`, and the capabilities that writing `security.*`
+    ///   attributes needs (the kernel itself sends the removal of a file's capabilities, on
+    ///   the credentials of the writer whose change takes them away); and a SETATTR that
+    ///   changes nothing, which the kernel sends to take set-id bits away before a write, is
+    ///   allowed to a caller who may write the file, not only to its owner.
     Kernel,
 }
 

@@ -168,8 +168,8 @@ pub fn serve(
     session: Option<Arc<SessionInfo>>,
     mountpoint: &Path,
 ) -> std::io::Result<SocketGuard> {
-    let canon = crate::server::canonical(mountpoint);
-    let (major, minor) = crate::mnt::mount_dev_at_canonical(&canon).ok_or_else(|| {
+    let canon = crate::mount::canonical(mountpoint);
+    let (major, minor) = crate::mount::mount_dev_at_canonical(&canon).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::NotFound,
             format!("{}: not in the mount table", canon.display()),

@@ -50,7 +50,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use crate::session::SessionInfo;
+use crate::info::SessionInfo;
 
 /// How often the guard samples the queue threads while they are busy.
 pub(crate) const PERIOD: Duration = Duration::from_millis(10);

@@ -33,7 +33,7 @@
 //! wait (one system call for a batch). A request answered later (FSYNC waiting for group
 //! commit, [`Pending`]) keeps its entry; the queue goes on with its other entries, and the
 //! answer comes back through the queue's mailbox: the answering thread pushes (entry, errno)
-//! under the mailbox lock (a leaf lock, `session.rs`) and writes the queue's eventfd, whose
+//! under the mailbox lock (a leaf lock: the crate doc, "Locks") and writes the queue's eventfd, whose
 //! pending read wakes the queue thread, which commits the entry.
 //!
 //! ## Memory
@@ -60,9 +60,10 @@ use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use zerocopy::{FromBytes, IntoBytes};
 
 use crate::abi::*;
+use crate::dispatch::{Caller, Dispatch};
 use crate::handoff::Guard;
-use crate::server::Server;
-use crate::session::{Answer, MAX_WRITE, Out, Pending, Request, SessionInfo};
+use crate::info::SessionInfo;
+use crate::wire::{Answer, MAX_WRITE, Out, Pending, Request, arg_size, out_header};
 
 /// Entries per queue: requests a queue can hold at once (served or waiting for a later
 /// answer).
@@ -246,7 +247,7 @@ fn give_up(dev: &File) -> io::Result<()> {
 /// on the ring).
 pub(crate) fn start(
     dev: &Arc<File>,
-    server: &Arc<Server>,
+    server: &Arc<dyn Dispatch>,
     info: &Arc<SessionInfo>,
     ended: &Arc<AtomicBool>,
 ) -> Result<Ring, StartError> {
@@ -260,7 +261,7 @@ pub(crate) fn start(
 
 fn start_queues(
     dev: &Arc<File>,
-    server: &Arc<Server>,
+    server: &Arc<dyn Dispatch>,
     info: &Arc<SessionInfo>,
     ended: &Arc<AtomicBool>,
 ) -> io::Result<Ring> {
@@ -295,7 +296,9 @@ fn start_queues(
         );
         let h = std::thread::Builder::new()
             .name(format!("lanefs-q{qid}"))
-            .spawn(move || queue_main(qid, payload, &dev, &server, &info, &ended, mb, guard, tx))?;
+            .spawn(move || {
+                queue_main(qid, payload, &dev, &*server, &info, &ended, mb, guard, tx)
+            })?;
         ring.queues.push((mailbox, h));
         readies.push(rx);
     }
@@ -387,7 +390,7 @@ fn queue_main(
     qid: usize,
     payload: usize,
     dev: &File,
-    server: &Server,
+    server: &dyn Dispatch,
     info: &SessionInfo,
     ended: &AtomicBool,
     mailbox: Arc<Mailbox>,
@@ -554,15 +557,10 @@ fn ent_in_out(h: &[u8]) -> fuse_uring_ent_in_out {
 /// Writes the out header (`errno`, body of `len` bytes) of request `unique` into an entry's
 /// header buffer.
 fn set_reply(h: &mut [u8], unique: u64, errno: i32, len: usize) {
-    let len = if errno == 0 { len } else { 0 };
-    let oh = fuse_out_header {
-        len: (size_of::<fuse_out_header>() + len) as u32,
-        error: -errno,
-        unique,
-    };
+    let oh = out_header(unique, errno, len);
     h[..size_of::<fuse_out_header>()].copy_from_slice(oh.as_bytes());
     let mut io = ent_in_out(h);
-    io.payload_sz = len as u32;
+    io.payload_sz = oh.len - size_of::<fuse_out_header>() as u32;
     h[FUSE_URING_ENT_IN_OUT_OFFSET
         ..FUSE_URING_ENT_IN_OUT_OFFSET + size_of::<fuse_uring_ent_in_out>()]
         .copy_from_slice(io.as_bytes());
@@ -572,7 +570,7 @@ fn set_reply(h: &mut [u8], unique: u64, errno: i32, len: usize) {
 /// reply into it; returns the commit id to commit now, or `None` when a [`Pending`] answers
 /// it later.
 fn serve_entry(
-    server: &Server,
+    server: &dyn Dispatch,
     h: &mut [u8],
     p: &mut [u8],
     side: &mut [u8],
@@ -583,8 +581,7 @@ fn serve_entry(
     let Ok((ih, _)) = fuse_in_header::read_from_prefix(&h[..]) else {
         return Some(io.commit_id);
     };
-    let arg_end = FUSE_URING_IN_OUT_HEADER_SZ
-        + crate::session::arg_size(ih.opcode).min(FUSE_URING_OP_IN_OUT_SZ);
+    let arg_end = FUSE_URING_IN_OUT_HEADER_SZ + arg_size(ih.opcode).min(FUSE_URING_OP_IN_OUT_SZ);
     let psz = (io.payload_sz as usize).min(p.len());
     let answer;
     let len;
@@ -599,7 +596,7 @@ fn serve_entry(
                 data: &copy[..psz],
             };
             let mut out = Out::new(p);
-            answer = server.dispatch(&req, &mut out, later);
+            answer = server.dispatch(&req, Caller::Kernel, &mut out, later);
             len = out.len();
         } else {
             // Long data (WRITE, SETXATTR): read in place; the short reply goes aside first.
@@ -609,7 +606,7 @@ fn serve_entry(
                 data: &p[..psz],
             };
             let mut out = Out::new(side);
-            answer = server.dispatch(&req, &mut out, later);
+            answer = server.dispatch(&req, Caller::Kernel, &mut out, later);
             len = out.len();
         }
     }

@@ -1470,7 +1470,7 @@ fn fsync_on_a_volatile_store_sends_no_request() {
 /// `chattr` and `lsattr` work through the mount (FUSE_IOCTL: the kernel reads the old flags
 /// with FS_IOC_FSGETXATTR before FS_IOC_SETFLAGS), and what the kernel lets through because it
 /// does not know a FUSE inode is immutable or append-only is refused by the server: an open
-/// for writing succeeds, its writes do not (README, the differences; `fuse/src/lib.rs`).
+/// for writing succeeds, its writes do not (README, the differences; docs/DESIGN.md §7).
 #[test]
 fn inode_flags_through_the_mount() {
     use std::io::Write;

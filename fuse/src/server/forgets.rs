@@ -1,0 +1,67 @@
+//! Waiting for FORGETs that may give room back: a request refused with ENOSPC is tried
+//! again after each FORGET, for a few milliseconds ([`Forgets`]).
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+/// How long a request refused with ENOSPC waits, in all, for FORGETs that may give room back
+/// before it is answered (see the `Dispatch` implementation of `Server`).
+pub(super) const ENOSPC_WAIT: Duration = Duration::from_millis(5);
+
+/// A count of the FORGETs handled, and a way to wait for the next one.
+///
+/// The kernel holds a file it unlinked until its last user is gone, then sends a FORGET,
+/// and only then can lanefs free the inode and its pages: a create or write right after an
+/// unlink that needed that room would fail with ENOSPC where tmpfs (which frees at the last
+/// `iput`) succeeds. Over io_uring that is the common case: the FORGET comes through
+/// `/dev/fuse` and the next request through the ring, served by another thread. So a request
+/// refused with ENOSPC waits (at most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again
+/// after each. The count is bumped after the FORGET is applied; the lock and condition
+/// variable are touched only while someone waits.
+#[derive(Default)]
+pub(super) struct Forgets {
+    count: std::sync::atomic::AtomicU64,
+    waiters: AtomicUsize,
+    lock: Mutex<()>,
+    cv: std::sync::Condvar,
+}
+
+impl Forgets {
+    /// The count now, for [`Forgets::wait_past`].
+    pub(super) fn seen(&self) -> u64 {
+        self.count.load(SeqCst)
+    }
+
+    /// Counts a FORGET, applied, and wakes whoever waits for one.
+    pub(super) fn done(&self) {
+        self.count.fetch_add(1, SeqCst);
+        if self.waiters.load(SeqCst) > 0 {
+            let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.cv.notify_all();
+        }
+    }
+
+    /// Waits until the count passes `seen` or `deadline` comes; true if it passed.
+    pub(super) fn wait_past(&self, seen: u64, deadline: Instant) -> bool {
+        self.waiters.fetch_add(1, SeqCst);
+        let mut g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.count.load(SeqCst) != seen {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        drop(g);
+        self.waiters.fetch_sub(1, SeqCst);
+        self.count.load(SeqCst) != seen
+    }
+}
