@@ -223,6 +223,8 @@ mod uring;
 pub use control::{
     SocketGuard, serve as serve_control, socket_path, stats as read_stats, stats_json,
 };
-pub use mnt::{FS_TYPE, MOUNT_FLAGS, MountFlag, mount_flag, mount_flags_at, mount_id_at};
+pub use mnt::{
+    FS_TYPE, MOUNT_FLAGS, MountFlag, mount_dev_at, mount_flag, mount_flags_at, mount_id_at,
+};
 pub use server::{Mount, MountConfig, MountOption, Mounted, Server, mount, mount_background};
 pub use session::{SessionInfo, Uring};
