@@ -11,7 +11,7 @@ pub mod adapter;
 pub mod report;
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -282,12 +282,14 @@ enum Job {
     },
 }
 
-/// Builds each thread's state (untimed).
-fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<Vec<Job>, Errno> {
-    // Long set-ups (fstree at the seeds' sizes) report progress on a terminal.
-    let progress = w == Workload::Fstree
-        && p.fstree_dirs * p.fstree_files * threads >= 1_000_000
-        && std::io::IsTerminal::is_terminal(&std::io::stderr());
+/// Builds each thread's state (untimed), telling `progress` how far the trees are.
+fn prepare(
+    w: Workload,
+    a: &dyn Adapter,
+    threads: usize,
+    p: &Params,
+    progress: &mut dyn FnMut(Stage),
+) -> Result<Vec<Job>, Errno> {
     let base = a.base();
     Ok(match w {
         Workload::Crunl | Workload::Rndrename => {
@@ -304,9 +306,7 @@ fn prepare(w: Workload, a: &dyn Adapter, threads: usize, p: &Params) -> Result<V
         }
         Workload::Fstree | Workload::Walk => (0..threads)
             .map(|t| {
-                if progress {
-                    eprint!("\r  building trees: {t}/{threads} threads' trees done          ");
-                }
+                progress(Stage::Trees { done: t, threads });
                 let top = a.mkdir(base, &format!("tree{t}"))?;
                 let mut dirs = Vec::with_capacity(p.fstree_dirs);
                 for d in 0..p.fstree_dirs {
@@ -428,8 +428,100 @@ const WARM: u8 = 0;
 const MEASURE: u8 = 1;
 const STOP: u8 = 2;
 
+/// Where a running cell is, for a progress line ([`run_cell_reporting`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stage {
+    /// Creating this many empty files in the in-process filesystem first.
+    Prefill(usize),
+    /// fstree, walk: building the threads' trees, `done` of `threads` built.
+    Trees {
+        /// Trees built.
+        done: usize,
+        /// Trees to build.
+        threads: usize,
+    },
+    /// Building the threads' other state.
+    SetUp,
+    /// Running before the window (for this many seconds).
+    WarmUp(f64),
+    /// In the measuring window: `elapsed` of `window` seconds.
+    Window {
+        /// Seconds measured so far.
+        elapsed: f64,
+        /// The window's length.
+        window: f64,
+    },
+    /// Fixed work: `done` of `total` operations (all threads together).
+    Work {
+        /// Operations done.
+        done: u64,
+        /// Operations to do.
+        total: u64,
+    },
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Stage::Prefill(n) => write!(f, "prefilling {n} files"),
+            Stage::Trees { done, threads } => {
+                write!(f, "building trees, {done}/{threads} done")
+            }
+            Stage::SetUp => write!(f, "setting up"),
+            Stage::WarmUp(s) => write!(f, "warming up ({s:.1} s)"),
+            Stage::Window { elapsed, window } => {
+                write!(f, "measuring, {elapsed:.1}/{window:.1} s")
+            }
+            Stage::Work { done, total } => write!(
+                f,
+                "measuring, {done}/{total} operations ({:.0}%)",
+                done as f64 * 100.0 / total.max(1) as f64
+            ),
+        }
+    }
+}
+
+/// How often a running cell tells where it is.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
+
+/// A worker's count of operations, on a cache line of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Done(AtomicU64);
+
+/// Counts a worker out when it ends, however it ends, and wakes the thread waiting for them.
+struct Finished(Arc<std::sync::atomic::AtomicUsize>, std::thread::Thread);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Release);
+        self.1.unpark();
+    }
+}
+
 /// Runs one cell.
 pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Result<Cell, String> {
+    run_cell_reporting(w, target, threads, p, &mut |_| {})
+}
+
+/// Runs one cell, telling `progress` where it is: at each stage, and about every 250 ms
+/// while it measures.
+pub fn run_cell_reporting(
+    w: Workload,
+    target: &Target,
+    threads: usize,
+    p: &Params,
+    progress: &mut dyn FnMut(Stage),
+) -> Result<Cell, String> {
+    if p.prefill > 0
+        && matches!(w, Workload::Crunl | Workload::Rndrename)
+        && matches!(
+            target,
+            Target::Engine(_) | Target::Store(..) | Target::Paths(_)
+        )
+    {
+        progress(Stage::Prefill(p.prefill));
+    }
     let adapter: Option<Arc<dyn Adapter>> = match target {
         Target::Engine(l) => Some(Arc::new(Engine::new(
             *l,
@@ -463,8 +555,9 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         }
         Target::ShareNothing => None,
     };
+    progress(Stage::SetUp);
     let jobs = match &adapter {
-        Some(a) => prepare(w, a.as_ref(), threads, p)
+        Some(a) => prepare(w, a.as_ref(), threads, p, progress)
             .map_err(|e| format!("{} set-up on {}: {e}", w.name(), target.label()))?,
         None => (0..threads)
             .map(|_| Job::ShareNothing {
@@ -483,14 +576,20 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
     }
     let phase = Arc::new(AtomicU8::new(if fixed.is_some() { MEASURE } else { WARM }));
     let barrier = Arc::new(Barrier::new(threads + 1));
+    // Each worker's operations in the window so far, for the progress of fixed work.
+    let done: Arc<Vec<Done>> = Arc::new((0..threads).map(|_| Done::default()).collect());
+    let finished = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let before = adapter.as_ref().and_then(|a| a.engine().map(|e| e.stats()));
     let handles: Vec<_> = jobs
         .into_iter()
         .enumerate()
         .map(|(tid, mut job)| {
             let (phase, barrier, adapter) = (phase.clone(), barrier.clone(), adapter.clone());
+            let done = done.clone();
+            let finished = Finished(finished.clone(), std::thread::current());
             std::thread::spawn(
                 move || -> Result<(u64, u64, Vec<u32>, Instant, Instant), Errno> {
+                    let _finished = finished;
                     let mut rng =
                         Rng(0x9E37_79B9_7F4A_7C15 ^ ((tid as u64 + 1) * 0x1234_5678_9ABC));
                     let mut name = String::with_capacity(32);
@@ -505,6 +604,9 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
                     let (start_ops, start_cpu, started) = (i, thread_cpu_ns(), Instant::now());
                     let end = fixed.unwrap_or(u64::MAX);
                     while i < end && phase.load(Relaxed) == MEASURE {
+                        if i % 4096 == 0 {
+                            done[tid].0.store(i - start_ops, Relaxed);
+                        }
                         if i % 8 == 0 {
                             let t = Instant::now();
                             step(&mut job, a, tid, i, &mut rng, &mut name)?;
@@ -514,6 +616,7 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
                         }
                         i += 1;
                     }
+                    done[tid].0.store(i - start_ops, Relaxed);
                     Ok((
                         i - start_ops,
                         thread_cpu_ns() - start_cpu,
@@ -527,9 +630,23 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
         .collect();
     barrier.wait();
     let commits = || adapter.as_ref().and_then(|a| a.store_counters());
-    let (snap, t0, commits0) = if fixed.is_some() {
-        (before, Instant::now(), commits())
+    let (snap, t0, commits0) = if let Some(per_thread) = fixed {
+        let t0 = Instant::now();
+        let total = per_thread.saturating_mul(threads as u64);
+        loop {
+            progress(Stage::Work {
+                done: done.iter().map(|d| d.0.load(Relaxed)).sum(),
+                total,
+            });
+            if finished.load(Acquire) == threads {
+                break;
+            }
+            // Woken early when the work ends, so a short cell is not made longer.
+            std::thread::park_timeout(REPORT_EVERY);
+        }
+        (before, t0, commits())
     } else {
+        progress(Stage::WarmUp(p.warmup));
         std::thread::sleep(Duration::from_secs_f64(p.warmup));
         let commits0 = commits();
         let snap = adapter
@@ -538,7 +655,19 @@ pub fn run_cell(w: Workload, target: &Target, threads: usize, p: &Params) -> Res
             .or(before);
         phase.store(MEASURE, Relaxed);
         let t0 = Instant::now();
-        std::thread::sleep(Duration::from_secs_f64(p.seconds));
+        let window = Duration::from_secs_f64(p.seconds);
+        loop {
+            let elapsed = t0.elapsed();
+            progress(Stage::Window {
+                // The window is what is measured, however late this thread wakes.
+                elapsed: elapsed.min(window).as_secs_f64(),
+                window: p.seconds,
+            });
+            if elapsed >= window {
+                break;
+            }
+            std::thread::sleep(REPORT_EVERY.min(window - elapsed));
+        }
         phase.store(STOP, Relaxed);
         (snap, t0, commits0)
     };

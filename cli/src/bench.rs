@@ -209,7 +209,16 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
         }
     }
+    // On a terminal, one line on stderr, rewritten in place, says which cell runs and where
+    // it is (the prefill, set-up, warm-up, how much of the window or of the fixed work), and
+    // is cleared at the end; elsewhere (a pipe, a file, --json's consumers) nothing is added.
     let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let started = std::time::Instant::now();
+    let clear = || {
+        if progress {
+            eprint!("\r\x1b[K");
+        }
+    };
     let mut cells = Vec::new();
     let mut plan: Vec<(Workload, Vec<Target>)> = Vec::new();
     for &w in &workloads {
@@ -270,21 +279,23 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             for t in targets {
                 for &n in &a.threads {
                     done += 1;
-                    if progress {
-                        eprint!(
-                            "\r[{done}/{total}] {} {} T={n}          ",
-                            w.name(),
-                            t.label()
-                        );
-                    }
-                    cells.push(lanefs_bench::run_cell(*w, t, n, &p)?);
+                    let cell = format!("{} {} T={n}", w.name(), t.label());
+                    let mut show = |stage: lanefs_bench::Stage| {
+                        if progress {
+                            eprint!(
+                                "\r\x1b[K[{done}/{total}, {:.0} s] {cell}: {stage}",
+                                started.elapsed().as_secs_f64()
+                            );
+                        }
+                    };
+                    let c = lanefs_bench::run_cell_reporting(*w, t, n, &p, &mut show)
+                        .inspect_err(|_| clear())?;
+                    cells.push(c);
                 }
             }
         }
     }
-    if total > 0 && progress {
-        eprintln!();
-    }
+    clear();
     let med = report::medians(&cells);
     let mut text = report::table(&med, a.repeat);
     if a.compare {

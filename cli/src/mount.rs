@@ -28,7 +28,8 @@ pub struct MountArgs {
     /// uring=auto|on|off (serve requests through io_uring when the kernel offers it, the
     /// default; on: or fail; off: through /dev/fuse), mode=OCTAL, uid=N,
     /// gid=N, and the kernel's mount flags: nosuid/suid, nodev/dev, noexec/exec, sync/async,
-    /// dirsync, noatime/atime/relatime/strictatime, nodiratime, lazytime, nosymfollow.
+    /// dirsync, noatime/atime/relatime/strictatime, nodiratime, lazytime, nosymfollow;
+    /// and wait (as --wait).
     /// A mount made by root is suid,dev unless told nosuid/nodev, as tmpfs is; a user's mount
     /// goes through fusermount3, which always makes it nosuid,nodev. The options the kernel
     /// reports for a FUSE mount (user_id=, group_id=, rootmode=, fd=, max_read=, blksize=,
@@ -39,6 +40,15 @@ pub struct MountArgs {
     /// Return once mounted, leaving the server running in the background.
     #[arg(long)]
     pub background: bool,
+    /// Say where the filesystem is mounted and how requests are served, on stderr, also
+    /// with --background (the foreground says so anyway; the mount-helper form is silent
+    /// unless given -v, as other mount helpers are).
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// A disk store in use by another server: wait until that server lets go of it, instead
+    /// of failing at once (a store whose server was just unmounted is waited for anyway).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// `lanefs fsck [--repair] DIR`.
@@ -49,6 +59,10 @@ pub struct FsckArgs {
     /// Cut a damaged store back to its last consistent prefix, and say what was dropped.
     #[arg(long)]
     pub repair: bool,
+    /// The store in use by a server: wait until it lets go of it, instead of failing at once
+    /// (a store whose server was just unmounted is waited for anyway).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// `lanefs compact DIR`.
@@ -56,6 +70,10 @@ pub struct FsckArgs {
 pub struct CompactArgs {
     /// The store's directory.
     pub dir: PathBuf,
+    /// The store in use by a server: wait until it lets go of it, instead of failing at once
+    /// (a store whose server was just unmounted is waited for anyway).
+    #[arg(long)]
+    pub wait: bool,
 }
 
 /// `lanefs stats MOUNTPOINT`.
@@ -85,6 +103,8 @@ struct Plan {
     mount: MountConfig,
     /// The disk store's directory (`None`: memory).
     store: Option<PathBuf>,
+    /// Wait for a store another server holds (`--wait`, `-o wait`).
+    wait: bool,
 }
 
 fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
@@ -107,6 +127,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
     // The kernel flags the options set, in order: the atime ones also tell the engine when a
     // read moves an access time (the kernel leaves that to a FUSE server).
     let mut bits: libc::c_ulong = 0;
+    let mut wait = a.wait;
     for o in a.options.iter().filter(|o| !o.is_empty()) {
         let (k, v) = o
             .split_once('=')
@@ -120,6 +141,8 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
                 fs.read_only = m.read_only;
             }
             "defaults" | "auto" | "noauto" | "user" | "users" | "nofail" | "_netdev" => {}
+            // lanefs's own: wait for a store another server holds (mount(8)'s way to --wait).
+            "wait" if v.is_none() => wait = true,
             // Options the kernel reports for every FUSE mount (`findmnt -no OPTIONS`,
             // /proc/self/mountinfo) that lanefs sets itself: accepted, so that a mount's
             // options can be given back, and ignored (`default_permissions` is always on;
@@ -185,6 +208,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
         fs,
         mount: m,
         store,
+        wait,
     })
 }
 
@@ -268,30 +292,102 @@ fn explain(e: std::io::Error, mp: &Path) -> String {
     }
 }
 
-/// How long `mount --store`, `fsck` and `compact` wait for a store another server holds: an
-/// unmount returns before the old server has closed the store and released its lock.
-const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// How long `mount --store`, `fsck` and `compact` wait, unasked, for a store held by a
+/// server whose mount is gone: an unmount returns before the old server has closed the store
+/// and released its lock, so a mount or fsck right after an unmount meets it closing.
+const CLOSING_WAIT: Duration = Duration::from_secs(60);
 
-/// Runs `f` on the store in `dir`, again every 50 ms for up to [`LOCK_WAIT`] while another
-/// server holds the store; the refusal is one line.
+/// What a lanefs server notes in its store's lock file once mounted (the store notes
+/// `opened` until then): `mounted MAJOR:MINOR MOUNTPOINT`, the mount's device number as
+/// `/proc/PID/mountinfo` shows it, so that whoever finds the store in use can tell a server
+/// still mounted from one unmounted and closing the store ([`closing`]).
+fn mounted_note(dev: (u32, u32), mp: &Path) -> String {
+    format!("mounted {}:{} {}", dev.0, dev.1, mp.display())
+}
+
+/// The device number and mountpoint in a [`mounted_note`].
+fn parse_mounted_note(note: &str) -> Option<(&str, &str)> {
+    note.strip_prefix("mounted ")?.split_once(' ')
+}
+
+/// Whether `holder` is a lanefs server whose mount is gone from its mount table: it was
+/// unmounted and is closing the store (or serves only files still open on a lazily detached
+/// mount). A server still mounted, one not yet mounted, fsck, compact, or a holder that cannot
+/// be told are not.
+fn closing(holder: &lanefs_store::Holder) -> bool {
+    let (Some(pid), Some((dev, _))) = (holder.pid, parse_mounted_note(&holder.note)) else {
+        return false;
+    };
+    match std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
+        Ok(table) => !table.lines().any(|l| l.split(' ').nth(2) == Some(dev)),
+        // Gone meanwhile: the lock goes with it.
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Who holds the store, for the refusal: `the lanefs server with pid 123, mounted on /mnt`
+/// (`unmounted from /mnt` where `closing`).
+fn describe(holder: &Option<lanefs_store::Holder>, closing: bool) -> String {
+    let Some(h) = holder else {
+        return "another process".into();
+    };
+    let Some(pid) = h.pid else {
+        return "another process".into();
+    };
+    if let Some((_, mp)) = parse_mounted_note(&h.note) {
+        let how = if closing {
+            "unmounted from"
+        } else {
+            "mounted on"
+        };
+        return format!("the lanefs server with pid {pid}, {how} {mp}");
+    }
+    match h.note.as_str() {
+        "opened" => format!("the lanefs server with pid {pid}, which is opening it"),
+        "fsck" | "fsck --repair" | "compact" => format!("`lanefs {}` with pid {pid}", h.note),
+        "" => format!("another process, pid {pid}"),
+        other => format!("process {pid} ({})", other.replace('\n', " ")),
+    }
+}
+
+/// Runs `f` on the store in `dir`. Where another process holds the store: with `wait`, again
+/// every 50 ms until it lets go; else again while the holder is a server whose mount is
+/// gone ([`closing`], for up to [`CLOSING_WAIT`]); else it fails at once, in one line that
+/// names the holder. `wait_flag` is how the command asks to wait, for that line.
 fn when_unlocked<T>(
     dir: &Path,
+    wait: bool,
+    wait_flag: &str,
     mut f: impl FnMut() -> Result<T, lanefs_store::StoreError>,
 ) -> Result<T, String> {
     let start = std::time::Instant::now();
     loop {
         match f() {
-            Err(lanefs_store::StoreError::Locked { .. }) if start.elapsed() < LOCK_WAIT => {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            Err(lanefs_store::StoreError::Locked { path }) => {
-                return Err(format!(
-                    "{}: the store is in use by another lanefs server (its lock, {}, was \
-                     still held after {} s); unmount it first",
-                    dir.display(),
-                    path.display(),
-                    LOCK_WAIT.as_secs()
-                ));
+            Err(lanefs_store::StoreError::Locked { path, holder }) => {
+                let closing = holder.as_ref().is_some_and(closing);
+                if wait || (closing && start.elapsed() < CLOSING_WAIT) {
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+                return Err(if closing {
+                    format!(
+                        "{}: the store is in use by {}, which has not let go of it ({}) in {} s \
+                         (files still open on a lazily detached mount keep it serving); \
+                         {wait_flag} waits for it",
+                        dir.display(),
+                        describe(&holder, true),
+                        path.display(),
+                        CLOSING_WAIT.as_secs()
+                    )
+                } else {
+                    format!(
+                        "{}: the store is in use by {} (it holds {}); unmount it first, or \
+                         {wait_flag} waits for it",
+                        dir.display(),
+                        describe(&holder, false),
+                        path.display(),
+                    )
+                });
             }
             r => return r.map_err(|e| e.to_string()),
         }
@@ -299,19 +395,22 @@ fn when_unlocked<T>(
 }
 
 /// Opens the store in `dir` ([`when_unlocked`]).
-fn open_store(dir: &Path, cfg: Config) -> Result<lanefs_store::Opened, String> {
-    when_unlocked(dir, || {
+fn open_store(dir: &Path, cfg: Config, wait: bool) -> Result<lanefs_store::Opened, String> {
+    when_unlocked(dir, wait, "--wait (-o wait)", || {
         lanefs_store::open(dir, cfg.clone(), lanefs_store::Options::default())
     })
 }
 
-/// Mounts and serves; `ready` is told once the mount is in place.
-fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
+/// Mounts and serves; `ready` is told once the mount is in place. With `verbose` it says
+/// so on stderr, naming the transport.
+fn serve(plan: Plan, mp: &Path, verbose: bool, ready: impl FnOnce()) -> Result<(), String> {
     crate::start_purging();
+    // Before the mount, while stat of the mountpoint asks no FUSE server.
+    let canon_mp = std::fs::canonicalize(mp).unwrap_or_else(|_| mp.to_path_buf());
     let (fs, store) = match &plan.store {
         None => (Filesystem::new(plan.fs), None),
         Some(dir) => {
-            let o = open_store(dir, plan.fs)?;
+            let o = open_store(dir, plan.fs, plan.wait)?;
             if o.report.torn_tail {
                 eprintln!(
                     "lanefs: {}: dropped a torn journal tail (a commit cut by a crash, never acknowledged)",
@@ -333,11 +432,17 @@ fn serve(plan: Plan, mp: &Path, ready: impl FnOnce()) -> Result<(), String> {
     ]);
     let r = lanefs_fuse::mount(fs, mp, &plan.mount, |m| {
         let mut unmount = m.unmount;
-        eprintln!(
-            "lanefs: {} mounted; requests served through {}",
-            mp.display(),
-            m.info.describe()
-        );
+        if let (Some(store), Some(dev)) = (&store, lanefs_fuse::mount_dev_at(&canon_mp)) {
+            // For whoever finds the store in use: by whom, and whether still mounted.
+            let _ = store.note_holder(&mounted_note(dev, &canon_mp));
+        }
+        if verbose {
+            eprintln!(
+                "lanefs: {} mounted; requests served through {}",
+                mp.display(),
+                m.info.describe()
+            );
+        }
         control = lanefs_fuse::serve_control(fs2, Some(m.info), mp)
             .inspect_err(|e| eprintln!("lanefs: no `lanefs stats` for {}: {e}", mp.display()))
             .ok();
@@ -377,7 +482,9 @@ fn store_dir(s: &Option<PathBuf>) -> String {
 pub fn fsck(a: FsckArgs) -> Result<(), String> {
     let opts = lanefs_store::Options::default();
     if a.repair {
-        let r = when_unlocked(&a.dir, || lanefs_store::fsck::repair(&a.dir, &opts))?;
+        let r = when_unlocked(&a.dir, a.wait, "--wait", || {
+            lanefs_store::fsck::repair(&a.dir, &opts)
+        })?;
         match r.cut_at {
             None => println!(
                 "{}: consistent, nothing to repair ({} records)",
@@ -393,7 +500,9 @@ pub fn fsck(a: FsckArgs) -> Result<(), String> {
         }
         return Ok(());
     }
-    let r = when_unlocked(&a.dir, || lanefs_store::fsck::check(&a.dir, &opts))?;
+    let r = when_unlocked(&a.dir, a.wait, "--wait", || {
+        lanefs_store::fsck::check(&a.dir, &opts)
+    })?;
     println!(
         "{}: consistent: a checkpoint up to record {}, then {} records in {} journal segments, {} inodes{}",
         a.dir.display(),
@@ -411,7 +520,7 @@ pub fn fsck(a: FsckArgs) -> Result<(), String> {
 }
 
 pub fn compact(a: CompactArgs) -> Result<(), String> {
-    let r = when_unlocked(&a.dir, || {
+    let r = when_unlocked(&a.dir, a.wait, "--wait", || {
         lanefs_store::compact(&a.dir, lanefs_store::Options::default())
     })?;
     println!(
@@ -428,7 +537,8 @@ pub fn run(a: MountArgs) -> Result<(), String> {
     let plan = plan(&a)?;
     preflight(&a.mountpoint)?;
     if !a.background {
-        return serve(plan, &a.mountpoint, || {});
+        // In the foreground the line is the only sign the mount is up.
+        return serve(plan, &a.mountpoint, true, || {});
     }
     // Background: fork before any thread exists; the child mounts and reports through a pipe.
     let mut fds = [0i32; 2];
@@ -450,7 +560,7 @@ pub fn run(a: MountArgs) -> Result<(), String> {
             // end of file and returns.
             let w = std::cell::RefCell::new(Some(w));
             let mp = a.mountpoint.clone();
-            let r = serve(plan, &mp, || {
+            let r = serve(plan, &mp, a.verbose, || {
                 if let Some(mut w) = w.borrow_mut().take() {
                     let _ = w.write_all(b"ok");
                 }
@@ -495,13 +605,17 @@ pub fn run(a: MountArgs) -> Result<(), String> {
 
 /// The mount-helper form: `lanefs SOURCE MOUNTPOINT [-o opts]`, as `mount.fuse3` runs it for
 /// `mount -t fuse.lanefs SOURCE MOUNTPOINT -o opts` and /etc/fstab entries. Always returns once
-/// mounted.
+/// mounted, silently unless given `-v`, as other mount helpers are (mount(8) and xfstests
+/// take anything on stderr for trouble).
 pub fn helper(args: &[String]) -> Result<(), String> {
     let mut pos = Vec::new();
     let mut options = Vec::new();
+    let mut verbose = false;
     let mut it = args.iter();
     while let Some(x) = it.next() {
-        if x == "-o" {
+        if x == "-v" || x == "--verbose" {
+            verbose = true;
+        } else if x == "-o" {
             options.extend(
                 it.next()
                     .ok_or("-o needs options")?
@@ -530,6 +644,8 @@ pub fn helper(args: &[String]) -> Result<(), String> {
         store: store.to_string(),
         options,
         background: true,
+        verbose,
+        wait: false,
     })
 }
 
@@ -665,6 +781,8 @@ mod tests {
             store: "memory".into(),
             options: options.split(',').map(String::from).collect(),
             background: false,
+            verbose: false,
+            wait: false,
         }
     }
 
@@ -713,7 +831,12 @@ mod tests {
             plan(&args("uring=auto")).unwrap().mount.uring,
             lanefs_fuse::Uring::Auto
         );
+        // `wait`, lanefs's own, is --wait; never passed to the kernel.
+        let p = plan(&args("wait,nosuid")).unwrap();
+        assert!(p.wait && !plan(&args("nosuid")).unwrap().wait);
+        assert_eq!(p.mount.flags, [MountOption::NoSuid]);
         for bad in [
+            "wait=1",
             "uring=yes",
             "uring",
             "user_id=root",

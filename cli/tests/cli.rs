@@ -280,6 +280,10 @@ fn mount_through_mount_fuse3() {
         stderr(&out)
     );
     assert!(mounted(mp));
+    let _m = Mounted(mp.to_path_buf());
+    // Silent on success, as mount helpers are (xfstests takes output for failure).
+    assert_eq!(stderr(&out), "");
+    assert!(out.stdout.is_empty());
     std::fs::create_dir(mp.join("d")).unwrap();
     let st = lanefs(&["stats", "--json", mp.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
@@ -312,6 +316,7 @@ fn mount_a_disk_store_through_mount_fuse3() {
         .unwrap();
     assert!(out.status.success(), "mount -t fuse: {}", stderr(&out));
     assert!(mounted(mp));
+    assert_eq!(stderr(&out), "");
     std::fs::create_dir(mp.join("d")).unwrap();
     std::fs::write(mp.join("d/f"), b"kept").unwrap();
     std::fs::File::open(mp.join("d/f"))
@@ -779,8 +784,8 @@ fn a_killed_servers_socket_is_removed_by_the_next_server() {
     unmount(&dead);
 }
 
-/// Takes the lock a store's server holds (`lanefs.lock` in the store's directory), as a
-/// server still closing would; released when the file is dropped.
+/// Takes the lock a store's server holds (`lanefs.lock` in the store's directory), as
+/// another process that says nothing in it would; released when the file is dropped.
 fn hold_store_lock(store: &Path) -> std::fs::File {
     use std::os::fd::AsRawFd;
     std::fs::create_dir_all(store).unwrap();
@@ -788,7 +793,7 @@ fn hold_store_lock(store: &Path) -> std::fs::File {
         .read(true)
         .write(true)
         .create(true)
-        .truncate(false)
+        .truncate(true)
         .open(store.join("lanefs.lock"))
         .unwrap();
     // SAFETY: `f` is an open descriptor for the duration of the call.
@@ -797,39 +802,259 @@ fn hold_store_lock(store: &Path) -> std::fs::File {
     f
 }
 
-/// A store another server keeps holding is refused after a short wait, in one line that
-/// says why.
+/// A store another process holds is refused at once by `mount --store`, `fsck` and
+/// `compact`, in one line that names the holder's pid and how to wait for it.
 #[test]
-fn a_store_in_use_is_refused_in_one_line_after_a_short_wait() {
+fn a_store_in_use_is_refused_at_once_naming_its_holder() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");
     let mp = dir.path().join("mnt");
     std::fs::create_dir(&mp).unwrap();
+    // A store (made in-process) that fsck and compact would take.
+    let o = lanefs_store::open(
+        &store,
+        lanefs::Config::default(),
+        lanefs_store::Options::default(),
+    )
+    .unwrap();
+    drop(o.fs);
+    o.store.close().unwrap();
     let _held = hold_store_lock(&store);
-    let start = std::time::Instant::now();
-    let o = lanefs(&[
-        "mount",
-        "--store",
-        store.to_str().unwrap(),
-        mp.to_str().unwrap(),
-    ]);
-    let waited = start.elapsed();
-    assert!(!o.status.success());
-    assert!(
-        stderr(&o).contains("in use by another lanefs server"),
-        "{}",
-        stderr(&o)
-    );
-    assert_eq!(stderr(&o).lines().count(), 1, "one line: {}", stderr(&o));
-    assert!(
-        waited >= Duration::from_millis(4500),
-        "refused after {waited:?}"
-    );
+    let s = store.to_str().unwrap();
+    for args in [
+        &["mount", "--store", s, mp.to_str().unwrap()][..],
+        &["fsck", s],
+        &["fsck", "--repair", s],
+        &["compact", s],
+    ] {
+        let o = lanefs(args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(&format!(
+                "{s}: the store is in use by another process, pid {}",
+                std::process::id()
+            )) && e.contains("--wait"),
+            "{args:?}: {e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{args:?}: one line: {e}");
+    }
     assert!(!mounted(&mp));
 }
 
-/// Mounting a store right after its previous server unmounted waits for that server to
-/// release the store's lock, then mounts.
+/// A store a server has mounted is refused at once by a second mount, `fsck` and `compact`,
+/// naming the server's pid and mountpoint; once the server is stopped, fsck goes ahead.
+#[test]
+fn a_mounted_store_is_refused_at_once_naming_its_server() {
+    if !can_mount("a_mounted_store_is_refused_at_once_naming_its_server") {
+        return;
+    }
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let [mp, other] = ["mnt", "other"].map(|n| {
+        let p = dir.path().join(n);
+        std::fs::create_dir(&p).unwrap();
+        std::fs::canonicalize(p).unwrap()
+    });
+    let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
+    let mut server = Command::new(BIN)
+        .args(["mount", "--store", s, m])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _m = Mounted(mp.clone());
+    // In the foreground the server says when it is mounted.
+    let mut err = std::io::BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with(&format!("lanefs: {m} mounted; requests served through")),
+        "{line}"
+    );
+    let holder = format!(
+        "{s}: the store is in use by the lanefs server with pid {}, mounted on {m}",
+        server.id()
+    );
+    for args in [
+        &[
+            "mount",
+            "--background",
+            "--store",
+            s,
+            other.to_str().unwrap(),
+        ][..],
+        &["fsck", s],
+        &["compact", s],
+    ] {
+        let o = lanefs(args);
+        assert!(!o.status.success(), "{args:?}");
+        let e = stderr(&o);
+        assert!(
+            e.contains(&holder) && e.contains("unmount it first"),
+            "{args:?}: {e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{args:?}: one line: {e}");
+    }
+    assert!(!mounted(&other));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    assert!(server.wait().unwrap().success());
+    let o = lanefs(&["fsck", s]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A store is mounted and checked again right after its server is unmounted, without
+/// --wait: the server, unmounted, may still be closing the store, and that is waited for.
+#[test]
+fn a_store_is_mounted_and_checked_again_right_after_an_unmount() {
+    if !can_mount("a_store_is_mounted_and_checked_again_right_after_an_unmount") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
+    for round in 0..4u8 {
+        let o = lanefs(&["mount", "--background", "--store", s, m]);
+        assert!(o.status.success(), "round {round}: {}", stderr(&o));
+        let _m = Mounted(mp.clone());
+        for r in 0..round {
+            assert_eq!(std::fs::read(mp.join(format!("f{r}"))).unwrap(), [r]);
+        }
+        std::fs::write(mp.join(format!("f{round}")), [round]).unwrap();
+        unmount(&mp);
+        if round % 2 == 1 {
+            let o = lanefs(&["fsck", s]);
+            assert!(o.status.success(), "round {round}: {}", stderr(&o));
+        }
+    }
+}
+
+/// A server unmounted but not yet done closing its store (here stopped with SIGSTOP right
+/// after its unmount) is waited for, unasked, by `fsck`, which goes ahead once it lets go.
+#[test]
+fn fsck_waits_for_an_unmounted_server_still_closing_the_store() {
+    if !can_mount("fsck_waits_for_an_unmounted_server_still_closing_the_store") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
+    let o = lanefs(&["mount", "--background", "--store", s, m]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _m = Mounted(mp.clone());
+    std::fs::write(mp.join("f"), b"x").unwrap();
+    // The lock file's first line is the server's pid (docs/STORE.md, "The lock file").
+    let lock = std::fs::read_to_string(store.join("lanefs.lock")).unwrap();
+    let server: i32 = lock.lines().next().unwrap().parse().unwrap();
+    // SAFETY: signalling the background server this test started.
+    assert_eq!(unsafe { libc::kill(server, libc::SIGSTOP) }, 0);
+    unmount(&mp);
+    let mut fsck = Command::new(BIN)
+        .args(["fsck", s])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // fsck tries the lock, and sleeps between tries: once it has slept 60 times, it has gone
+    // on past the store's own retries (20 sleeps a try) into the command's wait.
+    let slept = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+            })
+    };
+    while fsck.try_wait().unwrap().is_none() && slept(fsck.id()).is_some_and(|n| n < 60) {
+        std::thread::yield_now();
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(server, libc::SIGCONT) }, 0);
+    let o = fsck.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("consistent"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
+
+/// `fsck` (and `--repair`, and `compact`) of a directory holding no store, of a missing
+/// directory and of a regular file say what it is, in one line naming it, and leave it as it
+/// was: no lock file in an empty directory.
+#[test]
+fn fsck_of_what_is_not_a_store_says_what_it_is_and_leaves_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let missing = dir.path().join("missing");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    for (d, what) in [
+        (&empty, "no lanefs.store"),
+        (&missing, "no such directory"),
+        (&file, "not a directory"),
+    ] {
+        let d = d.to_str().unwrap();
+        for args in [&["fsck", d][..], &["fsck", "--repair", d], &["compact", d]] {
+            let o = lanefs(args);
+            assert!(!o.status.success(), "{args:?}");
+            assert_eq!(
+                stderr(&o),
+                format!("lanefs: {d}: not a lanefs store: {what}\n"),
+                "{args:?}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    assert!(!missing.exists());
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}
+
+/// Mounted through the mount-helper form (as mount(8) runs lanefs) or with --background,
+/// lanefs says nothing on success, as other mount helpers; with -v it says where it is
+/// mounted and how requests are served.
+#[test]
+fn helper_and_background_mounts_are_silent_unless_verbose() {
+    if !can_mount("helper_and_background_mounts_are_silent_unless_verbose") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path();
+    let m = mp.to_str().unwrap();
+    for (args, talks) in [
+        (&["memory", m, "-o", "size=1m"][..], false),
+        (&["mount", "--background", m], false),
+        (&["memory", m, "-v", "-o", "size=1m"], true),
+        (&["mount", "--background", "--verbose", m], true),
+        (&["mount", "--background", "-v", m], true),
+    ] {
+        let o = lanefs(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let _m = Mounted(mp.to_path_buf());
+        if talks {
+            assert!(
+                stderr(&o).starts_with(&format!("lanefs: {m} mounted; requests served through "))
+                    && stderr(&o).lines().count() == 1,
+                "{args:?}: {}",
+                stderr(&o)
+            );
+        } else {
+            assert_eq!(stderr(&o), "", "{args:?}");
+        }
+        assert!(o.stdout.is_empty(), "{args:?}");
+        unmount(mp);
+    }
+}
+
+/// Mounting a store with --wait waits for the process holding it to let go of it (here
+/// after a second), then mounts.
 #[test]
 fn mounting_waits_for_a_store_being_released() {
     if !can_mount("mounting_waits_for_a_store_being_released") {
@@ -848,6 +1073,7 @@ fn mounting_waits_for_a_store_being_released() {
     let o = lanefs(&[
         "mount",
         "--background",
+        "--wait",
         "--store",
         store.to_str().unwrap(),
         mp.to_str().unwrap(),
@@ -862,7 +1088,7 @@ fn mounting_waits_for_a_store_being_released() {
 }
 
 /// `lanefs compact`: run right after an unmount, it waits for the old server to let go of the
-/// store (as `fsck` does), applies the journal, and gives the room of files deleted since back
+/// store (as `fsck` does), and with --wait for any holder; it applies the journal, and gives the room of files deleted since back
 /// to the host; the files kept read back, and fsck finds the store consistent.
 #[test]
 fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
@@ -900,7 +1126,7 @@ fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
         std::thread::sleep(Duration::from_millis(1000));
         drop(held);
     });
-    let o = lanefs(&["compact", s]);
+    let o = lanefs(&["compact", "--wait", s]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("records applied"),

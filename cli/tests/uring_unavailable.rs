@@ -504,10 +504,11 @@ fn refused(mp: &Mountpoint, why: &str, no_io_uring: bool) {
     }
 }
 
-/// `lanefs mount --background -o OPTIONS` at `mp`: mounted; what it printed on stderr.
+/// `lanefs mount --background -v -o OPTIONS` at `mp`: mounted; what it printed on stderr
+/// (`-v`: the line saying how requests are served).
 fn mount_background(mp: &Mountpoint, options: &str, no_io_uring: bool) -> Vec<String> {
     let r = lanefs_with(
-        &["mount", "--background", "-o", options, mp.s()],
+        &["mount", "--background", "-v", "-o", options, mp.s()],
         no_io_uring,
     );
     assert!(r.status.success(), "-o {options}: {}", r.stderr);

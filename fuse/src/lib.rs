@@ -91,7 +91,7 @@ pub use control::{
 pub use info::SessionInfo;
 pub use mount::{
     FS_TYPE, MOUNT_FLAGS, Mount, MountConfig, MountFlag, MountOption, Mounted, mount,
-    mount_background, mount_flag, mount_flags_at, mount_id_at,
+    mount_background, mount_dev_at, mount_flag, mount_flags_at, mount_id_at,
 };
 pub use server::Server;
 pub use session::Uring;

@@ -44,6 +44,18 @@ pub trait Disk: Send + Sync + 'static {
     /// Takes the exclusive lock of `path` (creating the file), held until the returned guard
     /// is dropped; `WouldBlock` if someone holds it.
     fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>>;
+    /// Writes, into the lock file `path` this process holds, who holds it (this process's id)
+    /// and `note`, what it is doing, for whoever finds the lock held ([`Disk::lock_holder`]).
+    /// Nothing by default (a simulated disk keeps no lock file).
+    fn note_lock(&self, path: &Path, note: &str) -> io::Result<()> {
+        let _ = (path, note);
+        Ok(())
+    }
+    /// Who holds the lock of `path`, as far as the host can tell (`None`: it cannot).
+    fn lock_holder(&self, path: &Path) -> Option<Holder> {
+        let _ = path;
+        None
+    }
     /// The size in bytes of the filesystem holding `dir`, if known (a store's default size
     /// limit: it may hold as much as its disk, not as much as the host's memory).
     fn capacity(&self, dir: &Path) -> Option<u64> {
@@ -56,6 +68,41 @@ pub trait Disk: Send + Sync + 'static {
         let _ = dir;
         None
     }
+}
+
+/// Who holds a store's lock (docs/STORE.md, "The lock file").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The holding process's id: the host's lock table says (`/proc/locks`), or else the
+    /// lock file.
+    pub pid: Option<u32>,
+    /// What the holder wrote it is doing ([`Disk::note_lock`]); empty if the lock file does
+    /// not name that process.
+    pub note: String,
+}
+
+/// The lock file's text: the holder's process id on the first line, then its note.
+fn lock_text(pid: u32, note: &str) -> String {
+    format!("{pid}\n{note}")
+}
+
+/// The process id and note in a lock file's text ([`lock_text`]).
+fn parse_lock_text(text: &str) -> Option<(u32, String)> {
+    let (pid, note) = text.split_once('\n').unwrap_or((text, ""));
+    Some((pid.trim().parse().ok()?, note.to_string()))
+}
+
+/// The process holding a `flock` on the file with device `dev` and inode `ino`, from
+/// `/proc/locks` (lines such as `1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF`; the
+/// device's major and minor in hex; waiters' lines have `->` and are skipped).
+fn flock_holder(locks: &str, dev: u64, ino: u64) -> Option<u32> {
+    let want = format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev));
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&want.as_str()))
+            .then(|| f.get(4)?.parse().ok())
+            .flatten()
+    })
 }
 
 /// `statvfs(2)` of `dir`.
@@ -197,6 +244,42 @@ impl Disk for RealDisk {
         }
         // The lock lives as long as the descriptor.
         Ok(Box::new(f))
+    }
+
+    fn note_lock(&self, path: &Path, note: &str) -> io::Result<()> {
+        let f = OpenOptions::new().write(true).open(path)?;
+        f.set_len(0)?;
+        f.write_all_at(lock_text(std::process::id(), note).as_bytes(), 0)
+    }
+
+    fn lock_holder(&self, path: &Path) -> Option<Holder> {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(path).ok()?;
+        let locked = std::fs::read_to_string("/proc/locks")
+            .ok()
+            .and_then(|l| flock_holder(&l, md.dev(), md.ino()));
+        let written = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| parse_lock_text(&t));
+        Some(match (locked, written) {
+            (Some(pid), Some((p, note))) if p == pid => Holder {
+                pid: Some(pid),
+                note,
+            },
+            (Some(pid), _) => Holder {
+                pid: Some(pid),
+                note: String::new(),
+            },
+            // The host's lock table cannot be read: the lock file says.
+            (None, Some((pid, note))) => Holder {
+                pid: Some(pid),
+                note,
+            },
+            (None, None) => Holder {
+                pid: None,
+                note: String::new(),
+            },
+        })
     }
 }
 
@@ -882,6 +965,67 @@ impl DiskFile for SimFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The holder of a `flock` is found in `/proc/locks` by device and inode; waiters and
+    /// other kinds of lock are not it.
+    #[test]
+    fn a_flock_holder_is_read_from_the_hosts_lock_table() {
+        let locks = "1: POSIX  ADVISORY  WRITE 99 fd:01:5678 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 77 fd:01:5678 0 EOF\n\
+                     3: FLOCK  ADVISORY  WRITE 4321 00:2d:5678 0 EOF\n";
+        assert_eq!(
+            flock_holder(locks, libc::makedev(0xfd, 1), 5678),
+            Some(1234)
+        );
+        assert_eq!(
+            flock_holder(locks, libc::makedev(0, 0x2d), 5678),
+            Some(4321)
+        );
+        assert_eq!(flock_holder(locks, libc::makedev(0, 0x2d), 5679), None);
+        assert_eq!(
+            parse_lock_text(&lock_text(42, "mounted 0:53 /mnt\nx")),
+            Some((42, "mounted 0:53 /mnt\nx".to_string()))
+        );
+        assert_eq!(parse_lock_text(""), None);
+    }
+
+    /// A real lock file names the process holding it and what that process said it does.
+    #[test]
+    fn a_held_lock_names_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("lock");
+        let d = RealDisk;
+        let held = d.lock(&p).unwrap();
+        d.note_lock(&p, "checking").unwrap();
+        let me = Some(std::process::id());
+        assert_eq!(
+            d.lock_holder(&p),
+            Some(Holder {
+                pid: me,
+                note: "checking".into()
+            })
+        );
+        assert_eq!(
+            d.lock(&p).err().map(|e| e.kind()),
+            Some(io::ErrorKind::WouldBlock)
+        );
+        drop(held);
+        // Someone else's lock, with the file left as it was: the host's lock table names the
+        // process, the note is not taken for its.
+        std::fs::write(&p, "1\nsomeone else").unwrap();
+        let f = File::open(&p).unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: an open descriptor.
+        assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+        assert_eq!(
+            d.lock_holder(&p),
+            Some(Holder {
+                pid: me,
+                note: String::new()
+            })
+        );
+    }
 
     #[test]
     fn a_power_cut_keeps_what_was_flushed_and_may_keep_the_rest() {

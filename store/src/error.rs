@@ -25,10 +25,12 @@ pub enum StoreError {
         /// What is wrong there.
         what: String,
     },
-    /// Another server has the store open.
+    /// Another server (or `fsck`, or `compact`) has the store open.
     Locked {
         /// The lock file.
         path: PathBuf,
+        /// Who holds it, where the host can tell.
+        holder: Option<crate::Holder>,
     },
     /// The directory holds something that is not a lanefs store.
     NotAStore {
@@ -63,11 +65,19 @@ impl std::fmt::Display for StoreError {
             StoreError::Damaged { path, offset, what } => {
                 write!(f, "{}: damaged at byte {offset}: {what}", path.display())
             }
-            StoreError::Locked { path } => write!(
-                f,
-                "{}: the store is in use by another lanefs server",
-                path.display()
-            ),
+            StoreError::Locked { path, holder } => {
+                write!(f, "{}: the store is in use", path.display())?;
+                match holder {
+                    Some(crate::Holder {
+                        pid: Some(pid),
+                        note,
+                    }) if !note.is_empty() => {
+                        write!(f, " by process {pid} ({})", note.replace('\n', " "))
+                    }
+                    Some(crate::Holder { pid: Some(pid), .. }) => write!(f, " by process {pid}"),
+                    _ => write!(f, " by another process"),
+                }
+            }
             StoreError::NotAStore { path, what } => {
                 write!(f, "{}: not a lanefs store: {what}", path.display())
             }

@@ -164,7 +164,8 @@ fn checkpoint(
 
 /// Checks the store in `dir` (see the module doc); the store must not be open elsewhere.
 pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
-    let _lock = crate::lock(&*opts.disk, dir)?;
+    crate::existing_store(&*opts.disk, dir)?;
+    let _lock = crate::lock(&*opts.disk, dir, "fsck")?;
     let (_, outcome) = replay(dir, opts, false)?;
     outcome.map(|(r, _)| r)
 }
@@ -172,7 +173,8 @@ pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
 /// Cuts the store in `dir` back to its last consistent prefix (see the module doc).
 pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let disk = &*opts.disk;
-    let _lock = crate::lock(disk, dir)?;
+    crate::existing_store(disk, dir)?;
+    let _lock = crate::lock(disk, dir, "fsck --repair")?;
     let (kept, outcome) = replay(dir, opts, true)?;
     let (path, finding) = match outcome {
         Ok(_) => {

@@ -4,6 +4,8 @@
 //! A store is a directory (docs/STORE.md is its specification):
 //! - `lanefs.store`: the store's identity (format version, id), written once;
 //! - `lanefs.lock`: locked by the server that has the store open, so a second is refused;
+//!   it names the holding process and what it does ([`StoreHandle::note_holder`]), so that
+//!   the refusal can say who holds the store;
 //! - `journal/`: the records, in segments (`journal.rs`);
 //! - `checkpoint.redb`: the records up to an LSN, applied to keys (`checkpoint/`).
 //!
@@ -54,6 +56,7 @@ pub use crate::checkpoint::CheckpointStatus;
 use crate::clock::{Clock, RealClock};
 pub use crate::commit::Counters;
 use crate::commit::Log;
+pub use crate::disk::Holder;
 use crate::disk::{Disk, RealDisk};
 pub use crate::error::StoreError;
 
@@ -242,6 +245,7 @@ pub struct StoreHandle {
     log: Arc<Log>,
     committer: Option<std::thread::JoinHandle<()>>,
     dir: PathBuf,
+    disk: Arc<dyn Disk>,
     _lock: Box<dyn Send + Sync>,
 }
 
@@ -309,6 +313,13 @@ impl StoreHandle {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// Writes `note`, what the holder does with the store (one line or more of text), into
+    /// the lock file, beside this process's id, for whoever finds the store in use
+    /// ([`StoreError::Locked`]). An opened store's note is `opened`.
+    pub fn note_holder(&self, note: &str) -> std::io::Result<()> {
+        self.disk.note_lock(&self.dir.join(LOCK), note)
+    }
 }
 
 impl Drop for StoreHandle {
@@ -337,22 +348,28 @@ pub fn segment_size(most: u64, capacity: Option<u64>) -> u64 {
     }
 }
 
-/// Takes the store's lock (see the module doc).
+/// Takes the store's lock (see the module doc) and notes `note` in it, what this process
+/// does with the store ([`StoreHandle::note_holder`]).
 ///
 /// A lock found held is tried again for a moment before the store is refused: `flock`
 /// belongs to the open file, which a child the process is spawning holds too (between its
 /// fork and its exec, which closes it), so a store just closed by this process may look
 /// locked for that long.
-fn lock(disk: &dyn Disk, dir: &Path) -> Result<Box<dyn Send + Sync>, StoreError> {
+fn lock(disk: &dyn Disk, dir: &Path, note: &str) -> Result<Box<dyn Send + Sync>, StoreError> {
     let p = dir.join(LOCK);
     let mut tries = 0;
     loop {
         match disk.lock(&p) {
-            Ok(l) => return Ok(l),
+            Ok(l) => {
+                // Only said to whoever finds the store in use: not worth failing for.
+                let _ = disk.note_lock(&p, note);
+                return Ok(l);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 tries += 1;
                 if tries == 20 {
-                    return Err(StoreError::Locked { path: p });
+                    let holder = disk.lock_holder(&p);
+                    return Err(StoreError::Locked { path: p, holder });
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -394,6 +411,30 @@ pub(crate) fn decode_identity(b: &[u8], p: &Path) -> Result<[u8; 16], StoreError
         ));
     }
     Ok(b[16..32].try_into().expect("16"))
+}
+
+/// Refuses `dir` unless it is a directory holding a store's identity file, without
+/// changing anything in it (so that `fsck` of an empty directory leaves it empty): the
+/// error says what `dir` is instead.
+pub(crate) fn existing_store(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
+    let not = |what: &str| StoreError::NotAStore {
+        path: dir.to_path_buf(),
+        what: what.into(),
+    };
+    match disk.list(dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not("no such directory"));
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            return Err(not("not a directory"));
+        }
+        Err(e) => return Err(StoreError::io(dir, "list")(e)),
+    }
+    if !disk.exists(&dir.join(IDENTITY)) {
+        return Err(not(&format!("no {IDENTITY}")));
+    }
+    Ok(())
 }
 
 /// Reads the identity file, or (with `create`) writes it if the store is new; returns the
@@ -465,6 +506,7 @@ pub struct CompactReport {
 /// not change.
 pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
     let disk = opts.disk.clone();
+    existing_store(&*disk, dir)?;
     identity(&*disk, dir, false)?;
     let size = || -> Result<u64, StoreError> {
         let mut files = vec![dir.join(checkpoint::FILE)];
@@ -500,7 +542,7 @@ pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
         op: "checkpoint",
         source: std::io::Error::other(why),
     })?;
-    let _lock = lock(&*disk, dir)?;
+    let _lock = lock(&*disk, dir, "compact")?;
     let (uuid, _) = identity(&*disk, dir, false)?;
     checkpoint::Checkpoint::open(&*disk, dir, uuid, false, checkpoint::Compact::Always, cache)?;
     // The journal's segments kept for reuse give their room back too.
@@ -526,7 +568,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         cfg.max_bytes = capacity.map(|b| b.min(lanefs::MAX_FILE_SIZE));
     }
     let segment_size = segment_size(opts.segment_size, capacity);
-    let lock = lock(disk, dir)?;
+    let lock = lock(disk, dir, "opened")?;
     let (uuid, created) = identity(disk, dir, true)?;
     if created {
         disk.sync_dir(dir)
@@ -600,6 +642,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         log: log.clone(),
         committer: Some(committer),
         dir: dir.to_path_buf(),
+        disk: opts.disk.clone(),
         _lock: lock,
     };
     let fs = rec.finish().map_err(|e| StoreError::Damaged {

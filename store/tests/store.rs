@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::dump;
 use lanefs::{Client, Config, Errno, OpenOptions, RENAME_EXCHANGE};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
-use lanefs_store::{Options, StoreError, open};
+use lanefs_store::{Options, StoreError, fsck, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 fn sim(disk: &SimDisk) -> Options {
@@ -124,13 +124,69 @@ fn a_second_server_is_refused_until_the_first_closes() {
     let dir = tempfile::tempdir().unwrap();
     let o = open(dir.path(), Config::default(), Options::default()).unwrap();
     match open(dir.path(), Config::default(), Options::default()) {
-        Err(StoreError::Locked { path }) => {
-            assert_eq!(path, dir.path().join("lanefs.lock"));
+        Err(e @ StoreError::Locked { .. }) => {
+            let StoreError::Locked { path, holder } = &e else {
+                unreachable!()
+            };
+            assert_eq!(path, &dir.path().join("lanefs.lock"));
+            // The refusal names the process holding the store and what it does.
+            assert_eq!(
+                holder,
+                &Some(lanefs_store::Holder {
+                    pid: Some(std::process::id()),
+                    note: "opened".into()
+                })
+            );
+            assert!(
+                e.to_string().ends_with(&format!(
+                    "in use by process {} (opened)",
+                    std::process::id()
+                )),
+                "{e}"
+            );
         }
+        r => panic!("second open: {r:?}"),
+    }
+    o.store.note_holder("serving /mnt").unwrap();
+    match open(dir.path(), Config::default(), Options::default()) {
+        Err(StoreError::Locked {
+            holder: Some(h), ..
+        }) => assert_eq!(h.note, "serving /mnt"),
         r => panic!("second open: {r:?}"),
     }
     drop(o);
     open(dir.path(), Config::default(), Options::default()).unwrap();
+}
+
+/// `fsck` and `compact` of a directory that holds no store say what the directory is, and
+/// leave it as it was (no lock file made in an empty one).
+#[test]
+fn fsck_and_compact_say_what_a_directory_without_a_store_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = Options::default();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let missing = dir.path().join("missing");
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    for (d, what) in [
+        (&empty, "no lanefs.store"),
+        (&missing, "no such directory"),
+        (&file, "not a directory"),
+    ] {
+        let want = format!("{}: not a lanefs store: {what}", d.display());
+        for e in [
+            fsck::check(d, &opts).unwrap_err(),
+            fsck::repair(d, &opts).unwrap_err(),
+            lanefs_store::compact(d, opts.clone()).unwrap_err(),
+        ] {
+            assert!(matches!(e, StoreError::NotAStore { .. }), "{e}");
+            assert_eq!(e.to_string(), want);
+        }
+    }
+    assert_eq!(std::fs::read_dir(&empty).unwrap().count(), 0);
+    assert!(!missing.exists());
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
 
 #[test]

@@ -75,6 +75,13 @@ fn mount_id_at_canonical(canon: &Path) -> Option<u64> {
     mount_at_canonical(canon).map(|m| m.id)
 }
 
+/// The device number (`major`, `minor`) of the topmost mount at `path` in this process's
+/// mount table (`/proc/self/mountinfo`'s third field), if any; asks no filesystem but
+/// the ones on the way to `path` (canonicalizing a FUSE mountpoint stats it).
+pub fn mount_dev_at(path: &Path) -> Option<(u32, u32)> {
+    mount_dev_at_canonical(&std::fs::canonicalize(path).ok()?)
+}
+
 /// The device number (`major`, `minor`) of the topmost mount at the canonical path `canon`,
 /// from this process's mount table (as `stat(2)` of the path would report it, without
 /// asking the filesystem).

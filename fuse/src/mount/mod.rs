@@ -25,7 +25,7 @@ use crate::session;
 use attach::{DirectMount, fusermount_unmount, mount_direct, mount_fusermount};
 
 pub(crate) use attach::mount_dev_at_canonical;
-pub use attach::{FS_TYPE, mount_flags_at, mount_id_at};
+pub use attach::{FS_TYPE, mount_dev_at, mount_flags_at, mount_id_at};
 pub use config::MountConfig;
 pub use flags::{MOUNT_FLAGS, MountFlag, mount_flag};
 pub use fuser::MountOption;
