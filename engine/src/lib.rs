@@ -91,7 +91,7 @@ pub use fs::{
 };
 pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};
-pub use path::{Client, DirEntryInfo, File, Metadata, OpenOptions};
+pub use path::{At, Client, DirEntryInfo, File, Metadata, OpenOptions};
 pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
 pub use record::{AttrChange, DecodeError, Glance, MemoryStore, NewInode, Record, Store, SyncDone};
 pub use stats::{LockClass, LockStat, Op, StatsSnapshot};

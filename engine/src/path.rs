@@ -16,7 +16,7 @@ use crossbeam_epoch::{self as epoch, Guard};
 use crate::attr::{Attr, FileType, SetAttr, TimeSet};
 use crate::errno::{Errno, Result};
 use crate::fs::Filesystem;
-use crate::fs::TruncateBy;
+use crate::fs::{InodeRef, TruncateBy};
 use crate::handle::Fh;
 use crate::id::{Ino, InodeId, ROOT_INO};
 use crate::inode::Inode;
@@ -233,10 +233,16 @@ impl Client {
         &self.ctx
     }
 
+    /// Resolution from the working directory, borrowing this client.
+    fn here(&self) -> At<'_> {
+        At::new(&self.fs, &self.ctx, self.cwd)
+    }
+
     /// Changes the working directory (search permission needed, as `chdir`).
     pub fn set_current_dir(&mut self, path: impl AsRef<Path>) -> io::Result<()> {
         let g = epoch::pin();
-        let i = self.resolve(bytes(path.as_ref()), true, &g)?;
+        let here = self.here();
+        let i = here.resolve(bytes(path.as_ref()), true, &g)?;
         if !i.is_dir() {
             return Err(Errno::ENOTDIR.into());
         }
@@ -245,178 +251,28 @@ impl Client {
         Ok(())
     }
 
-    // ----- resolution -------------------------------------------------------------------------
-    //
-    // A walk holds one epoch guard and steps from inode to inode (`Filesystem::step`: one
-    // dirent-map shard read lock per component, no attributes built). Operations then name
-    // the inodes it found by number and generation, so one removed meanwhile is ENOENT, never
-    // the inode that took its number.
-
-    /// Where a path starts: the root, or the working directory (ENOENT once removed).
-    fn start<'g>(&self, path: &[u8], from: InodeId, g: &'g Guard) -> Result<&'g Inode> {
-        let id = if path.first() == Some(&b'/') {
-            InodeId::ROOT
-        } else {
-            from
-        };
-        self.fs.iget(id, g)
-    }
-
-    /// Resolves `comps` from directory `start`; symlinks in the last component are followed
-    /// when `follow_last`.
-    fn walk<'g>(
-        &self,
-        start: &'g Inode,
-        mut comps: Components<'_>,
-        follow_last: bool,
-        links: &mut u32,
-        g: &'g Guard,
-    ) -> Result<&'g Inode> {
-        let mut cur = start;
-        while let Some(c) = comps.next() {
-            let dir = cur;
-            let next = self.fs.step(&self.ctx, dir, c, g)?;
-            let last = comps.is_done();
-            cur = match self.fs.symlink_target(next) {
-                Some(target) if !last || follow_last => {
-                    *links += 1;
-                    if *links > MAX_SYMLINKS {
-                        return Err(Errno::ELOOP);
-                    }
-                    self.walk_path(dir.id(), target, true, links, g)?
-                }
-                _ => next,
-            };
-        }
-        Ok(cur)
-    }
-
-    fn walk_path<'g>(
-        &self,
-        from: InodeId,
-        path: &[u8],
-        follow_last: bool,
-        links: &mut u32,
-        g: &'g Guard,
-    ) -> Result<&'g Inode> {
-        if path.is_empty() {
-            return Err(Errno::ENOENT);
-        }
-        if path.len() > PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        let start = self.start(path, from, g)?;
-        let comps = components(path);
-        let trailing = path.ends_with(b"/") && !comps.is_done();
-        let i = self.walk(start, comps, follow_last || trailing, links, g)?;
-        if trailing && !i.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
-        Ok(i)
-    }
-
-    fn resolve<'g>(&self, path: &[u8], follow_last: bool, g: &'g Guard) -> Result<&'g Inode> {
-        self.walk_path(self.cwd, path, follow_last, &mut 0, g)
-    }
-
-    /// Resolves all but the last component: the directory and the last name. A trailing slash
-    /// is reported so that callers can require a directory.
-    fn resolve_parent<'g, 'p>(
-        &self,
-        path: &'p [u8],
-        g: &'g Guard,
-    ) -> Result<(&'g Inode, &'p [u8], bool)> {
-        self.resolve_parent_from(self.cwd, path, &mut 0, g)
-    }
-
-    fn resolve_parent_from<'g, 'p>(
-        &self,
-        from: InodeId,
-        path: &'p [u8],
-        links: &mut u32,
-        g: &'g Guard,
-    ) -> Result<(&'g Inode, &'p [u8], bool)> {
-        if path.is_empty() {
-            return Err(Errno::ENOENT);
-        }
-        if path.len() > PATH_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        let start = self.start(path, from, g)?;
-        let trailing = path.ends_with(b"/");
-        let Some((init, last)) = split_last(path) else {
-            return Ok((start, b".", true)); // "/" names the root itself
-        };
-        let dir = self.walk(start, init, true, links, g)?;
-        if !dir.is_dir() {
-            return Err(Errno::ENOTDIR);
-        }
-        // The walk checks search permission on the last directory too (may_lookup), before
-        // the operation looks at the name.
-        self.fs.may_search(&self.ctx, dir)?;
-        if last.len() > crate::dir::NAME_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        Ok((dir, last, trailing))
-    }
-
-    /// Resolves `path` and applies `f` to what it names. When `f` fails with ENOENT because
-    /// that inode was freed after the walk found it (a rename pointed the name at another
-    /// inode, or removed it), the path is resolved again, a few times at most.
-    fn at<T>(
-        &self,
-        path: &Path,
-        follow: bool,
-        mut f: impl FnMut(&Inode, &Guard) -> Result<T>,
-    ) -> io::Result<T> {
-        let g = epoch::pin();
-        let mut tries = 0;
-        loop {
-            let i = self.resolve(bytes(path), follow, &g)?;
-            match f(i, &g) {
-                Err(Errno::ENOENT) if i.is_dead() && tries < 8 => tries += 1,
-                r => return Ok(r?),
-            }
-        }
-    }
-
-    /// Changes attributes of what `path` names (symlinks followed).
-    fn set(&self, path: &Path, set: SetAttr) -> io::Result<()> {
-        self.at(path, true, |i, _| {
-            self.fs.setattr(&self.ctx, i.id(), &set, None).map(drop)
-        })
-    }
-
     // ----- metadata ---------------------------------------------------------------------------
 
     /// Attributes, following symlinks.
     pub fn metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
-        self.at(path.as_ref(), true, |i, g| {
-            Ok(Metadata {
-                attr: self.fs.attr_of(i, g),
-            })
-        })
+        let attr = self.here().stat(bytes(path.as_ref()), true)?;
+        Ok(Metadata { attr })
     }
 
     /// Attributes of the path itself (a symlink is not followed).
     pub fn symlink_metadata(&self, path: impl AsRef<Path>) -> io::Result<Metadata> {
-        self.at(path.as_ref(), false, |i, g| {
-            Ok(Metadata {
-                attr: self.fs.attr_of(i, g),
-            })
-        })
+        let attr = self.here().stat(bytes(path.as_ref()), false)?;
+        Ok(Metadata { attr })
     }
 
     /// Whether the path resolves.
     pub fn exists(&self, path: impl AsRef<Path>) -> bool {
-        self.at(path.as_ref(), true, |_, _| Ok(())).is_ok()
+        self.here().stat(bytes(path.as_ref()), true).is_ok()
     }
 
     /// `access(2)` with `R_OK`/`W_OK`/`X_OK` bits (or 0 for existence).
     pub fn access(&self, path: impl AsRef<Path>, mask: u32) -> io::Result<()> {
-        self.at(path.as_ref(), true, |i, _| {
-            self.fs.access(&self.ctx, i.id(), mask)
-        })
+        Ok(self.here().access(bytes(path.as_ref()), mask)?)
     }
 
     /// Changes permission bits (`chmod`).
@@ -476,16 +332,24 @@ impl Client {
         )
     }
 
+    /// Changes attributes of what `path` names (symlinks followed).
+    fn set(&self, path: &Path, set: SetAttr) -> io::Result<()> {
+        self.here().setattr(bytes(path), true, &set)?;
+        Ok(())
+    }
+
     /// The inode flags (`lsattr`, following symlinks): see [`Filesystem::get_flags`].
     pub fn flags(&self, path: impl AsRef<Path>) -> io::Result<u32> {
-        self.at(path.as_ref(), true, |i, _| self.fs.get_flags(i.id()))
+        Ok(self
+            .here()
+            .on(bytes(path.as_ref()), true, |i, _| self.fs.get_flags(i.id()))?)
     }
 
     /// Sets the inode flags (`chattr`, following symlinks): see [`Filesystem::set_flags`].
     pub fn set_flags(&self, path: impl AsRef<Path>, flags: u32) -> io::Result<()> {
-        self.at(path.as_ref(), true, |i, _| {
+        Ok(self.here().on(bytes(path.as_ref()), true, |i, _| {
             self.fs.set_flags(&self.ctx, i.id(), flags).map(drop)
-        })
+        })?)
     }
 
     // ----- namespace --------------------------------------------------------------------------
@@ -497,9 +361,7 @@ impl Client {
 
     /// Creates a directory with the given mode (less the umask).
     pub fn create_dir_mode(&self, path: impl AsRef<Path>, mode: u32) -> io::Result<()> {
-        let g = epoch::pin();
-        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &g)?;
-        self.fs.mkdir(&self.ctx, dir.id(), name, mode)?;
+        self.here().mkdir(bytes(path.as_ref()), mode)?;
         Ok(())
     }
 
@@ -533,42 +395,18 @@ impl Client {
 
     /// Creates a node (FIFO, socket, device, or regular file): `mknod(2)`.
     pub fn mknod(&self, path: impl AsRef<Path>, mode: u32, rdev: u64) -> io::Result<()> {
-        let g = epoch::pin();
-        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &g)?;
-        if slash {
-            return Err(Errno::ENOENT.into());
-        }
-        self.fs.mknod(&self.ctx, dir.id(), name, mode, rdev)?;
+        self.here().mknod(bytes(path.as_ref()), mode, rdev)?;
         Ok(())
     }
 
     /// Removes a file (not a directory).
     pub fn remove_file(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let g = epoch::pin();
-        let (dir, name, slash) = self.resolve_parent(bytes(path.as_ref()), &g)?;
-        if slash {
-            // "file/" names a directory that must exist: Linux answers EISDIR or ENOTDIR.
-            let a = self.fs.lookup(&self.ctx, dir.id(), name)?;
-            return Err(if a.kind() == FileType::Directory {
-                Errno::EISDIR
-            } else {
-                Errno::ENOTDIR
-            }
-            .into());
-        }
-        self.fs.unlink(&self.ctx, dir.id(), name)?;
-        Ok(())
+        Ok(self.here().unlink(bytes(path.as_ref()))?)
     }
 
     /// Removes an empty directory.
     pub fn remove_dir(&self, path: impl AsRef<Path>) -> io::Result<()> {
-        let g = epoch::pin();
-        let (dir, name, _) = self.resolve_parent(bytes(path.as_ref()), &g)?;
-        if dir.ino == ROOT_INO && name == b"." && components(bytes(path.as_ref())).is_done() {
-            return Err(Errno::EBUSY.into());
-        }
-        self.fs.rmdir(&self.ctx, dir.id(), name)?;
-        Ok(())
+        Ok(self.here().rmdir(bytes(path.as_ref()))?)
     }
 
     /// Removes a directory and everything under it.
@@ -597,69 +435,33 @@ impl Client {
         to: impl AsRef<Path>,
         flags: u32,
     ) -> io::Result<()> {
-        let g = epoch::pin();
-        let (from, to) = (bytes(from.as_ref()), bytes(to.as_ref()));
-        let (d1, n1, slash1) = self.resolve_parent(from, &g)?;
-        // Within one directory named the same way (the common rename), walk it once.
-        let same_parent = from.starts_with(b"/") == to.starts_with(b"/")
-            && parent_text(from).is_some_and(|p| Some(p) == parent_text(to));
-        let (d2, n2, slash2) = if same_parent {
-            let (n2, slash2) = last_component(to).ok_or(Errno::ENOENT)?;
-            if n2.len() > crate::dir::NAME_MAX {
-                return Err(Errno::ENAMETOOLONG.into());
-            }
-            (d1, n2, slash2)
-        } else {
-            self.resolve_parent(to, &g)?
-        };
-        if slash1 || slash2 {
-            // A trailing slash is allowed only on directories.
-            let a = self.fs.lookup(&self.ctx, d1.id(), n1)?;
-            if a.kind() != FileType::Directory {
-                return Err(Errno::ENOTDIR.into());
-            }
-        }
-        self.fs.rename(&self.ctx, d1.id(), n1, d2.id(), n2, flags)?;
+        let here = self.here();
+        here.rename(bytes(from.as_ref()), &here, bytes(to.as_ref()), flags)?;
         Ok(())
     }
 
     /// Creates a hard link `dst` to `src` (a symlink `src` is not followed, as `link(2)`).
     pub fn hard_link(&self, src: impl AsRef<Path>, dst: impl AsRef<Path>) -> io::Result<()> {
-        let g = epoch::pin();
-        let i = self.resolve(bytes(src.as_ref()), false, &g)?;
-        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &g)?;
-        if slash {
-            return Err(if i.is_dir() {
-                Errno::EPERM
-            } else {
-                Errno::ENOENT
-            }
-            .into());
-        }
-        self.fs.link(&self.ctx, i.id(), dir.id(), name)?;
+        let here = self.here();
+        here.link(bytes(src.as_ref()), false, &here, bytes(dst.as_ref()))?;
         Ok(())
     }
 
     /// Creates a symlink at `link` pointing to `target`.
     pub fn symlink(&self, target: impl AsRef<Path>, link: impl AsRef<Path>) -> io::Result<()> {
-        let g = epoch::pin();
-        let (dir, name, slash) = self.resolve_parent(bytes(link.as_ref()), &g)?;
-        if slash {
-            return Err(Errno::ENOENT.into());
-        }
-        self.fs
-            .symlink(&self.ctx, dir.id(), name, bytes(target.as_ref()))?;
+        self.here()
+            .symlink(bytes(target.as_ref()), bytes(link.as_ref()))?;
         Ok(())
     }
 
     /// The target of a symlink.
     pub fn read_link(&self, path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
-        self.at(path.as_ref(), false, |i, _| self.fs.readlink(i.id()))
+        Ok(self.here().readlink(bytes(path.as_ref()))?)
     }
 
     /// The entries of a directory, `.` and `..` left out, in readdir order.
     pub fn read_dir(&self, path: impl AsRef<Path>) -> io::Result<Vec<DirEntryInfo>> {
-        let fh = self.at(path.as_ref(), true, |i, _| {
+        let fh = self.here().on(bytes(path.as_ref()), true, |i, _| {
             self.fs.opendir(&self.ctx, i.id())
         })?;
         let mut out = Vec::new();
@@ -685,11 +487,12 @@ impl Client {
         let flags = opts.flags();
         let mut links = 0u32;
         let g = epoch::pin();
-        let mut from = self.cwd;
+        let here = self.here();
+        let mut from = InodeRef::from(self.cwd);
         let mut p: &[u8] = bytes(path.as_ref());
         let mut retries = 0;
         loop {
-            let (dir, name, slash) = self.resolve_parent_from(from, p, &mut links, &g)?;
+            let (dir, name, slash) = here.resolve_parent_from(from, p, &mut links, &g)?;
             // Creating first saves a lookup of a new name; an existing one (EEXIST, reported
             // before any write-permission check, as open(O_CREAT) of an existing file needs)
             // is looked up and opened below, following a symlink.
@@ -709,7 +512,7 @@ impl Client {
                             return Err(Errno::ELOOP.into());
                         }
                         p = target;
-                        from = dir.id();
+                        from = dir.id().into();
                     }
                     target => {
                         if opts.create_new {
@@ -750,7 +553,7 @@ impl Client {
     /// given a name. [`Client::link_file`] gives it one; if nothing does, it is freed when
     /// closed.
     pub fn open_tmpfile(&self, dir: impl AsRef<Path>, opts: &OpenOptions) -> io::Result<File<'_>> {
-        let (a, fh) = self.at(dir.as_ref(), true, |i, _| {
+        let (a, fh) = self.here().on(bytes(dir.as_ref()), true, |i, _| {
             self.fs.tmpfile(&self.ctx, i.id(), opts.mode, opts.flags())
         })?;
         Ok(self.file(fh, a.ino, opts))
@@ -761,7 +564,7 @@ impl Client {
     /// last name is gone).
     pub fn link_file(&self, f: &File<'_>, dst: impl AsRef<Path>) -> io::Result<()> {
         let g = epoch::pin();
-        let (dir, name, slash) = self.resolve_parent(bytes(dst.as_ref()), &g)?;
+        let (dir, name, slash) = self.here().resolve_parent(bytes(dst.as_ref()), &g)?;
         if slash {
             return Err(Errno::ENOENT.into());
         }
@@ -801,6 +604,324 @@ impl Client {
     pub fn read_to_string(&self, path: impl AsRef<Path>) -> io::Result<String> {
         String::from_utf8(self.read(path)?)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+}
+
+/// Paths resolved from one directory with one caller's credentials: what a [`Client`] does
+/// for each of its calls, borrowed (it takes no reference count, so it costs nothing to
+/// make), for a server resolving paths for many callers at once: the channel of `lanefs
+/// run` makes one per request, at the directory its caller's path starts from. Errors are
+/// [`Errno`]s.
+///
+/// **Confined** ([`At::confined`]): the filesystem is mounted inside a larger tree whose
+/// root is not its own. An absolute path, an absolute symlink target, and `..` from the
+/// filesystem's root then lead out of it: a resolution that meets one fails with EXDEV (which
+/// lanefs gives for nothing else), so that its caller resolves that path itself, through
+/// the kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct At<'a> {
+    fs: &'a Filesystem,
+    ctx: &'a Ctx,
+    cwd: InodeRef,
+    confined: bool,
+}
+
+impl<'a> At<'a> {
+    /// Resolution from directory `cwd` (relative paths start there) for caller `ctx`.
+    pub fn new(fs: &'a Filesystem, ctx: &'a Ctx, cwd: impl Into<InodeRef>) -> Self {
+        At {
+            fs,
+            ctx,
+            cwd: cwd.into(),
+            confined: false,
+        }
+    }
+
+    /// The same, for a filesystem mounted inside a larger tree (see the type's doc).
+    pub fn confined(mut self) -> Self {
+        self.confined = true;
+        self
+    }
+
+    /// The same caller and mode, from directory `cwd`.
+    pub fn from_dir(self, cwd: impl Into<InodeRef>) -> Self {
+        At {
+            cwd: cwd.into(),
+            ..self
+        }
+    }
+
+    // ----- resolution -------------------------------------------------------------------------
+    //
+    // A walk holds one epoch guard and steps from inode to inode (`Filesystem::step`: one
+    // dirent-map shard read lock per component, no attributes built). Operations then name
+    // the inodes it found by number and generation, so one removed meanwhile is ENOENT, never
+    // the inode that took its number.
+
+    /// Where a path starts: the root, or the working directory (ENOENT once removed).
+    fn start<'g>(&self, path: &[u8], from: InodeRef, g: &'g Guard) -> Result<&'g Inode> {
+        if path.first() == Some(&b'/') {
+            if self.confined {
+                return Err(Errno::EXDEV);
+            }
+            return self.fs.iget(InodeId::ROOT, g);
+        }
+        self.fs.iget(from, g)
+    }
+
+    /// One step from directory `dir` to `name`; EXDEV for `..` from the root when confined.
+    fn step<'g>(&self, dir: &'g Inode, name: &[u8], g: &'g Guard) -> Result<&'g Inode> {
+        if self.confined && name == b".." && dir.ino == ROOT_INO {
+            return Err(Errno::EXDEV);
+        }
+        self.fs.step(self.ctx, dir, name, g)
+    }
+
+    /// Resolves `comps` from directory `start`; symlinks in the last component are followed
+    /// when `follow_last`.
+    fn walk<'g>(
+        &self,
+        start: &'g Inode,
+        mut comps: Components<'_>,
+        follow_last: bool,
+        links: &mut u32,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        let mut cur = start;
+        while let Some(c) = comps.next() {
+            let dir = cur;
+            let next = self.step(dir, c, g)?;
+            let last = comps.is_done();
+            cur = match self.fs.symlink_target(next) {
+                Some(target) if !last || follow_last => {
+                    *links += 1;
+                    if *links > MAX_SYMLINKS {
+                        return Err(Errno::ELOOP);
+                    }
+                    self.walk_path(dir.id().into(), target, true, links, g)?
+                }
+                _ => next,
+            };
+        }
+        Ok(cur)
+    }
+
+    fn walk_path<'g>(
+        &self,
+        from: InodeRef,
+        path: &[u8],
+        follow_last: bool,
+        links: &mut u32,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() > PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let start = self.start(path, from, g)?;
+        let comps = components(path);
+        let trailing = path.ends_with(b"/") && !comps.is_done();
+        let i = self.walk(start, comps, follow_last || trailing, links, g)?;
+        if trailing && !i.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(i)
+    }
+
+    pub(crate) fn resolve<'g>(
+        &self,
+        path: &[u8],
+        follow_last: bool,
+        g: &'g Guard,
+    ) -> Result<&'g Inode> {
+        self.walk_path(self.cwd, path, follow_last, &mut 0, g)
+    }
+
+    /// Resolves all but the last component: the directory and the last name. A trailing slash
+    /// is reported so that callers can require a directory.
+    pub(crate) fn resolve_parent<'g, 'p>(
+        &self,
+        path: &'p [u8],
+        g: &'g Guard,
+    ) -> Result<(&'g Inode, &'p [u8], bool)> {
+        self.resolve_parent_from(self.cwd, path, &mut 0, g)
+    }
+
+    pub(crate) fn resolve_parent_from<'g, 'p>(
+        &self,
+        from: InodeRef,
+        path: &'p [u8],
+        links: &mut u32,
+        g: &'g Guard,
+    ) -> Result<(&'g Inode, &'p [u8], bool)> {
+        if path.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if path.len() > PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let start = self.start(path, from, g)?;
+        let trailing = path.ends_with(b"/");
+        let Some((init, last)) = split_last(path) else {
+            return Ok((start, b".", true)); // "/" names the root itself
+        };
+        let dir = self.walk(start, init, true, links, g)?;
+        if !dir.is_dir() {
+            return Err(Errno::ENOTDIR);
+        }
+        if self.confined && last == b".." && dir.ino == ROOT_INO {
+            return Err(Errno::EXDEV);
+        }
+        // The walk checks search permission on the last directory too (may_lookup), before
+        // the operation looks at the name.
+        self.fs.may_search(self.ctx, dir)?;
+        if last.len() > crate::dir::NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        Ok((dir, last, trailing))
+    }
+
+    /// Resolves `path` and applies `f` to what it names. When `f` fails with ENOENT because
+    /// that inode was freed after the walk found it (a rename pointed the name at another
+    /// inode, or removed it), the path is resolved again, a few times at most.
+    pub(crate) fn on<T>(
+        &self,
+        path: &[u8],
+        follow: bool,
+        mut f: impl FnMut(&Inode, &Guard) -> Result<T>,
+    ) -> Result<T> {
+        let g = epoch::pin();
+        let mut tries = 0;
+        loop {
+            let i = self.resolve(path, follow, &g)?;
+            match f(i, &g) {
+                Err(Errno::ENOENT) if i.is_dead() && tries < 8 => tries += 1,
+                r => return r,
+            }
+        }
+    }
+
+    // ----- operations -------------------------------------------------------------------------
+
+    /// Attributes of what `path` names (`stat`; `lstat` when not `follow`).
+    pub fn stat(&self, path: &[u8], follow: bool) -> Result<Attr> {
+        self.on(path, follow, |i, g| Ok(self.fs.attr_of(i, g)))
+    }
+
+    /// `access(2)` with `R_OK`/`W_OK`/`X_OK` bits (or 0 for existence).
+    pub fn access(&self, path: &[u8], mask: u32) -> Result<()> {
+        self.on(path, true, |i, _| self.fs.access(self.ctx, i.id(), mask))
+    }
+
+    /// Changes attributes of what `path` names ([`Filesystem::setattr`]'s checks).
+    pub fn setattr(&self, path: &[u8], follow: bool, set: &SetAttr) -> Result<Attr> {
+        self.on(path, follow, |i, _| {
+            self.fs.setattr(self.ctx, i.id(), set, None)
+        })
+    }
+
+    /// Creates a directory with `mode` (less the umask or the default ACL).
+    pub fn mkdir(&self, path: &[u8], mode: u32) -> Result<Attr> {
+        let g = epoch::pin();
+        let (dir, name, _) = self.resolve_parent(path, &g)?;
+        self.fs.mkdir(self.ctx, dir.id(), name, mode)
+    }
+
+    /// Creates a node (FIFO, socket, device, or regular file): `mknod(2)`.
+    pub fn mknod(&self, path: &[u8], mode: u32, rdev: u64) -> Result<Attr> {
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(path, &g)?;
+        if slash {
+            return Err(Errno::ENOENT);
+        }
+        self.fs.mknod(self.ctx, dir.id(), name, mode, rdev)
+    }
+
+    /// Removes a file (not a directory).
+    pub fn unlink(&self, path: &[u8]) -> Result<()> {
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(path, &g)?;
+        if slash {
+            // "file/" names a directory that must exist: Linux answers EISDIR or ENOTDIR.
+            let a = self.fs.lookup(self.ctx, dir.id(), name)?;
+            return Err(if a.kind() == FileType::Directory {
+                Errno::EISDIR
+            } else {
+                Errno::ENOTDIR
+            });
+        }
+        self.fs.unlink(self.ctx, dir.id(), name)
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, path: &[u8]) -> Result<()> {
+        let g = epoch::pin();
+        let (dir, name, _) = self.resolve_parent(path, &g)?;
+        if dir.ino == ROOT_INO && name == b"." && components(path).is_done() {
+            return Err(Errno::EBUSY);
+        }
+        self.fs.rmdir(self.ctx, dir.id(), name)
+    }
+
+    /// Renames `from` to `to`, resolved from `dest`'s directory (the same caller), with
+    /// `RENAME_NOREPLACE` or `RENAME_EXCHANGE` in `flags` (`renameat2(2)`).
+    pub fn rename(&self, from: &[u8], dest: &At<'_>, to: &[u8], flags: u32) -> Result<()> {
+        let g = epoch::pin();
+        let (d1, n1, slash1) = self.resolve_parent(from, &g)?;
+        // Within one directory named the same way (the common rename), walk it once.
+        let same_parent = self.cwd == dest.cwd
+            && from.starts_with(b"/") == to.starts_with(b"/")
+            && parent_text(from).is_some_and(|p| Some(p) == parent_text(to));
+        let (d2, n2, slash2) = if same_parent {
+            let (n2, slash2) = last_component(to).ok_or(Errno::ENOENT)?;
+            if n2.len() > crate::dir::NAME_MAX {
+                return Err(Errno::ENAMETOOLONG);
+            }
+            (d1, n2, slash2)
+        } else {
+            dest.resolve_parent(to, &g)?
+        };
+        if slash1 || slash2 {
+            // A trailing slash is allowed only on directories.
+            let a = self.fs.lookup(self.ctx, d1.id(), n1)?;
+            if a.kind() != FileType::Directory {
+                return Err(Errno::ENOTDIR);
+            }
+        }
+        self.fs.rename(self.ctx, d1.id(), n1, d2.id(), n2, flags)
+    }
+
+    /// Creates a hard link `dst` (resolved from `dest`'s directory) to `src` (a symlink is
+    /// followed only when `follow`, as `linkat(AT_SYMLINK_FOLLOW)`).
+    pub fn link(&self, src: &[u8], follow: bool, dest: &At<'_>, dst: &[u8]) -> Result<Attr> {
+        let g = epoch::pin();
+        let i = self.resolve(src, follow, &g)?;
+        let (dir, name, slash) = dest.resolve_parent(dst, &g)?;
+        if slash {
+            return Err(if i.is_dir() {
+                Errno::EPERM
+            } else {
+                Errno::ENOENT
+            });
+        }
+        self.fs.link(self.ctx, i.id(), dir.id(), name)
+    }
+
+    /// Creates a symlink at `link` pointing to `target`.
+    pub fn symlink(&self, target: &[u8], link: &[u8]) -> Result<Attr> {
+        let g = epoch::pin();
+        let (dir, name, slash) = self.resolve_parent(link, &g)?;
+        if slash {
+            return Err(Errno::ENOENT);
+        }
+        self.fs.symlink(self.ctx, dir.id(), name, target)
+    }
+
+    /// The target of a symlink.
+    pub fn readlink(&self, path: &[u8]) -> Result<Vec<u8>> {
+        self.on(path, false, |i, _| self.fs.readlink(i.id()))
     }
 }
 

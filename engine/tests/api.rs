@@ -1095,3 +1095,56 @@ fn readdir_by_inode_stops_at_the_end_it_is_given() {
         Err(Errno::ENOENT)
     );
 }
+
+/// `At` resolves from a given directory, and confined it refuses with EXDEV exactly the
+/// paths that leave the filesystem when it is mounted in a larger tree: absolute paths,
+/// absolute symlink targets (anywhere in the walk), and `..` from the root; everything else
+/// resolves as the path API does.
+#[test]
+fn a_confined_resolution_hands_back_what_leaves_the_filesystem() {
+    use lanefs::At;
+    let fs = Arc::new(Filesystem::new(Config::default()));
+    let c = Client::root(fs.clone());
+    c.create_dir_all("/a/b").unwrap();
+    c.write("/a/b/f", b"x").unwrap();
+    c.symlink("b/f", "/a/rel").unwrap();
+    c.symlink("/a/b/f", "/a/abs").unwrap();
+    c.symlink("../..", "/a/up").unwrap();
+    let ctx = lanefs::Ctx::root();
+    let a = c.metadata("/a").unwrap().attr;
+    let at = At::new(&fs, &ctx, a.ino).confined();
+    assert_eq!(at.stat(b"rel", true).unwrap().size, 1);
+    assert_eq!(at.stat(b"b/../rel", true).unwrap().size, 1);
+    assert_eq!(
+        at.stat(b"abs", false).unwrap().kind(),
+        lanefs::FileType::Symlink
+    );
+    for (path, follow) in [
+        (&b"abs"[..], true),
+        (b"/a", true),
+        (b"../..", true),
+        (b"up/x", true),
+        (b"abs/x", false),
+    ] {
+        assert_eq!(at.stat(path, follow), Err(Errno::EXDEV), "{path:?}");
+    }
+    assert_eq!(at.mkdir(b"../../x", 0o755), Err(Errno::EXDEV));
+    assert_eq!(
+        at.rmdir(b".."),
+        Err(Errno::ENOTEMPTY),
+        "as Linux: rmdir(\"a/..\")"
+    );
+    let root = At::new(&fs, &ctx, lanefs::ROOT_INO).confined();
+    assert_eq!(root.rmdir(b".."), Err(Errno::EXDEV));
+    // Unconfined, the same paths resolve inside the filesystem, as the path API's do.
+    let free = At::new(&fs, &ctx, a.ino);
+    assert_eq!(free.stat(b"abs", true).unwrap().size, 1);
+    assert_eq!(free.stat(b"/a", true).unwrap().ino, a.ino);
+    // Two directories: a rename and a link from one to the other.
+    let b = root.stat(b"a/b", true).unwrap();
+    let in_b = root.from_dir(b.ino);
+    at.rename(b"rel", &in_b, b"moved", 0).unwrap();
+    assert_eq!(in_b.readlink(b"moved").unwrap(), b"b/f");
+    in_b.link(b"f", false, &root, b"hard").unwrap();
+    assert_eq!(root.stat(b"hard", true).unwrap().nlink, 2);
+}
