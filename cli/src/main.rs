@@ -2,6 +2,7 @@
 
 mod bench;
 mod mount;
+mod run;
 
 use clap::{Parser, Subcommand};
 
@@ -27,9 +28,11 @@ enum Cmd {
     /// Apply a disk store's journal to its checkpoint and give the room deleted files took
     /// back to the host (the store must not be mounted).
     Compact(mount::CompactArgs),
+    /// Run a program whose calls on lanefs mounts go to the server directly (LD_PRELOAD).
+    Run(run::RunArgs),
 }
 
-const SUBCOMMANDS: [&str; 6] = ["mount", "stats", "bench", "fsck", "compact", "help"];
+const SUBCOMMANDS: [&str; 7] = ["mount", "stats", "bench", "fsck", "compact", "run", "help"];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -53,6 +56,7 @@ fn main() {
             Cmd::Bench(a) => bench::run(a),
             Cmd::Fsck(a) => mount::fsck(a),
             Cmd::Compact(a) => mount::compact(a),
+            Cmd::Run(a) => run::run(a),
         }
     };
     if let Err(e) = r {

@@ -46,7 +46,6 @@ pub(crate) enum Caller<'a> {
     /// Credentials the transport established itself; the header's uid, gid and pid are
     /// ignored. A handler that needs a changed context (a umask, `keeps_setid`) changes a
     /// copy.
-    #[allow(dead_code)] // the channel of `lanefs run` (issue 32) is its first user
     Known(&'a Ctx),
 }
 

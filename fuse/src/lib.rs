@@ -72,6 +72,7 @@
 //! atomics.
 
 mod abi;
+mod channel;
 mod control;
 mod creds;
 mod devfuse;

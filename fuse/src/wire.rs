@@ -60,6 +60,13 @@ pub(crate) fn arg_size(opcode: u32) -> usize {
         FUSE_FALLOCATE => size_of::<fuse_fallocate_in>(),
         FUSE_LSEEK => size_of::<fuse_lseek_in>(),
         FUSE_INIT => size_of::<fuse_init_in_ext>(),
+        // The channel's own (`lanefs-channel`, served by `server/paths.rs`).
+        lanefs_channel::OP_STAT => size_of::<lanefs_channel::StatIn>(),
+        lanefs_channel::OP_MKNOD => size_of::<fuse_mknod_in>(),
+        lanefs_channel::OP_MKDIR => size_of::<fuse_mkdir_in>(),
+        lanefs_channel::OP_RENAME => size_of::<lanefs_channel::RenameIn>(),
+        lanefs_channel::OP_LINK => size_of::<lanefs_channel::LinkIn>(),
+        lanefs_channel::OP_SETATTR => size_of::<lanefs_channel::SetattrIn>(),
         // LOOKUP, UNLINK, RMDIR, SYMLINK, REMOVEXATTR (names only), READLINK, STATFS,
         // DESTROY (nothing), and opcodes lanefs answers ENOSYS without reading them.
         _ => 0,

@@ -25,6 +25,9 @@ pub struct MountConfig {
     /// unless `LANEFS_URING` says otherwise, [`Uring::from_env`]), always (`on`: the mount
     /// fails without it), or never (`off`: `/dev/fuse`).
     pub uring: Uring,
+    /// Serve the channel of `lanefs run` (`-o nochannel` turns it off): programs run under
+    /// `lanefs run` reach the server directly for the calls it serves (`channel.rs`).
+    pub channel: bool,
 }
 
 impl Default for MountConfig {
@@ -37,6 +40,7 @@ impl Default for MountConfig {
             source: "lanefs".into(),
             flags: Vec::new(),
             uring: Uring::from_env(),
+            channel: true,
         }
     }
 }

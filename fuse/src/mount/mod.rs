@@ -53,6 +53,31 @@ impl Unmounter {
     }
 }
 
+/// Starts the channel of `lanefs run` for the mount at `mountpoint`, when `cfg` asks for
+/// it; a channel that cannot start is said on stderr and the mount goes on without it
+/// (programs under `lanefs run` then go through the kernel).
+fn start_channel(
+    server: &Arc<Server>,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+) -> Option<crate::channel::ChannelServer> {
+    if !cfg.channel {
+        return None;
+    }
+    let dev = mount_dev_at_canonical(&canonical(mountpoint))?;
+    // SAFETY: geteuid has no preconditions.
+    let owner = unsafe { libc::geteuid() };
+    let dispatch: Arc<dyn crate::dispatch::Dispatch> = server.clone();
+    crate::channel::serve(dispatch, dev, owner, cfg.allow_other)
+        .inspect_err(|e| {
+            eprintln!(
+                "lanefs: {}: no channel for `lanefs run`: {e}",
+                mountpoint.display()
+            )
+        })
+        .ok()
+}
+
 /// A mounted, initialised session, not yet served.
 struct Started {
     server: Arc<Server>,
@@ -133,10 +158,12 @@ pub fn mount(
         r => r,
     });
     notify::install_invalidator(&fs, Notifier(s.dev.clone()));
+    let channel = start_channel(&s.server, mountpoint, cfg);
     let info = s.info.clone();
     let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
         on_mounted(Mounted { unmount, info })
     });
+    drop(channel);
     fs.set_invalidator(None);
     if r.is_err() {
         let _ = unmounter.unmount(true);
@@ -183,6 +210,8 @@ fn serve_reporting(
 /// it lazily (as `umount -l`) without waiting.
 pub struct Mount {
     fs: Arc<Filesystem>,
+    /// The channel of `lanefs run`, stopped at unmount.
+    channel: Option<crate::channel::ChannelServer>,
     thread: Option<std::thread::JoinHandle<io::Result<()>>>,
     unmounter: Unmounter,
     info: Arc<SessionInfo>,
@@ -196,6 +225,7 @@ impl Mount {
         if self.thread.is_some() {
             self.unmounter.unmount(false)?;
         }
+        self.channel = None;
         self.fs.set_invalidator(None);
         match self.thread.take() {
             Some(h) => h
@@ -229,6 +259,7 @@ pub fn mount_background(
 ) -> io::Result<Mount> {
     let s = new_session(&fs, mountpoint, cfg)?;
     notify::install_invalidator(&fs, Notifier(s.dev.clone()));
+    let channel = start_channel(&s.server, mountpoint, cfg);
     let info = s.info.clone();
     let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());
     let thread = std::thread::Builder::new()
@@ -249,6 +280,7 @@ pub fn mount_background(
     }
     Ok(Mount {
         fs,
+        channel,
         thread: Some(thread),
         unmounter: s.unmounter,
         info,

@@ -10,7 +10,8 @@
 //! and a count of FORGETs for requests refused with ENOSPC to wait on (`forgets.rs`).
 //!
 //! `Server::handle` is the opcode table, one line per opcode; the handlers are grouped by
-//! what they serve: `names.rs`, `files.rs`, `dirs.rs`, `xattrs.rs`, `ioctl.rs`; `reply.rs`
+//! what they serve: `names.rs`, `files.rs`, `dirs.rs`, `xattrs.rs`, `ioctl.rs`, and the
+//! channel's path requests (`paths.rs`); `reply.rs`
 //! encodes attributes and entries.
 
 mod dirs;
@@ -19,6 +20,7 @@ mod forgets;
 mod ioctl;
 mod listings;
 mod names;
+mod paths;
 mod reply;
 mod xattrs;
 
@@ -162,6 +164,14 @@ impl Server {
     /// names and entries (`names.rs`), attributes and file data (`files.rs`), directories
     /// (`dirs.rs`), extended attributes (`xattrs.rs`), inode flags (`ioctl.rs`).
     fn handle(&self, req: &Call, out: &mut Out, later: &dyn Fn() -> Pending) -> Handled {
+        // The kernel's opcodes trust checks the kernel made (a READ by inode number after
+        // its own open, say): never served to a channel, whose caller made none. The
+        // channel's opcodes are paths, checked here component by component (`paths.rs`).
+        match (req.from, lanefs_channel::is_channel_op(req.h.opcode)) {
+            (Caller::Known(_), true) => return self.path_call(req, out),
+            (Caller::Known(_), false) | (Caller::Kernel, true) => return Err(Errno::ENOSYS),
+            (Caller::Kernel, false) => {}
+        }
         match req.h.opcode {
             FUSE_LOOKUP => self.lookup(req, out),
             FUSE_FORGET => self.forget_one(req),

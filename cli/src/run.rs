@@ -1,0 +1,104 @@
+//! `lanefs run`: runs a program with the preloaded client (`client/`), so that its calls on
+//! lanefs mounts go to their servers over the channel, around the kernel's directory lock.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+/// The client library's file name, as cargo builds it.
+const LIB: &str = "liblanefs_client.so";
+
+#[derive(clap::Args)]
+#[command(
+    about = "Run a program whose calls on lanefs mounts go to the server directly",
+    long_about = "Runs CMD with the lanefs client preloaded (LD_PRELOAD; its children inherit \
+                  it). Calls that create, remove, rename and stat names on a lanefs mount go to \
+                  the mount's server over shared memory instead of through the kernel, whose \
+                  directory lock serialises them; everything else (reads, writes, mmap, locks, \
+                  other filesystems) goes through the kernel as usual. Set-user-id and \
+                  statically linked programs run without the client (through the kernel)."
+)]
+pub struct RunArgs {
+    /// Serve only these mounts over the channel (default: every lanefs mount); repeatable.
+    #[arg(long = "mount", value_name = "MNT")]
+    mounts: Vec<PathBuf>,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    cmd: Vec<OsString>,
+}
+
+/// Where the client library is: `LANEFS_CLIENT_LIB`, else beside this binary (as cargo
+/// builds them both), else `../lib/` from it (an installed tree).
+fn client_lib() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("LANEFS_CLIENT_LIB") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("where is this binary? {e}"))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let candidates = [
+        dir.join(LIB),
+        dir.join("../lib").join(LIB),
+        dir.join("../lib/lanefs").join(LIB),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "the client library {LIB} is not beside {} (build it with `cargo build \
+                 --release`, or set LANEFS_CLIENT_LIB)",
+                exe.display()
+            )
+        })
+}
+
+/// Whether `p` is a lanefs mountpoint (its line in this process's mount table).
+fn is_lanefs_mount(p: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(sep) = f.iter().position(|&x| x == "-") else {
+            return false;
+        };
+        f.len() > sep + 1
+            && f[sep + 1] == "fuse.lanefs"
+            && f.get(4).is_some_and(|m| unescape(m) == p.as_os_str().to_string_lossy())
+    })
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+pub fn run(a: RunArgs) -> Result<(), String> {
+    let lib = client_lib()?;
+    let lib = std::fs::canonicalize(&lib).unwrap_or(lib);
+    let mut mounts = Vec::new();
+    for m in &a.mounts {
+        let c = std::fs::canonicalize(m).map_err(|e| format!("{}: {e}", m.display()))?;
+        if !is_lanefs_mount(&c) {
+            return Err(format!("{}: not a lanefs mountpoint", m.display()));
+        }
+        mounts.push(c.to_string_lossy().into_owned());
+    }
+    let mut preload = OsString::from(&lib);
+    if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+        preload.push(":");
+        preload.push(old);
+    }
+    let mut cmd = std::process::Command::new(&a.cmd[0]);
+    cmd.args(&a.cmd[1..]).env("LD_PRELOAD", preload);
+    if mounts.is_empty() {
+        cmd.env_remove("LANEFS_RUN_MOUNTS");
+    } else {
+        cmd.env("LANEFS_RUN_MOUNTS", mounts.join(":"));
+    }
+    let e = cmd.exec();
+    Err(format!("{}: {e}", a.cmd[0].to_string_lossy()))
+}

@@ -1,0 +1,1198 @@
+//! The libc entry points this library serves: each locates its path(s) (`paths.rs`), makes
+//! the call over the channel when they are on a reachable lanefs mount, and otherwise, or
+//! when the server answers "not for the channel" (a path leaving the filesystem), calls the
+//! C library's own function. `errno` is set on failure and left alone on success.
+//!
+//! Descriptors are never the channel's: every file is opened through the kernel, so `read`,
+//! `write`, `mmap`, locks, `fork`, `exec` and `close` need nothing from this library. What
+//! goes over the channel is what the kernel serialises or costs a round trip through FUSE:
+//! creating names (`open(O_CREAT)`'s create, `mkdir`, `mknod`, `symlink`, `link`), removing
+//! and renaming them, `stat` on paths, `readlink`, and `chmod`/`chown`/`truncate`/
+//! `utimensat` on paths. `open(O_CREAT)` creates over the channel, then opens the new file
+//! through the kernel without `O_CREAT` (a lookup, which the kernel runs in parallel), so
+//! the program gets a kernel descriptor as always.
+
+use std::ffi::{CStr, c_char, c_int, c_uint};
+
+use lanefs_channel::{
+    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW,
+    FATTR_SIZE, FATTR_UID, FOLLOW, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK,
+    OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn,
+    StatIn, StatOut, decode_dev, fuse_attr, fuse_mkdir_in, fuse_mknod_in,
+};
+use zerocopy::IntoBytes;
+
+use crate::conn::{Busy, Outcome, call, note_cred_change};
+use crate::mounts::Mount;
+use crate::paths::{Located, PATH_BUF, forget_cwd, locate};
+use crate::real::{real, set_errno};
+
+type CPath = *const c_char;
+
+/// The bytes of a C string, or None for a null pointer (left to the kernel: EFAULT).
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that outlives the call.
+unsafe fn bytes<'a>(p: CPath) -> Option<&'a [u8]> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+/// A call's answer as a C return value: 0, or -1 with `errno` set.
+fn ret(r: Result<usize, i32>) -> c_int {
+    match r {
+        Ok(_) => 0,
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+/// What the server said, or None if the kernel must be asked (a relative path refused with
+/// EACCES included: see `paths.rs`).
+fn served(at: &Located<'_>, o: Outcome) -> Option<Result<usize, i32>> {
+    match o {
+        Outcome::Done(Err(libc::EACCES)) if at.relative => None,
+        Outcome::Done(r) => Some(r),
+        Outcome::Kernel => None,
+    }
+}
+
+/// A call on one path, with `before` (a symlink's target) sent ahead of it when given.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+#[allow(clippy::too_many_arguments)] // the path, the request and the reply
+unsafe fn one(
+    dirfd: c_int,
+    path: CPath,
+    op: u32,
+    arg: &[u8],
+    before: Option<&[u8]>,
+    reply: &mut [u8],
+) -> Option<Result<usize, i32>> {
+    // SAFETY: the caller's contract.
+    let p = unsafe { bytes(path) }?;
+    let busy = Busy::enter()?;
+    let mut buf = [0u8; PATH_BUF];
+    let at = locate(dirfd, p, &mut buf)?;
+    let o = match before {
+        None => call(at.mount, op, arg, &[at.rel], reply, &busy),
+        Some(b) => call(at.mount, op, arg, &[b, at.rel], reply, &busy),
+    };
+    served(&at, o)
+}
+
+/// A call on two paths, served only when both are on one mount.
+///
+/// # Safety
+/// `p1` and `p2` as for [`bytes`].
+unsafe fn two(
+    (d1, p1): (c_int, CPath),
+    (d2, p2): (c_int, CPath),
+    op: u32,
+    arg: &[u8],
+    reply: &mut [u8],
+) -> Option<Result<usize, i32>> {
+    // SAFETY: the caller's contract.
+    let (a, b) = unsafe { (bytes(p1)?, bytes(p2)?) };
+    let busy = Busy::enter()?;
+    let (mut buf1, mut buf2) = ([0u8; PATH_BUF], [0u8; PATH_BUF]);
+    let x = locate(d1, a, &mut buf1)?;
+    let y = locate(d2, b, &mut buf2)?;
+    if !std::ptr::eq::<Mount>(x.mount, y.mount) {
+        return None;
+    }
+    let o = call(x.mount, op, arg, &[x.rel, y.rel], reply, &busy);
+    match o {
+        Outcome::Done(Err(libc::EACCES)) if x.relative || y.relative => None,
+        Outcome::Done(r) => Some(r),
+        Outcome::Kernel => None,
+    }
+}
+
+// ----- stat -------------------------------------------------------------------------------
+
+/// `stat` of `path` over the channel: the attributes and the mount they are on.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn stat_attr(
+    dirfd: c_int,
+    path: CPath,
+    nofollow: bool,
+) -> Option<Result<(fuse_attr, &'static Mount), i32>> {
+    // SAFETY: the caller's contract.
+    let p = unsafe { bytes(path) }?;
+    let busy = Busy::enter()?;
+    let mut buf = [0u8; PATH_BUF];
+    let at = locate(dirfd, p, &mut buf)?;
+    let arg = StatIn {
+        flags: if nofollow { NOFOLLOW } else { 0 },
+        padding: 0,
+    };
+    let mut out = StatOut::default();
+    let o = call(at.mount, OP_STAT, arg.as_bytes(), &[at.rel], out.as_mut_bytes(), &busy);
+    Some(served(&at, o)?.map(|_| (out.attr, at.mount)))
+}
+
+fn fill_stat(a: &fuse_attr, dev: u64, st: &mut libc::stat) {
+    // SAFETY: libc::stat is plain old data; all-zero is a valid value.
+    *st = unsafe { std::mem::zeroed() };
+    st.st_dev = dev;
+    st.st_ino = a.ino;
+    st.st_nlink = a.nlink.into();
+    st.st_mode = a.mode;
+    st.st_uid = a.uid;
+    st.st_gid = a.gid;
+    st.st_rdev = decode_dev(a.rdev);
+    st.st_size = a.size as i64;
+    st.st_blksize = if a.blksize == 0 { 4096 } else { a.blksize.into() };
+    st.st_blocks = a.blocks as i64;
+    st.st_atime = a.atime as i64;
+    st.st_atime_nsec = a.atimensec.into();
+    st.st_mtime = a.mtime as i64;
+    st.st_mtime_nsec = a.mtimensec.into();
+    st.st_ctime = a.ctime as i64;
+    st.st_ctime_nsec = a.ctimensec.into();
+}
+
+/// `stat`-like call: `nofollow` as `lstat`.
+///
+/// # Safety
+/// `path` as for [`bytes`]; `buf` a writable `struct stat`.
+unsafe fn do_stat(dirfd: c_int, path: CPath, buf: *mut libc::stat, nofollow: bool) -> Option<c_int> {
+    // SAFETY: the caller's contract.
+    let r = unsafe { stat_attr(dirfd, path, nofollow) }?;
+    Some(match r {
+        Ok((a, m)) => {
+            if buf.is_null() {
+                return Some(ret(Err(libc::EFAULT)));
+            }
+            // SAFETY: `buf` is a writable struct stat (the caller's contract).
+            fill_stat(&a, libc::makedev(m.dev.0, m.dev.1), unsafe { &mut *buf });
+            0
+        }
+        Err(e) => ret(Err(e)),
+    })
+}
+
+type StatFn = unsafe extern "C" fn(CPath, *mut libc::stat) -> c_int;
+type StatAtFn = unsafe extern "C" fn(c_int, CPath, *mut libc::stat, c_int) -> c_int;
+type XstatFn = unsafe extern "C" fn(c_int, CPath, *mut libc::stat) -> c_int;
+type FxstatatFn = unsafe extern "C" fn(c_int, c_int, CPath, *mut libc::stat, c_int) -> c_int;
+
+/// `fstatat`'s flags this library understands; anything else goes to the kernel.
+fn stat_flags_ok(path: CPath, flags: c_int) -> bool {
+    let known = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_EMPTY_PATH;
+    // SAFETY: `path` is the caller's C string (or null).
+    let empty = unsafe { bytes(path) }.is_none_or(<[u8]>::is_empty);
+    flags & !known == 0 && !(flags & libc::AT_EMPTY_PATH != 0 && empty)
+}
+
+macro_rules! export_stat {
+    ($name:ident, $sym:literal, $nofollow:expr) => {
+        /// Interposed: `stat`/`lstat` served over the channel on a lanefs path.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: CPath, buf: *mut libc::stat) -> c_int {
+            // SAFETY: the C function's contract.
+            if let Some(r) = unsafe { do_stat(libc::AT_FDCWD, path, buf, $nofollow) } {
+                return r;
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, StatFn)(path, buf) }
+        }
+    };
+}
+export_stat!(stat, c"stat", false);
+export_stat!(stat64, c"stat64", false);
+export_stat!(lstat, c"lstat", true);
+export_stat!(lstat64, c"lstat64", true);
+
+macro_rules! export_fstatat {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: `fstatat` served over the channel on a lanefs path.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            dirfd: c_int,
+            path: CPath,
+            buf: *mut libc::stat,
+            flags: c_int,
+        ) -> c_int {
+            if stat_flags_ok(path, flags) {
+                let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
+                // SAFETY: the C function's contract.
+                if let Some(r) = unsafe { do_stat(dirfd, path, buf, nofollow) } {
+                    return r;
+                }
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, StatAtFn)(dirfd, path, buf, flags) }
+        }
+    };
+}
+export_fstatat!(fstatat, c"fstatat");
+export_fstatat!(fstatat64, c"fstatat64");
+
+macro_rules! export_xstat {
+    ($name:ident, $sym:literal, $nofollow:expr) => {
+        /// Interposed: glibc's versioned `stat` entry (older binaries).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(ver: c_int, path: CPath, buf: *mut libc::stat) -> c_int {
+            if ver == 1 {
+                // SAFETY: the C function's contract.
+                if let Some(r) = unsafe { do_stat(libc::AT_FDCWD, path, buf, $nofollow) } {
+                    return r;
+                }
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, XstatFn)(ver, path, buf) }
+        }
+    };
+}
+export_xstat!(__xstat, c"__xstat", false);
+export_xstat!(__xstat64, c"__xstat64", false);
+export_xstat!(__lxstat, c"__lxstat", true);
+export_xstat!(__lxstat64, c"__lxstat64", true);
+
+macro_rules! export_fxstatat {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: glibc's versioned `fstatat` entry (older binaries).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            ver: c_int,
+            dirfd: c_int,
+            path: CPath,
+            buf: *mut libc::stat,
+            flags: c_int,
+        ) -> c_int {
+            if ver == 1 && stat_flags_ok(path, flags) {
+                let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
+                // SAFETY: the C function's contract.
+                if let Some(r) = unsafe { do_stat(dirfd, path, buf, nofollow) } {
+                    return r;
+                }
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, FxstatatFn)(ver, dirfd, path, buf, flags) }
+        }
+    };
+}
+export_fxstatat!(__fxstatat, c"__fxstatat");
+export_fxstatat!(__fxstatat64, c"__fxstatat64");
+
+const STATX_ATTR_MOUNT_ROOT: u64 = 0x2000;
+const STATX_ATTR_AUTOMOUNT: u64 = 0x1000;
+const STATX_ATTR_DAX: u64 = 0x0020_0000;
+
+/// Interposed: `statx` served over the channel on a lanefs path, with what the kernel
+/// reports for a FUSE file: the basic fields and the mount id.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn statx(
+    dirfd: c_int,
+    path: CPath,
+    flags: c_int,
+    mask: c_uint,
+    buf: *mut libc::statx,
+) -> c_int {
+    let known = libc::AT_SYMLINK_NOFOLLOW
+        | libc::AT_NO_AUTOMOUNT
+        | libc::AT_EMPTY_PATH
+        | libc::AT_STATX_FORCE_SYNC
+        | libc::AT_STATX_DONT_SYNC;
+    let stat_flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_EMPTY_PATH;
+    if flags & !known == 0 && stat_flags_ok(path, flags & stat_flags) {
+        let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
+        // SAFETY: the C function's contract.
+        if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow) } {
+            return match r {
+                Ok(_) if buf.is_null() => ret(Err(libc::EFAULT)),
+                Ok((a, m)) => {
+                    // SAFETY: `buf` is a writable struct statx (the caller's contract). The
+                    // kernel reports the basic fields whatever `mask` asks for.
+                    fill_statx(&a, m, unsafe { &mut *buf });
+                    0
+                }
+                Err(e) => ret(Err(e)),
+            };
+        }
+    }
+    type StatxFn = unsafe extern "C" fn(c_int, CPath, c_int, c_uint, *mut libc::statx) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"statx", StatxFn)(dirfd, path, flags, mask, buf) }
+}
+
+fn fill_statx(a: &fuse_attr, m: &Mount, sx: &mut libc::statx) {
+    // SAFETY: libc::statx is plain old data; all-zero is a valid value.
+    *sx = unsafe { std::mem::zeroed() };
+    sx.stx_mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
+    sx.stx_blksize = if a.blksize == 0 { 4096 } else { a.blksize };
+    sx.stx_attributes_mask = STATX_ATTR_AUTOMOUNT | STATX_ATTR_MOUNT_ROOT | STATX_ATTR_DAX;
+    if a.ino == 1 {
+        sx.stx_attributes = STATX_ATTR_MOUNT_ROOT;
+    }
+    sx.stx_nlink = a.nlink;
+    sx.stx_uid = a.uid;
+    sx.stx_gid = a.gid;
+    sx.stx_mode = a.mode as u16;
+    sx.stx_ino = a.ino;
+    sx.stx_size = a.size;
+    sx.stx_blocks = a.blocks;
+    let t = |s: u64, ns: u32| {
+        // SAFETY: plain old data; all-zero is valid.
+        let mut t: libc::statx_timestamp = unsafe { std::mem::zeroed() };
+        t.tv_sec = s as i64;
+        t.tv_nsec = ns;
+        t
+    };
+    sx.stx_atime = t(a.atime, a.atimensec);
+    sx.stx_mtime = t(a.mtime, a.mtimensec);
+    sx.stx_ctime = t(a.ctime, a.ctimensec);
+    let rdev = decode_dev(a.rdev);
+    sx.stx_rdev_major = libc::major(rdev);
+    sx.stx_rdev_minor = libc::minor(rdev);
+    sx.stx_dev_major = m.dev.0;
+    sx.stx_dev_minor = m.dev.1;
+    sx.stx_mnt_id = m.mnt_id;
+}
+
+// ----- names ------------------------------------------------------------------------------
+
+/// The process's umask, as this library last saw it set (read from `/proc` at first use).
+static UMASK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+
+fn umask_now() -> u32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let u = UMASK.load(Relaxed);
+    if u != u32::MAX {
+        return u;
+    }
+    let u = read_umask().unwrap_or(0o022);
+    UMASK.store(u, Relaxed);
+    u
+}
+
+/// `Umask:` of `/proc/self/status`.
+fn read_umask() -> Option<u32> {
+    // SAFETY: openat of a NUL-terminated path.
+    let fd = crate::real::sys(unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/status".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    })
+    .ok()? as i32;
+    let mut buf = [0u8; 4096];
+    // SAFETY: the kernel writes at most `buf.len()` bytes.
+    let n = crate::real::sys(unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), 4096) });
+    crate::real::close_raw(fd);
+    let text = &buf[..n.ok()?];
+    let line = text
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(b"Umask:"))?;
+    let s = std::str::from_utf8(line).ok()?.trim();
+    u32::from_str_radix(s, 8).ok()
+}
+
+/// Interposed: remembers the umask that creations over the channel apply.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn umask(mask: libc::mode_t) -> libc::mode_t {
+    type F = unsafe extern "C" fn(libc::mode_t) -> libc::mode_t;
+    // SAFETY: the C library's own function.
+    let old = unsafe { real!(c"umask", F)(mask) };
+    UMASK.store(mask & 0o777, std::sync::atomic::Ordering::Relaxed);
+    old
+}
+
+/// The kernel's `new_encode_dev`, as FUSE's MKNOD carries a device number.
+fn encode_dev(dev: libc::dev_t) -> u32 {
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    (minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)
+}
+
+/// `mknod` over the channel.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn do_mknod(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> Option<c_int> {
+    let kind = match mode & libc::S_IFMT {
+        0 => libc::S_IFREG,
+        k @ (libc::S_IFREG | libc::S_IFCHR | libc::S_IFBLK | libc::S_IFIFO | libc::S_IFSOCK) => k,
+        _ => return None,
+    };
+    let arg = fuse_mknod_in {
+        mode: kind | (mode & 0o7777),
+        rdev: encode_dev(dev),
+        umask: umask_now(),
+        padding: 0,
+    };
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    let r = unsafe { one(dirfd, path, OP_MKNOD, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    Some(ret(r))
+}
+
+type MknodAtFn = unsafe extern "C" fn(c_int, CPath, libc::mode_t, libc::dev_t) -> c_int;
+
+/// Interposed: `mknod`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknod(path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_mknod(libc::AT_FDCWD, path, mode, dev) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, libc::mode_t, libc::dev_t) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"mknod", F)(path, mode, dev) }
+}
+
+/// Interposed: `mknodat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mknodat(
+    dirfd: c_int,
+    path: CPath,
+    mode: libc::mode_t,
+    dev: libc::dev_t,
+) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_mknod(dirfd, path, mode, dev) } {
+        return r;
+    }
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"mknodat", MknodAtFn)(dirfd, path, mode, dev) }
+}
+
+/// `mkdir` over the channel.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn do_mkdir(dirfd: c_int, path: CPath, mode: libc::mode_t) -> Option<c_int> {
+    let arg = fuse_mkdir_in {
+        mode: mode & 0o7777,
+        umask: umask_now(),
+    };
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    let r = unsafe { one(dirfd, path, OP_MKDIR, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    Some(ret(r))
+}
+
+/// Interposed: `mkdir`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdir(path: CPath, mode: libc::mode_t) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_mkdir(libc::AT_FDCWD, path, mode) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, libc::mode_t) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"mkdir", F)(path, mode) }
+}
+
+/// Interposed: `mkdirat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: CPath, mode: libc::mode_t) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_mkdir(dirfd, path, mode) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, libc::mode_t) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"mkdirat", F)(dirfd, path, mode) }
+}
+
+/// Interposed: `unlink`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlink(path: CPath) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { one(libc::AT_FDCWD, path, OP_UNLINK, &[], None, &mut []) } {
+        return ret(r);
+    }
+    type F = unsafe extern "C" fn(CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"unlink", F)(path) }
+}
+
+/// Interposed: `rmdir`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rmdir(path: CPath) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { one(libc::AT_FDCWD, path, OP_RMDIR, &[], None, &mut []) } {
+        return ret(r);
+    }
+    type F = unsafe extern "C" fn(CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"rmdir", F)(path) }
+}
+
+/// Interposed: `unlinkat` (with `AT_REMOVEDIR`, an rmdir).
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: CPath, flags: c_int) -> c_int {
+    let op = match flags {
+        0 => Some(OP_UNLINK),
+        libc::AT_REMOVEDIR => Some(OP_RMDIR),
+        _ => None,
+    };
+    if let Some(op) = op {
+        // SAFETY: the C function's contract.
+        if let Some(r) = unsafe { one(dirfd, path, op, &[], None, &mut []) } {
+            return ret(r);
+        }
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"unlinkat", F)(dirfd, path, flags) }
+}
+
+/// `renameat2` over the channel.
+///
+/// # Safety
+/// The paths as for [`bytes`].
+unsafe fn do_rename(from: (c_int, CPath), to: (c_int, CPath), flags: c_uint) -> Option<c_int> {
+    if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+        return None; // RENAME_WHITEOUT and anything newer: the kernel's checks
+    }
+    let arg = RenameIn { flags, padding: 0 };
+    // SAFETY: the caller's contract.
+    Some(ret(unsafe { two(from, to, OP_RENAME, arg.as_bytes(), &mut []) }?))
+}
+
+/// Interposed: `rename`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn rename(old: CPath, new: CPath) -> c_int {
+    let cwd = libc::AT_FDCWD;
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_rename((cwd, old), (cwd, new), 0) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"rename", F)(old, new) }
+}
+
+/// Interposed: `renameat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat(od: c_int, old: CPath, nd: c_int, new: CPath) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_rename((od, old), (nd, new), 0) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"renameat", F)(od, old, nd, new) }
+}
+
+/// Interposed: `renameat2`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn renameat2(
+    od: c_int,
+    old: CPath,
+    nd: c_int,
+    new: CPath,
+    flags: c_uint,
+) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_rename((od, old), (nd, new), flags) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath, c_uint) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"renameat2", F)(od, old, nd, new, flags) }
+}
+
+/// `linkat` over the channel.
+///
+/// # Safety
+/// The paths as for [`bytes`].
+unsafe fn do_link(from: (c_int, CPath), to: (c_int, CPath), flags: c_int) -> Option<c_int> {
+    if flags & !libc::AT_SYMLINK_FOLLOW != 0 {
+        return None; // AT_EMPTY_PATH: a descriptor, the kernel's
+    }
+    let arg = LinkIn {
+        flags: if flags & libc::AT_SYMLINK_FOLLOW != 0 {
+            FOLLOW
+        } else {
+            0
+        },
+        padding: 0,
+    };
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    Some(ret(unsafe { two(from, to, OP_LINK, arg.as_bytes(), out.as_mut_bytes()) }?))
+}
+
+/// Interposed: `link`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn link(old: CPath, new: CPath) -> c_int {
+    let cwd = libc::AT_FDCWD;
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_link((cwd, old), (cwd, new), 0) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"link", F)(old, new) }
+}
+
+/// Interposed: `linkat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn linkat(
+    od: c_int,
+    old: CPath,
+    nd: c_int,
+    new: CPath,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_link((od, old), (nd, new), flags) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"linkat", F)(od, old, nd, new, flags) }
+}
+
+/// `symlinkat` over the channel.
+///
+/// # Safety
+/// `target` and `path` as for [`bytes`].
+unsafe fn do_symlink(target: CPath, dirfd: c_int, path: CPath) -> Option<c_int> {
+    // SAFETY: the caller's contract.
+    let t = unsafe { bytes(target) }?;
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    let r = unsafe { one(dirfd, path, OP_SYMLINK, &[], Some(t), out.as_mut_bytes()) }?;
+    Some(ret(r))
+}
+
+/// Interposed: `symlink`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlink(target: CPath, path: CPath) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_symlink(target, libc::AT_FDCWD, path) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"symlink", F)(target, path) }
+}
+
+/// Interposed: `symlinkat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn symlinkat(target: CPath, dirfd: c_int, path: CPath) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_symlink(target, dirfd, path) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, c_int, CPath) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"symlinkat", F)(target, dirfd, path) }
+}
+
+/// `readlinkat` over the channel.
+///
+/// # Safety
+/// `path` as for [`bytes`]; `buf` writable for `size` bytes.
+unsafe fn do_readlink(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) -> Option<isize> {
+    if size == 0 || buf.is_null() {
+        return None;
+    }
+    let mut t = [0u8; 4096];
+    // SAFETY: the caller's contract.
+    let r = unsafe { one(dirfd, path, OP_READLINK, &[], None, &mut t) }?;
+    Some(match r {
+        Ok(n) => {
+            let n = n.min(size);
+            // SAFETY: `buf` is writable for `size` >= `n` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(t.as_ptr(), buf.cast(), n) };
+            n as isize
+        }
+        Err(e) => {
+            set_errno(e);
+            -1
+        }
+    })
+}
+
+/// Interposed: `readlink`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlink(path: CPath, buf: *mut c_char, size: usize) -> isize {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_readlink(libc::AT_FDCWD, path, buf, size) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, *mut c_char, usize) -> isize;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"readlink", F)(path, buf, size) }
+}
+
+/// Interposed: `readlinkat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readlinkat(
+    dirfd: c_int,
+    path: CPath,
+    buf: *mut c_char,
+    size: usize,
+) -> isize {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_readlink(dirfd, path, buf, size) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, *mut c_char, usize) -> isize;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"readlinkat", F)(dirfd, path, buf, size) }
+}
+
+// ----- attributes -------------------------------------------------------------------------
+
+/// A SETATTR over the channel.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn do_setattr(dirfd: c_int, path: CPath, s: &SetattrIn) -> Option<c_int> {
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    let r = unsafe { one(dirfd, path, OP_SETATTR, s.as_bytes(), None, out.as_mut_bytes()) }?;
+    Some(ret(r))
+}
+
+fn chmod_arg(mode: libc::mode_t) -> SetattrIn {
+    SetattrIn {
+        valid: FATTR_MODE,
+        mode: mode & 0o7777,
+        ..SetattrIn::default()
+    }
+}
+
+fn chown_arg(uid: libc::uid_t, gid: libc::gid_t, nofollow: bool) -> SetattrIn {
+    SetattrIn {
+        valid: FATTR_UID | FATTR_GID,
+        flags: if nofollow { NOFOLLOW } else { 0 },
+        uid,
+        gid,
+        ..SetattrIn::default()
+    }
+}
+
+/// Interposed: `chmod`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn chmod(path: CPath, mode: libc::mode_t) -> c_int {
+    // SAFETY: the C function's contract.
+    if let Some(r) = unsafe { do_setattr(libc::AT_FDCWD, path, &chmod_arg(mode)) } {
+        return r;
+    }
+    type F = unsafe extern "C" fn(CPath, libc::mode_t) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"chmod", F)(path, mode) }
+}
+
+/// Interposed: `fchmodat` (without flags; `AT_SYMLINK_NOFOLLOW` goes to the kernel).
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchmodat(
+    dirfd: c_int,
+    path: CPath,
+    mode: libc::mode_t,
+    flags: c_int,
+) -> c_int {
+    if flags == 0 {
+        // SAFETY: the C function's contract.
+        if let Some(r) = unsafe { do_setattr(dirfd, path, &chmod_arg(mode)) } {
+            return r;
+        }
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, libc::mode_t, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"fchmodat", F)(dirfd, path, mode, flags) }
+}
+
+macro_rules! export_chown {
+    ($name:ident, $sym:literal, $nofollow:expr) => {
+        /// Interposed: `chown`/`lchown`.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: CPath, uid: libc::uid_t, gid: libc::gid_t) -> c_int {
+            let arg = chown_arg(uid, gid, $nofollow);
+            // SAFETY: the C function's contract.
+            if let Some(r) = unsafe { do_setattr(libc::AT_FDCWD, path, &arg) } {
+                return r;
+            }
+            type F = unsafe extern "C" fn(CPath, libc::uid_t, libc::gid_t) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, F)(path, uid, gid) }
+        }
+    };
+}
+export_chown!(chown, c"chown", false);
+export_chown!(lchown, c"lchown", true);
+
+/// Interposed: `fchownat`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fchownat(
+    dirfd: c_int,
+    path: CPath,
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    flags: c_int,
+) -> c_int {
+    if flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
+        let arg = chown_arg(uid, gid, flags != 0);
+        // SAFETY: the C function's contract.
+        if let Some(r) = unsafe { do_setattr(dirfd, path, &arg) } {
+            return r;
+        }
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, libc::uid_t, libc::gid_t, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"fchownat", F)(dirfd, path, uid, gid, flags) }
+}
+
+macro_rules! export_truncate {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: `truncate`.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: CPath, len: libc::off_t) -> c_int {
+            if len >= 0 {
+                let arg = SetattrIn {
+                    valid: FATTR_SIZE,
+                    size: len as u64,
+                    ..SetattrIn::default()
+                };
+                // SAFETY: the C function's contract.
+                if let Some(r) = unsafe { do_setattr(libc::AT_FDCWD, path, &arg) } {
+                    return r;
+                }
+            }
+            type F = unsafe extern "C" fn(CPath, libc::off_t) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, F)(path, len) }
+        }
+    };
+}
+export_truncate!(truncate, c"truncate");
+export_truncate!(truncate64, c"truncate64");
+
+/// The SETATTR of `utimensat(times, flags)`, or None for what the kernel decides alone (a
+/// time out of range, both times omitted).
+///
+/// # Safety
+/// `times` null or two readable timespecs.
+unsafe fn utimens_arg(times: *const libc::timespec, flags: c_int) -> Option<SetattrIn> {
+    let mut s = SetattrIn {
+        flags: if flags & libc::AT_SYMLINK_NOFOLLOW != 0 {
+            NOFOLLOW
+        } else {
+            0
+        },
+        ..SetattrIn::default()
+    };
+    if times.is_null() {
+        s.valid = FATTR_ATIME | FATTR_ATIME_NOW | FATTR_MTIME | FATTR_MTIME_NOW;
+        return Some(s);
+    }
+    // SAFETY: the caller's contract.
+    let (a, m) = unsafe { (*times, *times.add(1)) };
+    if a.tv_nsec == libc::UTIME_OMIT && m.tv_nsec == libc::UTIME_OMIT {
+        return None;
+    }
+    for (t, bit, now, sec, nsec) in [
+        (a, FATTR_ATIME, FATTR_ATIME_NOW, &mut s.atime, &mut s.atimensec),
+        (m, FATTR_MTIME, FATTR_MTIME_NOW, &mut s.mtime, &mut s.mtimensec),
+    ] {
+        match t.tv_nsec {
+            libc::UTIME_OMIT => {}
+            libc::UTIME_NOW => s.valid |= bit | now,
+            ns if (0..1_000_000_000).contains(&ns) => {
+                s.valid |= bit;
+                *sec = t.tv_sec as u64;
+                *nsec = ns as u32;
+            }
+            _ => return None,
+        }
+    }
+    Some(s)
+}
+
+/// Interposed: `utimensat` on a path.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: CPath,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
+    if !path.is_null() && flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
+        // SAFETY: the C function's contract.
+        if let Some(arg) = unsafe { utimens_arg(times, flags) } {
+            // SAFETY: the C function's contract.
+            if let Some(r) = unsafe { do_setattr(dirfd, path, &arg) } {
+                return r;
+            }
+        }
+    }
+    type F = unsafe extern "C" fn(c_int, CPath, *const libc::timespec, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"utimensat", F)(dirfd, path, times, flags) }
+}
+
+// ----- open -------------------------------------------------------------------------------
+
+/// `open(O_CREAT)`: the create over the channel, then the open through the kernel. None
+/// when the kernel must do it all: flags this library leaves alone (`O_TMPFILE`,
+/// `O_DIRECTORY`, `O_PATH`), a path ending in `/`, `.` or `..`, or a mode that would not let
+/// the creator open the file it made (the kernel's create-and-open is exempt from the
+/// permission check; an open after the create is not).
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> Option<c_int> {
+    if flags & libc::O_CREAT == 0
+        || flags & (libc::O_TMPFILE | libc::O_DIRECTORY | libc::O_PATH) != 0
+    {
+        return None;
+    }
+    // SAFETY: the caller's contract.
+    let p = unsafe { bytes(path) }?;
+    let last = p.rsplit(|&b| b == b'/').next().unwrap_or(p);
+    if p.ends_with(b"/") || last == b"." || last == b".." {
+        return None;
+    }
+    let perm = mode & 0o7777 & !umask_now();
+    let need = match flags & libc::O_ACCMODE {
+        libc::O_RDONLY => 0o400,
+        libc::O_WRONLY => 0o200,
+        _ => 0o600,
+    };
+    if perm & need != need {
+        return None;
+    }
+    let arg = fuse_mknod_in {
+        mode: libc::S_IFREG | (mode & 0o7777),
+        rdev: 0,
+        umask: umask_now(),
+        padding: 0,
+    };
+    let mut out = StatOut::default();
+    // SAFETY: the caller's contract.
+    let made = unsafe { one(dirfd, path, OP_MKNOD, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    let kernel_flags = match made {
+        // Made: opened without O_CREAT (a lookup, in parallel with others in the directory);
+        // it is empty, so O_TRUNC has nothing to do.
+        Ok(_) => flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC),
+        Err(libc::EEXIST) if flags & libc::O_EXCL != 0 => return Some(ret(Err(libc::EEXIST))),
+        // There already (a file, or a symlink to follow): the kernel opens it as asked.
+        Err(libc::EEXIST) => return None,
+        Err(e) => return Some(ret(Err(e))),
+    };
+    // SAFETY: the C library's own `openat` with the caller's path.
+    let fd = unsafe { real!(c"openat", OpenAtFn)(dirfd, path, kernel_flags, 0) };
+    if fd >= 0 || crate::real::errno() != libc::ENOENT {
+        return Some(fd);
+    }
+    // Gone again before the open (another process removed it): as asked, through the kernel.
+    None
+}
+
+type OpenFn = unsafe extern "C" fn(CPath, c_int, ...) -> c_int;
+type OpenAtFn = unsafe extern "C" fn(c_int, CPath, c_int, ...) -> c_int;
+
+macro_rules! export_open {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: `open` (its create goes over the channel).
+        ///
+        /// # Safety
+        /// As the C library's function (`mode` read only with `O_CREAT` or `O_TMPFILE`).
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: CPath, flags: c_int, mode: c_uint) -> c_int {
+            // SAFETY: the C function's contract.
+            if let Some(fd) = unsafe { open_create(libc::AT_FDCWD, path, flags, mode) } {
+                return fd;
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, OpenFn)(path, flags, mode) }
+        }
+    };
+}
+export_open!(open, c"open");
+export_open!(open64, c"open64");
+
+macro_rules! export_openat {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: `openat` (its create goes over the channel).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            dirfd: c_int,
+            path: CPath,
+            flags: c_int,
+            mode: c_uint,
+        ) -> c_int {
+            // SAFETY: the C function's contract.
+            if let Some(fd) = unsafe { open_create(dirfd, path, flags, mode) } {
+                return fd;
+            }
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, OpenAtFn)(dirfd, path, flags, mode) }
+        }
+    };
+}
+export_openat!(openat, c"openat");
+export_openat!(openat64, c"openat64");
+
+macro_rules! export_creat {
+    ($name:ident, $sym:literal) => {
+        /// Interposed: `creat`.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: CPath, mode: libc::mode_t) -> c_int {
+            let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+            // SAFETY: the C function's contract.
+            if let Some(fd) = unsafe { open_create(libc::AT_FDCWD, path, flags, mode) } {
+                return fd;
+            }
+            type F = unsafe extern "C" fn(CPath, libc::mode_t) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, F)(path, mode) }
+        }
+    };
+}
+export_creat!(creat, c"creat");
+export_creat!(creat64, c"creat64");
+
+// ----- process state ----------------------------------------------------------------------
+
+macro_rules! export_cwd_change {
+    ($name:ident, $sym:literal, $arg:ty) => {
+        /// Interposed: the working directory changes (`paths.rs` forgets where it was).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(a: $arg) -> c_int {
+            type F = unsafe extern "C" fn($arg) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            let r = unsafe { real!($sym, F)(a) };
+            forget_cwd();
+            r
+        }
+    };
+}
+export_cwd_change!(chdir, c"chdir", CPath);
+export_cwd_change!(fchdir, c"fchdir", c_int);
+
+macro_rules! export_setid {
+    ($name:ident, $sym:literal, ($($a:ident: $t:ty),*)) => {
+        /// Interposed: the credentials change; every channel connects again (`conn.rs`).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            type F = unsafe extern "C" fn($($t),*) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            let r = unsafe { real!($sym, F)($($a),*) };
+            note_cred_change();
+            r
+        }
+    };
+}
+export_setid!(setuid, c"setuid", (u: libc::uid_t));
+export_setid!(setgid, c"setgid", (g: libc::gid_t));
+export_setid!(seteuid, c"seteuid", (u: libc::uid_t));
+export_setid!(setegid, c"setegid", (g: libc::gid_t));
+export_setid!(setreuid, c"setreuid", (r: libc::uid_t, e: libc::uid_t));
+export_setid!(setregid, c"setregid", (r: libc::gid_t, e: libc::gid_t));
+export_setid!(setresuid, c"setresuid", (r: libc::uid_t, e: libc::uid_t, s: libc::uid_t));
+export_setid!(setresgid, c"setresgid", (r: libc::gid_t, e: libc::gid_t, s: libc::gid_t));
+export_setid!(setfsuid, c"setfsuid", (u: libc::uid_t));
+export_setid!(setfsgid, c"setfsgid", (g: libc::gid_t));
+export_setid!(setgroups, c"setgroups", (n: usize, l: *const libc::gid_t));

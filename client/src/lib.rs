@@ -1,0 +1,33 @@
+//! # lanefs-client: the preloaded client of `lanefs run`
+//!
+//! Loaded into a program with `LD_PRELOAD` (`lanefs run -- CMD` sets it; children inherit
+//! it), this library takes the program's calls on paths inside a lanefs mount to the
+//! mount's server over a shared-memory channel (`lanefs-channel`; the server's side is
+//! `fuse/src/channel.rs`), around the kernel's VFS, which locks a directory exclusively
+//! around every create, unlink and rename in it before any FUSE server is asked. Through
+//! the channel, creates and unlinks of different names in one directory run in parallel,
+//! as they do in the library.
+//!
+//! What it serves, and what it leaves to the kernel (`calls.rs`): the calls that make,
+//! remove, rename and inspect names go over the channel; every descriptor is a kernel
+//! descriptor (a file created over the channel is then opened through the kernel), so
+//! reads, writes, `mmap`, locks, `fork`, `exec` and programs that never call these
+//! functions see one filesystem. A change made over the channel invalidates what the
+//! kernel cached of it before the call returns (the server's engine reports it).
+//!
+//! Module map: `calls.rs` (the exported functions), `paths.rs` (is this path lanefs's?),
+//! `mounts.rs` (the mount table), `conn.rs` (a thread's channels and one call), `real.rs`
+//! (reaching the C library's own functions without recursion).
+//!
+//! Rules this code keeps, because it runs inside other people's programs: no call to a
+//! libc name it exports except through `real.rs`; no `std::fs`; errno set only on failure;
+//! nothing that can panic on a program's input; a call re-entered from a signal handler goes
+//! through the kernel; anything this library cannot decide goes through the kernel.
+
+mod calls;
+mod conn;
+mod mounts;
+mod paths;
+mod real;
+
+pub use calls::*;

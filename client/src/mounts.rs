@@ -1,0 +1,277 @@
+//! Which paths are lanefs's: the lanefs mounts of this process's mount namespace, read from
+//! `/proc/self/mountinfo`.
+//!
+//! A mount is served over the channel when its filesystem type is `fuse.lanefs`, its root
+//! is the filesystem's root, no other mount lies inside it (the server cannot see one, so a
+//! path walked there would be resolved in lanefs where the kernel would cross into the
+//! other filesystem), and `LANEFS_RUN_MOUNTS` (a `:`-separated list of mountpoints set by
+//! `lanefs run --mount`), when set, names it. Anything else goes through the kernel.
+//!
+//! The table is read once, at the first call that needs it, and again (at most once a
+//! second) when a connection to a server fails: a mount made or unmounted after that is
+//! seen late, which only costs a call made through the kernel instead of the channel, or
+//! one that tries the channel, fails to connect and then goes through the kernel. Tables
+//! are immutable once published; a replaced one is leaked (it is replaced only when the
+//! mounts changed, a few times in a process's life), so a reader needs no lock.
+
+use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering::*};
+
+use crate::real::sys;
+
+/// One lanefs mount.
+pub(crate) struct Mount {
+    /// The mountpoint, as `mountinfo` shows it (unescaped), without a trailing slash.
+    pub point: Vec<u8>,
+    /// Its device number (`st_dev`).
+    pub dev: (u32, u32),
+    /// The mount id (`statx`'s `stx_mnt_id`).
+    pub mnt_id: u64,
+    /// The mounting user (`user_id=` of the FUSE mount): where its socket is, and the only
+    /// server uid (with root's) this client trusts for it.
+    pub owner: u32,
+    /// Monotonic nanoseconds before which no connection is tried again (one failed).
+    pub retry_at: AtomicI64,
+}
+
+/// The lanefs mounts.
+pub(crate) struct Table {
+    pub mounts: Vec<Mount>,
+    /// The device numbers of the mounts, for a descriptor's quick test.
+    pub devs: Vec<u64>,
+}
+
+static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
+static LOADED_AT: AtomicI64 = AtomicI64::new(i64::MIN);
+
+/// Monotonic clock, nanoseconds.
+pub(crate) fn now_ns() -> i64 {
+    // SAFETY: a zeroed timespec is a valid out-buffer.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
+/// The current table (read at the first call).
+pub(crate) fn table() -> &'static Table {
+    let p = TABLE.load(Acquire);
+    if !p.is_null() {
+        // SAFETY: published tables are leaked, never freed.
+        return unsafe { &*p };
+    }
+    reload(true);
+    // SAFETY: as above; `reload(true)` always publishes one.
+    unsafe { &*TABLE.load(Acquire) }
+}
+
+/// Reads the mount table again, unless it was read less than a second ago (`force`: read
+/// it anyway). Publishes the new table only if the mounts differ.
+pub(crate) fn reload(force: bool) {
+    let now = now_ns();
+    let last = LOADED_AT.load(Relaxed);
+    if !force && now.saturating_sub(last) < 1_000_000_000 {
+        return;
+    }
+    if LOADED_AT
+        .compare_exchange(last, now, Relaxed, Relaxed)
+        .is_err()
+        && !force
+    {
+        return; // another thread reads it
+    }
+    let text = read_mountinfo().unwrap_or_default();
+    let t = parse(&text, std::env::var_os("LANEFS_RUN_MOUNTS").as_deref());
+    let old = TABLE.load(Acquire);
+    // SAFETY: published tables are never freed.
+    if !old.is_null() && same(unsafe { &*old }, &t) {
+        return;
+    }
+    TABLE.store(Box::into_raw(Box::new(t)), Release);
+}
+
+fn same(a: &Table, b: &Table) -> bool {
+    a.mounts.len() == b.mounts.len()
+        && a.mounts
+            .iter()
+            .zip(&b.mounts)
+            .all(|(x, y)| x.point == y.point && x.dev == y.dev && x.owner == y.owner)
+}
+
+/// `/proc/self/mountinfo`, read with system calls of this library's own.
+fn read_mountinfo() -> Option<Vec<u8>> {
+    // SAFETY: openat of a NUL-terminated path.
+    let fd = sys(unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    })
+    .ok()? as i32;
+    let mut out = Vec::with_capacity(8192);
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: the kernel writes at most `buf.len()` bytes.
+        let n = sys(unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), buf.len()) });
+        match n {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(_) => {
+                crate::real::close_raw(fd);
+                return None;
+            }
+        }
+    }
+    crate::real::close_raw(fd);
+    Some(out)
+}
+
+/// `mountinfo`'s octal escapes (`\040` for a space) undone.
+fn unescape(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\' && i + 4 <= s.len() && s[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            let v = (s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The lanefs mounts of a `mountinfo` text, limited to `only` (`:`-separated mountpoints)
+/// when given.
+pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
+    struct Line {
+        point: Vec<u8>,
+        dev: (u32, u32),
+        mnt_id: u64,
+        lanefs: bool,
+        owner: u32,
+    }
+    let mut lines = Vec::new();
+    for l in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let f: Vec<&[u8]> = l.split(|&b| b == b' ').collect();
+        let Some(sep) = f.iter().position(|&x| x == b"-") else {
+            continue;
+        };
+        if f.len() < 5 || f.len() < sep + 4 {
+            continue;
+        }
+        let num = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok());
+        let Some(mnt_id) = num(f[0]) else { continue };
+        let mut dev = f[2].split(|&b| b == b':');
+        let (Some(major), Some(minor)) = (dev.next().and_then(num), dev.next().and_then(num))
+        else {
+            continue;
+        };
+        let owner = f[sep + 3]
+            .split(|&b| b == b',')
+            .find_map(|o| o.strip_prefix(b"user_id="))
+            .and_then(num)
+            .unwrap_or(0);
+        let mut point = unescape(f[4]);
+        while point.len() > 1 && point.ends_with(b"/") {
+            point.pop();
+        }
+        lines.push(Line {
+            point,
+            dev: (major as u32, minor as u32),
+            mnt_id,
+            lanefs: f[sep + 1] == b"fuse.lanefs" && f[3] == b"/",
+            owner: owner as u32,
+        });
+    }
+    let allowed = |p: &[u8]| match only {
+        None => true,
+        Some(list) => {
+            use std::os::unix::ffi::OsStrExt;
+            list.as_bytes()
+                .split(|&b| b == b':')
+                .any(|x| x.strip_suffix(b"/").unwrap_or(x) == p)
+        }
+    };
+    let inside = |outer: &[u8], p: &[u8]| {
+        p.len() > outer.len() && p.starts_with(outer) && p[outer.len()] == b'/'
+    };
+    let mut mounts = Vec::new();
+    for m in lines.iter().filter(|m| m.lanefs && m.point != b"/") {
+        // A later mount over the same point hides this one; one inside it is invisible to
+        // its server.
+        let hidden_or_nested = lines.iter().any(|o| {
+            !std::ptr::eq(o, m) && (inside(&m.point, &o.point) || o.point == m.point && o.mnt_id > m.mnt_id)
+        });
+        if hidden_or_nested || !allowed(&m.point) {
+            continue;
+        }
+        mounts.push(Mount {
+            point: m.point.clone(),
+            dev: m.dev,
+            mnt_id: m.mnt_id,
+            owner: m.owner,
+            retry_at: AtomicI64::new(i64::MIN),
+        });
+    }
+    let devs = mounts
+        .iter()
+        .map(|m| libc::makedev(m.dev.0, m.dev.1))
+        .collect();
+    Table { mounts, devs }
+}
+
+impl Table {
+    /// The mount holding absolute path `p`, and the rest of the path after its mountpoint
+    /// (`.` for the mountpoint itself).
+    pub(crate) fn find<'p>(&self, p: &'p [u8]) -> Option<(&Mount, &'p [u8])> {
+        self.mounts.iter().find_map(|m| {
+            let rest = p.strip_prefix(m.point.as_slice())?;
+            if rest.is_empty() {
+                return Some((m, &b"."[..]));
+            }
+            let rest = rest.strip_prefix(b"/")?;
+            let trimmed = {
+                let mut r = rest;
+                while let Some(x) = r.strip_prefix(b"/") {
+                    r = x;
+                }
+                r
+            };
+            Some((m, if trimmed.is_empty() { &b"."[..] } else { trimmed }))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INFO: &[u8] = b"22 1 0:21 / /proc rw,nosuid - proc proc rw\n\
+        40 22 0:40 / /mnt/l rw,nosuid,nodev - fuse.lanefs memory rw,user_id=0,group_id=0\n\
+        41 22 0:41 / /mnt/with\\040space rw - fuse.lanefs memory rw,user_id=1000,group_id=1000\n\
+        42 22 0:42 / /mnt/outer rw - fuse.lanefs memory rw,user_id=0\n\
+        43 42 0:43 / /mnt/outer/inner rw - tmpfs tmpfs rw\n\
+        44 22 0:44 /sub /mnt/bind rw - fuse.lanefs memory rw,user_id=0\n\
+        45 22 0:45 / /mnt/other rw - fuse.sshfs host: rw,user_id=0\n";
+
+    #[test]
+    fn lanefs_mounts_are_found_and_the_unservable_left_out() {
+        let t = parse(INFO, None);
+        let points: Vec<&[u8]> = t.mounts.iter().map(|m| m.point.as_slice()).collect();
+        assert_eq!(points, vec![&b"/mnt/l"[..], b"/mnt/with space"]);
+        assert_eq!(t.mounts[1].owner, 1000);
+        assert_eq!(t.mounts[0].dev, (0, 40));
+        let (m, rest) = t.find(b"/mnt/l/a/b").unwrap();
+        assert_eq!((m.mnt_id, rest), (40, &b"a/b"[..]));
+        assert_eq!(t.find(b"/mnt/l").unwrap().1, b".");
+        assert_eq!(t.find(b"/mnt/l//x").unwrap().1, b"x");
+        assert!(t.find(b"/mnt/lx").is_none());
+        assert!(t.find(b"/mnt/outer/inner/f").is_none());
+        let only = parse(INFO, Some(std::ffi::OsStr::new("/mnt/with space/")));
+        assert_eq!(only.mounts.len(), 1);
+    }
+}

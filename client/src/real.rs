@@ -1,0 +1,101 @@
+//! The C library's own functions, for the calls this library passes on.
+//!
+//! This library exports `open`, `stat`, `unlink` and the rest under their libc names, so
+//! that the dynamic linker binds a program's calls to it; a call to one of those names from
+//! inside this library would bind back to itself. Its own calls therefore go to the next
+//! definition in the lookup order (`dlsym(RTLD_NEXT)`, resolved once per name), or, for the
+//! few system calls it makes for itself (`getcwd`, `readlinkat`, `fstat`), straight to the
+//! kernel with `syscall(2)`, which no one interposes.
+
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// The next definition of `name` after this library's, or 0. Cached in `slot`.
+pub(crate) fn next(name: &CStr, slot: &AtomicUsize) -> usize {
+    let p = slot.load(Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT is a valid pseudo-handle.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    slot.store(p, Relaxed);
+    p
+}
+
+/// The libc function `$name` (a C string literal) as a function pointer of type `$ty`.
+/// Aborts if libc has no such function (this library is only ever loaded into programs
+/// linked with glibc, which has every one it names).
+macro_rules! real {
+    ($name:literal, $ty:ty) => {{
+        static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let p = $crate::real::next($name, &SLOT);
+        if p == 0 {
+            std::process::abort();
+        }
+        // SAFETY: `p` is the address of the libc function `$name`, whose C signature is `$ty`.
+        #[allow(unused_unsafe)]
+        let f = unsafe { std::mem::transmute::<usize, $ty>(p) };
+        f
+    }};
+}
+pub(crate) use real;
+
+/// Sets `errno`.
+pub(crate) fn set_errno(e: i32) {
+    // SAFETY: the calling thread's errno location is always valid.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// `errno`.
+pub(crate) fn errno() -> i32 {
+    // SAFETY: as above.
+    unsafe { *libc::__errno_location() }
+}
+
+/// The system call's result as a Result: the value, or the errno (which is left as the
+/// call set it: callers that fall back restore what they need).
+pub(crate) fn sys(r: libc::c_long) -> Result<usize, i32> {
+    if r < 0 { Err(errno()) } else { Ok(r as usize) }
+}
+
+/// `getcwd(2)` into `buf`: the length of the path (without its NUL).
+pub(crate) fn getcwd(buf: &mut [u8]) -> Result<usize, i32> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    let n = sys(unsafe { libc::syscall(libc::SYS_getcwd, buf.as_mut_ptr(), buf.len()) })?;
+    // The kernel's length counts the NUL; "(unreachable)" paths do not start with '/'.
+    Ok(n.saturating_sub(1))
+}
+
+/// `readlinkat(2)` of `path` into `buf`: the target's length.
+pub(crate) fn readlink_raw(path: &CStr, buf: &mut [u8]) -> Result<usize, i32> {
+    // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+    sys(unsafe {
+        libc::syscall(
+            libc::SYS_readlinkat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
+    })
+}
+
+/// `fstat(2)` of descriptor `fd`.
+pub(crate) fn fd_stat(fd: i32) -> Result<libc::stat, i32> {
+    // SAFETY: a zeroed stat is a valid out-buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one `struct stat`.
+    sys(unsafe { libc::syscall(libc::SYS_fstat, fd, &mut st) })?;
+    Ok(st)
+}
+
+/// The inode number of descriptor `fd`, or 0.
+pub(crate) fn fd_ino(fd: i32) -> u64 {
+    fd_stat(fd).map_or(0, |st| st.st_ino)
+}
+
+/// `close(2)` without going through anyone's `close`.
+pub(crate) fn close_raw(fd: i32) {
+    // SAFETY: closing a descriptor this library owns.
+    unsafe { libc::syscall(libc::SYS_close, fd) };
+}
