@@ -55,9 +55,8 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 pub use polyfuse_kernel::{
-    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW,
-    FATTR_SIZE, FATTR_UID, fuse_attr, fuse_in_header, fuse_mkdir_in, fuse_mknod_in,
-    fuse_out_header,
+    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_SIZE,
+    FATTR_UID, fuse_attr, fuse_in_header, fuse_mkdir_in, fuse_mknod_in, fuse_out_header,
 };
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 

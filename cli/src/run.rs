@@ -65,7 +65,8 @@ fn is_lanefs_mount(p: &Path) -> bool {
         };
         f.len() > sep + 1
             && f[sep + 1] == "fuse.lanefs"
-            && f.get(4).is_some_and(|m| unescape(m) == p.as_os_str().to_string_lossy())
+            && f.get(4)
+                .is_some_and(|m| unescape(m) == p.as_os_str().to_string_lossy())
     })
 }
 

@@ -7,36 +7,28 @@
 //! `write`, `mmap`, locks, `fork`, `exec` and `close` need nothing from this library. What
 //! goes over the channel is what the kernel serialises or costs a round trip through FUSE:
 //! creating names (`open(O_CREAT)`'s create, `mkdir`, `mknod`, `symlink`, `link`), removing
-//! and renaming them, `stat` on paths, `readlink`, and `chmod`/`chown`/`truncate`/
-//! `utimensat` on paths. `open(O_CREAT)` creates over the channel, then opens the new file
+//! and renaming them, `stat` on paths, `readlink`, and `chmod`/`chown`/`utimensat` on
+//! paths. (`truncate` on a path stays the kernel's: only it knows that a file is being
+//! executed, ETXTBSY.) `open(O_CREAT)` creates over the channel, then opens the new file
 //! through the kernel without `O_CREAT` (a lookup, which the kernel runs in parallel), so
 //! the program gets a kernel descriptor as always.
 
-use std::ffi::{CStr, c_char, c_int, c_uint};
+use std::ffi::{c_char, c_int, c_uint};
 
 use lanefs_channel::{
-    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW,
-    FATTR_SIZE, FATTR_UID, FOLLOW, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK,
-    OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn,
-    StatIn, StatOut, decode_dev, fuse_attr, fuse_mkdir_in, fuse_mknod_in,
+    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_UID,
+    FOLLOW, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
+    OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut, decode_dev,
+    fuse_attr, fuse_mkdir_in, fuse_mknod_in,
 };
 use zerocopy::IntoBytes;
 
 use crate::conn::{Busy, Outcome, call, note_cred_change};
 use crate::mounts::Mount;
 use crate::paths::{Located, PATH_BUF, forget_cwd, locate};
-use crate::real::{real, set_errno};
+use crate::real::{PATH_MAX, read_cstr, real, set_errno};
 
 type CPath = *const c_char;
-
-/// The bytes of a C string, or None for a null pointer (left to the kernel: EFAULT).
-///
-/// # Safety
-/// `p` is null or a NUL-terminated string that outlives the call.
-unsafe fn bytes<'a>(p: CPath) -> Option<&'a [u8]> {
-    // SAFETY: the caller's contract.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
-}
 
 /// A call's answer as a C return value: 0, or -1 with `errno` set.
 fn ret(r: Result<usize, i32>) -> c_int {
@@ -72,8 +64,8 @@ unsafe fn one(
     before: Option<&[u8]>,
     reply: &mut [u8],
 ) -> Option<Result<usize, i32>> {
-    // SAFETY: the caller's contract.
-    let p = unsafe { bytes(path) }?;
+    let mut pb = [0u8; PATH_MAX];
+    let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
     let mut buf = [0u8; PATH_BUF];
     let at = locate(dirfd, p, &mut buf)?;
@@ -95,8 +87,8 @@ unsafe fn two(
     arg: &[u8],
     reply: &mut [u8],
 ) -> Option<Result<usize, i32>> {
-    // SAFETY: the caller's contract.
-    let (a, b) = unsafe { (bytes(p1)?, bytes(p2)?) };
+    let (mut pb1, mut pb2) = ([0u8; PATH_MAX], [0u8; PATH_MAX]);
+    let (a, b) = (read_cstr(p1, &mut pb1)?, read_cstr(p2, &mut pb2)?);
     let busy = Busy::enter()?;
     let (mut buf1, mut buf2) = ([0u8; PATH_BUF], [0u8; PATH_BUF]);
     let x = locate(d1, a, &mut buf1)?;
@@ -123,8 +115,8 @@ unsafe fn stat_attr(
     path: CPath,
     nofollow: bool,
 ) -> Option<Result<(fuse_attr, &'static Mount), i32>> {
-    // SAFETY: the caller's contract.
-    let p = unsafe { bytes(path) }?;
+    let mut pb = [0u8; PATH_MAX];
+    let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
     let mut buf = [0u8; PATH_BUF];
     let at = locate(dirfd, p, &mut buf)?;
@@ -133,7 +125,14 @@ unsafe fn stat_attr(
         padding: 0,
     };
     let mut out = StatOut::default();
-    let o = call(at.mount, OP_STAT, arg.as_bytes(), &[at.rel], out.as_mut_bytes(), &busy);
+    let o = call(
+        at.mount,
+        OP_STAT,
+        arg.as_bytes(),
+        &[at.rel],
+        out.as_mut_bytes(),
+        &busy,
+    );
     Some(served(&at, o)?.map(|_| (out.attr, at.mount)))
 }
 
@@ -148,7 +147,11 @@ fn fill_stat(a: &fuse_attr, dev: u64, st: &mut libc::stat) {
     st.st_gid = a.gid;
     st.st_rdev = decode_dev(a.rdev);
     st.st_size = a.size as i64;
-    st.st_blksize = if a.blksize == 0 { 4096 } else { a.blksize.into() };
+    st.st_blksize = if a.blksize == 0 {
+        4096
+    } else {
+        a.blksize.into()
+    };
     st.st_blocks = a.blocks as i64;
     st.st_atime = a.atime as i64;
     st.st_atime_nsec = a.atimensec.into();
@@ -162,7 +165,12 @@ fn fill_stat(a: &fuse_attr, dev: u64, st: &mut libc::stat) {
 ///
 /// # Safety
 /// `path` as for [`bytes`]; `buf` a writable `struct stat`.
-unsafe fn do_stat(dirfd: c_int, path: CPath, buf: *mut libc::stat, nofollow: bool) -> Option<c_int> {
+unsafe fn do_stat(
+    dirfd: c_int,
+    path: CPath,
+    buf: *mut libc::stat,
+    nofollow: bool,
+) -> Option<c_int> {
     // SAFETY: the caller's contract.
     let r = unsafe { stat_attr(dirfd, path, nofollow) }?;
     Some(match r {
@@ -183,12 +191,10 @@ type StatAtFn = unsafe extern "C" fn(c_int, CPath, *mut libc::stat, c_int) -> c_
 type XstatFn = unsafe extern "C" fn(c_int, CPath, *mut libc::stat) -> c_int;
 type FxstatatFn = unsafe extern "C" fn(c_int, c_int, CPath, *mut libc::stat, c_int) -> c_int;
 
-/// `fstatat`'s flags this library understands; anything else goes to the kernel.
-fn stat_flags_ok(path: CPath, flags: c_int) -> bool {
-    let known = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_EMPTY_PATH;
-    // SAFETY: `path` is the caller's C string (or null).
-    let empty = unsafe { bytes(path) }.is_none_or(<[u8]>::is_empty);
-    flags & !known == 0 && !(flags & libc::AT_EMPTY_PATH != 0 && empty)
+/// `fstatat`'s flags this library understands; anything else goes to the kernel, and so
+/// does `AT_EMPTY_PATH` (a descriptor's own `fstat`, glibc's `fstat` among them).
+fn stat_flags_ok(flags: c_int) -> bool {
+    flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT) == 0
 }
 
 macro_rules! export_stat {
@@ -226,7 +232,7 @@ macro_rules! export_fstatat {
             buf: *mut libc::stat,
             flags: c_int,
         ) -> c_int {
-            if stat_flags_ok(path, flags) {
+            if stat_flags_ok(flags) {
                 let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
                 // SAFETY: the C function's contract.
                 if let Some(r) = unsafe { do_stat(dirfd, path, buf, nofollow) } {
@@ -279,7 +285,7 @@ macro_rules! export_fxstatat {
             buf: *mut libc::stat,
             flags: c_int,
         ) -> c_int {
-            if ver == 1 && stat_flags_ok(path, flags) {
+            if ver == 1 && stat_flags_ok(flags) {
                 let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
                 // SAFETY: the C function's contract.
                 if let Some(r) = unsafe { do_stat(dirfd, path, buf, nofollow) } {
@@ -311,13 +317,9 @@ pub unsafe extern "C" fn statx(
     mask: c_uint,
     buf: *mut libc::statx,
 ) -> c_int {
-    let known = libc::AT_SYMLINK_NOFOLLOW
-        | libc::AT_NO_AUTOMOUNT
-        | libc::AT_EMPTY_PATH
-        | libc::AT_STATX_FORCE_SYNC
-        | libc::AT_STATX_DONT_SYNC;
-    let stat_flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_NO_AUTOMOUNT | libc::AT_EMPTY_PATH;
-    if flags & !known == 0 && stat_flags_ok(path, flags & stat_flags) {
+    // The sync flags ask the kernel about its cache; the server's answer is always fresh.
+    let sync = libc::AT_STATX_FORCE_SYNC | libc::AT_STATX_DONT_SYNC;
+    if stat_flags_ok(flags & !sync) {
         let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
         // SAFETY: the C function's contract.
         if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow) } {
@@ -435,7 +437,12 @@ fn encode_dev(dev: libc::dev_t) -> u32 {
 ///
 /// # Safety
 /// `path` as for [`bytes`].
-unsafe fn do_mknod(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> Option<c_int> {
+unsafe fn do_mknod(
+    dirfd: c_int,
+    path: CPath,
+    mode: libc::mode_t,
+    dev: libc::dev_t,
+) -> Option<c_int> {
     let kind = match mode & libc::S_IFMT {
         0 => libc::S_IFREG,
         k @ (libc::S_IFREG | libc::S_IFCHR | libc::S_IFBLK | libc::S_IFIFO | libc::S_IFSOCK) => k,
@@ -449,7 +456,16 @@ unsafe fn do_mknod(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev
     };
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
-    let r = unsafe { one(dirfd, path, OP_MKNOD, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    let r = unsafe {
+        one(
+            dirfd,
+            path,
+            OP_MKNOD,
+            arg.as_bytes(),
+            None,
+            out.as_mut_bytes(),
+        )
+    }?;
     Some(ret(r))
 }
 
@@ -500,7 +516,16 @@ unsafe fn do_mkdir(dirfd: c_int, path: CPath, mode: libc::mode_t) -> Option<c_in
     };
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
-    let r = unsafe { one(dirfd, path, OP_MKDIR, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    let r = unsafe {
+        one(
+            dirfd,
+            path,
+            OP_MKDIR,
+            arg.as_bytes(),
+            None,
+            out.as_mut_bytes(),
+        )
+    }?;
     Some(ret(r))
 }
 
@@ -596,7 +621,9 @@ unsafe fn do_rename(from: (c_int, CPath), to: (c_int, CPath), flags: c_uint) -> 
     }
     let arg = RenameIn { flags, padding: 0 };
     // SAFETY: the caller's contract.
-    Some(ret(unsafe { two(from, to, OP_RENAME, arg.as_bytes(), &mut []) }?))
+    Some(ret(unsafe {
+        two(from, to, OP_RENAME, arg.as_bytes(), &mut [])
+    }?))
 }
 
 /// Interposed: `rename`.
@@ -669,7 +696,9 @@ unsafe fn do_link(from: (c_int, CPath), to: (c_int, CPath), flags: c_int) -> Opt
     };
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
-    Some(ret(unsafe { two(from, to, OP_LINK, arg.as_bytes(), out.as_mut_bytes()) }?))
+    Some(ret(unsafe {
+        two(from, to, OP_LINK, arg.as_bytes(), out.as_mut_bytes())
+    }?))
 }
 
 /// Interposed: `link`.
@@ -714,8 +743,8 @@ pub unsafe extern "C" fn linkat(
 /// # Safety
 /// `target` and `path` as for [`bytes`].
 unsafe fn do_symlink(target: CPath, dirfd: c_int, path: CPath) -> Option<c_int> {
-    // SAFETY: the caller's contract.
-    let t = unsafe { bytes(target) }?;
+    let mut tb = [0u8; PATH_MAX];
+    let t = read_cstr(target, &mut tb)?;
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
     let r = unsafe { one(dirfd, path, OP_SYMLINK, &[], Some(t), out.as_mut_bytes()) }?;
@@ -821,7 +850,16 @@ pub unsafe extern "C" fn readlinkat(
 unsafe fn do_setattr(dirfd: c_int, path: CPath, s: &SetattrIn) -> Option<c_int> {
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
-    let r = unsafe { one(dirfd, path, OP_SETATTR, s.as_bytes(), None, out.as_mut_bytes()) }?;
+    let r = unsafe {
+        one(
+            dirfd,
+            path,
+            OP_SETATTR,
+            s.as_bytes(),
+            None,
+            out.as_mut_bytes(),
+        )
+    }?;
     Some(ret(r))
 }
 
@@ -926,34 +964,6 @@ pub unsafe extern "C" fn fchownat(
     unsafe { real!(c"fchownat", F)(dirfd, path, uid, gid, flags) }
 }
 
-macro_rules! export_truncate {
-    ($name:ident, $sym:literal) => {
-        /// Interposed: `truncate`.
-        ///
-        /// # Safety
-        /// As the C library's function.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(path: CPath, len: libc::off_t) -> c_int {
-            if len >= 0 {
-                let arg = SetattrIn {
-                    valid: FATTR_SIZE,
-                    size: len as u64,
-                    ..SetattrIn::default()
-                };
-                // SAFETY: the C function's contract.
-                if let Some(r) = unsafe { do_setattr(libc::AT_FDCWD, path, &arg) } {
-                    return r;
-                }
-            }
-            type F = unsafe extern "C" fn(CPath, libc::off_t) -> c_int;
-            // SAFETY: the C library's own function with the caller's arguments.
-            unsafe { real!($sym, F)(path, len) }
-        }
-    };
-}
-export_truncate!(truncate, c"truncate");
-export_truncate!(truncate64, c"truncate64");
-
 /// The SETATTR of `utimensat(times, flags)`, or None for what the kernel decides alone (a
 /// time out of range, both times omitted).
 ///
@@ -978,8 +988,20 @@ unsafe fn utimens_arg(times: *const libc::timespec, flags: c_int) -> Option<Seta
         return None;
     }
     for (t, bit, now, sec, nsec) in [
-        (a, FATTR_ATIME, FATTR_ATIME_NOW, &mut s.atime, &mut s.atimensec),
-        (m, FATTR_MTIME, FATTR_MTIME_NOW, &mut s.mtime, &mut s.mtimensec),
+        (
+            a,
+            FATTR_ATIME,
+            FATTR_ATIME_NOW,
+            &mut s.atime,
+            &mut s.atimensec,
+        ),
+        (
+            m,
+            FATTR_MTIME,
+            FATTR_MTIME_NOW,
+            &mut s.mtime,
+            &mut s.mtimensec,
+        ),
     ] {
         match t.tv_nsec {
             libc::UTIME_OMIT => {}
@@ -1036,8 +1058,8 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     {
         return None;
     }
-    // SAFETY: the caller's contract.
-    let p = unsafe { bytes(path) }?;
+    let mut pb = [0u8; PATH_MAX];
+    let p = read_cstr(path, &mut pb)?;
     let last = p.rsplit(|&b| b == b'/').next().unwrap_or(p);
     if p.ends_with(b"/") || last == b"." || last == b".." {
         return None;
@@ -1059,7 +1081,16 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     };
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
-    let made = unsafe { one(dirfd, path, OP_MKNOD, arg.as_bytes(), None, out.as_mut_bytes()) }?;
+    let made = unsafe {
+        one(
+            dirfd,
+            path,
+            OP_MKNOD,
+            arg.as_bytes(),
+            None,
+            out.as_mut_bytes(),
+        )
+    }?;
     let kernel_flags = match made {
         // Made: opened without O_CREAT (a lookup, in parallel with others in the directory);
         // it is empty, so O_TRUNC has nothing to do.

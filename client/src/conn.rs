@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use lanefs_channel::{
-    BUF_LEN, BUF_OFFSET, Hello, MAGIC, MAP_LEN, REPLY, REQUEST, Shared, VERSION, futex_wait,
-    futex_wake, fuse_in_header, fuse_out_header, socket_name,
+    BUF_LEN, BUF_OFFSET, Hello, MAGIC, MAP_LEN, REPLY, REQUEST, Shared, VERSION, fuse_in_header,
+    fuse_out_header, futex_wait, futex_wake, socket_name,
 };
 use zerocopy::{FromBytes, IntoBytes};
 
@@ -52,6 +52,8 @@ pub(crate) fn note_cred_change() {
 }
 
 extern "C" fn after_fork_in_child() {
+    crate::real::forget_pid();
+    crate::mounts::forget_watch();
     FORK_GEN.fetch_add(1, SeqCst);
 }
 
@@ -209,9 +211,7 @@ pub(crate) fn call(
         }
         let body = rlen.saturating_sub(hb.len()).min(reply.len());
         // SAFETY: `body` bytes after the out header, within the buffer and `reply`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(ch.buf().add(hb.len()), reply.as_mut_ptr(), body)
-        };
+        unsafe { std::ptr::copy_nonoverlapping(ch.buf().add(hb.len()), reply.as_mut_ptr(), body) };
         Outcome::Done(Ok(body))
     })
 }
@@ -321,7 +321,6 @@ fn socket_paths(m: &Mount) -> Vec<CString> {
 
 /// Connects to `m`'s server and maps the channel it hands over.
 fn connect(m: &Mount) -> Option<Chan> {
-    register_fork_handler();
     let cred_gen = CRED_GEN.load(SeqCst);
     let fork_gen = FORK_GEN.load(SeqCst);
     for path in socket_paths(m) {
@@ -332,7 +331,9 @@ fn connect(m: &Mount) -> Option<Chan> {
     None
 }
 
-fn register_fork_handler() {
+/// Registers the `pthread_atfork` child handler (once; `lib.rs` calls it when the library
+/// is loaded, before the program can fork).
+pub(crate) fn register_fork_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: registering a child handler that only increments an atomic.

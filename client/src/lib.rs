@@ -31,3 +31,13 @@ mod paths;
 mod real;
 
 pub use calls::*;
+
+/// Runs when the library is loaded (an ELF constructor), before the program's `main`: the
+/// fork handler must be in place before the program can fork.
+extern "C" fn on_load() {
+    conn::register_fork_handler();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static ON_LOAD: extern "C" fn() = on_load;

@@ -7,14 +7,16 @@
 //! other filesystem), and `LANEFS_RUN_MOUNTS` (a `:`-separated list of mountpoints set by
 //! `lanefs run --mount`), when set, names it. Anything else goes through the kernel.
 //!
-//! The table is read once, at the first call that needs it, and again (at most once a
-//! second) when a connection to a server fails: a mount made or unmounted after that is
-//! seen late, which only costs a call made through the kernel instead of the channel, or
-//! one that tries the channel, fails to connect and then goes through the kernel. Tables
+//! The table is read at the first call that needs it, and again whenever the mount
+//! namespace changed (a descriptor of `mountinfo` kept open reports each change to `poll`,
+//! one system call per located path) or a connection to a server failed. A mount made
+//! inside a lanefs mount is therefore seen at the next call, and the lanefs mount's paths
+//! go through the kernel from then on (a directory with a mount on it is EBUSY to rmdir,
+//! which only the kernel knows). Tables
 //! are immutable once published; a replaced one is leaked (it is replaced only when the
 //! mounts changed, a few times in a process's life), so a reader needs no lock.
 
-use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicI64, AtomicPtr, AtomicU64, Ordering::*};
 
 use crate::real::sys;
 
@@ -52,16 +54,81 @@ pub(crate) fn now_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
-/// The current table (read at the first call).
+/// A descriptor of `/proc/self/mountinfo` kept open to learn of mount changes: `poll`
+/// reports POLLPRI once after each change of the mount namespace (-1: none open yet, or
+/// this is a forked child, which opens its own: a shared one would report each change to
+/// only one of the two processes). Its inode number tells it from a descriptor the program
+/// may have put at its number after closing it.
+static WATCH: AtomicI32 = AtomicI32::new(-1);
+static WATCH_INO: AtomicU64 = AtomicU64::new(0);
+
+/// The current table: read at the first call, and again whenever the mounts changed.
 pub(crate) fn table() -> &'static Table {
     let p = TABLE.load(Acquire);
-    if !p.is_null() {
+    if !p.is_null() && !mounts_changed() {
         // SAFETY: published tables are leaked, never freed.
         return unsafe { &*p };
     }
     reload(true);
     // SAFETY: as above; `reload(true)` always publishes one.
     unsafe { &*TABLE.load(Acquire) }
+}
+
+/// Whether the mount namespace changed since the table was read (one `poll`, no wait).
+fn mounts_changed() -> bool {
+    let fd = WATCH.load(Relaxed);
+    if fd < 0 {
+        return true;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLPRI,
+        revents: 0,
+    };
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ppoll of one pollfd, no timeout wait (a zero timespec), no signal mask.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut p,
+            1,
+            &zero,
+            std::ptr::null::<u8>(),
+            0usize,
+        )
+    };
+    r > 0 && p.revents & (libc::POLLPRI | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// Opens the watch descriptor if there is none that is still ours.
+fn watch() {
+    let fd = WATCH.load(Relaxed);
+    if fd >= 0 && crate::real::fd_ino(fd) == WATCH_INO.load(Relaxed) {
+        return;
+    }
+    let Some(new) = open_mountinfo() else { return };
+    // SAFETY: moving our own descriptor out of the way of the program's small numbers.
+    let high = unsafe { libc::fcntl(new, libc::F_DUPFD_CLOEXEC, 512) };
+    let new = if high >= 0 {
+        crate::real::close_raw(new);
+        high
+    } else {
+        new
+    };
+    WATCH_INO.store(crate::real::fd_ino(new), Relaxed);
+    WATCH.store(new, Relaxed);
+}
+
+/// In a forked child: the watch descriptor is the parent's open file; the child opens its
+/// own at its next call.
+pub(crate) fn forget_watch() {
+    let fd = WATCH.swap(-1, Relaxed);
+    if fd >= 0 && crate::real::fd_ino(fd) == WATCH_INO.load(Relaxed) {
+        crate::real::close_raw(fd);
+    }
 }
 
 /// Reads the mount table again, unless it was read less than a second ago (`force`: read
@@ -79,6 +146,9 @@ pub(crate) fn reload(force: bool) {
     {
         return; // another thread reads it
     }
+    // Watch first, then read: a change after the read is reported by the watch.
+    watch();
+    let _ = mounts_changed();
     let text = read_mountinfo().unwrap_or_default();
     let t = parse(&text, std::env::var_os("LANEFS_RUN_MOUNTS").as_deref());
     let old = TABLE.load(Acquire);
@@ -87,6 +157,20 @@ pub(crate) fn reload(force: bool) {
         return;
     }
     TABLE.store(Box::into_raw(Box::new(t)), Release);
+}
+
+fn open_mountinfo() -> Option<i32> {
+    // SAFETY: openat of a NUL-terminated path.
+    sys(unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/mountinfo".as_ptr(),
+            libc::O_RDONLY | libc::O_CLOEXEC,
+        )
+    })
+    .ok()
+    .map(|fd| fd as i32)
 }
 
 fn same(a: &Table, b: &Table) -> bool {
@@ -99,16 +183,7 @@ fn same(a: &Table, b: &Table) -> bool {
 
 /// `/proc/self/mountinfo`, read with system calls of this library's own.
 fn read_mountinfo() -> Option<Vec<u8>> {
-    // SAFETY: openat of a NUL-terminated path.
-    let fd = sys(unsafe {
-        libc::syscall(
-            libc::SYS_openat,
-            libc::AT_FDCWD,
-            c"/proc/self/mountinfo".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    })
-    .ok()? as i32;
+    let fd = open_mountinfo()?;
     let mut out = Vec::with_capacity(8192);
     let mut buf = [0u8; 4096];
     loop {
@@ -163,7 +238,11 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
         if f.len() < 5 || f.len() < sep + 4 {
             continue;
         }
-        let num = |b: &[u8]| std::str::from_utf8(b).ok().and_then(|s| s.parse::<u64>().ok());
+        let num = |b: &[u8]| {
+            std::str::from_utf8(b)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+        };
         let Some(mnt_id) = num(f[0]) else { continue };
         let mut dev = f[2].split(|&b| b == b':');
         let (Some(major), Some(minor)) = (dev.next().and_then(num), dev.next().and_then(num))
@@ -204,7 +283,8 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
         // A later mount over the same point hides this one; one inside it is invisible to
         // its server.
         let hidden_or_nested = lines.iter().any(|o| {
-            !std::ptr::eq(o, m) && (inside(&m.point, &o.point) || o.point == m.point && o.mnt_id > m.mnt_id)
+            !std::ptr::eq(o, m)
+                && (inside(&m.point, &o.point) || o.point == m.point && o.mnt_id > m.mnt_id)
         });
         if hidden_or_nested || !allowed(&m.point) {
             continue;
@@ -241,7 +321,14 @@ impl Table {
                 }
                 r
             };
-            Some((m, if trimmed.is_empty() { &b"."[..] } else { trimmed }))
+            Some((
+                m,
+                if trimmed.is_empty() {
+                    &b"."[..]
+                } else {
+                    trimmed
+                },
+            ))
         })
     }
 }

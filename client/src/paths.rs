@@ -95,6 +95,10 @@ pub(crate) fn locate<'b>(
     buf[base + 1..base + 1 + path.len()].copy_from_slice(path);
     let full: &'b [u8] = &buf[..base + 1 + path.len()];
     let (mount, rel) = t.find(full)?;
+    // The kernel limits the path it was given, not the one made here: a longer one is its.
+    if rel.len() >= crate::real::PATH_MAX {
+        return None;
+    }
     Some(Located {
         mount,
         rel,

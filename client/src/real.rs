@@ -99,3 +99,67 @@ pub(crate) fn close_raw(fd: i32) {
     // SAFETY: closing a descriptor this library owns.
     unsafe { libc::syscall(libc::SYS_close, fd) };
 }
+
+/// This process's id, kept (not asked of the kernel for every path): set at the first use
+/// and again in a forked child (`conn.rs` registers the handler when the library loads).
+static PID: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+fn pid() -> libc::pid_t {
+    let p = PID.load(Relaxed);
+    if p != 0 {
+        return p;
+    }
+    // SAFETY: getpid has no preconditions.
+    let p = unsafe { libc::getpid() };
+    PID.store(p, Relaxed);
+    p
+}
+
+/// A forked child's process id is its own.
+pub(crate) fn forget_pid() {
+    PID.store(0, Relaxed);
+}
+
+/// `PATH_MAX`: a path of this many bytes or more (its NUL included) is ENAMETOOLONG.
+pub(crate) const PATH_MAX: usize = 4096;
+
+/// Copies the C string at `p` into `buf` through the kernel (`process_vm_readv` on this
+/// process), which, unlike reading it here, fails instead of faulting where the program
+/// passed an address it has not mapped: the call then goes to the kernel, which answers
+/// EFAULT as the program expects. None also for a string of [`PATH_MAX`] bytes or more (the
+/// kernel's ENAMETOOLONG). The copy is the one the call uses, so another thread changing
+/// the string meanwhile cannot make the path change between uses.
+pub(crate) fn read_cstr(p: *const libc::c_char, buf: &mut [u8; PATH_MAX]) -> Option<&[u8]> {
+    if p.is_null() {
+        return None;
+    }
+    let addr = p as usize;
+    let page = 4096;
+    let first = (page - addr % page).min(PATH_MAX);
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: PATH_MAX,
+    };
+    // Two remote pieces split at the page boundary: the kernel copies whole pieces up to
+    // the first one it cannot read.
+    let remote = [
+        libc::iovec {
+            iov_base: p as *mut libc::c_void,
+            iov_len: first,
+        },
+        libc::iovec {
+            iov_base: (addr + first) as *mut libc::c_void,
+            iov_len: PATH_MAX - first,
+        },
+    ];
+    let pieces = if first < PATH_MAX { 2 } else { 1 };
+    // SAFETY: the kernel writes at most PATH_MAX bytes into `buf` and reads our own memory
+    // with fault checking.
+    let n = unsafe { libc::process_vm_readv(pid(), &local, 1, remote.as_ptr(), pieces, 0) };
+    if n <= 0 {
+        return None;
+    }
+    let got = &buf[..n as usize];
+    let len = got.iter().position(|&b| b == 0)?;
+    Some(&buf[..len])
+}

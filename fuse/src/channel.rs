@@ -203,7 +203,12 @@ fn accept_loop(
         // SAFETY: accepting on the listener, which outlives this loop (the server closes it
         // only after shutting it down, which ends the loop).
         let fd = unsafe {
-            libc::accept4(lfd, std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+            libc::accept4(
+                lfd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
         };
         if fd < 0 {
             let e = io::Error::last_os_error();
@@ -252,16 +257,19 @@ fn caller(sock: &OwnedFd) -> Option<Ctx> {
     if let Some(p) = &pidfd {
         // The pid still names the process that connected: the status read was its.
         // SAFETY: signal 0 checks liveness only; `p` is a pidfd we own.
-        let alive = unsafe {
-            libc::syscall(libc::SYS_pidfd_send_signal, p.as_raw_fd(), 0, 0usize, 0u32)
-        };
+        let alive =
+            unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.as_raw_fd(), 0, 0usize, 0u32) };
         if alive != 0 {
             return None;
         }
     }
     let ids = |key: &str| -> Option<Vec<u32>> {
         let line = status.lines().find_map(|l| l.strip_prefix(key))?;
-        Some(line.split_whitespace().filter_map(|x| x.parse().ok()).collect())
+        Some(
+            line.split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect(),
+        )
     };
     // Uid: real, effective, saved, filesystem; the filesystem ids decide access.
     let (uid, gid) = (*ids("Uid:")?.get(3)?, *ids("Gid:")?.get(3)?);
