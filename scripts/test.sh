@@ -89,7 +89,7 @@ if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     # seconds).
     LANEFS_URING=on cargo test --workspace --locked --test mount --test dircache \
         --test stress --test handoff --test guardattack --test listattack --test cli \
-        --test crash --test memory "$@" 9>&-
+        --test crash --test memory --test run "$@" 9>&-
 elif [ -e "$uring_param" ]; then
     echo "scripts/test.sh: io_uring pass SKIPPED: fuse.enable_uring is off and only root can turn it on" >&2
 else

@@ -720,6 +720,12 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
             _ => "?".into(),
         }
     );
+    if let (Some(c), Some(r)) = (
+        v["channel_connections"].as_u64(),
+        v["channel_requests"].as_u64(),
+    ) {
+        println!("  channel of `lanefs run`: {c} connections, {r} requests");
+    }
     println!(
         "  inodes used {}, blocks used {}, open handles {}",
         v["inodes_used"], v["blocks_used"], v["open_handles"]

@@ -27,23 +27,28 @@ pub struct RunArgs {
     cmd: Vec<OsString>,
 }
 
-/// Where the client library is: `LANEFS_CLIENT_LIB`, else beside this binary (as cargo
-/// builds them both), else `../lib/` from it (an installed tree).
+/// Where the client library is: `LANEFS_CLIENT_LIB`, else the newest of: beside this binary
+/// (as `cargo build` leaves them both), in `deps/` under it (where `cargo test --workspace`
+/// leaves it), and `../lib/` from it (an installed tree).
 fn client_lib() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("LANEFS_CLIENT_LIB") {
         return Ok(PathBuf::from(p));
     }
     let exe = std::env::current_exe().map_err(|e| format!("where is this binary? {e}"))?;
     let dir = exe.parent().unwrap_or(Path::new("/"));
+    // `cargo test` leaves the library in deps/ without copying it up.
     let candidates = [
         dir.join(LIB),
+        dir.join("deps").join(LIB),
         dir.join("../lib").join(LIB),
         dir.join("../lib/lanefs").join(LIB),
     ];
+    // The newest: after `cargo build` and `cargo test` in turn, each place may hold one.
     candidates
         .iter()
-        .find(|p| p.is_file())
-        .cloned()
+        .filter_map(|p| Some((std::fs::metadata(p).ok()?.modified().ok()?, p)))
+        .max()
+        .map(|(_, p)| p.clone())
         .ok_or_else(|| {
             format!(
                 "the client library {LIB} is not beside {} (build it with `cargo build \

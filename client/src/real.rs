@@ -148,11 +148,16 @@ pub(crate) fn read_cstr(p: *const libc::c_char, buf: &mut [u8; PATH_MAX]) -> Opt
             iov_len: first,
         },
         libc::iovec {
-            iov_base: (addr + first) as *mut libc::c_void,
+            iov_base: addr.wrapping_add(first) as *mut libc::c_void,
             iov_len: PATH_MAX - first,
         },
     ];
-    let pieces = if first < PATH_MAX { 2 } else { 1 };
+    // No second piece past the end of the address space (the kernel faults the first).
+    let pieces = if first < PATH_MAX && addr.checked_add(PATH_MAX).is_some() {
+        2
+    } else {
+        1
+    };
     // SAFETY: the kernel writes at most PATH_MAX bytes into `buf` and reads our own memory
     // with fault checking.
     let n = unsafe { libc::process_vm_readv(pid(), &local, 1, remote.as_ptr(), pieces, 0) };

@@ -36,6 +36,7 @@ use zerocopy::IntoBytes;
 
 use crate::abi::fuse_out_header;
 use crate::dispatch::{Caller, Dispatch};
+use crate::info::SessionInfo;
 use crate::wire::{Answer, Out, Pending, Request, out_header};
 
 /// How long a server thread spins for the next request before it sleeps.
@@ -122,6 +123,7 @@ pub(crate) fn socket_dir(owner: u32) -> PathBuf {
 /// through `dispatch`. `allow_other`: other users may connect.
 pub(crate) fn serve(
     dispatch: Arc<dyn Dispatch>,
+    info: Arc<SessionInfo>,
     dev: (u32, u32),
     owner: u32,
     allow_other: bool,
@@ -139,7 +141,16 @@ pub(crate) fn serve(
     std::thread::Builder::new()
         .name("lanefs-channel".into())
         .spawn(move || {
-            accept_loop(lfd, &stop2, &conns2, &dispatch, dev, owner, allow_other);
+            accept_loop(
+                lfd,
+                &stop2,
+                &conns2,
+                &dispatch,
+                &info,
+                dev,
+                owner,
+                allow_other,
+            );
         })?;
     Ok(ChannelServer {
         path,
@@ -195,6 +206,7 @@ fn accept_loop(
     stop: &AtomicBool,
     conns: &Arc<Conns>,
     dispatch: &Arc<dyn Dispatch>,
+    info: &Arc<SessionInfo>,
     dev: (u32, u32),
     owner: u32,
     allow_other: bool,
@@ -221,12 +233,13 @@ fn accept_loop(
         }
         // SAFETY: a new descriptor we own.
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-        let (d, c) = (dispatch.clone(), conns.clone());
+        let (d, c, info) = (dispatch.clone(), conns.clone(), info.clone());
         let _ = std::thread::Builder::new()
             .name("lanefs-chan".into())
             .spawn(move || {
                 if let Some((conn, ctx)) = greet(&sock, dev, owner, allow_other, &c) {
-                    serve_conn(&conn, &sock, &ctx, &*d);
+                    let slot = info.channel_connected();
+                    serve_conn(&conn, &sock, &ctx, &*d, || info.count_channel(slot));
                     c.lock().unwrap().retain(|x| !Arc::ptr_eq(x, &conn));
                 }
             });
@@ -427,7 +440,7 @@ fn client_gone(sock: &OwnedFd) -> bool {
 }
 
 /// Serves one connection until its client goes or the mount stops.
-fn serve_conn(conn: &Conn, sock: &OwnedFd, ctx: &Ctx, dispatch: &dyn Dispatch) {
+fn serve_conn(conn: &Conn, sock: &OwnedFd, ctx: &Ctx, dispatch: &dyn Dispatch, counted: impl Fn()) {
     let s = conn.map.shared();
     let mut req_buf = vec![0u8; BUF_LEN];
     let mut reply = vec![0u8; BUF_LEN];
@@ -441,6 +454,7 @@ fn serve_conn(conn: &Conn, sock: &OwnedFd, ctx: &Ctx, dispatch: &dyn Dispatch) {
         // does only garbles its own request, which is copied out once here and decoded
         // from the copy, never from shared memory.
         unsafe { std::ptr::copy_nonoverlapping(conn.map.buf(), req_buf.as_mut_ptr(), len) };
+        counted();
         let n = answer(&req_buf[..len], &mut reply, ctx, dispatch);
         // SAFETY: `n` <= BUF_LEN bytes into the buffer, which the client reads only once
         // it sees REPLY, stored after this copy.

@@ -100,7 +100,9 @@ fn remove_if_same(path: &Path, id: (u64, u64)) {
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
 /// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
 /// `uring_sched_idle` (the queue threads run SCHED_IDLE under a guard) and `uring_boosts`
-/// (times the guard gave a starving queue thread the normal policy).
+/// (times the guard gave a starving queue thread the normal policy), `channel_connections`
+/// and `channel_requests` (the channel of `lanefs run`: connections accepted, requests
+/// served).
 pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
@@ -134,6 +136,8 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "requests": session.map(|s| s.requests()),
         "uring_sched_idle": session.map(|s| s.sched_idle()),
         "uring_boosts": session.map(|s| s.boosts()),
+        "channel_connections": session.map(|s| s.channel_connections()),
+        "channel_requests": session.map(|s| s.channel_requests()),
     })
 }
 

@@ -17,6 +17,11 @@ pub struct SessionInfo {
     sched_idle: AtomicBool,
     /// Times the guard gave a starving queue thread the normal policy.
     boosts: AtomicU64,
+    /// Requests served over the channel of `lanefs run`, per connection (slot by
+    /// connection number).
+    channel_counts: Counters,
+    /// Connections the channel accepted.
+    channel_connections: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +67,31 @@ impl SessionInfo {
             .iter()
             .map(|s| s.0.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Requests served over the channel of `lanefs run`.
+    pub fn channel_requests(&self) -> u64 {
+        self.channel_counts
+            .0
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Connections the channel has accepted (one per client thread and mount).
+    pub fn channel_connections(&self) -> u64 {
+        self.channel_connections.load(Ordering::Relaxed)
+    }
+
+    /// A new channel connection: its counter slot.
+    pub(crate) fn channel_connected(&self) -> usize {
+        self.channel_connections.fetch_add(1, Ordering::Relaxed) as usize % COUNTER_SLOTS
+    }
+
+    pub(crate) fn count_channel(&self, slot: usize) {
+        self.channel_counts.0[slot % COUNTER_SLOTS]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count(&self, slot: usize) {

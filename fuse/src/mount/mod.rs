@@ -58,6 +58,7 @@ impl Unmounter {
 /// (programs under `lanefs run` then go through the kernel).
 fn start_channel(
     server: &Arc<Server>,
+    info: &Arc<SessionInfo>,
     mountpoint: &Path,
     cfg: &MountConfig,
 ) -> Option<crate::channel::ChannelServer> {
@@ -68,7 +69,7 @@ fn start_channel(
     // SAFETY: geteuid has no preconditions.
     let owner = unsafe { libc::geteuid() };
     let dispatch: Arc<dyn crate::dispatch::Dispatch> = server.clone();
-    crate::channel::serve(dispatch, dev, owner, cfg.allow_other)
+    crate::channel::serve(dispatch, info.clone(), dev, owner, cfg.allow_other)
         .inspect_err(|e| {
             eprintln!(
                 "lanefs: {}: no channel for `lanefs run`: {e}",
@@ -158,7 +159,7 @@ pub fn mount(
         r => r,
     });
     notify::install_invalidator(&fs, Notifier(s.dev.clone()));
-    let channel = start_channel(&s.server, mountpoint, cfg);
+    let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
     let info = s.info.clone();
     let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
         on_mounted(Mounted { unmount, info })
@@ -259,7 +260,7 @@ pub fn mount_background(
 ) -> io::Result<Mount> {
     let s = new_session(&fs, mountpoint, cfg)?;
     notify::install_invalidator(&fs, Notifier(s.dev.clone()));
-    let channel = start_channel(&s.server, mountpoint, cfg);
+    let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
     let info = s.info.clone();
     let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());
     let thread = std::thread::Builder::new()

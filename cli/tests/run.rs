@@ -1,0 +1,770 @@
+//! `lanefs run`: programs run with the preloaded client reach the server over the channel,
+//! and what they see and make is what they would through the kernel. Real programs make the
+//! same trees as on a tmpfs; a process on the channel and the test on the kernel agree at
+//! every step; pjdfstest passes under it; processes fork, change credentials and run
+//! threads; a killed server fails calls instead of hanging them; garbage on a channel gets
+//! errors and kernel opcodes are refused; a user the mount does not serve is refused.
+//! Mounting needs root here (these tests skip otherwise).
+
+#[path = "../../fuse/tests/pjdfstest/mod.rs"]
+mod pjdfstest;
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsStr};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn needs_root(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: SKIPPED: needs root (run the tests as root: scripts/test.sh)");
+    }
+    is_root()
+}
+
+fn has(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// The line of `/proc/self/mountinfo` for the mount at `p`.
+fn mountinfo_line(p: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(p).ok()?;
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+        .map(String::from)
+}
+
+/// A lanefs mount made with `lanefs mount --background`, detached when dropped.
+struct Mnt {
+    dir: tempfile::TempDir,
+}
+
+impl Mnt {
+    fn new(opts: &str) -> Mnt {
+        let dir = tempfile::tempdir().unwrap();
+        let mut args = vec!["mount", "--background"];
+        if !opts.is_empty() {
+            args.extend(["-o", opts]);
+        }
+        let out = Command::new(BIN)
+            .args(&args)
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mnt { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The server's channel socket: named after the mount's device number.
+    fn socket(&self) -> PathBuf {
+        let line = mountinfo_line(self.path()).expect("mounted");
+        let dev = line.split(' ').nth(2).unwrap().replace(':', "-");
+        PathBuf::from(format!("/run/lanefs/dev-{dev}.chan"))
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let out = Command::new(BIN)
+            .args(["stats", "--json"])
+            .arg(self.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn channel_requests(&self) -> u64 {
+        self.stats()["channel_requests"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Mnt {
+    fn drop(&mut self) {
+        let c = CString::new(self.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string; umount2 has no other preconditions.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// `lanefs run -- program args...`.
+fn under_run(program: impl AsRef<OsStr>) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("run").arg("--").arg(program);
+    c
+}
+
+/// What a tree holds, path by path: type, permission bits, size, link count (files), a
+/// symlink's target, and a file's contents.
+fn snapshot(root: &Path) -> BTreeMap<PathBuf, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let md = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_path_buf();
+            let ft = md.file_type();
+            let what = if ft.is_symlink() {
+                format!("link -> {:?}", std::fs::read_link(&p).unwrap())
+            } else if ft.is_dir() {
+                stack.push(p.clone());
+                format!("dir {:o}", md.mode() & 0o7777)
+            } else if ft.is_file() {
+                let data = std::fs::read(&p).unwrap();
+                let sum = data.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+                    (h ^ b as u64).wrapping_mul(0x100000001b3)
+                });
+                format!(
+                    "file {:o} {} bytes, {} links, fnv {sum:x}",
+                    md.mode() & 0o7777,
+                    md.len(),
+                    md.nlink()
+                )
+            } else {
+                format!("other {:o}", md.mode())
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
+
+/// The script of real programs the tree test runs: coreutils, tar, find, du, and, where the
+/// machine has them, git, Python, make and cc. `$SRC` is a source tree to copy.
+const PROGRAMS: &str = r#"
+set -e
+export GIT_AUTHOR_NAME=t GIT_AUTHOR_EMAIL=t@t GIT_COMMITTER_NAME=t GIT_COMMITTER_EMAIL=t@t
+export GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' GIT_COMMITTER_DATE='2026-01-01T00:00:00Z'
+umask 022
+mkdir -p a/b/c
+cp -a "$SRC" src
+cp -r src copy
+mv copy moved
+ln -s ../moved a/b/link
+ln src/main.rs hard
+touch -d '2020-02-02 02:02:02' a/b/c/stamp
+chmod 640 a/b/c/stamp
+mkdir -m 711 private
+tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf arch.tar src a
+mkdir untar && tar xf arch.tar -C untar
+find . -name '*.rs' | sort > rs-files.txt
+du -a --apparent-size src | sort -k2 > du.txt
+ls -R a > ls.txt
+rm -rf moved
+: > empty
+printf 'x%.0s' $(seq 1 5000) > big
+truncate -s 100 big
+mkfifo fifo
+if command -v git >/dev/null; then
+    git init -q repo && cp src/main.rs repo/ && cd repo && git add -A && git commit -qm one
+    echo change >> main.rs && git status --porcelain > ../git-status.txt && git stash -q
+    git log --format='%H %s' > ../git-log.txt && cd ..
+    rm -rf repo/.git/index repo/.git/logs repo/.git/ORIG_HEAD repo/.git/hooks
+    find repo/.git -name '*.sample' -delete
+fi
+if command -v python3 >/dev/null; then
+    python3 - <<'PY'
+import os, shutil
+shutil.copytree("src", "pycopy", symlinks=True)
+with open("walk.txt", "w") as f:
+    for d, ds, fs in sorted(os.walk(".")):
+        f.write(f"{d} {sorted(ds)} {sorted(fs)}\n")
+os.rename("pycopy", "pycopy2")
+os.makedirs("py/deep/er", exist_ok=True)
+os.symlink("deep", "py/sym")
+os.remove("py/sym")
+PY
+fi
+if command -v make >/dev/null && command -v cc >/dev/null; then
+    mkdir proj && cd proj
+    printf '#include <stdio.h>\nint f(void);\nint main(void){printf("%%d\\n", f());return 0;}\n' > main.c
+    printf 'int f(void){return 42;}\n' > f.c
+    printf 'app: main.o f.o\n\tcc -o app main.o f.o\n%%.o: %%.c\n\tcc -c -o $@ $<\n' > Makefile
+    make -s && ./app > ../app-out.txt && rm -f app *.o && cd ..
+fi
+rm -rf untar
+"#;
+
+/// Runs [`PROGRAMS`] in `dir`, under `lanefs run` when `client`; returns its stderr.
+fn run_programs(dir: &Path, client: bool) -> String {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut cmd = if client {
+        let mut c = under_run("bash");
+        c.arg("-c").arg(PROGRAMS);
+        c
+    } else {
+        let mut c = Command::new("bash");
+        c.arg("-c").arg(PROGRAMS);
+        c
+    };
+    let out = cmd
+        .current_dir(dir)
+        .env("SRC", &src)
+        .output()
+        .expect("bash runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "the programs failed (client: {client}):\n{err}"
+    );
+    err
+}
+
+/// Real programs make exactly the tree under `lanefs run` on a lanefs mount that they make
+/// without it on a tmpfs, and their calls did go over the channel.
+#[test]
+fn real_programs_make_the_same_tree_under_lanefs_run() {
+    if !needs_root("real_programs_make_the_same_tree_under_lanefs_run") {
+        return;
+    }
+    let m = Mnt::new("");
+    let work = m.path().join("w");
+    std::fs::create_dir(&work).unwrap();
+    let before = m.channel_requests();
+    run_programs(&work, true);
+    let served = m.channel_requests() - before;
+    let reference = tempfile::tempdir_in("/dev/shm").unwrap();
+    run_programs(reference.path(), false);
+    let (got, want) = (snapshot(&work), snapshot(reference.path()));
+    let diff: Vec<String> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .map(|(k, v)| format!("{k:?}: want {v}, got {:?}", got.get(k)))
+        .chain(
+            got.iter()
+                .filter(|(k, _)| !want.contains_key(*k))
+                .map(|(k, v)| format!("{k:?}: extra {v}")),
+        )
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{} differences (of {} entries):\n{}",
+        diff.len(),
+        want.len(),
+        diff.join("\n")
+    );
+    assert!(
+        served > 1000,
+        "only {served} calls went over the channel: the client was not used"
+    );
+}
+
+/// A shell run under `lanefs run` that executes one command line at a time, for a test that
+/// alternates between it and the kernel.
+struct Shell {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Shell {
+    fn new(dir: &Path) -> Shell {
+        let mut child = under_run("bash")
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Shell {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Runs `line` (stderr joined to stdout); its output and exit status.
+    fn run(&mut self, line: &str) -> (String, i32) {
+        writeln!(self.stdin, "{line} 2>&1; echo \"__done $?\"").unwrap();
+        let mut out = String::new();
+        loop {
+            let mut l = String::new();
+            assert!(self.stdout.read_line(&mut l).unwrap() > 0, "the shell went");
+            // Output without a final newline runs into the marker's line.
+            if let Some(at) = l.find("__done ") {
+                out.push_str(&l[..at]);
+                return (out, l[at + 7..].trim().parse().unwrap());
+            }
+            out.push_str(&l);
+        }
+    }
+
+    /// Runs `line`, which must succeed; its output.
+    fn ok(&mut self, line: &str) -> String {
+        let (out, rc) = self.run(line);
+        assert_eq!(rc, 0, "{line}: {out}");
+        out
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A process on the channel and this test on the kernel (with its caches: a minute's entry
+/// and attribute timeouts) see each other's every change at once: names made, removed and
+/// renamed, sizes, modes, link counts, listings.
+#[test]
+fn the_channel_and_the_kernel_agree_at_every_step() {
+    if !needs_root("the_channel_and_the_kernel_agree_at_every_step") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let mut sh = Shell::new(p);
+    // The kernel caches the absence of x (a negative entry), then the channel makes it.
+    assert!(std::fs::metadata(p.join("x")).is_err());
+    sh.ok("touch x");
+    assert_eq!(std::fs::metadata(p.join("x")).unwrap().len(), 0);
+    std::fs::write(p.join("x"), b"hello").unwrap();
+    assert_eq!(sh.ok("stat -c %s x").trim(), "5");
+    let ino = std::fs::metadata(p.join("x")).unwrap().ino();
+    sh.ok("mv x y");
+    assert!(std::fs::metadata(p.join("x")).is_err(), "x gone");
+    assert_eq!(std::fs::metadata(p.join("y")).unwrap().ino(), ino);
+    assert_eq!(names(p), ["y"]);
+    sh.ok("mkdir d && touch d/a d/b");
+    assert_eq!(names(&p.join("d")), ["a", "b"]);
+    assert_eq!(std::fs::metadata(p.join("d")).unwrap().nlink(), 2);
+    std::fs::remove_file(p.join("d/a")).unwrap();
+    assert_eq!(sh.ok("ls d").trim(), "b");
+    sh.ok("mkdir d/sub");
+    assert_eq!(std::fs::metadata(p.join("d")).unwrap().nlink(), 3);
+    sh.ok("rm -r d");
+    assert!(std::fs::metadata(p.join("d")).is_err());
+    assert_eq!(names(p), ["y"]);
+    sh.ok("chmod 600 y");
+    assert_eq!(
+        std::fs::metadata(p.join("y")).unwrap().mode() & 0o7777,
+        0o600
+    );
+    sh.ok("ln y z && ln -s y s");
+    assert_eq!(std::fs::metadata(p.join("y")).unwrap().nlink(), 2);
+    assert_eq!(std::fs::read_link(p.join("s")).unwrap(), Path::new("y"));
+    assert_eq!(std::fs::read(p.join("s")).unwrap(), b"hello");
+    std::fs::rename(p.join("y"), p.join("w")).unwrap();
+    assert_eq!(sh.ok("cat w"), "hello");
+    assert_ne!(sh.run("stat y").1, 0, "y is gone on the channel too");
+    assert_ne!(sh.run("cat s").1, 0, "the symlink dangles");
+    sh.ok("rm z w s");
+    assert!(names(p).is_empty());
+    std::fs::create_dir(p.join("k")).unwrap();
+    sh.ok("touch k/f && mv k/f k/g && rm k/g && rmdir k");
+    assert!(std::fs::metadata(p.join("k")).is_err());
+    assert!(m.channel_requests() > 10);
+}
+
+/// pjdfstest, the POSIX suite, run under `lanefs run`: the same result as through the
+/// kernel (`fuse/tests/mount.rs`).
+#[test]
+fn pjdfstest_passes_under_lanefs_run() {
+    if !needs_root("pjdfstest_passes_under_lanefs_run") {
+        return;
+    }
+    let Some(bin) = pjdfstest::pjdfstest() else {
+        return;
+    };
+    let m = Mnt::new("");
+    let before = m.channel_requests();
+    pjdfstest::run_pjdfstest(
+        &bin,
+        m.path(),
+        &[OsStr::new(BIN), OsStr::new("run"), OsStr::new("--")],
+    );
+    assert!(m.channel_requests() - before > 1000, "the channel was used");
+}
+
+/// Threads creating in one directory, a forked child, and a child that drops to another
+/// user: each call is made with the caller's own credentials, which the server learns from
+/// the socket (a forked child and a process whose ids changed connect anew).
+#[test]
+fn threads_forks_and_credential_changes_under_lanefs_run() {
+    if !needs_root("threads_forks_and_credential_changes_under_lanefs_run") || !has("python3") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let script = r#"
+import os, sys, threading
+M = sys.argv[1]
+os.mkdir(f"{M}/t")
+def work(i):
+    for j in range(200):
+        path = f"{M}/t/{i}-{j}"
+        open(path, "w").close()
+        if j % 2:
+            os.unlink(path)
+ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(len(os.listdir(f"{M}/t")))
+pid = os.fork()
+if pid == 0:
+    os.mkdir(f"{M}/child")
+    os._exit(0)
+os.waitpid(pid, 0)
+print(os.path.isdir(f"{M}/child"))
+os.mkdir(f"{M}/open")
+os.chmod(f"{M}/open", 0o777)
+os.chmod(f"{M}/child", 0o755)
+pid = os.fork()
+if pid == 0:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    open(f"{M}/open/mine", "w").close()
+    try:
+        os.mkdir(f"{M}/child/nope")
+        print("mkdir allowed")
+    except PermissionError:
+        print("mkdir denied")
+    sys.stdout.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+"#;
+    let out = under_run("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        text.lines().collect::<Vec<_>>(),
+        ["800", "True", "mkdir denied"]
+    );
+    let mine = std::fs::metadata(p.join("open/mine")).unwrap();
+    assert_eq!((mine.uid(), mine.gid()), (65534, 65534));
+    assert_eq!(names(&p.join("t")).len(), 800);
+    assert!(m.channel_requests() > 1600);
+}
+
+/// A server killed while a client holds a channel to it: the client's next call fails
+/// (ENOTCONN, as on a dead FUSE mount) instead of waiting for an answer forever.
+#[test]
+fn a_killed_server_fails_calls_instead_of_hanging() {
+    if !needs_root("a_killed_server_fails_calls_instead_of_hanging") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Command::new(BIN)
+        .arg("mount")
+        .arg(dir.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mountinfo_line(dir.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
+        assert!(Instant::now() < deadline, "the mount never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let p = dir.path().to_str().unwrap().to_string();
+    // bash's own redirections and `[ -e ]` use the channel from bash's one thread.
+    let script = format!(
+        ": > {p}/a && echo connected; read _; : > {p}/b; echo \"rc=$?\"; [ -e {p}/a ]; echo \"stat=$?\""
+    );
+    let mut sh = under_run("bash")
+        .arg("-c")
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(sh.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "connected");
+    server.kill().unwrap();
+    server.wait().unwrap();
+    writeln!(sh.stdin.take().unwrap()).unwrap();
+    // Bounded: a hang is a failure, not a stuck test run.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sh.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = sh.kill();
+            panic!("a call on a killed server's channel hangs");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    // The create fails; the stat after it finishes too (the kernel may answer it from its
+    // attribute cache, as it does on any dead FUSE mount).
+    assert!(rest.contains("rc=1") && rest.contains("stat="), "{rest}");
+    let c = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+}
+
+/// A raw client of the channel, for the tests that misbehave on purpose.
+struct Raw {
+    map: *mut u8,
+    _sock: std::os::fd::OwnedFd,
+}
+
+impl Raw {
+    /// Connects to `socket`; the server's refusal (its errno) otherwise.
+    fn connect(socket: &Path) -> Result<Raw, i32> {
+        use lanefs_channel::*;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        // SAFETY: socket creation.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0) };
+        assert!(fd >= 0);
+        // SAFETY: ours.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: a zeroed sockaddr_un is valid.
+        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, &s) in a.sun_path.iter_mut().zip(socket.as_os_str().as_bytes()) {
+            *d = s as libc::c_char;
+        }
+        let len = size_of::<libc::sockaddr_un>() as libc::socklen_t;
+        // SAFETY: a valid address.
+        let r = unsafe { libc::connect(fd, (&raw const a).cast(), len) };
+        assert_eq!(r, 0, "connect {}", socket.display());
+        let mut hello = Hello::default();
+        let mut iov = libc::iovec {
+            iov_base: (&raw mut hello).cast(),
+            iov_len: size_of::<Hello>(),
+        };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: a zeroed msghdr is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = size_of_val(&cbuf);
+        // SAFETY: recvmsg into our buffers.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+        assert_eq!(n, size_of::<Hello>() as isize);
+        if hello.error != 0 {
+            return Err(hello.error);
+        }
+        // SAFETY: the control message the kernel wrote.
+        let memfd = unsafe { *libc::CMSG_DATA(libc::CMSG_FIRSTHDR(&msg)).cast::<i32>() };
+        // SAFETY: mapping the memfd we were sent.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                MAP_LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd,
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        // A sealed memfd cannot be grown by the client.
+        // SAFETY: ftruncate of our copy of the memfd.
+        let grown = unsafe { libc::ftruncate(memfd, 1 << 20) };
+        assert_ne!(grown, 0, "the memfd is sealed");
+        // SAFETY: ours.
+        unsafe { libc::close(memfd) };
+        Ok(Raw {
+            map: map.cast(),
+            _sock: sock,
+        })
+    }
+
+    fn shared(&self) -> &lanefs_channel::Shared {
+        // SAFETY: the mapping starts with the header.
+        unsafe { &*(self.map as *const lanefs_channel::Shared) }
+    }
+
+    /// Sends `bytes` as a request claiming length `claimed`; the reply's errno.
+    fn call(&self, bytes: &[u8], claimed: u32) -> i32 {
+        use lanefs_channel::*;
+        use std::sync::atomic::Ordering::SeqCst;
+        let n = bytes.len().min(BUF_LEN);
+        // SAFETY: within the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.map.add(BUF_OFFSET), n) };
+        let s = self.shared();
+        s.req_len.store(claimed, SeqCst);
+        s.state.store(REQUEST, SeqCst);
+        futex_wake(&s.state);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s.state.load(SeqCst) != REPLY {
+            assert!(Instant::now() < deadline, "no reply");
+            assert_eq!(s.closed.load(SeqCst), 0, "the server closed the channel");
+            std::thread::yield_now();
+        }
+        // SAFETY: the reply's header is in the buffer.
+        let h: fuse_out_header =
+            unsafe { std::ptr::read_unaligned(self.map.add(BUF_OFFSET).cast()) };
+        -h.error
+    }
+
+    /// A well-formed request: `op`, `arg`, and NUL-terminated `paths`.
+    fn request(op: u32, nodeid: u64, arg: &[u8], paths: &[&[u8]]) -> Vec<u8> {
+        use zerocopy::IntoBytes;
+        let len = 40 + arg.len() + paths.iter().map(|p| p.len() + 1).sum::<usize>();
+        let h = lanefs_channel::fuse_in_header {
+            len: len as u32,
+            opcode: op,
+            unique: 1,
+            nodeid,
+            ..Default::default()
+        };
+        let mut v = h.as_bytes().to_vec();
+        v.extend_from_slice(arg);
+        for p in paths {
+            v.extend_from_slice(p);
+            v.push(0);
+        }
+        v
+    }
+}
+
+/// What a misbehaving client can do: the kernel's own opcodes (a READ by inode number, a
+/// FORGET, a GETATTR of any inode) are refused (ENOSYS), garbage gets errors, and the
+/// server goes on serving that channel and the mount.
+#[test]
+fn garbage_and_kernel_opcodes_on_the_channel_get_errors() {
+    if !needs_root("garbage_and_kernel_opcodes_on_the_channel_get_errors") {
+        return;
+    }
+    use zerocopy::IntoBytes;
+    let m = Mnt::new("");
+    std::fs::write(m.path().join("secret"), b"data").unwrap();
+    std::fs::set_permissions(m.path().join("secret"), PermissionsExt::from_mode(0o600)).unwrap();
+    let ino = std::fs::metadata(m.path().join("secret")).unwrap().ino();
+    let raw = Raw::connect(&m.socket()).expect("root is served");
+    let stat = lanefs_channel::StatIn::default();
+    let ok = Raw::request(lanefs_channel::OP_STAT, 1, stat.as_bytes(), &[b"secret"]);
+    assert_eq!(raw.call(&ok, ok.len() as u32), 0);
+    for op in [
+        1u32, /* LOOKUP */ 2, /* FORGET */ 3, /* GETATTR */ 15, /* READ */
+        16, /* WRITE */ 26, /* INIT */ 42, /* BATCH_FORGET */
+    ] {
+        let r = Raw::request(op, ino, &[0u8; 64], &[b"x"]);
+        assert_eq!(raw.call(&r, r.len() as u32), libc::ENOSYS, "opcode {op}");
+    }
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..2000 {
+        let len = (next() % 300) as usize;
+        let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if round % 2 == 0 && bytes.len() >= 8 {
+            // A channel opcode with garbage after it.
+            let op = lanefs_channel::OP_STAT + (next() % 12) as u32;
+            bytes[4..8].copy_from_slice(&op.to_le_bytes());
+        }
+        let claimed = match round % 3 {
+            0 => len as u32,
+            1 => next() as u32,
+            _ => (next() % 100_000) as u32,
+        };
+        let e = raw.call(&bytes, claimed);
+        assert!(e >= 0, "round {round}: a reply with errno {e}");
+    }
+    assert_eq!(
+        raw.call(&ok, ok.len() as u32),
+        0,
+        "the channel still serves"
+    );
+    assert_eq!(std::fs::read(m.path().join("secret")).unwrap(), b"data");
+}
+
+/// A mount that does not serve other users (`noallow_other`) refuses them on the channel as
+/// the kernel does on the mount.
+#[test]
+fn other_users_are_refused_without_allow_other() {
+    if let Ok(sock) = std::env::var("LANEFS_TEST_CONNECT") {
+        // The child's part: connect as the user it runs as, and say what came back.
+        match Raw::connect(Path::new(&sock)) {
+            Ok(_) => println!("served"),
+            Err(e) => println!("refused {e}"),
+        }
+        return;
+    }
+    if !needs_root("other_users_are_refused_without_allow_other") {
+        return;
+    }
+    let m = Mnt::new("noallow_other");
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "--exact",
+            "other_users_are_refused_without_allow_other",
+            "--nocapture",
+        ])
+        .env("LANEFS_TEST_CONNECT", m.socket())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("served"));
+    // The socket is the mounting user's alone (mode 0600), and the server refuses others
+    // even through a descriptor handed to them.
+    let mode = std::fs::metadata(m.socket()).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    std::fs::set_permissions(m.socket(), PermissionsExt::from_mode(0o666)).unwrap();
+    let out = Command::new(&exe)
+        .args([
+            "--exact",
+            "other_users_are_refused_without_allow_other",
+            "--nocapture",
+        ])
+        .env("LANEFS_TEST_CONNECT", m.socket())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("refused {}", libc::EACCES)),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
