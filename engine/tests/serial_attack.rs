@@ -2839,3 +2839,316 @@ fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
         fs.check_invariants().unwrap();
     }
 }
+
+/// Flipping between a stored access ACL and an expressible one (which removes the stored
+/// ACL and rewrites the mode) never refuses user 1000, who may read in both states: with
+/// `u::rw,u:1000:r,g::---,m::r,o::---` (mode 0640) by its named entry, with `u::rw,g::---,
+/// o::r` (mode 0604) as other. A check pairing the stored ACL's mode (0640) with no ACL
+/// would refuse it. User 1002 (owning group) is refused in both states; user 1003 is
+/// refused in one and granted in the other. The same flip by chmod 0640 / 0604 of a file
+/// whose ACL stays (the mask moves between `r` and `---`) checks the mask shortcut.
+#[test]
+fn flipping_between_a_stored_and_an_expressible_acl_changes_no_answer() {
+    let _one = exclusive();
+    let stored = acl(&[(UO, 6, 0), (U, 4, 1000), (GO, 0, 0), (M, 4, 0), (O, 0, 0)]);
+    let plain = acl(&[(UO, 6, 0), (GO, 0, 0), (O, 4, 0)]);
+    let callers = [
+        ("1000", Ctx::user(1000, 1000)),
+        ("1002/0", Ctx::user(1002, 0)),
+        ("1003", Ctx::user(1003, 1003)),
+    ];
+    for is_dir in [false, true] {
+        let fs = new_fs();
+        let t = target(&fs, "t", is_dir, 0o604);
+        let (s1, s2) = (stored.clone(), plain.clone());
+        let (s1, s2) = if is_dir {
+            // r-x instead of r-- for a directory.
+            let x = |v: &[u8]| {
+                let mut es = parse_acl(v);
+                for e in es.iter_mut() {
+                    if e.1 == 4 {
+                        e.1 = 5;
+                    } else if e.1 == 6 {
+                        e.1 = 7;
+                    }
+                }
+                acl(&es)
+            };
+            (x(&s1), x(&s2))
+        } else {
+            (s1, s2)
+        };
+        // Start in the state the cycle ends in.
+        fs.setxattr(&root(), t.ino, ACCESS, &s2, 0).unwrap();
+        let steps = vec![
+            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &s1, 0)),
+            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &s2, 0)),
+        ];
+        let mut probes = Vec::new();
+        for (tag, c) in &callers {
+            if is_dir {
+                probes.extend(dir_probes(tag, c, &fs, t, "t", true));
+            } else {
+                probes.extend(file_probes(tag, c, t, true));
+            }
+        }
+        flip(
+            &format!(
+                "stored/expressible ACL ({})",
+                if is_dir { "dir" } else { "file" }
+            ),
+            fs.clone(),
+            steps,
+            probes,
+            false,
+        );
+        fs.check_invariants().unwrap();
+    }
+    // The mask moves by chmod while the ACL stays: 1000 is granted with mask r, and with
+    // mask --- the Linux shortcut (group bits clear: ACL not consulted) gives it other's r.
+    let fs = new_fs();
+    let t = target(&fs, "t", false, 0o644);
+    fs.setxattr(
+        &root(),
+        t.ino,
+        ACCESS,
+        &acl(&[(UO, 6, 0), (U, 4, 1000), (GO, 0, 0), (M, 4, 0), (O, 4, 0)]),
+        0,
+    )
+    .unwrap();
+    let steps = vec![
+        step(move |fs| chmod(fs, &root(), t, 0o604).map(|_| ())),
+        step(move |fs| chmod(fs, &root(), t, 0o644).map(|_| ())),
+    ];
+    let mut probes = Vec::new();
+    for (tag, c) in &callers {
+        probes.extend(file_probes(tag, c, t, true));
+    }
+    flip(
+        "mask chmod to and from ---",
+        fs.clone(),
+        steps,
+        probes,
+        false,
+    );
+    fs.check_invariants().unwrap();
+}
+
+/// Rounds: directory P/d holds 24 entries (made by two threads, so in two per-slot runs); one
+/// thread unlinks them all, another creates `x` in it after a random delay, and a third
+/// calls rmdir until it succeeds or both others are done. `x` is never removed, so rmdir
+/// and the create never both succeed, and a create told ENOENT finds the directory gone
+/// from its name; afterwards the directory holds exactly `x` or is gone.
+#[test]
+fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
+    let _one = exclusive();
+    let seed = seed("rmdir vs many removals and one create");
+    let fs = new_fs();
+    let rt = root();
+    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
+    let tally = Tally::new("rmdir vs many removals and one create");
+    let bar = SpinBarrier::new(3);
+    let stop = AtomicBool::new(false);
+    let cur: Mutex<Option<InodeId>> = Mutex::new(None);
+    let created: Mutex<Option<(R<()>, bool)>> = Mutex::new(None);
+    let done = AtomicUsize::new(0);
+    let outcomes: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
+    let _burn = Burn::new(BURNERS);
+    let end = Instant::now() + phase();
+    const N: usize = 24;
+    std::thread::scope(|s| {
+        // Remover of the 24 entries (makes half of them).
+        s.spawn(|| {
+            let mut rng = Rng(seed ^ 3);
+            loop {
+                bar.wait();
+                if stop.load(Acquire) {
+                    break;
+                }
+                let d = cur.lock().unwrap().unwrap();
+                for i in 0..N / 2 {
+                    mkfile(&fs, &rt, d, format!("a{i}").as_bytes(), 0o644).unwrap();
+                }
+                bar.wait();
+                let mut order: Vec<usize> = (0..N).collect();
+                for i in (1..N).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                for i in order {
+                    let n = if i < N / 2 {
+                        format!("a{i}")
+                    } else {
+                        format!("b{i}")
+                    };
+                    fs.unlink(&rt, d, n.as_bytes()).unwrap();
+                }
+                done.fetch_add(1, Release);
+                bar.wait();
+            }
+        });
+        // Creator of x (makes the other half).
+        s.spawn(|| {
+            let mut rng = Rng(seed ^ 4);
+            loop {
+                bar.wait();
+                if stop.load(Acquire) {
+                    break;
+                }
+                let d = cur.lock().unwrap().unwrap();
+                for i in N / 2..N {
+                    mkfile(&fs, &rt, d, format!("b{i}").as_bytes(), 0o644).unwrap();
+                }
+                bar.wait();
+                spin(rng.below(40 * JITTER));
+                let r = mkfile(&fs, &rt, d, b"x", 0o644).map(|_| ());
+                let gone = r == Err(Errno::ENOENT) && lookup_id(&fs, p, b"d") != Some(d);
+                *created.lock().unwrap() = Some((r, gone));
+                done.fetch_add(1, Release);
+                bar.wait();
+            }
+        });
+        let mut r = 0u64;
+        loop {
+            let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+            *cur.lock().unwrap() = Some(d);
+            done.store(0, Relaxed);
+            bar.wait();
+            bar.wait();
+            let mut removed = false;
+            let mut tries = 0u64;
+            loop {
+                let last = done.load(Acquire) == 2;
+                match fs.rmdir(&rt, p, b"d") {
+                    Ok(()) => {
+                        removed = true;
+                        break;
+                    }
+                    Err(Errno::ENOTEMPTY) => {}
+                    Err(e) => {
+                        tally.fail(|| format!("round {r}: rmdir {e:?}"));
+                        break;
+                    }
+                }
+                tries += 1;
+                if last {
+                    break;
+                }
+            }
+            bar.wait();
+            let (cr, gone) = created.lock().unwrap().take().unwrap();
+            *outcomes
+                .lock()
+                .unwrap()
+                .entry(format!(
+                    "create {:?} removed {removed}",
+                    cr.map_err(|e| e.name())
+                ))
+                .or_default() += 1;
+            let what =
+                format!("round {r}: create {cr:?}, rmdir succeeded: {removed} after {tries} tries");
+            match cr {
+                Ok(()) => {
+                    tally.check(!removed, || format!("{what}: both succeeded"));
+                    let names = list(&fs, &rt, d);
+                    tally.check(names == Ok(vec![b"x".to_vec()]), || {
+                        format!("{what}: holds {names:?}")
+                    });
+                    fs.unlink(&rt, d, b"x").unwrap();
+                    fs.rmdir(&rt, p, b"d").unwrap();
+                }
+                Err(Errno::ENOENT) => {
+                    tally.check(removed && gone, || format!("{what}: ENOENT (gone: {gone})"));
+                }
+                Err(e) => tally.fail(|| format!("{what}: create {e:?}")),
+            }
+            if r % 256 == 0 {
+                let c = fs.check_invariants();
+                tally.check(c.is_ok(), || format!("{what}: {c:?}"));
+            }
+            r += 1;
+            if Instant::now() >= end || r >= MAX_ROUNDS {
+                stop.store(true, Release);
+                bar.wait();
+                break;
+            }
+        }
+        eprintln!(
+            "rmdir vs many removals: {r} rounds, {:?}",
+            outcomes.lock().unwrap()
+        );
+    });
+    tally.finish();
+    fs.check_invariants().unwrap();
+}
+
+/// A file's link count stays the number of its names while threads add and remove names:
+/// link and unlink in its directory; link in another directory, rename into the first and
+/// unlink; link, rename within the other directory and unlink; and RENAME_EXCHANGE of its
+/// permanent name with another file's across the directories (which changes neither
+/// file's count). getattr always finds F at 1 to 4 and G at 1; afterwards each count equals
+/// the names found, and `check_invariants` passes.
+#[test]
+fn file_link_counts_follow_their_names_under_link_rename_and_exchange() {
+    let _one = exclusive();
+    let fs = new_fs();
+    let rt = root();
+    let d1 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d1", 0o777).unwrap());
+    let d2 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d2", 0o777).unwrap());
+    let f = id(&mkfile(&fs, &rt, d1, b"a", 0o644).unwrap());
+    let g = id(&mkfile(&fs, &rt, d2, b"z", 0o644).unwrap());
+    let tally = Tally::new("file link counts follow names");
+    let (fs, tally) = (&fs, &tally);
+    let mut w: Vec<Worker<'_>> = Vec::new();
+    w.push(Box::new(move |_, stop| {
+        while !stop.load(Relaxed) {
+            fs.link(&root(), f, d1, b"b").unwrap();
+            fs.unlink(&root(), d1, b"b").unwrap();
+        }
+    }));
+    w.push(Box::new(move |_, stop| {
+        while !stop.load(Relaxed) {
+            fs.link(&root(), f, d2, b"c").unwrap();
+            fs.rename(&root(), d2, b"c", d1, b"e", 0).unwrap();
+            fs.unlink(&root(), d1, b"e").unwrap();
+        }
+    }));
+    w.push(Box::new(move |_, stop| {
+        while !stop.load(Relaxed) {
+            fs.link(&root(), f, d2, b"h").unwrap();
+            fs.rename(&root(), d2, b"h", d2, b"h2", 0).unwrap();
+            fs.unlink(&root(), d2, b"h2").unwrap();
+        }
+    }));
+    w.push(Box::new(move |_, stop| {
+        let mut k = 0u64;
+        while !stop.load(Relaxed) {
+            // F is at d1/a and G at d2/z after an even number of exchanges.
+            let r = fs.rename(&root(), d1, b"a", d2, b"z", RENAME_EXCHANGE);
+            tally.check(r.is_ok(), || format!("exchange #{k}: {r:?}"));
+            k += 1;
+        }
+    }));
+    w.push(Box::new(move |_, stop| {
+        while !stop.load(Relaxed) {
+            let n = fs.getattr(f).unwrap().nlink;
+            tally.check((1..=4).contains(&n), || format!("F's nlink {n}"));
+            let n = fs.getattr(g).unwrap().nlink;
+            tally.check(n == 1, || format!("G's nlink {n}"));
+        }
+    }));
+    race(w);
+    for x in [f, g] {
+        let mut names = 0;
+        for d in [d1, d2] {
+            for n in list(fs, &rt, d).unwrap() {
+                if fs.lookup(&rt, d, &n).unwrap().ino == x.ino {
+                    names += 1;
+                }
+            }
+        }
+        let nl = fs.getattr(x).unwrap().nlink;
+        tally.check(nl == names, || format!("nlink {nl} with {names} names"));
+    }
+    tally.finish();
+    fs.check_invariants().unwrap();
+}
