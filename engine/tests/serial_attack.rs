@@ -8,6 +8,22 @@
 //! (`SERIAL_ATTACK_SECS`, seconds per race phase, default 0.7; raise it with `--release` for
 //! long hunts). Randomized tests print their seed; `SERIAL_ATTACK_SEED` repeats one.
 //! A failing check reports how many of how many checks failed, with examples.
+//!
+//! The tests marked `#[ignore = "bug: ..."]` reproduce defects found by this file (run them
+//! with `cargo test -p lanefs --test serial_attack -- --ignored`):
+//! - `no_entry_change_lands_after_chmod_or_acl_revoked_write`,
+//!   `no_entry_change_lands_after_chown_chgrp_or_immutable`: a create, mkdir, mknod,
+//!   symlink, link, rename into or out of, or unlink in a directory checks its permission,
+//!   then a chmod / ACL / chown / chgrp / `chattr +i` / `chmod +t` of the directory returns
+//!   and a lookup after it does not find (or still finds) the name, and then the change lands;
+//! - `setxattr_never_lands_after_its_permission_was_revoked`: the same for setxattr of a
+//!   `user.*` attribute against chmod, an access ACL, chgrp and `chattr +i` of the file;
+//! - `exchanging_directories_across_parents_keeps_the_parents_link_counts`: RENAME_EXCHANGE
+//!   of two directories in different parents lets getattr see each parent's link count one
+//!   too low or one too high.
+//!
+//! `truncate_never_lands_after_write_permission_was_revoked` is ignored as not a difference
+//! from tmpfs (Linux's truncate(2) checks write permission before taking the inode lock).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::AtomicBool;
