@@ -2801,7 +2801,6 @@ fn random_directory_renames_keep_one_connected_tree() {
 /// an exchange of a directory with a file across the parents moves P's and Q's counts by
 /// one only, between two values each.
 #[test]
-#[ignore = "bug: RENAME_EXCHANGE of two directories across parents moves each parent's link count by one and back, visibly"]
 fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
     let _one = exclusive();
     for dir_with_file in [true, false] {

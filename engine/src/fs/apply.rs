@@ -313,10 +313,17 @@ impl Filesystem {
         };
         let cross = !ptr::eq(d1, d2);
         let (k1, k2) = ((d1.key(), from_name), (d2.key(), to_name));
-        let moves_dir = |i: &Inode, from: &Inode, to: &Inode| {
+        // A directory moved to another parent: its `..`.
+        let moves_parent = |i: &Inode, to: &Inode| {
             if let (true, Some(id)) = (cross, i.dir()) {
                 id.parent
                     .store(to.key().raw(), std::sync::atomic::Ordering::Release);
+            }
+        };
+        // ... and the parents' link counts.
+        let moves_dir = |i: &Inode, from: &Inode, to: &Inode| {
+            if let (true, Some(_)) = (cross, i.dir()) {
+                moves_parent(i, to);
                 to.inc_nlink()
                     .expect("link limit above the inode table's capacity");
                 assert_eq!(from.dec_nlink(), Fate::Lives, "a parent keeps its links");
@@ -394,8 +401,16 @@ impl Filesystem {
                     g,
                     &self.stats,
                     || {
-                        moves_dir(src, d1, d2);
-                        moves_dir(t, d2, d1);
+                        if src.is_dir() && t.is_dir() {
+                            // Each parent loses one subdirectory and gains one: its link
+                            // count does not move (tmpfs leaves both alone), so a racing
+                            // getattr never sees it one off.
+                            moves_parent(src, d2);
+                            moves_parent(t, d1);
+                        } else {
+                            moves_dir(src, d1, d2);
+                            moves_dir(t, d2, d1);
+                        }
                     },
                 );
                 t.attr.set_c(time, &self.stats);
