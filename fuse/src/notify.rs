@@ -1,7 +1,8 @@
 //! Keeping the kernel's caches in step: the notifications (`FUSE_NOTIFY_INVAL_ENTRY` /
-//! `_INODE`, [`Notifier`]) the server sends, and [`KernelCache`], through which the engine
-//! reports the changes library callers make while the filesystem is mounted
-//! ([`lanefs::notify`]) and the server drops the listings and pages it must (`server/`).
+//! `_INODE`, [`Notifier`]) the server sends, and [`KernelCache`], through which the server
+//! drops the listings and pages it must and the engine's reports of the changes library
+//! callers make while the filesystem is mounted ([`lanefs::notify`], `server/sink.rs`) reach
+//! the kernel.
 //!
 //! Notifications are written to the session's first `/dev/fuse` descriptor on either
 //! transport: the kernel takes them only there. Which may be sent from a request thread, and
@@ -80,7 +81,7 @@ impl Notifier {
 pub(crate) struct KernelCache(pub(crate) Notifier);
 
 /// Whether an inode invalidation found the inode: false only for ENOENT.
-fn found(r: io::Result<()>) -> bool {
+pub(crate) fn found(r: io::Result<()>) -> bool {
     !matches!(r, Err(e) if e.raw_os_error() == Some(libc::ENOENT))
 }
 
@@ -122,7 +123,7 @@ impl Invalidate for KernelCache {
     }
 }
 
-/// Tells `fs` to report library-side changes to the kernel through `notifier`.
-pub(crate) fn install_invalidator(fs: &Filesystem, notifier: Notifier) {
-    fs.set_invalidator(Some(Arc::new(KernelCache(notifier))));
+/// Tells `fs` to report library-side changes to the kernel through `sink`.
+pub(crate) fn install_invalidator(fs: &Filesystem, sink: impl Invalidate + 'static) {
+    fs.set_invalidator(Some(Arc::new(sink)));
 }

@@ -8,10 +8,11 @@ use std::time::Instant;
 use lanefs::{Attr, DirEnd, Errno, FileType, Ino};
 use zerocopy::FromZeros;
 
-use super::listings::{EndShard, READ_END_SHARDS};
+use super::listings::{EndShard, READ_END_SHARDS, ReadEnds};
 use super::reply::{Handled, OK, done, dtype, node, put};
 use super::{Call, Server};
 use crate::abi::*;
+use crate::notify::KernelCache;
 use crate::wire::{Answer, Out, Pending};
 
 impl Server {
@@ -121,15 +122,8 @@ impl Server {
     /// kernel holds `dir`'s `i_rwsem` exclusively for the change, so no `getdents` of it is
     /// in flight, and an inode invalidation takes no inode lock.
     pub(super) fn names_changed(&self, dir: u64) {
-        let shard = self.end_shard(dir);
-        if shard.listed.load(Acquire) == 0 {
-            return;
-        }
-        if !EndShard::unlist(&mut shard.lock(), &shard.listed, dir) {
-            return;
-        }
         if let Some(kc) = self.notifier.get() {
-            kc.drop_listing(Ino(dir));
+            drop_if_listed(&self.read_ends, kc, dir);
         }
     }
 
@@ -217,4 +211,18 @@ impl Server {
             }
         }
     }
+}
+
+/// Drops the kernel's cached listing of `dir` if a read from offset 0 reached lanefs since it
+/// was last dropped ([`Server::names_changed`]); false if there was none to drop.
+pub(super) fn drop_if_listed(read_ends: &ReadEnds, kc: &KernelCache, dir: u64) -> bool {
+    let shard = &read_ends[dir as usize % READ_END_SHARDS];
+    if shard.listed.load(Acquire) == 0 {
+        return false;
+    }
+    if !EndShard::unlist(&mut shard.lock(), &shard.listed, dir) {
+        return false;
+    }
+    kc.drop_listing(Ino(dir));
+    true
 }

@@ -22,6 +22,7 @@ mod listings;
 mod names;
 mod paths;
 mod reply;
+mod sink;
 mod xattrs;
 
 use std::io;

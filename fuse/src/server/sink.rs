@@ -1,0 +1,52 @@
+//! Where the engine reports the changes library callers make (the channel of `lanefs run`
+//! among them) while the filesystem is mounted: [`EngineSink`], which tells the kernel's
+//! caches through the session's notifier (`notify.rs`, [`KernelCache`]).
+//!
+//! A changed name's dentry is invalidated, and its directory's cached listing dropped only
+//! when one was read since it was last dropped ([`drop_if_listed`], as a change through the
+//! kernel does, `Server::names_changed`): the entry invalidation comes first, and the
+//! kernel handles it with the directory's `i_rwsem` held exclusively, which every
+//! `getdents` holds shared until its reply is in the cache, so when it returns every read
+//! that could leave a listing from before the change has been counted as one.
+
+use std::sync::Arc;
+
+use lanefs::Ino;
+use lanefs::notify::Invalidate;
+
+use super::Server;
+use super::dirs::drop_if_listed;
+use super::listings::ReadEnds;
+use crate::notify::{KernelCache, Notifier, found};
+
+/// The engine's invalidation sink for one mounted session.
+pub(crate) struct EngineSink {
+    kc: KernelCache,
+    read_ends: Arc<ReadEnds>,
+}
+
+impl Server {
+    /// The sink for the engine's reports, sending through `notifier`.
+    pub(crate) fn engine_sink(&self, notifier: Notifier) -> EngineSink {
+        EngineSink {
+            kc: KernelCache(notifier),
+            read_ends: self.read_ends.clone(),
+        }
+    }
+}
+
+impl Invalidate for EngineSink {
+    fn entry(&self, parent: Ino, name: &[u8]) -> bool {
+        let held = found(self.kc.0.inval_entry(parent.get(), name));
+        drop_if_listed(&self.read_ends, &self.kc, parent.get());
+        held
+    }
+
+    fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {
+        self.kc.inode(ino, data)
+    }
+
+    fn listing(&self, dir: Ino) -> bool {
+        self.kc.listing(dir)
+    }
+}
