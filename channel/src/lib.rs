@@ -32,7 +32,9 @@
 //!    `client_sleeping` is set, wakes the futex;
 //! 3. the client reads the reply.
 //!
-//! Each side waits for the other by spinning for a moment, then announcing that it sleeps
+//! Each side waits for the other by spinning for a moment (only while the busy channels'
+//! clients and servers do not outnumber the CPUs: the server says how long in `spin_ns`),
+//! then announcing that it sleeps
 //! (`*_sleeping` = 1, SeqCst), reading `state` again and `FUTEX_WAIT`ing on it with the
 //! value it saw. Either the waker reads the announcement after its own `state` store
 //! (both SeqCst) and wakes, or the sleeper reads the new state and does not sleep: no
@@ -225,6 +227,11 @@ pub struct Shared {
     pub req_len: AtomicU32,
     /// The reply's length.
     pub reply_len: AtomicU32,
+    /// Nanoseconds the client may spin for a reply before it sleeps, set by the server with
+    /// each reply: a few microseconds while every busy channel's client and server can each
+    /// have a CPU, 0 when they outnumber the CPUs (a spinning client would then keep its
+    /// server, or another pair, from running).
+    pub spin_ns: AtomicU32,
 }
 
 const _: () = assert!(size_of::<Shared>() <= BUF_OFFSET);

@@ -39,8 +39,6 @@ static UNIQUE: AtomicU64 = AtomicU64::new(1);
 
 /// Channels a thread keeps at once (one per mount it uses).
 const CHANNELS_MAX: usize = 4;
-/// How long a client spins for the reply before it sleeps.
-const SPIN_NS: i64 = 20_000;
 /// How often a sleeping client looks whether its server still lives.
 const LIVENESS: Duration = Duration::from_millis(100);
 /// After a failed connection, how long before trying that mount again.
@@ -191,7 +189,8 @@ pub(crate) fn call(
         if s.server_sleeping.load(SeqCst) != 0 {
             futex_wake(&s.state);
         }
-        if !wait_for_reply(ch) {
+        let spin = i64::from(s.spin_ns.load(Relaxed));
+        if !wait_for_reply(ch, spin) {
             drop_channel(chans, m);
             return Outcome::Done(Err(libc::ENOTCONN));
         }
@@ -216,12 +215,12 @@ pub(crate) fn call(
     })
 }
 
-/// Waits for the reply: spins for [`SPIN_NS`], then sleeps on the futex, looking every
-/// [`LIVENESS`] whether the server still lives. False if the channel closed or the server
-/// died.
-fn wait_for_reply(ch: &Chan) -> bool {
+/// Waits for the reply: spins for `spin` nanoseconds (the server's `spin_ns`; yielding the
+/// CPU now and then, in case the server waits for it), then sleeps on the futex, looking every [`LIVENESS`]
+/// whether the server still lives. False if the channel closed or the server died.
+fn wait_for_reply(ch: &Chan, spin: i64) -> bool {
     let s = ch.shared();
-    let spin_end = now_ns() + SPIN_NS;
+    let spin_end = now_ns() + spin;
     let mut spins = 0u32;
     loop {
         if s.state.load(Acquire) == REPLY {
@@ -231,9 +230,14 @@ fn wait_for_reply(ch: &Chan) -> bool {
             return false;
         }
         spins += 1;
-        // The clock is read every 64 rounds.
-        if spins % 64 != 0 || now_ns() < spin_end {
+        // The clock is read, and the CPU offered, every 64 rounds.
+        if spins % 64 != 0 {
             std::hint::spin_loop();
+            continue;
+        }
+        if now_ns() < spin_end {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
             continue;
         }
         s.client_sleeping.store(1, SeqCst);

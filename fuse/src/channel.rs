@@ -10,9 +10,11 @@
 //! wait for a request, copy it out of shared memory, hand it to the dispatcher with the
 //! caller's credentials ([`Caller::Known`]), copy the reply back, wake the client.
 //!
-//! A thread per connection keeps a call to one round trip between two threads that each
-//! spin briefly before sleeping on the futex (`SPIN`), so that a caller and its server can
-//! take turns on one CPU. A connection ends when its client closes its socket or exits
+//! A thread per connection keeps a call to one round trip between two threads. Each spins
+//! briefly for the other before it sleeps on the futex, but only while the busy channels'
+//! clients and servers do not outnumber the CPUs ([`spin_now`]; the server tells its client
+//! with every reply): on a machine with more of them than CPUs, spinning keeps a peer from
+//! running, and sleeping at once hands it the CPU. A connection ends when its client closes its socket or exits
 //! (seen at the next wait's timeout, [`IDLE_CHECK`]), when the client breaks the protocol,
 //! or when the mount stops ([`ChannelServer`] dropped: every connection is marked closed and
 //! its client woken, so no call waits on a server that is gone).
@@ -23,7 +25,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,8 +41,35 @@ use crate::dispatch::{Caller, Dispatch};
 use crate::info::SessionInfo;
 use crate::wire::{Answer, Out, Pending, Request, out_header};
 
-/// How long a server thread spins for the next request before it sleeps.
-const SPIN: Duration = Duration::from_micros(20);
+/// How long a side spins for the other before it sleeps, while the busy channels' clients
+/// and servers do not outnumber the CPUs; `LANEFS_CHANNEL_SPIN_US` sets it (measurements).
+fn spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        let us = std::env::var("LANEFS_CHANNEL_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20);
+        Duration::from_micros(us)
+    })
+}
+
+/// Server threads of all channels not asleep on their futex: with their clients, the
+/// threads that want a CPU.
+static AWAKE: AtomicUsize = AtomicUsize::new(0);
+
+/// How long to spin now: [`spin`] while every awake server and its client can have a CPU,
+/// nothing otherwise (spinning then keeps a peer from running; sleeping hands it the CPU).
+fn spin_now() -> Duration {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if AWAKE.load(Relaxed) * 2 <= cpus {
+        spin()
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// How often an idle connection's thread looks whether its client is still there, and
 /// whether the mount stopped.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -444,6 +473,7 @@ fn serve_conn(conn: &Conn, sock: &OwnedFd, ctx: &Ctx, dispatch: &dyn Dispatch, c
     let s = conn.map.shared();
     let mut req_buf = vec![0u8; BUF_LEN];
     let mut reply = vec![0u8; BUF_LEN];
+    AWAKE.fetch_add(1, Relaxed);
     loop {
         if !wait_for_request(s, sock) {
             break;
@@ -460,20 +490,25 @@ fn serve_conn(conn: &Conn, sock: &OwnedFd, ctx: &Ctx, dispatch: &dyn Dispatch, c
         // it sees REPLY, stored after this copy.
         unsafe { std::ptr::copy_nonoverlapping(reply.as_ptr(), conn.map.buf(), n) };
         s.reply_len.store(n as u32, Release);
+        s.spin_ns
+            .store(spin_now().as_nanos().min(u32::MAX.into()) as u32, Relaxed);
         s.state.store(REPLY, SeqCst);
         if s.client_sleeping.load(SeqCst) != 0 {
             futex_wake(&s.state);
         }
     }
+    AWAKE.fetch_sub(1, Relaxed);
     s.closed.store(1, SeqCst);
     futex_wake(&s.state);
 }
 
-/// Waits until the client stores REQUEST: spins for [`SPIN`], then sleeps on the futex,
-/// looking every [`IDLE_CHECK`] whether the client is still there and the channel open.
-/// False when the connection ends.
+/// Waits until the client stores REQUEST: spins ([`spin_now`], offering the CPU now and
+/// then), then sleeps on the futex, looking every [`IDLE_CHECK`] whether the client is
+/// still there and the channel open. False when the connection ends. The thread counts in
+/// [`AWAKE`] except while it sleeps.
 fn wait_for_request(s: &Shared, sock: &OwnedFd) -> bool {
-    let spin_end = Instant::now() + SPIN;
+    let spin_end = Instant::now() + spin_now();
+    let mut spins = 0u32;
     loop {
         if s.closed.load(Relaxed) != 0 {
             return false;
@@ -482,8 +517,13 @@ fn wait_for_request(s: &Shared, sock: &OwnedFd) -> bool {
         if st == REQUEST {
             return true;
         }
-        if Instant::now() < spin_end {
+        spins += 1;
+        if spins % 64 != 0 {
             std::hint::spin_loop();
+            continue;
+        }
+        if Instant::now() < spin_end {
+            std::thread::yield_now();
             continue;
         }
         s.server_sleeping.store(1, SeqCst);
@@ -492,7 +532,9 @@ fn wait_for_request(s: &Shared, sock: &OwnedFd) -> bool {
             s.server_sleeping.store(0, Relaxed);
             return true;
         }
+        AWAKE.fetch_sub(1, Relaxed);
         let woken = futex_wait(&s.state, st, IDLE_CHECK);
+        AWAKE.fetch_add(1, Relaxed);
         s.server_sleeping.store(0, Relaxed);
         if !woken && client_gone(sock) {
             return false;

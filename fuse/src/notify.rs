@@ -81,7 +81,7 @@ impl Notifier {
 pub(crate) struct KernelCache(pub(crate) Notifier);
 
 /// Whether an inode invalidation found the inode: false only for ENOENT.
-pub(crate) fn found(r: io::Result<()>) -> bool {
+fn found(r: io::Result<()>) -> bool {
     !matches!(r, Err(e) if e.raw_os_error() == Some(libc::ENOENT))
 }
 

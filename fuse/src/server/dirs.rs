@@ -123,7 +123,7 @@ impl Server {
     /// in flight, and an inode invalidation takes no inode lock.
     pub(super) fn names_changed(&self, dir: u64) {
         if let Some(kc) = self.notifier.get() {
-            drop_if_listed(&self.read_ends, kc, dir);
+            let _ = drop_if_listed(&self.read_ends, kc, dir);
         }
     }
 

@@ -2,9 +2,10 @@
 //! among them) while the filesystem is mounted: [`EngineSink`], which tells the kernel's
 //! caches through the session's notifier (`notify.rs`, [`KernelCache`]).
 //!
-//! A changed name's dentry is invalidated, and its directory's cached listing dropped only
-//! when one was read since it was last dropped ([`drop_if_listed`], as a change through the
-//! kernel does, `Server::names_changed`): the entry invalidation comes first, and the
+//! A changed name's dentry is invalidated, then its directory's attributes, and with them
+//! its cached listing (its pages) only when one was read since it was last dropped
+//! ([`drop_if_listed`], as a change through the kernel does, `Server::names_changed`): the
+//! entry invalidation comes first, and the
 //! kernel handles it with the directory's `i_rwsem` held exclusively, which every
 //! `getdents` holds shared until its reply is in the cache, so when it returns every read
 //! that could leave a listing from before the change has been counted as one.
@@ -17,7 +18,7 @@ use lanefs::notify::Invalidate;
 use super::Server;
 use super::dirs::drop_if_listed;
 use super::listings::ReadEnds;
-use crate::notify::{KernelCache, Notifier, found};
+use crate::notify::{KernelCache, Notifier};
 
 /// The engine's invalidation sink for one mounted session.
 pub(crate) struct EngineSink {
@@ -37,9 +38,14 @@ impl Server {
 
 impl Invalidate for EngineSink {
     fn entry(&self, parent: Ino, name: &[u8]) -> bool {
-        let held = found(self.kc.0.inval_entry(parent.get(), name));
-        drop_if_listed(&self.read_ends, &self.kc, parent.get());
-        held
+        // Answers ENOENT when the kernel has no dentry for the name (then it leaves the
+        // parent alone), so the parent's attributes are dropped apart: with its listing
+        // when one was read, alone (no page to drop) otherwise.
+        let _ = self.kc.0.inval_entry(parent.get(), name);
+        if drop_if_listed(&self.read_ends, &self.kc, parent.get()) {
+            return true;
+        }
+        self.kc.inode(parent, None)
     }
 
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {
