@@ -5,6 +5,8 @@
 #
 # As root, on a fresh Debian/Ubuntu machine, it first installs what the tests need and
 # cargo does not provide:
+#   - stress-ng (apt-get), whose filesystem stressors run under `lanefs run`
+#     (cli/tests/run.rs);
 #   - fuse3 (apt-get), for the test that mounts through `mount -t fuse.lanefs`, whose
 #     mount(8) runs mount.fuse3 (everything else mounts with mount(2) and unmounts with
 #     umount2(2) as root, and needs no package);
@@ -44,6 +46,13 @@ if [ "$(id -u)" = 0 ]; then
         apt-get update -qq >/dev/null
         apt-get install -y -qq fuse3 >/dev/null
     fi
+    # stress-ng, whose filesystem stressors cli/tests/run.rs runs under `lanefs run`.
+    if ! command -v stress-ng >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+        echo "scripts/test.sh: installing stress-ng (apt-get)" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get install -y -qq stress-ng || { apt-get update -qq && apt-get install -y -qq stress-ng; }; } >/dev/null
+    fi
+    command -v stress-ng >/dev/null 2>&1 && export LANEFS_REQUIRE_STRESS_NG=1
     cargo_bin="${CARGO_HOME:-$HOME/.cargo}/bin"
     pjdfstest="${LANEFS_PJDFSTEST:-}"
     if [ -z "$pjdfstest" ] || [ ! -x "$pjdfstest" ]; then

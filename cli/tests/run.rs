@@ -768,3 +768,53 @@ fn other_users_are_refused_without_allow_other() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// stress-ng's filesystem stressors with `--verify`, under `lanefs run`: each succeeds, as it
+/// does through the kernel on the same mount. (Skipped where stress-ng is not installed;
+/// `scripts/test.sh` installs it as root.)
+#[test]
+fn stress_ng_filesystem_stressors_pass_under_lanefs_run() {
+    if !needs_root("stress_ng_filesystem_stressors_pass_under_lanefs_run") {
+        return;
+    }
+    if !has("stress-ng") {
+        assert!(
+            std::env::var_os("LANEFS_REQUIRE_STRESS_NG").is_none(),
+            "stress-ng is required here but not installed"
+        );
+        eprintln!("stress-ng not installed: NOT RUN");
+        return;
+    }
+    let m = Mnt::new("");
+    let before = m.channel_requests();
+    for s in [
+        "dir", "dirdeep", "dentry", "link", "symlink", "rename", "chmod", "chown", "utime",
+        "mknod", "filename",
+    ] {
+        for client in [false, true] {
+            let args = [
+                format!("--{s}"),
+                "2".into(),
+                format!("--{s}-ops"),
+                "100".into(),
+                "--verify".into(),
+                "--timeout".into(),
+                "2s".into(),
+                "--temp-path".into(),
+                m.path().to_string_lossy().into_owned(),
+            ];
+            let out = if client {
+                under_run("stress-ng").args(&args).output().unwrap()
+            } else {
+                Command::new("stress-ng").args(&args).output().unwrap()
+            };
+            let text = String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && text.contains("successful run completed"),
+                "stress-ng --{s} (client: {client}) failed:\n{text}"
+            );
+        }
+    }
+    assert!(m.channel_requests() - before > 1000, "the channel was used");
+}
