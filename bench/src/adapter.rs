@@ -77,7 +77,7 @@ impl Drop for Engine {
 
 impl Engine {
     /// A new filesystem, with `prefill` empty files in a directory of their own so that the
-    /// global tables are not measured empty (the prefill note in docs/BENCHMARKS.md).
+    /// global tables are not measured empty (the prefill note in docs/results/HISTORY.md, "crunl").
     pub fn new(locking: Locking, prefill: usize) -> Engine {
         Engine::with_store(locking, prefill, None).expect("a memory store")
     }
@@ -120,7 +120,7 @@ impl Engine {
         }
         // The prefill is set-up: on a disk store it is checkpointed before the run, as a
         // filesystem would have written it back long before, so that the run measures the
-        // workload's own costs (docs/BENCHMARKS.md, "The disk store").
+        // workload's own costs (docs/results/HISTORY.md, "The disk store: fsync, journaling cost, recovery").
         if let Some((s, _)) = &e.store {
             s.checkpoint()?;
         }

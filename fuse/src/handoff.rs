@@ -12,7 +12,7 @@
 //! counts as idle for that choice, so with the queue threads SCHED_IDLE the caller is woken
 //! on its queue's CPU, preempts the queue thread at once (a normal task always preempts an
 //! idle one), and its next request goes to the same queue: a round trip never leaves its
-//! CPU (21.2k ops/s in the same run; docs/BENCHMARKS.md).
+//! CPU (21.2k ops/s in the same run; docs/results/HISTORY.md).
 //!
 //! ## The guard
 //! The price of SCHED_IDLE is starvation: a SCHED_IDLE thread gets almost no CPU while a

@@ -19,7 +19,7 @@
 //!
 //! Why by hand: see `node.rs`. The map's shards are plain `RwLock<HashTable>` rather than a
 //! concurrent map crate: `scc::HashMap`'s bucket locks spin for 32 µs on a preempted holder,
-//! which cost crunl 12% of its CPU with 32 threads on 2 cores (docs/BENCHMARKS.md).
+//! which cost crunl 12% of its CPU with 32 threads on 2 cores (docs/results/HISTORY.md).
 //!
 //! # The moment a change is visible
 //! Lookups see the map only. A create first **admits** its entry into the index (the
