@@ -578,7 +578,7 @@ impl Filesystem {
                 time,
                 ..
             } => {
-                d.allocate(offset, len, self.page_epochs.label(), &self.page_epochs);
+                d.allocate(offset, len, &self.page_epochs);
                 (time, (!keep_size).then_some(offset + len))
             }
             Record::Punch {

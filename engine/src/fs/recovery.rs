@@ -315,6 +315,39 @@ impl Recovery {
         Ok(())
     }
 
+    /// Adds pages `first..end` of regular file `inode` as allocated zeros (`data.rs`,
+    /// "Allocated zeros"): they count as allocated pages (the size limit, `st_blocks`) and
+    /// cost no memory whatever their number. A store loading its checkpoint says so for the
+    /// runs it holds, and for pages it holds that are all zeros; pages already allocated
+    /// stay as they are.
+    pub fn kept_zeros(&mut self, inode: InodeId, first: u64, end: u64) -> Result<(), ReplayError> {
+        let g = epoch::pin();
+        let i = self.inode(inode, &g)?;
+        let crate::inode::Body::File(data) = &i.body else {
+            return err(format!("inode {inode} is not a regular file"));
+        };
+        let last = crate::fs::MAX_FILE_SIZE / crate::data::PAGE;
+        if first >= end || end - 1 > last {
+            return err(format!(
+                "file {inode}: a run of zeros from page {first} to {end}"
+            ));
+        }
+        let mut d = data.write();
+        let need = d.missing_pages(first * crate::data::PAGE, (end - first) * crate::data::PAGE);
+        self.fs
+            .space
+            .take(need)
+            .map_err(|e| ReplayError(format!("file {inode}: pages {first}..{end}: {e}")))?;
+        let added = d.add_zeros(first, end, &self.fs.page_epochs);
+        debug_assert_eq!(added, need);
+        let pages = d.pages();
+        let _ = i.attr.update::<(), ()>(&self.fs.stats, |v| {
+            v.blocks = pages * (crate::data::PAGE / 512);
+            Ok(())
+        });
+        Ok(())
+    }
+
     /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps
     /// because it was still open when its last name went (records after the checkpoint may
     /// still change it, and its `Free` may follow). It is made by a create in the root
