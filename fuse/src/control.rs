@@ -98,7 +98,7 @@ fn remove_if_same(path: &Path, id: (u64, u64)) {
 /// `data_bytes` (file data stored: blocks used times the block size), of which
 /// `data_memory_bytes` in memory, `data_zero_bytes` allocated zeros (fallocated or written
 /// as zeros: no memory) and `data_store_bytes` held by the store only, `data_memory_bound`
-/// (what file data in memory stays under), `resident_bytes`
+/// (what file data in memory stays under), `pid` (the serving process), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
 /// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
@@ -134,6 +134,7 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "data_memory_bound": fs.data_memory_bound(),
         // The serving process's resident memory (every filesystem it serves, and the
         // program's own).
+        "pid": std::process::id(),
         "resident_bytes": resident_bytes(),
         "server_cpu_ns": cpu_ns(),
         "transport": session.map(|s| s.transport()),

@@ -201,7 +201,7 @@ impl Recovery {
                 let (d, db) = self.dir(dir, &g)?;
                 self.names(d, name, Some(inode))?;
                 fs.apply_remove(rec, (d, db), self.inode(inode, &g)?, &g)
-                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
+                    .map(|freed| freed.into_iter().for_each(|(i, f)| fs.settle(i, f, &g)))
             }
             Record::Rename {
                 from,
@@ -237,7 +237,7 @@ impl Recovery {
                     None => None,
                 };
                 fs.apply_rename(rec, (d1, dd1), (d2, dd2), src, dst, &g)
-                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
+                    .map(|freed| freed.into_iter().for_each(|(i, f)| fs.settle(i, f, &g)))
             }
             Record::SetAttr { inode, .. } => fs.replay_setattr(rec, self.inode(inode, &g)?),
             Record::Write { inode, .. }
