@@ -735,6 +735,13 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         bytes(&v["data_bytes"]),
         bytes(&v["resident_bytes"])
     );
+    println!(
+        "  file data in memory {} (bound {}), allocated zeros {}, in the store only {}",
+        bytes(&v["data_memory_bytes"]),
+        bytes(&v["data_memory_bound"]),
+        bytes(&v["data_zero_bytes"]),
+        bytes(&v["data_store_bytes"])
+    );
     println!("  operations:");
     if let Some(ops) = v["ops"].as_object() {
         for (k, n) in ops.iter().filter(|(_, n)| n.as_u64().unwrap_or(0) > 0) {

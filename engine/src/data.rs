@@ -5,6 +5,21 @@
 //! for new pages before calling a function that adds them, and credits the space of pages a
 //! function reports as freed.
 //!
+//! # Allocated zeros
+//!
+//! An allocated page that holds only zeros is not a page: it is part of a **run** (a range
+//! map beside the pages, `start → end`, disjoint from them and merged with its neighbours).
+//! `fallocate` makes runs of the pages it allocates that are neither pages nor in a run, so a
+//! fallocated range costs one map entry whatever its length, not a zeroed page per 4 KiB
+//! (generic/103 fallocated 64 GB and the server grew to 23 GB, issue 35). A write turns the
+//! pages it puts bytes in into pages (cutting them out of their run) and the pages it leaves
+//! holding only zeros (a whole page of zeros, or zeros written into a hole or a run) into
+//! runs, so writing zeros (`dd if=/dev/zero`, a `copy_file_range` the kernel does as reads
+//! and writes of a sparse file) costs no page either. A punch or a truncation cuts runs as it
+//! cuts pages. Runs count as allocated everywhere pages do: the space limit, `st_blocks`,
+//! `SEEK_DATA` / `SEEK_HOLE` (data, as tmpfs reports fallocated pages). The store never holds
+//! a run's pages for the engine to read back: they read as zeros, in memory.
+//!
 //! # Pages the store keeps
 //!
 //! With a store that keeps file data (the disk store, whose checkpoint holds every page), a
@@ -64,6 +79,7 @@
 //! them, as mimalloc already does, and would put a shared free list on every writer's path.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
@@ -102,6 +118,8 @@ pub struct PageEpochs {
     kept: AtomicU64,
     /// Pages of all files that are kept, not in memory.
     out: AtomicU64,
+    /// Pages of all files in runs of allocated zeros, not in memory either.
+    zeros: AtomicU64,
     /// The `kept` value the last eviction pass started from (`fs/cache.rs`).
     pub(crate) passed: AtomicU64,
     /// Pages changed so far (given a label they did not have), counted per thread slot.
@@ -131,6 +149,7 @@ impl std::fmt::Debug for PageEpochs {
             .field("current", &self.current)
             .field("kept", &self.kept)
             .field("out", &self.out)
+            .field("zeros", &self.zeros)
             .field("changed", &self.changed_total())
             .finish_non_exhaustive()
     }
@@ -142,6 +161,7 @@ impl Default for PageEpochs {
             current: AtomicU64::new(1),
             kept: AtomicU64::new(0),
             out: AtomicU64::new(0),
+            zeros: AtomicU64::new(0),
             passed: AtomicU64::new(0),
             changed: PerSlot::new(|_| AtomicU64::new(0)),
             begun_at: AtomicU64::new(0),
@@ -184,6 +204,12 @@ impl PageEpochs {
         let _ = self.nudge.set(nudge);
         self.due.store(due.max(1), SeqCst);
         self.limit.store(limit.max(1), SeqCst);
+    }
+
+    /// Pages changed since the last kept checkpoint began above which writers wait (`None`
+    /// until a store sets a budget: a memory store, or a disk store in recovery).
+    pub(crate) fn limit(&self) -> Option<u64> {
+        Some(self.limit.load(Relaxed)).filter(|&l| l != u64::MAX)
     }
 
     /// Whether a checkpoint is due for the pages changed since the last one began.
@@ -277,6 +303,20 @@ impl PageEpochs {
         self.out.load(Relaxed)
     }
 
+    /// Pages of all files in runs of allocated zeros.
+    pub(crate) fn zero_pages(&self) -> u64 {
+        self.zeros.load(Relaxed)
+    }
+
+    /// A file's pages in runs of zeros went from `from` to `to`.
+    fn zeros_moved(&self, from: u64, to: u64) {
+        if to > from {
+            self.zeros.fetch_add(to - from, Relaxed);
+        } else if from > to {
+            self.zeros.fetch_sub(from - to, Relaxed);
+        }
+    }
+
     fn went_out(&self, n: u64) {
         if n > 0 {
             self.out.fetch_add(n, Relaxed);
@@ -299,19 +339,140 @@ enum Slot {
     Kept,
 }
 
-/// The pages of one regular file. The map is allocated at the first page, so an empty file
-/// costs one pointer here, not a map's three words (the inode's size matters at millions of
-/// files: see the size assertion in `inode.rs`).
+/// Runs of allocated pages that hold only zeros (module doc, "Allocated zeros"): page
+/// `start` up to `end` (exclusive) for each `start → end`. Runs are disjoint, never adjacent
+/// (a run that would touch another is merged with it) and disjoint from the page map.
+#[derive(Default)]
+struct Zeros {
+    runs: BTreeMap<u64, u64>,
+    /// Pages the runs cover.
+    count: u64,
+}
+
+impl Zeros {
+    /// The run holding page `idx`.
+    fn covering(&self, idx: u64) -> Option<(u64, u64)> {
+        self.runs
+            .range(..=idx)
+            .next_back()
+            .filter(|&(_, &e)| e > idx)
+            .map(|(&s, &e)| (s, e))
+    }
+
+    /// The runs that overlap `span` (non-empty), in order; with `adjacent`, also those that
+    /// end where it starts or start where it ends.
+    fn meeting(&self, span: &Range<u64>, adjacent: bool) -> impl Iterator<Item = (u64, u64)> {
+        let a = u64::from(adjacent);
+        let start = span.start;
+        let before = self
+            .runs
+            .range(..start)
+            .next_back()
+            .filter(move |&(_, &e)| e + a > start);
+        before
+            .into_iter()
+            .chain(self.runs.range(start..span.end + a))
+            .map(|(&s, &e)| (s, e))
+    }
+
+    /// Pages of `span` the runs cover.
+    fn count_in(&self, span: Range<u64>) -> u64 {
+        if span.is_empty() {
+            return 0;
+        }
+        self.meeting(&span, false)
+            .map(|(s, e)| e.min(span.end) - s.max(span.start))
+            .sum()
+    }
+
+    /// Takes the pages of `span` out of the runs; returns how many there were.
+    fn cut(&mut self, span: Range<u64>) -> u64 {
+        if span.is_empty() {
+            return 0;
+        }
+        let met: Vec<_> = self.meeting(&span, false).collect();
+        let mut taken = 0;
+        for (s, e) in met {
+            self.runs.remove(&s);
+            if s < span.start {
+                self.runs.insert(s, span.start);
+            }
+            if e > span.end {
+                self.runs.insert(span.end, e);
+            }
+            taken += e.min(span.end) - s.max(span.start);
+        }
+        self.count -= taken;
+        taken
+    }
+
+    /// Makes every page of `span` that is not in `pages` part of a run; returns how many
+    /// pages were in neither (the pages it allocates).
+    fn fill(&mut self, span: Range<u64>, pages: &BTreeMap<u64, Slot>) -> u64 {
+        if span.is_empty() {
+            return 0;
+        }
+        let (mut lo, mut hi, mut old) = (span.start, span.end, 0);
+        let met: Vec<_> = self.meeting(&span, true).collect();
+        for (s, e) in met {
+            self.runs.remove(&s);
+            (lo, hi, old) = (lo.min(s), hi.max(e), old + e - s);
+        }
+        // The runs met hold no page, so the pages in `lo..hi` are those of `span`.
+        let mut new = 0;
+        let mut at = lo;
+        for &idx in pages.range(lo..hi).map(|(k, _)| k) {
+            if idx > at {
+                self.runs.insert(at, idx);
+                new += idx - at;
+            }
+            at = idx + 1;
+        }
+        if at < hi {
+            self.runs.insert(at, hi);
+            new += hi - at;
+        }
+        self.count = self.count - old + new;
+        new - old
+    }
+}
+
+/// What a file holds: its pages and its runs of allocated zeros.
+#[derive(Default)]
+struct Inner {
+    pages: BTreeMap<u64, Slot>,
+    /// Made at the first run (a file never fallocated costs a pointer here).
+    #[allow(clippy::box_collection)]
+    zeros: Option<Box<Zeros>>,
+}
+
+impl Inner {
+    fn zero_count(&self) -> u64 {
+        self.zeros.as_ref().map_or(0, |z| z.count)
+    }
+
+    /// Adds the pages of `span` that are neither pages nor in a run to the runs.
+    fn fill(&mut self, span: Range<u64>) -> u64 {
+        if span.is_empty() {
+            return 0;
+        }
+        let Inner { pages, zeros } = self;
+        zeros.get_or_insert_with(Default::default).fill(span, pages)
+    }
+}
+
+/// The pages of one regular file. Allocated at the first page or run, so an empty file costs
+/// one pointer here, not a map's three words (the inode's size matters at millions of files:
+/// see the size assertion in `inode.rs`).
 #[derive(Default)]
 pub(crate) struct FileData {
-    #[allow(clippy::box_collection)]
-    pages: Option<Box<BTreeMap<u64, Slot>>>,
+    inner: Option<Box<Inner>>,
 }
 
 static NO_PAGES: BTreeMap<u64, Slot> = BTreeMap::new();
 
 /// Page indexes covering bytes `off..off+len` (empty if `len == 0`).
-fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
+fn page_span(off: u64, len: u64) -> Range<u64> {
     if len == 0 {
         return 0..0;
     }
@@ -319,32 +480,58 @@ fn page_span(off: u64, len: u64) -> std::ops::Range<u64> {
 }
 
 /// The bytes `off..off+len` cover of page `idx`, as offsets in the page.
-fn in_page(idx: u64, off: u64, len: u64) -> std::ops::Range<usize> {
+fn in_page(idx: u64, off: u64, len: u64) -> Range<usize> {
     let start = idx * PAGE;
     let from = off.max(start);
     let to = off.saturating_add(len).min(start.saturating_add(PAGE));
     (from - start) as usize..(to - start) as usize
 }
 
+/// Whether `b` holds only zeros (a block at a time, so that data stops it early).
+fn all_zeros(b: &[u8]) -> bool {
+    b.chunks(256).all(|c| c.iter().fold(0, |a, &x| a | x) == 0)
+}
+
 impl FileData {
     fn map(&self) -> &BTreeMap<u64, Slot> {
-        self.pages.as_deref().unwrap_or(&NO_PAGES)
+        self.inner.as_deref().map_or(&NO_PAGES, |i| &i.pages)
     }
 
-    fn map_mut(&mut self) -> &mut BTreeMap<u64, Slot> {
-        self.pages.get_or_insert_with(Default::default)
+    fn inner_mut(&mut self) -> &mut Inner {
+        self.inner.get_or_insert_with(Default::default)
     }
 
-    /// Frees the map once it holds no page.
+    fn zeros(&self) -> Option<&Zeros> {
+        self.inner.as_deref()?.zeros.as_deref()
+    }
+
+    fn zero_count(&self) -> u64 {
+        self.inner.as_deref().map_or(0, Inner::zero_count)
+    }
+
+    /// Frees what holds nothing any more.
     fn tidy(&mut self) {
-        if self.pages.as_ref().is_some_and(|m| m.is_empty()) {
-            self.pages = None;
+        if let Some(i) = self.inner.as_mut() {
+            if i.zeros.as_ref().is_some_and(|z| z.runs.is_empty()) {
+                i.zeros = None;
+            }
+            if i.pages.is_empty() && i.zeros.is_none() {
+                self.inner = None;
+            }
         }
     }
 
-    /// Pages currently allocated (in memory or kept).
+    /// Pages currently allocated (in memory, kept, or in runs of zeros).
     pub fn pages(&self) -> u64 {
-        self.map().len() as u64
+        self.map().len() as u64 + self.zero_count()
+    }
+
+    /// Runs of allocated zeros.
+    #[cfg(test)]
+    fn runs(&self) -> Vec<(u64, u64)> {
+        self.zeros()
+            .map(|z| z.runs.iter().map(|(&s, &e)| (s, e)).collect())
+            .unwrap_or_default()
     }
 
     /// Pages in memory.
@@ -360,11 +547,12 @@ impl FileData {
     pub fn missing_pages(&self, off: u64, len: u64) -> u64 {
         let span = page_span(off, len);
         let present = self.map().range(span.clone()).count() as u64;
-        (span.end - span.start) - present
+        let zeros = self.zeros().map_or(0, |z| z.count_in(span.clone()));
+        (span.end - span.start) - present - zeros
     }
 
-    /// Copies bytes `off..off+buf.len()` into `buf`, holes as zeros, kept pages read through
-    /// `fetch`. The caller clamps the range to the file size.
+    /// Copies bytes `off..off+buf.len()` into `buf`, holes and runs of zeros as zeros, kept
+    /// pages read through `fetch`. The caller clamps the range to the file size.
     pub fn read(&self, off: u64, buf: &mut [u8], fetch: Fetch<'_>) -> Result<()> {
         buf.fill(0);
         let len = buf.len() as u64;
@@ -404,7 +592,7 @@ impl FileData {
 
     /// Brings kept page `idx` into memory, unchanged (label 0).
     fn fault_in(&mut self, idx: u64, fetch: Fetch<'_>, e: &PageEpochs) -> Result<()> {
-        if let Some(slot @ Slot::Kept) = self.pages.as_mut().and_then(|m| m.get_mut(&idx)) {
+        if let Some(slot @ Slot::Kept) = self.inner.as_mut().and_then(|i| i.pages.get_mut(&idx)) {
             let mut page = new_page();
             fetch(idx, &mut page[..])?;
             *slot = Slot::Mem { page, epoch: 0 };
@@ -453,16 +641,49 @@ impl FileData {
 
     /// Writes `data` at `off`, allocating pages as needed, labelling them `epoch`; returns the
     /// pages added (which the caller reserved beforehand, see [`FileData::missing_pages`]).
-    /// Kept pages it covers partly were brought in by [`FileData::prepare_edges`].
+    /// Kept pages it covers partly were brought in by [`FileData::prepare_edges`]. A page
+    /// that holds only zeros once written joins a run instead (module doc, "Allocated
+    /// zeros"): a whole page of zeros, or zeros written into a hole or a run.
     pub fn write(&mut self, off: u64, data: &[u8], epoch: u64, e: &PageEpochs) -> u64 {
-        let mut added = 0;
+        let before = (self.pages(), self.zero_count());
         let mut changed = 0;
         let len = data.len() as u64;
-        for idx in page_span(off, len) {
+        let span = page_span(off, len);
+        let inner = self.inner_mut();
+        // Zeros to add to the runs: a span of pages, added when it ends.
+        let mut zero_span: Option<Range<u64>> = None;
+        for idx in span {
             let r = in_page(idx, off, len);
+            let whole = r.len() == PAGE as usize;
             let src = &data[(idx * PAGE + r.start as u64 - off) as usize..][..r.len()];
-            let slot = self.map_mut().entry(idx).or_insert_with(|| {
-                added += 1;
+            let zero = all_zeros(src);
+            let stays_zero = zero
+                && match inner.pages.get(&idx) {
+                    None => true,
+                    Some(_) => whole,
+                };
+            if stays_zero {
+                if let Some(Slot::Kept) = inner.pages.remove(&idx) {
+                    e.came_in(1);
+                }
+                match &mut zero_span {
+                    Some(z) if z.end == idx => z.end += 1,
+                    z => {
+                        if let Some(done) = z.take() {
+                            inner.fill(done);
+                        }
+                        *z = Some(idx..idx + 1);
+                    }
+                }
+                continue;
+            }
+            if !inner.pages.contains_key(&idx)
+                && let Some(z) = inner.zeros.as_deref_mut()
+            {
+                z.cut(idx..idx + 1);
+            }
+            let slot = inner.pages.entry(idx).or_insert_with(|| {
+                changed += 1;
                 Slot::Mem {
                     page: new_page(),
                     epoch,
@@ -470,7 +691,7 @@ impl FileData {
             });
             if let Slot::Kept = slot {
                 assert!(
-                    r.len() == PAGE as usize,
+                    whole,
                     "page {idx}: a partial write of a kept page must be prepared"
                 );
                 e.came_in(1);
@@ -484,45 +705,52 @@ impl FileData {
                 unreachable!("made resident above")
             };
             page[r].copy_from_slice(src);
-            changed += (*label != epoch) as u64;
+            changed += u64::from(*label != epoch);
             *label = epoch;
         }
-        e.count_changed(changed + added);
-        added
+        if let Some(done) = zero_span {
+            inner.fill(done);
+        }
+        self.tidy();
+        e.count_changed(changed);
+        e.zeros_moved(before.1, self.zero_count());
+        self.pages() - before.0
     }
 
     /// Zeroes bytes `r` of page `idx` if it is in memory, labelling it `epoch`. (A kept page
-    /// whose bytes there must become zeros was brought in by a `prepare_*` call.)
-    fn zero_in(&mut self, idx: u64, r: std::ops::Range<usize>, epoch: u64, e: &PageEpochs) {
+    /// whose bytes there must become zeros was brought in by a `prepare_*` call; a page in a
+    /// run holds zeros already.)
+    fn zero_in(&mut self, idx: u64, r: Range<usize>, epoch: u64, e: &PageEpochs) {
         if r.is_empty() {
             return;
         }
         if let Some(Slot::Mem { page, epoch: label }) =
-            self.pages.as_mut().and_then(|m| m.get_mut(&idx))
+            self.inner.as_mut().and_then(|i| i.pages.get_mut(&idx))
         {
             page[r].fill(0);
-            e.count_changed((*label != epoch) as u64);
+            e.count_changed(u64::from(*label != epoch));
             *label = epoch;
         }
     }
 
-    /// Removes the pages `range` (page indexes); returns how many there were.
-    fn remove_pages(
-        &mut self,
-        range: std::ops::RangeFrom<u64>,
-        end: Option<u64>,
-        e: &PageEpochs,
-    ) -> u64 {
-        let Some(map) = self.pages.as_mut() else {
+    /// Removes the pages and runs from page `start` up to `end` (`None`: to the last);
+    /// returns how many pages there were.
+    fn remove_pages(&mut self, start: u64, end: Option<u64>, e: &PageEpochs) -> u64 {
+        let Some(inner) = self.inner.as_mut() else {
             return 0;
         };
-        let mut tail = map.split_off(&range.start);
+        let mut tail = inner.pages.split_off(&start);
         if let Some(end) = end {
             let mut rest = tail.split_off(&end);
-            map.append(&mut rest);
+            inner.pages.append(&mut rest);
         }
         e.came_in(tail.values().filter(|s| matches!(s, Slot::Kept)).count() as u64);
-        tail.len() as u64
+        let zeros = match inner.zeros.as_deref_mut() {
+            Some(z) => z.cut(start..end.unwrap_or(u64::MAX)),
+            None => 0,
+        };
+        e.zeros_moved(zeros, 0);
+        tail.len() as u64 + zeros
     }
 
     /// Zeroes bytes `off..off+len` inside existing pages and frees pages wholly inside the
@@ -536,7 +764,7 @@ impl FileData {
         let end_full = end / PAGE;
         let mut freed = 0;
         if first_full < end_full {
-            freed = self.remove_pages(first_full.., Some(end_full), e);
+            freed = self.remove_pages(first_full, Some(end_full), e);
         }
         // Partial pages at either end keep their other bytes.
         for idx in [off / PAGE, end.saturating_sub(1) / PAGE] {
@@ -559,7 +787,7 @@ impl FileData {
         if size >= old_size {
             return 0;
         }
-        let freed = self.remove_pages(size.div_ceil(PAGE).., None, e);
+        let freed = self.remove_pages(size.div_ceil(PAGE), None, e);
         if size % PAGE != 0 {
             self.zero_in(size / PAGE, (size % PAGE) as usize..PAGE as usize, epoch, e);
         }
@@ -567,10 +795,10 @@ impl FileData {
         freed
     }
 
-    /// Drops every page (the file is freed); returns how many there were.
+    /// Drops every page and run (the file is freed); returns how many pages there were.
     pub fn clear(&mut self, e: &PageEpochs) -> u64 {
-        let n = self.remove_pages(0.., None, e);
-        self.pages = None;
+        let n = self.remove_pages(0, None, e);
+        self.inner = None;
         n
     }
 
@@ -579,69 +807,100 @@ impl FileData {
         if size >= old_size {
             return self.pages();
         }
-        self.map().range(..size.div_ceil(PAGE)).count() as u64
+        let end = size.div_ceil(PAGE);
+        self.map().range(..end).count() as u64 + self.zeros().map_or(0, |z| z.count_in(0..end))
     }
 
     /// The first byte at or after `off` that lies in an allocated page (`SEEK_DATA`, before
-    /// the caller clamps it to the size).
+    /// the caller clamps it to the size). Runs of zeros are allocated: data, as tmpfs says of
+    /// fallocated pages.
     pub fn next_data(&self, off: u64) -> Option<u64> {
-        self.map()
-            .range(off / PAGE..)
-            .next()
-            .map(|(&idx, _)| (idx * PAGE).max(off))
+        let idx = off / PAGE;
+        let page = self.map().range(idx..).next().map(|(&i, _)| i);
+        let run = self.zeros().and_then(|z| {
+            z.covering(idx)
+                .map(|_| idx)
+                .or_else(|| z.runs.range(idx..).next().map(|(&s, _)| s))
+        });
+        let first = match (page, run) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some((first * PAGE).max(off))
     }
 
     /// The first byte at or after `off` that lies in a hole (`SEEK_HOLE`, before the caller
-    /// clamps it to the size): pages are contiguous up to the first missing index.
+    /// clamps it to the size): allocated pages and runs are contiguous up to the first page
+    /// in neither.
     pub fn next_hole(&self, off: u64) -> u64 {
         let mut want = off / PAGE;
-        for (&idx, _) in self.map().range(want..) {
-            if idx != want {
+        loop {
+            if let Some((_, end)) = self.zeros().and_then(|z| z.covering(want)) {
+                want = end;
+                continue;
+            }
+            let from = want;
+            for (&idx, _) in self.map().range(want..) {
+                if idx != want {
+                    break;
+                }
+                want += 1;
+            }
+            if want == from {
                 break;
             }
-            want += 1;
         }
         (want * PAGE).max(off)
     }
 
-    /// Allocates zeroed pages for `off..off+len`, labelled `epoch`; returns the pages added
-    /// (reserved beforehand).
-    pub fn allocate(&mut self, off: u64, len: u64, epoch: u64, e: &PageEpochs) -> u64 {
-        let mut added = 0;
-        for idx in page_span(off, len) {
-            self.map_mut().entry(idx).or_insert_with(|| {
-                added += 1;
-                Slot::Mem {
-                    page: new_page(),
-                    epoch,
-                }
-            });
-        }
-        e.count_changed(added);
+    /// Allocates `off..off+len`: the pages in it that are neither pages nor in a run join
+    /// the runs of zeros, which cost no page of memory (module doc, "Allocated zeros");
+    /// returns the pages added (reserved beforehand).
+    pub fn allocate(&mut self, off: u64, len: u64, e: &PageEpochs) -> u64 {
+        let added = self.inner_mut().fill(page_span(off, len));
+        e.zeros_moved(0, added);
+        self.tidy();
+        added
+    }
+
+    /// Adds pages `first..end` as allocated zeros (loading a store that holds them as a run,
+    /// or as pages of zeros); returns how many are new.
+    pub fn add_zeros(&mut self, first: u64, end: u64, e: &PageEpochs) -> u64 {
+        let added = self.inner_mut().fill(first..end.max(first));
+        e.zeros_moved(0, added);
+        self.tidy();
         added
     }
 
     /// Adds page `idx` as kept by the store (loading a store); returns whether it is new.
     pub fn add_kept(&mut self, idx: u64, e: &PageEpochs) -> bool {
-        let new = match self.map_mut().entry(idx) {
+        let inner = self.inner_mut();
+        // A page inside a run is allocated already; the store's bytes for it win.
+        let in_run = inner
+            .zeros
+            .as_deref_mut()
+            .map_or(0, |z| z.cut(idx..idx + 1));
+        e.zeros_moved(in_run, 0);
+        let new = match inner.pages.entry(idx) {
             std::collections::btree_map::Entry::Vacant(v) => {
                 v.insert(Slot::Kept);
                 true
             }
             std::collections::btree_map::Entry::Occupied(_) => false,
         };
-        e.went_out(new as u64);
-        new
+        e.went_out(u64::from(new));
+        self.tidy();
+        new && in_run == 0
     }
 
     /// Sends out of memory every page labelled at or below `kept` (the store holds them);
     /// returns how many went.
     pub fn evict(&mut self, kept: u64, e: &PageEpochs) -> u64 {
-        let Some(map) = self.pages.as_mut() else {
+        let Some(inner) = self.inner.as_mut() else {
             return 0;
         };
         let mut n = 0;
-        for slot in map.values_mut() {
+        for slot in inner.pages.values_mut() {
             if matches!(slot, Slot::Mem { epoch, .. } if *epoch <= kept) {
                 *slot = Slot::Kept;
                 n += 1;
@@ -746,8 +1005,81 @@ mod tests {
         let e = PageEpochs::default();
         let mut d = FileData::default();
         d.write(PAGE, b"a", 1, &e);
-        assert_eq!(d.allocate(0, 3 * PAGE, 1, &e), 2);
+        assert_eq!(d.allocate(0, 3 * PAGE, &e), 2);
         assert_eq!(read(&d, PAGE, 2), b"a\0");
+    }
+
+    #[test]
+    fn allocated_ranges_are_runs_not_pages() {
+        let e = PageEpochs::default();
+        let mut d = FileData::default();
+        // A terabyte allocated: one run, no page.
+        let tb = 1u64 << 40;
+        assert_eq!(d.missing_pages(0, tb), tb / PAGE);
+        assert_eq!(d.allocate(0, tb, &e), tb / PAGE);
+        assert_eq!(
+            (d.pages(), d.resident(), d.runs()),
+            (tb / PAGE, 0, vec![(0, tb / PAGE)])
+        );
+        assert_eq!(e.zero_pages(), tb / PAGE);
+        assert_eq!(d.missing_pages(PAGE, 10 * PAGE), 0);
+        assert_eq!(read(&d, 5 * PAGE - 2, 4), vec![0; 4]);
+        // Allocating again adds nothing.
+        assert_eq!(d.allocate(PAGE, 3 * PAGE, &e), 0);
+        // A write into the run turns its pages into pages, nothing more is allocated.
+        assert_eq!(d.write(PAGE + 1, b"ab", 1, &e), 0);
+        assert_eq!(d.runs(), vec![(0, 1), (2, tb / PAGE)]);
+        assert_eq!((d.pages(), d.resident()), (tb / PAGE, 1));
+        assert_eq!(read(&d, PAGE, 4), b"\0ab\0");
+        // A punch frees the run's pages it covers wholly, and splits it.
+        assert_eq!(d.punch(10 * PAGE + 5, 10 * PAGE, 1, &e), 9);
+        assert_eq!(d.runs(), vec![(0, 1), (2, 11), (20, tb / PAGE)]);
+        assert_eq!(d.next_hole(0), 11 * PAGE);
+        assert_eq!(d.next_data(11 * PAGE), Some(20 * PAGE));
+        assert_eq!(
+            d.next_data(3 * PAGE + 7),
+            Some(3 * PAGE + 7),
+            "a run is data"
+        );
+        // Allocating across the hole merges the runs (the page stays a page).
+        assert_eq!(d.allocate(0, 30 * PAGE, &e), 9);
+        assert_eq!(d.runs(), vec![(0, 1), (2, tb / PAGE)]);
+        assert_eq!(d.next_hole(0), tb);
+        // A truncation cuts the run.
+        assert_eq!(d.pages_after_truncate(5 * PAGE + 1, tb), 6);
+        assert_eq!(d.truncate(5 * PAGE + 1, tb, 1, &e), tb / PAGE - 6);
+        assert_eq!(d.runs(), vec![(0, 1), (2, 6)]);
+        assert_eq!(e.zero_pages(), 5);
+        assert_eq!(d.clear(&e), 6);
+        assert_eq!((d.pages(), e.zero_pages()), (0, 0));
+        assert!(d.inner.is_none(), "nothing left allocated");
+    }
+
+    #[test]
+    fn pages_of_zeros_written_are_runs() {
+        let e = PageEpochs::default();
+        let mut d = FileData::default();
+        // Zeros into a hole: allocated, no page.
+        assert_eq!(d.write(0, &vec![0; 3 * PAGE as usize], 1, &e), 3);
+        assert_eq!((d.pages(), d.resident(), d.runs()), (3, 0, vec![(0, 3)]));
+        // A few zero bytes in a hole allocate their page, as a run.
+        assert_eq!(d.write(3 * PAGE + 9, &[0; 9], 1, &e), 1);
+        assert_eq!(d.runs(), vec![(0, 4)]);
+        // Data in a page, then the page rewritten with zeros: back to the run.
+        d.write(PAGE, &[5; 100], 1, &e);
+        assert_eq!((d.runs(), d.resident()), (vec![(0, 1), (2, 4)], 1));
+        d.write(PAGE + 50, &[0; 10], 1, &e);
+        assert_eq!(d.resident(), 1, "a partial write of zeros keeps the page");
+        d.write(PAGE, &vec![0; PAGE as usize], 1, &e);
+        assert_eq!((d.runs(), d.resident(), d.pages()), (vec![(0, 4)], 0, 4));
+        assert_eq!(e.zero_pages(), 4);
+        // A write that mixes data and zeros.
+        let mut buf = vec![0u8; 4 * PAGE as usize];
+        buf[(2 * PAGE) as usize] = 1;
+        assert_eq!(d.write(2 * PAGE, &buf, 1, &e), 2);
+        assert_eq!(d.runs(), vec![(0, 4), (5, 6)]);
+        assert_eq!(d.resident(), 1);
+        assert_eq!(read(&d, 4 * PAGE - 1, 3), vec![0, 1, 0]);
     }
 
     /// A store of pages: what was evicted is written here first, as a checkpoint would.

@@ -5,8 +5,8 @@
 //! freed" is decided by single atomic transitions, never by reading two fields apart:
 //!
 //! ```text
-//!   bit 63   bit 62     bit 61   bits 60..32        bits 31..0
-//!   DEAD     LINKABLE   SHARED   nlink (29 bits)    refs (32 bits)
+//!   bit 63   bit 62     bit 61   bits 60..32        bit 31    bit 30     bits 29..0
+//!   DEAD     LINKABLE   SHARED   nlink (29 bits)    EMPTIED   CHECKING   refs (30 bits)
 //! ```
 //!
 //! - `nlink` counts directory entries naming the inode (directories: 2 + subdirectories, and 0
@@ -22,6 +22,19 @@
 //!   was made or loaded: set by the link that gives it a second name and never cleared. A
 //!   kernel caller's readdirplus withholds such a file's attributes
 //!   ([`crate::Filesystem::readdir`]).
+//! - `EMPTIED` marks a regular file whose contents went before the inode itself: it has no
+//!   name, the only references left are the kernel's lookup references (no open handle, no
+//!   operation holding it) and the kernel no longer holds the inode (`fs/unlinked.rs`), so
+//!   its pages, space, inode count and xattrs were given back without waiting for the
+//!   FORGET, as tmpfs frees an unlinked file nobody holds, and its `Free` record appended.
+//!   The inode stays in the table, answering `getattr` with link count 0, until the
+//!   FORGET drops the last reference. No reference can be taken on it any more
+//!   ([`Inode::get_ref`] fails, ESTALE), so nothing reads or changes what is gone. Set by
+//!   [`Inode::empty`], kept in the `DEAD` word, so the free after it knows.
+//! - `CHECKING` is set by [`Inode::empty`] while it compares the references with the
+//!   kernel's lookup count, which is kept apart (`notify.rs`, `KernelHeld`); every other
+//!   transition clears it, so the check's final compare-and-swap succeeds only if nothing
+//!   changed the word since the check began (`Inode::empty` explains why that is enough).
 //! - `DEAD` is set exactly once, by the transition that sees `nlink == 0 && refs == 0`
 //!   (whatever `LINKABLE` says); its winner frees the inode (removes it from the inode table,
 //!   which defers the memory to epoch reclamation, and recycles the number). Once set, no
@@ -42,7 +55,9 @@ use crate::dir::life::DirLife;
 use crate::errno::{Errno, Result};
 use crate::id::{Generation, Ino, InoGen, InodeId};
 
-const REFS_MASK: u64 = (1 << 32) - 1;
+const REFS_MASK: u64 = (1 << 30) - 1;
+const CHECKING: u64 = 1 << 30;
+const EMPTIED: u64 = 1 << 31;
 const NLINK_ONE: u64 = 1 << 32;
 const NLINK_MASK: u64 = ((1 << 29) - 1) << 32;
 const SHARED: u64 = 1 << 61;
@@ -68,6 +83,22 @@ pub(crate) enum Fate {
     Lives,
     /// This call set `DEAD`: the caller must free the inode.
     Free,
+    /// The inode lives on references alone (no link, not emptied): if they are only the
+    /// kernel's lookup references, its contents may go before its FORGET
+    /// ([`Inode::empty`], `fs/unlinked.rs`).
+    Unnamed,
+}
+
+/// What a transition that left word `new` means for the caller (the reap of an idle word
+/// included).
+fn fate_of(i: &Inode, new: u64) -> Fate {
+    if idle(new) {
+        i.reap()
+    } else if new & (NLINK_MASK | DEAD | EMPTIED) == 0 {
+        Fate::Unnamed
+    } else {
+        Fate::Lives
+    }
 }
 
 /// State a directory keeps beyond its attributes. Its entries live in the filesystem-wide
@@ -206,11 +237,18 @@ impl Inode {
         self.life.load(Acquire) & DEAD != 0
     }
 
-    /// Applies `f` to the word until it succeeds; `f` returns the new word or an error.
+    /// Whether the inode's contents went before it ([`Inode::empty`]).
+    #[inline]
+    pub fn is_emptied(&self) -> bool {
+        self.life.load(Acquire) & EMPTIED != 0
+    }
+
+    /// Applies `f` to the word until it succeeds; `f` returns the new word or an error. The
+    /// new word never has `CHECKING`: a transition ends any check under way.
     fn transition(&self, mut f: impl FnMut(u64) -> Result<u64>) -> Result<(u64, u64)> {
         let mut cur = self.life.load(Acquire);
         loop {
-            let new = f(cur)?;
+            let new = f(cur)? & !CHECKING;
             match self.life.compare_exchange_weak(cur, new, AcqRel, Acquire) {
                 Ok(_) => return Ok((cur, new)),
                 Err(actual) => cur = actual,
@@ -219,11 +257,14 @@ impl Inode {
     }
 
     /// Sets `DEAD` if the word has neither links nor references (a `LINKABLE` mark goes
-    /// with it: no one holds the file any more to link it).
+    /// with it: no one holds the file any more to link it; an `EMPTIED` mark stays).
     fn reap(&self) -> Fate {
         let mut cur = self.life.load(Acquire);
         while idle(cur) {
-            match self.life.compare_exchange(cur, DEAD, AcqRel, Acquire) {
+            match self
+                .life
+                .compare_exchange(cur, DEAD | (cur & EMPTIED), AcqRel, Acquire)
+            {
                 Ok(_) => return Fate::Free,
                 Err(actual) => cur = actual,
             }
@@ -231,11 +272,15 @@ impl Inode {
         Fate::Lives
     }
 
-    /// Takes a reference (open handle or kernel lookup). Fails on a dead inode.
+    /// Takes a reference (open handle or kernel lookup). Fails on a dead inode (ENOENT) or
+    /// an emptied one (ESTALE: the kernel then walks its path again).
     pub fn get_ref(&self) -> Result<()> {
         self.transition(|w| {
             if w & DEAD != 0 {
                 return Err(Errno::ENOENT);
+            }
+            if w & EMPTIED != 0 {
+                return Err(Errno::ESTALE);
             }
             if w & REFS_MASK == REFS_MASK {
                 return Err(Errno::ENFILE);
@@ -255,7 +300,7 @@ impl Inode {
             Ok(w - drop)
         });
         let fate = match r {
-            Ok((_, new)) if idle(new) => self.reap(),
+            Ok((_, new)) => fate_of(self, new),
             _ => Fate::Lives,
         };
         (fate, short)
@@ -268,7 +313,7 @@ impl Inode {
             Ok(w - n)
         });
         match r {
-            Ok((_, new)) if idle(new) => self.reap(),
+            Ok((_, new)) => fate_of(self, new),
             _ => Fate::Lives,
         }
     }
@@ -280,7 +325,7 @@ impl Inode {
     pub fn link_existing(&self) -> Result<bool> {
         self.transition(|w| {
             let nlink = (w & NLINK_MASK) >> 32;
-            if w & DEAD != 0 || nlink == 0 && w & LINKABLE == 0 {
+            if w & (DEAD | EMPTIED) != 0 || nlink == 0 && w & LINKABLE == 0 {
                 return Err(Errno::ENOENT);
             }
             if nlink >= NLINK_MAX as u64 {
@@ -301,7 +346,7 @@ impl Inode {
             Ok((w - NLINK_ONE) | back)
         });
         match r {
-            Ok((_, new)) if idle(new) => self.reap(),
+            Ok((_, new)) => fate_of(self, new),
             _ => Fate::Lives,
         }
     }
@@ -346,16 +391,60 @@ impl Inode {
             Ok(w - NLINK_ONE)
         });
         match r {
-            Ok((_, new)) if idle(new) => self.reap(),
+            Ok((_, new)) => fate_of(self, new),
             _ => Fate::Lives,
         }
+    }
+
+    /// Marks the inode `EMPTIED` if it has no link and its references are all the kernel's
+    /// lookup references, `lookups()` being their count as `notify.rs` keeps it; returns
+    /// whether this call marked it (the caller then gives its contents back). The caller
+    /// found that the kernel no longer holds the inode (so those lookups are only waiting
+    /// for their FORGET: `fs/unlinked.rs`), and holds the file's data lock, which every
+    /// caller of this function takes first, so no two checks of one inode overlap.
+    ///
+    /// Why the count read apart from the word is enough: a kernel lookup raises the word
+    /// before the count, and a FORGET lowers the count before the word, so the count never
+    /// exceeds the lookups the word holds. The check sets `CHECKING`, reads the count, and
+    /// sets `EMPTIED` with a compare-and-swap from the word it marked: every other
+    /// transition clears `CHECKING` and only the holder of the data lock sets it, so that
+    /// swap succeeds only if the word did not change between the mark and the swap. Then
+    /// the references were constant all along, the lookups among them too, and at the read
+    /// at least as many as the count read, which equals the references: none of them was
+    /// an open handle or an operation's hold. A race makes the check give up
+    /// (the inode then keeps its contents until its FORGET, or until a later check), never
+    /// mark wrongly; the transition that raced it tells its own caller ([`Fate::Unnamed`]),
+    /// which notes the file for a later check.
+    pub fn empty(&self, lookups: impl FnOnce() -> u64) -> bool {
+        let cur = self.life.load(SeqCst);
+        let refs = cur & REFS_MASK;
+        if cur & (DEAD | EMPTIED | CHECKING | NLINK_MASK) != 0 || refs == 0 {
+            return false;
+        }
+        let marked = cur | CHECKING;
+        if self
+            .life
+            .compare_exchange(cur, marked, SeqCst, SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        if lookups() == refs {
+            return self
+                .life
+                .compare_exchange(marked, cur | EMPTIED, SeqCst, SeqCst)
+                .is_ok();
+        }
+        // Unmarked unless a transition did so already.
+        let _ = self.life.compare_exchange(marked, cur, SeqCst, SeqCst);
+        false
     }
 
     /// Removes every link (a directory being removed).
     pub fn clear_nlink(&self) -> Fate {
         let r = self.transition(|w| Ok(w & !NLINK_MASK));
         match r {
-            Ok((_, new)) if idle(new) => self.reap(),
+            Ok((_, new)) => fate_of(self, new),
             _ => Fate::Lives,
         }
     }
@@ -413,7 +502,7 @@ mod tests {
     #[test]
     fn last_unlink_frees_only_without_refs() {
         let i = file(1, 1);
-        assert_eq!(i.dec_nlink(), Fate::Lives, "an open handle keeps it");
+        assert_eq!(i.dec_nlink(), Fate::Unnamed, "an open handle keeps it");
         assert_eq!(i.nlink(), 0);
         assert_eq!(
             i.link_existing(),
@@ -423,6 +512,36 @@ mod tests {
         assert_eq!(i.put_refs(1), Fate::Free, "last close frees");
         assert!(i.is_dead());
         assert_eq!(i.get_ref(), Err(Errno::ENOENT), "no resurrection");
+    }
+
+    #[test]
+    fn only_lookups_left_empty_the_inode_and_nothing_is_taken_after() {
+        // One lookup and one open handle: not while the handle is there.
+        let i = file(1, 2);
+        assert_eq!(i.dec_nlink(), Fate::Unnamed);
+        assert!(!i.empty(|| 1), "a handle is left");
+        assert_eq!(i.put_refs(1), Fate::Unnamed);
+        assert!(!i.empty(|| 0), "a lookup the count does not know of yet");
+        assert!(i.empty(|| 1));
+        assert!(i.is_emptied() && !i.empty(|| 1), "once");
+        assert_eq!(i.get_ref(), Err(Errno::ESTALE), "nothing is taken on it");
+        assert_eq!(i.link_existing(), Err(Errno::ENOENT));
+        assert_eq!(i.put_refs(1), Fate::Free, "the FORGET frees it");
+        assert!(
+            i.is_dead() && i.is_emptied(),
+            "the dead word keeps the mark"
+        );
+        // A named inode, or one a transition changed during the check, is not emptied.
+        let i = file(1, 1);
+        assert!(!i.empty(|| 1));
+        assert_eq!(i.dec_nlink(), Fate::Unnamed);
+        assert!(!i.empty(|| {
+            i.get_ref().unwrap();
+            assert_eq!(i.put_refs(1), Fate::Unnamed);
+            1
+        }));
+        assert_eq!(i.refs(), 1);
+        assert!(i.empty(|| 1), "the check that raced left no mark behind");
     }
 
     #[test]
@@ -459,7 +578,7 @@ mod tests {
         assert_eq!(i.nlink(), 1);
         assert_eq!(i.link_existing(), Ok(false), "a second name, as any file");
         assert_eq!(i.dec_nlink(), Fate::Lives);
-        assert_eq!(i.dec_nlink(), Fate::Lives, "its handle keeps it");
+        assert_eq!(i.dec_nlink(), Fate::Unnamed, "its handle keeps it");
         assert_eq!(
             i.link_existing(),
             Err(Errno::ENOENT),
@@ -477,7 +596,7 @@ mod tests {
 
         let i = tmpfile(1, true);
         assert_eq!(i.link_existing(), Ok(true));
-        assert_eq!(i.unlink_failed(true), Fate::Lives, "the handle keeps it");
+        assert_eq!(i.unlink_failed(true), Fate::Unnamed, "the handle keeps it");
         assert!(i.is_linkable(), "as before the attempt");
         assert_eq!(i.nlink(), 0);
         assert_eq!(

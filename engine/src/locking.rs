@@ -47,7 +47,13 @@
 //! - the **inode table**: lock-free; slots are written only by `install` (a number fresh from
 //!   the allocator, or a record's during recovery) and `remove` (by the winner of the inode's
 //!   `DEAD` transition);
-//! - the **lifecycle word** of an inode (`inode.rs`): atomic transitions only;
+//! - the **lifecycle word** of an inode (`inode.rs`): atomic transitions only; the one that
+//!   empties an unnamed file held only by the kernel's lookups (`Inode::empty`, `EMPTIED`)
+//!   is made under the file's `file_data` lock, taken by `Filesystem::reap_unlinked`
+//!   (`fs/unlinked.rs`) with no other lock held (the `coarse` one in that mode), after it
+//!   asked the kernel through the invalidation sink, with no lock held at all; the
+//!   **unlinked set** there (64 shards, each a leaf mutex) is touched by a transition's
+//!   caller with no engine lock held but those `free_inode` may be called under;
 //! - a directory's **life** (ALIVE, DYING, DEAD; `dir/life.rs`): named transitions, made
 //!   only by a thread holding the stripe of the directory's own name (rmdir, or a rename
 //!   over it); see the removal protocol below;
@@ -57,7 +63,9 @@
 //! - per-slot counters (statistics, cookie sequences, quota reserves): atomics;
 //! - the **kernel-held counts** (`notify.rs`, `KernelHeld`): one atomic per inode number,
 //!   raised by a kernel caller's lookup reference before it reads the attributes it answers
-//!   with, lowered by FORGET, read by a library change's report; SeqCst fences order them.
+//!   with, lowered by FORGET (before the reference), read by a library change's report, by
+//!   a transition's caller that notes an unlinked file, and by `Inode::empty`; SeqCst
+//!   fences order them.
 //!
 //! ## Ordering
 //!

@@ -136,6 +136,15 @@ impl KernelHeld {
         }
     }
 
+    /// The lookup references kernel callers hold on `ino` (never more than the inode's own
+    /// reference count holds for them: a lookup counts here after it took its reference, a
+    /// FORGET uncounts here before it drops it; and counts cleared by [`KernelHeld::clear`]
+    /// only err low).
+    pub(crate) fn get(&self, ino: Ino) -> u64 {
+        self.count(ino, false)
+            .map_or(0, |c| u64::from(c.load(Ordering::SeqCst)))
+    }
+
     /// Whether a kernel caller holds a lookup reference on `ino` (after a SeqCst fence).
     pub(crate) fn holds(&self, ino: Ino) -> bool {
         fence(Ordering::SeqCst);
@@ -226,6 +235,15 @@ impl Watch {
     #[inline]
     pub(crate) fn sink(&self, ctx: &Ctx) -> Option<Arc<dyn Invalidate>> {
         if ctx.via == Via::Kernel || !self.on.load(Ordering::Acquire) {
+            return None;
+        }
+        self.sink.read().clone()
+    }
+
+    /// The installed sink, whoever asks (the kernel's cache, asked whether it still holds an
+    /// inode: `fs/unlinked.rs`).
+    pub(crate) fn installed(&self) -> Option<Arc<dyn Invalidate>> {
+        if !self.on.load(Ordering::Acquire) {
             return None;
         }
         self.sink.read().clone()

@@ -95,7 +95,10 @@ fn remove_if_same(path: &Path, id: (u64, u64)) {
 
 /// The statistics document: `locking`, `ops` (count per operation), `locks` (acquired,
 /// contended and wait time per lock class), `open_handles`, `inodes_used`, `blocks_used`,
-/// `data_bytes` (file data stored: blocks used times the block size), `resident_bytes`
+/// `data_bytes` (file data stored: blocks used times the block size), of which
+/// `data_memory_bytes` in memory, `data_zero_bytes` allocated zeros (fallocated or written
+/// as zeros: no memory) and `data_store_bytes` held by the store only, `data_memory_bound`
+/// (what file data in memory stays under), `pid` (the serving process), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
 /// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
@@ -127,8 +130,13 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "blocks_used": blocks_used,
         // File data stored, as `df` counts it: blocks in use times the block size.
         "data_bytes": blocks_used * u64::from(st.bsize),
+        "data_memory_bytes": fs.resident_pages() * lanefs::PAGE,
+        "data_zero_bytes": fs.zero_pages() * lanefs::PAGE,
+        "data_store_bytes": fs.pages_out() * lanefs::PAGE,
+        "data_memory_bound": fs.data_memory_bound(),
         // The serving process's resident memory (every filesystem it serves, and the
         // program's own).
+        "pid": std::process::id(),
         "resident_bytes": resident_bytes(),
         "server_cpu_ns": cpu_ns(),
         "transport": session.map(|s| s.transport()),

@@ -204,9 +204,7 @@ impl Filesystem {
             inode.link_existing()?
         };
         let unlink = |e| {
-            if inode.unlink_failed(was_linkable) == Fate::Free {
-                self.free_inode(inode, g, true);
-            }
+            self.settle(inode, inode.unlink_failed(was_linkable), g);
             Err(e)
         };
         let pending =
@@ -229,15 +227,16 @@ impl Filesystem {
 
     /// [`Record::Remove`]: `name` in `dir`, which names `victim`, goes (an rmdir when the
     /// victim is a directory: ENOTEMPTY unless it is empty). Returns the victim when this
-    /// removal was its last hold: the caller frees it ([`Filesystem::free_inode`]) once it
-    /// has dropped its locks, which freeing does not need.
+    /// removal was its last hold, or its last link: the caller settles it (frees it, or notes
+    /// it as an unlinked file: [`Filesystem::settle`]) once it has dropped its locks, which
+    /// neither needs.
     pub(super) fn apply_remove<'g>(
         &self,
         rec: &Record<'_>,
         (dir, d): (&Inode, &DirBody),
         victim: &'g Inode,
         g: &Guard,
-    ) -> Result<Option<&'g Inode>> {
+    ) -> Result<Option<(&'g Inode, Fate)>> {
         let Record::Remove { name, time, .. } = *rec else {
             unreachable!("apply_remove of {rec:?}")
         };
@@ -266,13 +265,14 @@ impl Filesystem {
         }
         victim.attr.set_c(time, &self.stats);
         dir.attr.set_mc(time, &self.stats);
-        Ok((fate == Fate::Free).then_some(victim))
+        Ok((fate != Fate::Lives).then_some((victim, fate)))
     }
 
     /// [`Record::Rename`]: `src` moves from `d1` to `d2` (replacing or exchanging with `dst`
     /// when the target name exists). Every map change, link count and `..` change is made in
     /// one window in which lookups of either name wait (`Dirents::rename_visible`). Returns a
-    /// replaced inode whose last hold this was, for the caller to free as `apply_remove`'s.
+    /// replaced inode whose last hold or last link this was, for the caller to settle as
+    /// `apply_remove`'s.
     #[allow(clippy::too_many_arguments)] // two directories, two inodes, the record, the guard
     pub(super) fn apply_rename<'g>(
         &self,
@@ -282,7 +282,7 @@ impl Filesystem {
         src: &Inode,
         dst: Option<&'g Inode>,
         g: &Guard,
-    ) -> Result<Option<&'g Inode>> {
+    ) -> Result<Option<(&'g Inode, Fate)>> {
         let (from_name, to_name, exchange, cookie, time, whiteout) = match *rec {
             Record::Rename {
                 from_name,
@@ -447,8 +447,8 @@ impl Filesystem {
                         } else {
                             t.dec_nlink()
                         };
-                        if fate == Fate::Free {
-                            freed = Some(t);
+                        if fate != Fate::Lives {
+                            freed = Some((t, fate));
                         }
                     },
                 );
@@ -593,7 +593,7 @@ impl Filesystem {
                 time,
                 ..
             } => {
-                d.allocate(offset, len, self.page_epochs.label(), &self.page_epochs);
+                d.allocate(offset, len, &self.page_epochs);
                 (time, (!keep_size).then_some(offset + len))
             }
             Record::Punch {

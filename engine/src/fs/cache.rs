@@ -34,9 +34,34 @@ impl Filesystem {
         self.store.read_pages(i.id(), first, buf)
     }
 
-    /// Pages of file data in memory (the rest the store keeps).
+    /// Pages of file data in memory (the rest the store keeps, or are runs of allocated
+    /// zeros, which cost no page: `data.rs`, "Allocated zeros").
     pub fn resident_pages(&self) -> u64 {
-        self.space.used().saturating_sub(self.page_epochs.out())
+        self.space
+            .used()
+            .saturating_sub(self.page_epochs.out())
+            .saturating_sub(self.page_epochs.zero_pages())
+    }
+
+    /// Allocated pages of file data that hold zeros and cost no memory (runs: `data.rs`,
+    /// "Allocated zeros"), counted in the space used and `st_blocks` like any page.
+    pub fn zero_pages(&self) -> u64 {
+        self.page_epochs.zero_pages()
+    }
+
+    /// The bound on file data in memory, in bytes (docs/STORE.md, "Memory"): with a store
+    /// that keeps pages and has set its budget, the cache ([`crate::Config::cache_bytes`])
+    /// and twice the changed pages at which writers wait (what changed since the last kept
+    /// checkpoint, and what changed since the one being taken began); otherwise (the memory
+    /// store) the size limit, every page written being in memory. Runs of allocated zeros
+    /// cost no page whatever their length (`data.rs`, "Allocated zeros"), so `fallocate`,
+    /// a `truncate` up and a write far past the end never take memory beyond it.
+    pub fn data_memory_bound(&self) -> u64 {
+        let pages = match self.page_epochs.limit() {
+            Some(limit) => self.cache_pages.saturating_add(limit.saturating_mul(2)),
+            None => self.space.limit(),
+        };
+        pages.saturating_mul(crate::data::PAGE)
     }
 
     /// Pages of file data out of memory, which the store keeps.

@@ -20,6 +20,7 @@ mod inode_flags;
 mod namespace;
 mod readdir;
 mod recovery;
+mod unlinked;
 mod xattr_ops;
 
 use std::hash::BuildHasher;
@@ -43,7 +44,7 @@ use crate::dir::{Dirent, Dirents, NAME_MAX};
 use crate::errno::{Errno, Result};
 use crate::handle::HandleTable;
 use crate::id::{Ino, InoAlloc, InoGen, InodeId};
-use crate::inode::{Body, DirBody, Fate, Inode};
+use crate::inode::{Body, DirBody, Inode};
 use crate::notify::{Invalidate, Watch};
 use crate::perm::{self, Ctx, MAY_EXEC};
 use crate::quota::Quota;
@@ -273,6 +274,9 @@ pub struct Filesystem {
     replaying: AtomicBool,
     /// Lookup references a FORGET dropped beyond those held ([`Filesystem::forget`]).
     over_forgets: std::sync::atomic::AtomicU64,
+    /// Unlinked files only the kernel's lookups hold, whose contents may go before their
+    /// FORGET (`unlinked.rs`).
+    unlinked: unlinked::Unlinked,
 }
 
 fn physical_memory() -> u64 {
@@ -348,6 +352,7 @@ impl Filesystem {
             store,
             replaying: AtomicBool::new(true),
             over_forgets: std::sync::atomic::AtomicU64::new(0),
+            unlinked: Default::default(),
             cfg,
         }
     }
@@ -479,6 +484,19 @@ impl Filesystem {
     /// through here).
     #[inline]
     pub(crate) fn iget<'g>(&self, r: impl Into<InodeRef>, g: &'g Guard) -> Result<&'g Inode> {
+        let i = self.iget_emptied(r, g)?;
+        if i.is_emptied() {
+            return Err(Errno::ESTALE);
+        }
+        Ok(i)
+    }
+
+    /// [`Filesystem::iget`] answers ESTALE for an inode whose contents went before its
+    /// FORGET (`inode.rs`, `EMPTIED`; `unlinked.rs`): it has no name, and a kernel request
+    /// that still names it comes from a path walk that found it before it went, which the
+    /// kernel makes again on ESTALE, finding what the name names now. This one finds such an
+    /// inode too (`getattr`: link count 0, no blocks).
+    fn iget_emptied<'g>(&self, r: impl Into<InodeRef>, g: &'g Guard) -> Result<&'g Inode> {
         let r = r.into();
         match self.table.get(r.ino(), g) {
             Some(i) if !i.is_dead() => match r {
@@ -699,9 +717,18 @@ impl Filesystem {
     }
 
     /// Frees an inode whose `DEAD` transition the caller won. The store is told (a `Free`
-    /// record) unless the inode never became visible (`announce` false).
+    /// record) unless the inode never became visible (`announce` false) or its contents
+    /// went before (`unlinked.rs`, which did all but take it out of the table).
     fn free_inode(&self, i: &Inode, g: &Guard, announce: bool) {
         debug_assert!(i.is_dead());
+        self.unlinked.forget(i);
+        if i.is_emptied() {
+            self.table.remove(i, g);
+            if !self.replaying() {
+                self.ids.free(i.ino, &self.stats);
+            }
+            return;
+        }
         if announce && self.durable && !self.replaying() {
             // The inode is already dead: a store that cannot take this record loses nothing
             // the recovery of an orphan would not also drop (`recovery.rs`).
@@ -734,11 +761,11 @@ impl Filesystem {
         Ok(Held { fs: self, i, g })
     }
 
-    /// Drops references; frees the inode if they were its last hold.
+    /// Drops references; frees the inode if they were its last hold, or its contents if
+    /// only the kernel's lookups hold it now ([`Filesystem::settle`]).
     fn put_refs(&self, i: &Inode, n: u64, g: &Guard) {
-        if i.put_refs(n) == Fate::Free {
-            self.free_inode(i, g, true);
-        }
+        let fate = i.put_refs(n);
+        self.settle(i, fate, g);
     }
 
     /// Takes a lookup reference for `ctx` if it counts lookups ([`crate::Via::Kernel`]).
@@ -809,9 +836,7 @@ impl Filesystem {
                      it up (counted from now on in over_forgets)"
                 );
             }
-            if fate == Fate::Free {
-                self.free_inode(i, &g, true);
-            }
+            self.settle(i, fate, &g);
         }
     }
 
@@ -834,7 +859,7 @@ impl Filesystem {
     pub fn getattr(&self, ino: impl Into<InodeRef>) -> Result<Attr> {
         let _c = self.begin(Op::Getattr);
         let g = epoch::pin();
-        Ok(self.attr_of(self.iget(ino, &g)?, &g))
+        Ok(self.attr_of(self.iget_emptied(ino, &g)?, &g))
     }
 
     /// `access(2)`: `mask` is a combination of `R_OK`, `W_OK`, `X_OK`, or `F_OK` (0).
@@ -852,8 +877,11 @@ impl Filesystem {
         }
     }
 
-    /// Space and inode usage.
+    /// Space and inode usage (unlinked files the kernel no longer holds not counted:
+    /// `fs/unlinked.rs`).
     pub fn statfs(&self) -> StatFs {
+        // Unlinked files the kernel no longer holds are not counted (`unlinked.rs`).
+        self.reap_unlinked();
         let _c = self.begin(Op::Statfs);
         let blocks = self.space.limit();
         let bfree = blocks.saturating_sub(self.space.used());

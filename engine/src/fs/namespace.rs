@@ -27,7 +27,7 @@ use crate::acl;
 use crate::attr::{Attr, AttrVals, FileType, flags};
 use crate::errno::{Errno, Result};
 use crate::id::{Ino, MAX_INO};
-use crate::inode::{DirBody, Inode};
+use crate::inode::{DirBody, Fate, Inode};
 use crate::perm::{self, Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
 use crate::record::{NewInode, Record};
 use crate::stats::{LockClass, Op};
@@ -556,8 +556,8 @@ impl Filesystem {
         let freed = self.apply_remove(&rec, v.dir, v.inode, &g)?;
         let ino = v.inode.ino;
         drop(v);
-        if let Some(i) = freed {
-            self.free_inode(i, &g, true);
+        if let Some((i, fate)) = freed {
+            self.settle(i, fate, &g);
         }
         Ok(ino)
     }
@@ -714,15 +714,15 @@ impl Filesystem {
                 &g,
             )?;
             drop((_s2, _s1, _dl1, _dl2, _r));
-            if let Some(i) = freed {
-                self.free_inode(i, &g, true);
+            if let Some((i, fate)) = freed {
+                self.settle(i, fate, &g);
             }
             return Ok([moved, changed]);
         }
     }
 
     /// The checks of `rename` with every lock it needs held and both names read, then the
-    /// change; returns a replaced inode to free once the locks are dropped.
+    /// change; returns a replaced inode to settle once the locks are dropped.
     #[allow(clippy::too_many_arguments)] // two named directories, two inodes, flags, guard
     fn rename_locked<'g>(
         &self,
@@ -733,7 +733,7 @@ impl Filesystem {
         dst: Option<&'g Inode>,
         flags: u32,
         g: &Guard,
-    ) -> Result<Option<&'g Inode>> {
+    ) -> Result<Option<(&'g Inode, Fate)>> {
         let exchange = flags & RENAME_EXCHANGE != 0;
         let cross = !std::ptr::eq(d1, d2);
         if flags & RENAME_NOREPLACE != 0 && dst.is_some() {

@@ -201,7 +201,7 @@ impl Recovery {
                 let (d, db) = self.dir(dir, &g)?;
                 self.names(d, name, Some(inode))?;
                 fs.apply_remove(rec, (d, db), self.inode(inode, &g)?, &g)
-                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
+                    .map(|freed| freed.into_iter().for_each(|(i, f)| fs.settle(i, f, &g)))
             }
             Record::Rename {
                 from,
@@ -237,7 +237,7 @@ impl Recovery {
                     None => None,
                 };
                 fs.apply_rename(rec, (d1, dd1), (d2, dd2), src, dst, &g)
-                    .map(|freed| freed.into_iter().for_each(|i| fs.free_inode(i, &g, true)))
+                    .map(|freed| freed.into_iter().for_each(|(i, f)| fs.settle(i, f, &g)))
             }
             Record::SetAttr { inode, .. } => fs.replay_setattr(rec, self.inode(inode, &g)?),
             Record::Write { inode, .. }
@@ -312,6 +312,39 @@ impl Recovery {
                 Ok(())
             });
         }
+        Ok(())
+    }
+
+    /// Adds pages `first..end` of regular file `inode` as allocated zeros (`data.rs`,
+    /// "Allocated zeros"): they count as allocated pages (the size limit, `st_blocks`) and
+    /// cost no memory whatever their number. A store loading its checkpoint says so for the
+    /// runs it holds, and for pages it holds that are all zeros; pages already allocated
+    /// stay as they are.
+    pub fn kept_zeros(&mut self, inode: InodeId, first: u64, end: u64) -> Result<(), ReplayError> {
+        let g = epoch::pin();
+        let i = self.inode(inode, &g)?;
+        let crate::inode::Body::File(data) = &i.body else {
+            return err(format!("inode {inode} is not a regular file"));
+        };
+        let last = crate::fs::MAX_FILE_SIZE / crate::data::PAGE;
+        if first >= end || end - 1 > last {
+            return err(format!(
+                "file {inode}: a run of zeros from page {first} to {end}"
+            ));
+        }
+        let mut d = data.write();
+        let need = d.missing_pages(first * crate::data::PAGE, (end - first) * crate::data::PAGE);
+        self.fs
+            .space
+            .take(need)
+            .map_err(|e| ReplayError(format!("file {inode}: pages {first}..{end}: {e}")))?;
+        let added = d.add_zeros(first, end, &self.fs.page_epochs);
+        debug_assert_eq!(added, need);
+        let pages = d.pages();
+        let _ = i.attr.update::<(), ()>(&self.fs.stats, |v| {
+            v.blocks = pages * (crate::data::PAGE / 512);
+            Ok(())
+        });
         Ok(())
     }
 

@@ -98,10 +98,19 @@ impl Filesystem {
         if matches!(namespace(name)?, Namespace::Acl(_)) && v.mode & libc::S_IFMT == libc::S_IFLNK {
             return Err(Errno::EOPNOTSUPP);
         }
+        // An emptied inode (`inode.rs`, `EMPTIED`) lost its xattrs after its flags, which
+        // were cleared after the mark: ESTALE, not the absence of what it had.
         if v.flags & flags::XATTRS == 0 {
-            return Err(Errno::ENODATA);
+            return Err(if i.is_emptied() {
+                Errno::ESTALE
+            } else {
+                Errno::ENODATA
+            });
         }
         let shard = self.xattrs.lock(i.ino, &self.stats);
+        if i.is_emptied() {
+            return Err(Errno::ESTALE);
+        }
         shard
             .get(&i.ino)
             .and_then(|x| x.get(name))
@@ -165,10 +174,18 @@ impl Filesystem {
         let _c = self.begin(Op::Listxattr);
         let g = epoch::pin();
         let i = self.iget(ino, &g)?;
+        // As in `getxattr`: an emptied inode's list is not empty, it is gone.
         if i.attr.load().flags & flags::XATTRS == 0 {
-            return Ok(Vec::new());
+            return if i.is_emptied() {
+                Err(Errno::ESTALE)
+            } else {
+                Ok(Vec::new())
+            };
         }
         let shard = self.xattrs.lock(i.ino, &self.stats);
+        if i.is_emptied() {
+            return Err(Errno::ESTALE);
+        }
         Ok(shard.get(&i.ino).map_or_else(Vec::new, |x| {
             x.list(|n| ctx.is_root() || !n.starts_with(b"trusted."))
         }))

@@ -11,13 +11,15 @@ pub(super) const ENOSPC_WAIT: Duration = Duration::from_millis(5);
 
 /// A count of the FORGETs handled, and a way to wait for the next one.
 ///
-/// The kernel holds a file it unlinked until its last user is gone, then sends a FORGET,
-/// and only then can lanefs free the inode and its pages: a create or write right after an
-/// unlink that needed that room would fail with ENOSPC where tmpfs (which frees at the last
-/// `iput`) succeeds. Over io_uring that is the common case: the FORGET comes through
-/// `/dev/fuse` and the next request through the ring, served by another thread. So a request
-/// refused with ENOSPC waits (at most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again
-/// after each. The count is bumped after the FORGET is applied; the lock and condition
+/// The kernel holds a file it unlinked until its last user is gone, then sends a FORGET.
+/// A request refused with ENOSPC first has the engine give back the room of every unlinked
+/// file the kernel no longer holds (`lanefs::Filesystem::reap_unlinked`, which asks the
+/// kernel: engine `fs/unlinked.rs`), which covers every unlink that returned before the
+/// request was made. What is left is a file whose last user let go as the request was
+/// being made (a close racing it): the kernel sends its FORGET then, through `/dev/fuse`
+/// while the request may come through the ring, served by another thread. So a request
+/// still refused waits (at most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again after
+/// each. The count is bumped after the FORGET is applied; the lock and condition
 /// variable are touched only while someone waits.
 #[derive(Default)]
 pub(super) struct Forgets {

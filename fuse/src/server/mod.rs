@@ -7,7 +7,9 @@
 //! returns carry one lookup reference, which FORGET drops). It keeps only what serves the
 //! kernel's caches and its own retries: where each directory's handle-free read ends and
 //! when it was listed (`listings.rs`), the page ranges whose write-back failed (`files.rs`),
-//! and a count of FORGETs for requests refused with ENOSPC to wait on (`forgets.rs`).
+//! and a count of FORGETs for requests refused with ENOSPC to wait on (`forgets.rs`; such a
+//! request first has the engine give back the room of unlinked files the kernel no longer
+//! holds, `lanefs::Filesystem::reap_unlinked`).
 //!
 //! `Server::handle` is the opcode table, one line per opcode; the handlers are grouped by
 //! what they serve: `names.rs`, `files.rs`, `dirs.rs`, `xattrs.rs`, `ioctl.rs`, and the
@@ -104,8 +106,11 @@ impl Dispatch for Server {
             let seen = self.forgets.seen();
             match self.handle(req, out, later) {
                 Ok(a) => return a,
-                // A refusal changed nothing: the request can be made again once a FORGET may
-                // have given room back ([`Forgets`]).
+                // A refusal changed nothing: the request can be made again once the room of
+                // unlinked files the kernel no longer holds is given back (the engine asks
+                // the kernel: `lanefs::Filesystem::reap_unlinked`), or once a FORGET may have
+                // given room back ([`Forgets`]).
+                Err(Errno::ENOSPC) if self.fs.reap_unlinked() > 0 => out.clear(),
                 Err(Errno::ENOSPC)
                     if self.forgets.wait_past(
                         seen,

@@ -27,11 +27,14 @@ const USER_FLAGS: u32 =
 
 pub(crate) type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 
-/// The two tables of a checkpoint being written, the high-water mark of generations, and
+/// The tables of a checkpoint being written, the high-water mark of generations, and
 /// the files whose records cancel out within the records being applied.
 pub(crate) struct Tables<'t> {
     pub meta: KvTable<'t>,
     pub data: KvTable<'t>,
+    /// Runs of allocated zeros (`z` keys): disjoint, not adjacent, and disjoint from the
+    /// pages `data` holds, as the engine's runs are (engine `data.rs`, "Allocated zeros").
+    pub zeros: KvTable<'t>,
     pub max_generation: u64,
     pub ghosts: Ghosts,
     /// Files that a later record of this checkpoint frees: their writes, allocations and
@@ -769,13 +772,115 @@ impl Tables<'_> {
         Ok(())
     }
 
+    /// File `ino`'s runs of zeros that overlap pages `first..end` (non-empty), in order;
+    /// with `adjacent`, also those that end at `first` or start at `end`.
+    fn runs_meeting(&self, ino: u64, first: u64, end: u64, adjacent: bool) -> R<Vec<(u64, u64)>> {
+        let a = u64::from(adjacent);
+        let run = |k: &[u8], v: &[u8]| {
+            kv::run_of(k, v).map_err(|e| ApplyError::from(format!("file {ino}: {e}")))
+        };
+        let mut out = Vec::new();
+        let (lo, at) = (kv::zeros_key(ino, 0), kv::zeros_key(ino, first));
+        if let Some(kvp) = self
+            .zeros
+            .range::<&[u8]>(&lo[..]..&at[..])
+            .map_err(db)?
+            .next_back()
+        {
+            let (k, v) = kvp.map_err(db)?;
+            let (s, e) = run(k.value(), v.value())?;
+            if e + a > first {
+                out.push((s, e));
+            }
+        }
+        let hi = kv::zeros_key(ino, end.saturating_add(a));
+        for kvp in self.zeros.range::<&[u8]>(&at[..]..&hi[..]).map_err(db)? {
+            let (k, v) = kvp.map_err(db)?;
+            out.push(run(k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn put_run(&mut self, ino: u64, first: u64, end: u64) -> R<()> {
+        self.zeros
+            .insert(&kv::zeros_key(ino, first)[..], &end.to_le_bytes()[..])
+            .map_err(db)
+            .map(drop)
+    }
+
+    /// Takes pages `first..end` of file `ino` out of its runs of zeros.
+    fn cut_runs(&mut self, ino: u64, first: u64, end: u64) -> R<()> {
+        if first >= end {
+            return Ok(());
+        }
+        for (s, e) in self.runs_meeting(ino, first, end, false)? {
+            self.zeros.remove(&kv::zeros_key(ino, s)[..]).map_err(db)?;
+            if s < first {
+                self.put_run(ino, s, first)?;
+            }
+            if e > end {
+                self.put_run(ino, end, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the pages `first..end` of file `ino` that are neither pages nor in a run part
+    /// of a run (merged with the runs that meet them), as `FileData::allocate` does: one key
+    /// per run, however many pages it holds.
+    fn fill_runs(&mut self, ino: u64, first: u64, end: u64) -> R<()> {
+        if first >= end {
+            return Ok(());
+        }
+        // The open chunk's pages are read from `data` below.
+        self.flush()?;
+        let (mut lo, mut hi) = (first, end);
+        for (s, e) in self.runs_meeting(ino, first, end, true)? {
+            self.zeros.remove(&kv::zeros_key(ino, s)[..]).map_err(db)?;
+            (lo, hi) = (lo.min(s), hi.max(e));
+        }
+        // The runs met hold no page: the pages in `lo..hi` are those of `first..end`.
+        let (a, b) = (
+            kv::chunk_key(ino, first / kv::CHUNK),
+            kv::chunk_key(ino, (end - 1) / kv::CHUNK + 1),
+        );
+        let mut at = lo;
+        let mut runs = Vec::new();
+        for kvp in self.data.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
+            let (k, v) = kvp.map_err(db)?;
+            let chunk = kv::chunk_of(k.value())
+                .ok_or_else(|| format!("file {ino}: a page key too short"))?;
+            let mask = kv::Chunk::mask_of(v.value())
+                .map_err(|e| format!("file {ino}'s pages from {}: {e}", chunk * kv::CHUNK))?;
+            for i in (0..kv::CHUNK).filter(|&i| mask & 1 << i != 0) {
+                let page = chunk * kv::CHUNK + i;
+                if page < first || page >= end {
+                    continue;
+                }
+                if page > at {
+                    runs.push((at, page));
+                }
+                at = page + 1;
+            }
+        }
+        if at < hi {
+            runs.push((at, hi));
+        }
+        for (s, e) in runs {
+            self.put_run(ino, s, e)?;
+        }
+        Ok(())
+    }
+
     /// Makes pages `first..end` of file `ino` holes (`end` `None`: every page from `first`
-    /// on): the chunks wholly inside go by key range, the others page by page.
+    /// on): the chunks wholly inside go by key range, the others page by page; runs of
+    /// zeros are cut.
     fn remove_pages(&mut self, ino: u64, first: u64, end: Option<u64>) -> R<()> {
         let end = end.unwrap_or(u64::MAX);
         if first >= end {
             return Ok(());
         }
+        self.cut_runs(ino, first, end)?;
         let (a, b) = (first.div_ceil(kv::CHUNK), end / kv::CHUNK);
         // The pages of a partial chunk at either end.
         let edge = |from: u64, to: u64, t: &mut Self| -> R<()> {
@@ -834,6 +939,9 @@ impl Tables<'_> {
         if len == 0 {
             return Ok(());
         }
+        // The pages written are pages now, not part of a run (a page of zeros is stored
+        // empty: the engine's run of it loads back as a run).
+        self.cut_runs(ino, offset / PAGE, (offset + len - 1) / PAGE + 1)?;
         for idx in offset / PAGE..(offset + len - 1) / PAGE + 1 {
             let start = idx * PAGE;
             let from = offset.max(start);
@@ -860,12 +968,7 @@ impl Tables<'_> {
         if len == 0 {
             return Ok(());
         }
-        for idx in offset / PAGE..(offset + len - 1) / PAGE + 1 {
-            if self.page(ino, idx)?.is_none() {
-                self.put_page(ino, idx, b"")?;
-            }
-        }
-        Ok(())
+        self.fill_runs(ino, offset / PAGE, (offset + len - 1) / PAGE + 1)
     }
 
     fn punch(&mut self, ino: u64, offset: u64, len: u64) -> R<()> {

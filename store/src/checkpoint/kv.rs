@@ -14,6 +14,7 @@
 //! | `o` ino | empty: the inode has no name but was not freed (an orphan: open when its last name went, or an `O_TMPFILE` file not named yet) | `meta` |
 //! | `c` lane | the highest readdir cookie of that lane (its top 16 bits) ever handed out | `meta` |
 //! | `b` ino chunk | pages `chunk * 15 ..` of the file ([`Chunk`]) | `data` |
+//! | `z` ino first | a run of allocated pages of zeros from page `first`: the page after its last (u64) | `zeros` |
 //!
 //! Values are little-endian and fixed-layout; a value that does not decode is damage, which
 //! the caller reports with the key it was found under.
@@ -29,6 +30,7 @@ pub(crate) const XATTR: u8 = b'x';
 pub(crate) const ORPHAN: u8 = b'o';
 pub(crate) const PAGE_TAG: u8 = b'b';
 pub(crate) const COOKIE: u8 = b'c';
+pub(crate) const ZEROS_TAG: u8 = b'z';
 
 /// The xattr names POSIX ACLs are kept under.
 pub(crate) const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
@@ -37,8 +39,12 @@ pub(crate) const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
 /// Length of an encoded superblock.
 const SUPER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;
-/// The checkpoint format version.
-pub(crate) const VERSION: u32 = 2;
+/// The checkpoint format version: 3 added the `zeros` table (runs of allocated zeros). A
+/// checkpoint of version 2 has no runs, and reads as one of version 3 that has none; the
+/// first checkpoint written over it makes it version 3.
+pub(crate) const VERSION: u32 = 3;
+/// The oldest checkpoint format this lanefs reads.
+const OLDEST: u32 = 2;
 
 /// `tag ++ ino`.
 pub(crate) fn ino_key(tag: u8, ino: u64) -> [u8; 9] {
@@ -113,6 +119,18 @@ impl Chunk {
         self.pages.iter().all(Option::is_none)
     }
 
+    /// The mask of an encoded chunk (bit `i`: page `i` exists), without its pages.
+    pub(crate) fn mask_of(b: &[u8]) -> Result<u16, String> {
+        let m = b
+            .get(..2)
+            .map(|x| u16::from_le_bytes([x[0], x[1]]))
+            .ok_or("a chunk of pages cut short")?;
+        if m >> CHUNK != 0 {
+            return Err(format!("a chunk of pages with mask {m:#06x}"));
+        }
+        Ok(m)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let len: usize = self.pages.iter().flatten().map(|p| 2 + p.len()).sum();
         let mut b = Vec::with_capacity(2 + len);
@@ -164,6 +182,27 @@ impl Chunk {
     }
 }
 
+/// `z ++ ino ++ first`: the run of allocated pages of zeros of file `ino` that starts at
+/// page `first` (docs/STORE.md, "Checkpoints"). Its value is the page after its last.
+pub(crate) fn zeros_key(ino: u64, first: u64) -> [u8; 17] {
+    let mut k = chunk_key(ino, first);
+    k[0] = ZEROS_TAG;
+    k
+}
+
+/// The run a `zeros` key and value hold: its first page and the page after its last.
+pub(crate) fn run_of(k: &[u8], v: &[u8]) -> Result<(u64, u64), String> {
+    let first = chunk_of(k).ok_or("a run key too short")?;
+    let end: [u8; 8] = v
+        .try_into()
+        .map_err(|_| format!("a run value of {} bytes, 8 expected", v.len()))?;
+    let end = u64::from_le_bytes(end);
+    if end <= first {
+        return Err(format!("a run of zeros from page {first} to {end}"));
+    }
+    Ok((first, end))
+}
+
 /// The inode number and the rest of a key `tag ++ ino ++ rest`.
 pub(crate) fn split_key(k: &[u8]) -> Option<(u64, &[u8])> {
     let ino = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
@@ -205,9 +244,9 @@ impl Superblock {
             return Err("not a lanefs checkpoint superblock".into());
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-        if version != VERSION {
+        if !(OLDEST..=VERSION).contains(&version) {
             return Err(format!(
-                "checkpoint format {version}, this lanefs reads {VERSION}"
+                "checkpoint format {version}, this lanefs reads {OLDEST} to {VERSION}"
             ));
         }
         let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
@@ -408,8 +447,16 @@ mod tests {
         assert!(
             Superblock::decode(&bad)
                 .unwrap_err()
-                .contains("format 1, this lanefs reads 2")
+                .contains("format 1, this lanefs reads 2 to 3")
         );
+        bad[8] = 2;
+        assert!(Superblock::decode(&bad).is_ok(), "version 2 is read too");
+        bad[8] = 4;
+        assert!(Superblock::decode(&bad).is_err());
+        assert_eq!(run_of(&zeros_key(3, 7), &9u64.to_le_bytes()), Ok((7, 9)));
+        assert!(run_of(&zeros_key(3, 7), &7u64.to_le_bytes()).is_err());
+        assert!(run_of(&zeros_key(3, 7), &[1]).is_err());
+        assert!(zeros_key(3, u64::MAX) < zeros_key(4, 0));
     }
 
     #[test]

@@ -9,15 +9,16 @@
 //!    of their passing name cannot be one a live entry holds);
 //! 3. every inode in number order: its pages (each one left in the checkpoint, which the
 //!    engine reads when asked for it: `Recovery::kept_page`; the size is set after the
-//!    pages within it and before those beyond it), its
-//!    xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`), and
+//!    pages within it and before those beyond it; then its runs of allocated zeros,
+//!    `Recovery::kept_zeros`, which cost no memory: the `zeros` table's, and its empty
+//!    pages), its xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`), and
 //!    last its inode flags (`SetFlags`), since the creates, links and writes before moved
 //!    its times and an immutable flag would refuse them.
 //!
 //! Keys are read in runs, not one lookup each (a lookup descends the tree from its root):
 //! the tree's entries a window at a time and the inodes they name in key order (`inodes`),
 //! on a thread of its own (`walk`) while the caller's thread applies the windows before,
-//! and the xattrs and pages of every inode with one cursor each alongside step 3's walk of
+//! and the xattrs, pages and runs of every inode with one cursor each alongside step 3's walk of
 //! all inodes (`ByInode`). The load counts the bytes of the keys and values it reads, each
 //! once ([`Loaded::bytes`]): the opening uses it to tell whether compaction could be due.
 //!
@@ -30,7 +31,7 @@ use redb::ReadTransaction;
 
 use super::apply::PAGE;
 use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal, Superblock};
-use super::{DATA, META};
+use super::{DATA, META, ZEROS};
 
 /// Where loading failed: the key and what is wrong.
 type R<T> = Result<T, String>;
@@ -76,6 +77,13 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     let mut held = 0;
     let meta = txn.open_table(META).map_err(db)?;
     let data = txn.open_table(DATA).map_err(db)?;
+    // A checkpoint of format 2 has no `zeros` table (nor a later one that no checkpoint has
+    // written to yet).
+    let zeros = match txn.open_table(ZEROS) {
+        Ok(t) => Some(t),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(db(e)),
+    };
     rec.observe_generation(lanefs::Generation(sb.max_generation));
     let (c1, c2) = (
         kv::ino_key(kv::COOKIE, 0),
@@ -171,6 +179,10 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     let mut count = 0;
     let mut xattrs = ByInode::new(&meta, kv::XATTR)?;
     let mut chunks = ByInode::new(&data, kv::PAGE_TAG)?;
+    let mut runs = match &zeros {
+        Some(t) => Some(ByInode::new(t, kv::ZEROS_TAG)?),
+        None => None,
+    };
     let (i1, i2) = (kv::ino_key(kv::INODE, 0), kv::ino_key(kv::INODE, u64::MAX));
     for kvp in meta.range::<&[u8]>(&i1[..]..=&i2[..]).map_err(db)? {
         let (k, v) = kvp.map_err(db)?;
@@ -184,7 +196,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         // one name (links moved its ctime), has other times, or got records since.
         let mut moved = v.is_dir() || v.nlink > 1 || v.atime != v.ctime || v.mtime != v.ctime;
         if v.is_file() {
-            moved |= load_pages(&mut chunks, rec, id, &v, &mut held)?;
+            moved |= load_pages(&mut chunks, runs.as_mut(), rec, id, &v, &mut held)?;
         }
         while let Some((k, val)) = xattrs.next(ino)? {
             held += len(&k, &val);
@@ -422,10 +434,14 @@ impl ByInode {
 
 /// File `id`'s pages, each one the store keeps (`Recovery::kept_page`: its bytes stay in
 /// the checkpoint until a read or a change asks for them), then the size, then the pages
-/// allocated beyond the size (which setting the size would drop). Returns whether it applied
+/// allocated beyond the size (which setting the size would drop), then its runs of zeros
+/// (`Recovery::kept_zeros`): the `zeros` table's, and the pages a chunk holds as empty
+/// (all zeros: a checkpoint of format 2 kept fallocated pages so), which the engine holds
+/// as runs, costing no memory, instead of pages to read back. Returns whether it applied
 /// anything (an empty file without pages needs nothing).
 fn load_pages(
     chunks: &mut ByInode,
+    runs: Option<&mut ByInode>,
     rec: &mut Recovery,
     id: InodeId,
     v: &InodeVal,
@@ -434,6 +450,8 @@ fn load_pages(
     let ino = id.ino.0;
     let what = || format!("file {id}");
     let mut beyond = Vec::new();
+    // Empty pages, as runs (consecutive ones merged).
+    let mut zeros: Vec<(u64, u64)> = Vec::new();
     let mut any = v.size != 0;
     while let Some((k, c)) = chunks.next(ino)? {
         *held += len(&k, &c);
@@ -441,16 +459,31 @@ fn load_pages(
         let c = kv::Chunk::decode(c.value())
             .map_err(|e| format!("{}: pages from {}: {e}", what(), chunk * kv::CHUNK))?;
         for i in 0..kv::CHUNK {
-            if c.get(i as usize).is_none() {
+            let Some(bytes) = c.get(i as usize) else {
                 continue;
-            }
+            };
             let page = chunk * kv::CHUNK + i;
             any = true;
+            if bytes.is_empty() {
+                match zeros.last_mut() {
+                    Some((_, end)) if *end == page => *end += 1,
+                    _ => zeros.push((page, page + 1)),
+                }
+                continue;
+            }
             if page.saturating_mul(PAGE) >= v.size {
                 beyond.push(page);
                 continue;
             }
             applied(rec.kept_page(id, page), what)?;
+        }
+    }
+    if let Some(runs) = runs {
+        while let Some((k, r)) = runs.next(ino)? {
+            *held += len(&k, &r);
+            let run = kv::run_of(k.value(), r.value()).map_err(|e| format!("{}: {e}", what()))?;
+            zeros.push(run);
+            any = true;
         }
     }
     if !any {
@@ -469,6 +502,9 @@ fn load_pages(
     )?;
     for page in beyond {
         applied(rec.kept_page(id, page), what)?;
+    }
+    for (first, end) in zeros {
+        applied(rec.kept_zeros(id, first, end), what)?;
     }
     Ok(true)
 }

@@ -253,6 +253,9 @@ impl Win {
 
 pub(crate) const META: TableDefinition<&[u8], &[u8]> = TableDefinition::new("meta");
 pub(crate) const DATA: TableDefinition<&[u8], &[u8]> = TableDefinition::new("data");
+/// Runs of allocated zeros (`z` keys): made by the first write transaction of a checkpoint
+/// of format 3; a checkpoint of format 2 has none.
+pub(crate) const ZEROS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("zeros");
 
 /// The checkpoint of an open store.
 pub(crate) struct Checkpoint {
@@ -643,6 +646,7 @@ impl Checkpoint {
                 t.insert(kv::SUPER, &sb.encode()[..])
                     .map_err(|e| fail(&e))?;
                 txn.open_table(DATA).map_err(|e| fail(&e))?;
+                txn.open_table(ZEROS).map_err(|e| fail(&e))?;
             }
             txn.commit().map_err(|e| fail(&e))?;
         }
@@ -962,6 +966,7 @@ impl Checkpoint {
             let mut t = apply::Tables {
                 meta: txn.open_table(META).map_err(Failed::db)?,
                 data: txn.open_table(DATA).map_err(Failed::db)?,
+                zeros: txn.open_table(ZEROS).map_err(Failed::db)?,
                 max_generation: self.sb.max_generation,
                 ghosts: std::mem::take(&mut self.ghosts),
                 doomed,
