@@ -79,14 +79,17 @@ impl Filesystem {
     /// `RENAME_WHITEOUT`'s whiteout takes the offset of the entry it replaces, so a read never
     /// returns one name twice. For a
     /// [`crate::Via::Kernel`] caller, every accepted entry of readdirplus except `.` and `..`
-    /// takes a lookup reference, and comes with its attributes, except a file that has had
-    /// two names or more at once since it was made or loaded: its attributes are `None` and
-    /// it takes no reference. (The kernel lowers its cached link count by itself when an
-    /// unlink or a rename over a name returns; attributes read by another request after
-    /// lanefs removed the name but applied before that return are counted down twice, and
-    /// a count of 0 makes `link(2)` of a live file fail with ENOENT. Any request can race so,
-    /// but a readdirplus refreshes every entry of a directory the kernel knows; the kernel
-    /// looks such a file up by itself when it needs it.)
+    /// takes a lookup reference, and comes with its attributes, except a directory and a
+    /// file that has had two names or more at once since it was made or loaded: their
+    /// attributes are `None` and they take no reference; the kernel looks them up by itself
+    /// when it needs them. (A file's: the kernel lowers its cached link count by itself when
+    /// an unlink or a rename over a name returns; attributes read by another request after
+    /// lanefs removed the name but applied before that return are counted down twice, and a
+    /// count of 0 makes `link(2)` of a live file fail with ENOENT. Any request can race so,
+    /// but a readdirplus refreshes every entry of a directory the kernel knows. A
+    /// directory's: the kernel does not order a listing's attributes against a change
+    /// inside the directory (a mkdir in it), and keeps what a listing read before the change
+    /// brought, even with no attribute timeout, until its clock ticks.)
     pub fn readdir(
         &self,
         ctx: &Ctx,
@@ -230,7 +233,8 @@ impl Filesystem {
                 let Ok(mut child) = self.named(i.key(), name, Some(*cookie), false, g) else {
                     continue;
                 };
-                let mut withheld = ctx.counts_lookups() && child.was_shared();
+                let withhold = |c: &Inode| c.was_shared() || c.is_dir();
+                let mut withheld = ctx.counts_lookups() && withhold(child);
                 let mut pinned = plus && !withheld && ctx.counts_lookups();
                 if pinned && self.kernel_ref(child).is_err() {
                     // Freed since it was read: read the name again, with a reference.
@@ -238,7 +242,7 @@ impl Filesystem {
                         continue;
                     };
                     child = c;
-                    if child.was_shared() {
+                    if withhold(child) {
                         self.kernel_unref(child, 1, g);
                         (withheld, pinned) = (true, false);
                     }

@@ -62,10 +62,10 @@ impl Server {
             }
             let start = out.len();
             let ok = match (plus, attr) {
-                (true, Some(attr)) => out.push_obj(&self.listed_entry_out(attr)),
+                (true, Some(attr)) => out.push_obj(&self.entry_out(attr)),
                 // Node id 0: the kernel takes the name only, no inode or attributes (and no
-                // lookup reference); the engine withholds a file's attributes so
-                // ([`lanefs::Filesystem::readdir`]).
+                // lookup reference); the engine withholds a directory's attributes, and a
+                // file's that has had several names, so ([`lanefs::Filesystem::readdir`]).
                 (true, None) => out.push_obj(&fuse_entry_out::new_zeroed()),
                 (false, _) => true,
             } && out.push_obj(&d)

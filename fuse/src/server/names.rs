@@ -25,23 +25,6 @@ impl Server {
         }
     }
 
-    /// A READDIRPLUS entry: as a LOOKUP's, except that a directory's attributes come with
-    /// no attribute timeout (the entry keeps its own). The kernel does not version a
-    /// directory's attributes against changes inside it: a create, unlink, mkdir or rmdir
-    /// in the directory only marks its cached attributes stale, so a listing of its parent
-    /// that read them before such a change, and is applied after it, would put back the old
-    /// link count and times for the whole timeout. With no timeout, its attributes are read
-    /// again (GETATTR) the next time they are needed. Files need no such care: the kernel
-    /// versions their attributes against writes, truncates and links.
-    pub(super) fn listed_entry_out(&self, a: &Attr) -> fuse_entry_out {
-        let mut e = self.entry_out(a);
-        if a.mode & libc::S_IFMT == libc::S_IFDIR {
-            e.attr_valid = 0;
-            e.attr_valid_nsec = 0;
-        }
-        e
-    }
-
     fn entry(&self, r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
         put(out, &self.entry_out(&r?))
     }
