@@ -315,11 +315,17 @@ fn parse_mounted_note(note: &str) -> Option<(&str, &str)> {
 /// mount). A server still mounted, one not yet mounted, fsck, compact, or a holder that cannot
 /// be told are not.
 fn closing(holder: &lanefs_store::Holder) -> bool {
-    let (Some(pid), Some((dev, _))) = (holder.pid, parse_mounted_note(&holder.note)) else {
+    let (Some(pid), Some((dev, mp))) = (holder.pid, parse_mounted_note(&holder.note)) else {
         return false;
     };
+    // Both the device and the mount point: an anonymous device number freed by the unmount
+    // is soon given to the next FUSE mount, anywhere.
+    let ours = |l: &str| {
+        let f: Vec<&str> = l.split(' ').collect();
+        f.get(2) == Some(&dev) && f.get(4).is_some_and(|m| crate::run::unescape(m) == mp)
+    };
     match std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
-        Ok(table) => !table.lines().any(|l| l.split(' ').nth(2) == Some(dev)),
+        Ok(table) => !table.lines().any(ours),
         // Gone meanwhile: the lock goes with it.
         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
@@ -860,5 +866,24 @@ mod tests {
         ] {
             assert!(plan(&args(bad)).is_err(), "{bad}");
         }
+    }
+
+    /// A server counts as closing once its mount point no longer shows its mount, even
+    /// where its device number now belongs to another mount (the next FUSE mount takes the
+    /// number an unmount freed).
+    #[test]
+    fn closing_asks_for_the_device_at_the_mount_point() {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let line: Vec<&str> = table.lines().next().unwrap().split(' ').collect();
+        let (dev, mp) = (line[2], crate::run::unescape(line[4]));
+        let holder = |note: String| lanefs_store::Holder {
+            pid: Some(std::process::id()),
+            note,
+        };
+        assert!(!closing(&holder(format!("mounted {dev} {mp}"))));
+        assert!(closing(&holder(format!(
+            "mounted {dev} /no/such/mount/point"
+        ))));
+        assert!(closing(&holder(format!("mounted 4095:1048575 {mp}"))));
     }
 }

@@ -75,7 +75,8 @@ fn is_lanefs_mount(p: &Path) -> bool {
     })
 }
 
-fn unescape(s: &str) -> String {
+/// A `/proc/PID/mountinfo` field with its octal escapes (`\040` for a space) undone.
+pub(crate) fn unescape(s: &str) -> String {
     s.replace("\\040", " ")
         .replace("\\011", "\t")
         .replace("\\012", "\n")
