@@ -81,8 +81,10 @@
 //! form: at the top, `coarse` and `rename` are single locks; `dirlock`s, `stripe`s and a
 //! rename's two `dirent_shard`s are sorted before acquisition; below the stripes only
 //! `file_data → xattr → attr` nest (a write removes a file's capabilities and set-id bits
-//! while holding its data lock; an xattr change stores the inode's flags and ctime while
-//! holding its xattr shard). Two waits are not lock
+//! while holding its data lock; an xattr change makes its permission check, its record and
+//! its change inside the inode's seqlock while holding its xattr shard, so that a chmod,
+//! chown or `chattr`, inside the same seqlock, is entirely before or after it). Two waits
+//! are not lock
 //! acquisitions, both with stripes held, both between a creator in directory D and a removal
 //! of D (below): a creator waits for a removal's decision, and the removal holds only the
 //! stripe of D's own name and takes, until it decides, only index-shard and dirent-shard
@@ -113,7 +115,8 @@
 //! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared; a page the store keeps is read from the store under it) |
 //! | write, truncate, fallocate | none | `handles` (not by inode), `file_data` (exclusive), `attr`; `xattr` if the file has extended attributes |
 //! | readdir | none | `handles`, the `index_shard`s of the directory's runs, `dirent_shard`s (read) |
-//! | setattr, xattrs | none | `attr` / `xattr` of the inode |
+//! | setattr | none | `attr` of the inode; with an access ACL, `xattr` of the inode around it (a chmod rewrites the ACL) |
+//! | setxattr, removexattr | none | `xattr` of the inode, and `attr` inside it (the checks, the record and the change) |
 //! | get_flags | none | none (one load of the flags word) |
 //! | set_flags | none | `attr` of the inode (the checks, the record and the change inside it) |
 //!
