@@ -57,7 +57,14 @@
 //! - per-slot counters (statistics, cookie sequences, quota reserves): atomics;
 //! - the **kernel-held counts** (`notify.rs`, `KernelHeld`): one atomic per inode number,
 //!   raised by a kernel caller's lookup reference before it reads the attributes it answers
-//!   with, lowered by FORGET, read by a library change's report; SeqCst fences order them.
+//!   with, lowered by FORGET, read by a library change's report; SeqCst fences order them;
+//! - the **revocation lanes** (`revoke.rs`): per thread, one cache line of sequence numbers,
+//!   one per bucket of directories, odd while the thread has an entry change in flight in a
+//!   directory of the bucket; written only by the thread that owns the lane (plain stores),
+//!   read by a revoker. SeqCst fences order them against a directory's attributes (see
+//!   "Revocation" below). The process-wide list of lanes only grows (a compare-and-swap of
+//!   its head when a thread finds no free lane); a lane is handed to another thread only
+//!   after its owner exits.
 //!
 //! ## Ordering
 //!
@@ -125,6 +132,9 @@
 //! creating thread's slot, cookies come from the slot's own sequence, inode numbers and
 //! generations from the slot's own ranges, and the directory's mtime/ctime is stored only when
 //! the coarse clock ticks (`time.rs`). There is no entry counter and no per-directory lock.
+//! Every entry change (create, mknod, mkdir, symlink, link, unlink, rmdir, rename) also
+//! marks itself in flight, for its length, on its own thread's revocation lane, which no
+//! other thread writes (`revoke.rs`).
 //!
 //! An operation that changes an inode it did not find under a stripe (setattr, write,
 //! fallocate, xattrs, an atime update) holds a reference on it for its length
@@ -144,6 +154,40 @@
 //! re-reads under the name's stripe, where an entry and its inode are stable (an inode is
 //! installed before its entry is revealed, and an entry is removed before its inode can be
 //! freed).
+//!
+//! ## Revocation: entry changes and a change of their directory's permission
+//!
+//! Linux makes an entry change's checks of its directory (`may_create`, `may_delete`: write
+//! and search permission, 'i' and 'a', the sticky rule) and the change under the
+//! directory's inode lock, which a chmod, chown, ACL change or `chattr` of the directory
+//! also takes; so an entry change that passed its checks is visible before a change that
+//! takes the permission away returns. lanefs has no per-directory lock on the entry
+//! changes' path (the removal protocol below exists for the same reason), and orders them
+//! with a grace period paid by the rare *revoker* instead (`revoke.rs`, with its argument and
+//! loom model):
+//! - an entry change in directory D makes its thread's sequence number for D's bucket odd
+//!   (a plain store to a line only its thread writes), then a SeqCst fence, *then* reads D's
+//!   attributes for its checks; it makes the number even again once its change is visible
+//!   or refused. A rename counts itself in both directories;
+//! - a revoker (`setattr` of a directory's mode, owner or group; `set_flags`; a change of
+//!   its access or default ACL) makes its change, releases every lock, then a SeqCst fence,
+//!   then reads every thread's number for D's bucket and waits, for each it found odd,
+//!   until it changes.
+//!
+//! As in Dekker's algorithm, either the entry change's checks see the revoker's change, or
+//! the revoker sees the count and waits until the entry change is visible: so the revoker
+//! returns only after every entry change that checked the old attributes has landed, and
+//! what callers see is a serial order. The wait ends: a counted entry change waits only for
+//! locks and waits listed above, none of them held by a revoker while it waits, and no
+//! operation revokes while it is counted; each wait is for one entry change, the one in
+//! flight when the revoker looked. A revoker takes no lock and writes nothing shared (in
+//! `coarse` mode it holds `coarse`, and then finds no entry change in flight).
+//!
+//! Not covered, as Linux does not cover them either (it checks them before it locks the
+//! victim): `may_delete`'s look at the victim (its 'i' and 'a', its owner for the sticky
+//! rule), and the write permission a directory moving to another parent needs on itself.
+//! An xattr change is ordered against a chmod, chown, `chattr` or ACL change by the seqlock
+//! and the xattr shard instead (above, "Ordering").
 //!
 //! ## The removal protocol: excluding creates without a per-directory lock
 //!

@@ -694,6 +694,13 @@ impl Filesystem {
             let freed = d.truncate(size, old_size, label, &self.page_epochs);
             self.space.give(freed);
         }
+        if set.mode.is_some() || owner_change || set.chown {
+            // A directory's permission may have changed: wait for the entry changes that
+            // may have checked the old one (`revoke.rs`), holding no lock (a directory has no
+            // data lock; `_held` is a reference).
+            drop(data);
+            self.revoked(i);
+        }
         Ok(())
     }
 

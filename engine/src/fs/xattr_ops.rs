@@ -125,7 +125,11 @@ impl Filesystem {
                     time,
                 }),
             })
-        })
+        })?;
+        // A directory's ACLs decide which entry changes it allows and what new inodes in
+        // it inherit (`revoke.rs`); the shard and the seqlock are released by now.
+        self.revoked(i);
+        Ok(())
     }
 
     /// The value of attribute `name`.
