@@ -47,7 +47,9 @@
 //!
 //! Module map: `fs/` (the operations: policy in `namespace.rs` and `file.rs`, the change
 //! itself in `apply.rs`, recovery in `recovery.rs`), [`locking`] (every lock class and its
-//! order), `dir/` (directory entry tables and the removal protocol), `table` (inode table),
+//! order), `dir/` (directory entry tables and the removal protocol), `revoke` (the grace
+//! period that orders entry changes before a change of their directory's permission),
+//! `table` (inode table),
 //! `inode` (inode lifecycle), `id` (inode numbers and generations), `record` (records and the
 //! store interface), `attr` (attributes), `data` (file pages), `perm` (credentials and
 //! permissions), `handle` (open files), `xattr` (extended attributes), `quota` (limits),
@@ -71,6 +73,7 @@ mod path;
 mod perm;
 mod quota;
 mod record;
+mod revoke;
 mod slots;
 mod stats;
 mod sync;

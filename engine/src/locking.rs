@@ -65,7 +65,14 @@
 //!   raised by a kernel caller's lookup reference before it reads the attributes it answers
 //!   with, lowered by FORGET (before the reference), read by a library change's report, by
 //!   a transition's caller that notes an unlinked file, and by `Inode::empty`; SeqCst
-//!   fences order them.
+//!   fences order them;
+//! - the **revocation lanes** (`revoke.rs`): per thread, one cache line of sequence numbers,
+//!   one per bucket of directories, odd while the thread has an entry change in flight in a
+//!   directory of the bucket; written only by the thread that owns the lane (plain stores),
+//!   read by a revoker. SeqCst fences order them against a directory's attributes (see
+//!   "Revocation" below). The process-wide list of lanes only grows (a compare-and-swap of
+//!   its head when a thread finds no free lane); a lane is handed to another thread only
+//!   after its owner exits.
 //!
 //! ## Ordering
 //!
@@ -89,8 +96,10 @@
 //! form: at the top, `coarse` and `rename` are single locks; `dirlock`s, `stripe`s and a
 //! rename's two `dirent_shard`s are sorted before acquisition; below the stripes only
 //! `file_data → xattr → attr` nest (a write removes a file's capabilities and set-id bits
-//! while holding its data lock; an xattr change stores the inode's flags and ctime while
-//! holding its xattr shard). Two waits are not lock
+//! while holding its data lock; an xattr change makes its permission check, its record and
+//! its change inside the inode's seqlock while holding its xattr shard, so that a chmod,
+//! chown or `chattr`, inside the same seqlock, is entirely before or after it). Two waits
+//! are not lock
 //! acquisitions, both with stripes held, both between a creator in directory D and a removal
 //! of D (below): a creator waits for a removal's decision, and the removal holds only the
 //! stripe of D's own name and takes, until it decides, only index-shard and dirent-shard
@@ -121,7 +130,8 @@
 //! | read, lseek (data/hole) | none | `handles` (not by inode), `file_data` (shared; a page the store keeps is read from the store under it) |
 //! | write, truncate, fallocate | none | `handles` (not by inode), `file_data` (exclusive), `attr`; `xattr` if the file has extended attributes |
 //! | readdir | none | `handles`, the `index_shard`s of the directory's runs, `dirent_shard`s (read) |
-//! | setattr, xattrs | none | `attr` / `xattr` of the inode |
+//! | setattr | none | `attr` of the inode; with an access ACL, `xattr` of the inode around it (a chmod rewrites the ACL) |
+//! | setxattr, removexattr | none | `xattr` of the inode, and `attr` inside it (the checks, the record and the change) |
 //! | get_flags | none | none (one load of the flags word) |
 //! | set_flags | none | `attr` of the inode (the checks, the record and the change inside it) |
 //!
@@ -130,6 +140,9 @@
 //! creating thread's slot, cookies come from the slot's own sequence, inode numbers and
 //! generations from the slot's own ranges, and the directory's mtime/ctime is stored only when
 //! the coarse clock ticks (`time.rs`). There is no entry counter and no per-directory lock.
+//! Every entry change (create, mknod, mkdir, symlink, link, unlink, rmdir, rename) also
+//! marks itself in flight, for its length, on its own thread's revocation lane, which no
+//! other thread writes (`revoke.rs`).
 //!
 //! An operation that changes an inode it did not find under a stripe (setattr, write,
 //! fallocate, xattrs, an atime update) holds a reference on it for its length
@@ -149,6 +162,40 @@
 //! re-reads under the name's stripe, where an entry and its inode are stable (an inode is
 //! installed before its entry is revealed, and an entry is removed before its inode can be
 //! freed).
+//!
+//! ## Revocation: entry changes and a change of their directory's permission
+//!
+//! Linux makes an entry change's checks of its directory (`may_create`, `may_delete`: write
+//! and search permission, 'i' and 'a', the sticky rule) and the change under the
+//! directory's inode lock, which a chmod, chown, ACL change or `chattr` of the directory
+//! also takes; so an entry change that passed its checks is visible before a change that
+//! takes the permission away returns. lanefs has no per-directory lock on the entry
+//! changes' path (the removal protocol below exists for the same reason), and orders them
+//! with a grace period paid by the rare *revoker* instead (`revoke.rs`, with its argument and
+//! loom model):
+//! - an entry change in directory D makes its thread's sequence number for D's bucket odd
+//!   (a plain store to a line only its thread writes), then a SeqCst fence, *then* reads D's
+//!   attributes for its checks; it makes the number even again once its change is visible
+//!   or refused. A rename counts itself in both directories;
+//! - a revoker (`setattr` of a directory's mode, owner or group; `set_flags`; a change of
+//!   its access or default ACL) makes its change, releases every lock, then a SeqCst fence,
+//!   then reads every thread's number for D's bucket and waits, for each it found odd,
+//!   until it changes.
+//!
+//! As in Dekker's algorithm, either the entry change's checks see the revoker's change, or
+//! the revoker sees the count and waits until the entry change is visible: so the revoker
+//! returns only after every entry change that checked the old attributes has landed, and
+//! what callers see is a serial order. The wait ends: a counted entry change waits only for
+//! locks and waits listed above, none of them held by a revoker while it waits, and no
+//! operation revokes while it is counted; each wait is for one entry change, the one in
+//! flight when the revoker looked. A revoker takes no lock and writes nothing shared (in
+//! `coarse` mode it holds `coarse`, and then finds no entry change in flight).
+//!
+//! Not covered, as Linux does not cover them either (it checks them before it locks the
+//! victim): `may_delete`'s look at the victim (its 'i' and 'a', its owner for the sticky
+//! rule), and the write permission a directory moving to another parent needs on itself.
+//! An xattr change is ordered against a chmod, chown, `chattr` or ACL change by the seqlock
+//! and the xattr shard instead (above, "Ordering").
 //!
 //! ## The removal protocol: excluding creates without a per-directory lock
 //!

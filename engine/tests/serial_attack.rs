@@ -9,17 +9,18 @@
 //! long hunts). Randomized tests print their seed; `SERIAL_ATTACK_SEED` repeats one.
 //! A failing check reports how many of how many checks failed, with examples.
 //!
-//! The tests marked `#[ignore = "bug: ..."]` reproduce defects found by this file (run them
-//! with `cargo test -p lanefs --test serial_attack -- --ignored`):
+//! Defects this file found, each fixed, its test kept (and no longer ignored):
 //! - `no_entry_change_lands_after_chmod_or_acl_revoked_write`,
 //!   `no_entry_change_lands_after_chown_chgrp_or_immutable`: a create, mkdir, mknod,
-//!   symlink, link, rename into or out of, or unlink in a directory checks its permission,
-//!   then a chmod / ACL / chown / chgrp / `chattr +i` / `chmod +t` of the directory returns
-//!   and a lookup after it does not find (or still finds) the name, and then the change lands;
+//!   symlink, link, rename into or out of, or unlink in a directory checked its permission,
+//!   then a chmod / ACL / chown / chgrp / `chattr +i` / `chmod +t` of the directory returned
+//!   and a lookup after it did not find (or still found) the name, and then the change
+//!   landed (fixed by the revocation grace period, `engine/src/revoke.rs`);
 //! - `setxattr_never_lands_after_its_permission_was_revoked`: the same for setxattr of a
-//!   `user.*` attribute against chmod, an access ACL, chgrp and `chattr +i` of the file;
+//!   `user.*` attribute against chmod, an access ACL, chgrp and `chattr +i` of the file
+//!   (fixed by checking inside the attribute seqlock, under the xattr shard);
 //! - `exchanging_directories_across_parents_keeps_the_parents_link_counts`: RENAME_EXCHANGE
-//!   of two directories in different parents lets getattr see each parent's link count one
+//!   of two directories in different parents let getattr see each parent's link count one
 //!   too low or one too high.
 //!
 //! `truncate_never_lands_after_write_permission_was_revoked` is ignored as not a difference
@@ -1045,8 +1046,8 @@ struct RevokeCase<'a> {
 /// and makes the change under the inode lock the revoking change also takes). Also: a
 /// refused mutation never lands, and refusals have the expected errnos.
 ///
-/// With `hunt` (the ignored tests that reproduce a bug), the time cap is ten phases and the
-/// race stops early once 20 checks have failed: the machine is shared, and the rate of
+/// With `hunt` (the races that found a bug, and keep hunting for it), the time cap is ten
+/// phases and the race stops early once 20 checks have failed: the machine is shared, and the rate of
 /// rounds varies with its load.
 fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
     let seed = seed(label);
@@ -1338,7 +1339,6 @@ fn user_of(uid: u32) -> Ctx {
 /// Linux checks `may_create`/`may_delete` under the directory's inode lock, which the chmod
 /// or setxattr also takes, so the change is refused or seen).
 #[test]
-#[ignore = "bug: entry changes check the directory's permission before a racing chmod/ACL and land after it returned"]
 fn no_entry_change_lands_after_chmod_or_acl_revoked_write() {
     let _one = exclusive();
     let fs = new_fs();
@@ -1355,7 +1355,6 @@ fn no_entry_change_lands_after_chmod_or_acl_revoked_write() {
 /// (the caller's supplementary group no longer owns the 0770 directory), `chattr +i`, and
 /// (for unlink and rename out of root's file) chmod +t.
 #[test]
-#[ignore = "bug: entry changes check ownership/group/immutable/sticky before a racing chown/chgrp/chattr/chmod +t and land after it returned"]
 fn no_entry_change_lands_after_chown_chgrp_or_immutable() {
     let _one = exclusive();
     let fs = new_fs();
@@ -1587,7 +1586,6 @@ fn no_times_or_owner_only_change_lands_after_its_permission_was_revoked() {
 /// the permission away had returned (a getxattr made right after the revoking change sees
 /// the old value, and the setxattr then succeeds: Linux checks under the inode lock).
 #[test]
-#[ignore = "bug: setxattr checks permission/immutability before a revoking chmod/ACL/chgrp/chattr +i and lands after it"]
 fn setxattr_never_lands_after_its_permission_was_revoked() {
     let _one = exclusive();
     let fs = new_fs();

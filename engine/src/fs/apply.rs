@@ -699,49 +699,52 @@ impl Filesystem {
     }
 
     /// [`Record::SetXattr`] and [`Record::RemoveXattr`] on inode `i`: `check` sees the
-    /// inode's current attributes (under the shard lock that orders its xattr changes) and
-    /// may refuse before anything is committed.
+    /// inode's current attributes and extended attributes and may refuse before anything is
+    /// committed. The check, the record and the change are made inside the attribute seqlock,
+    /// itself inside the xattr shard lock that orders the inode's xattr changes (as
+    /// [`Filesystem::apply_acl`]), so that they are one step to a chmod, chown or `chattr`
+    /// (which change the attributes inside the seqlock) and to an ACL change (under the
+    /// shard): a change checked against attributes a racing change then replaced is refused
+    /// or made before that change.
     pub(super) fn apply_xattr(
         &self,
         rec: &Record<'_>,
         i: &Inode,
-        check: impl FnOnce(Option<&crate::xattr::Xattrs>) -> Result<()>,
+        check: impl FnOnce(&AttrVals, Option<&crate::xattr::Xattrs>) -> Result<()>,
     ) -> Result<()> {
         let mut shard = self.xattrs.lock(i.ino, &self.stats);
-        check(shard.get(&i.ino))?;
-        self.commit(rec)?;
-        let time = match *rec {
-            Record::SetXattr {
-                name, value, time, ..
-            } => {
-                shard
-                    .entry(i.ino)
-                    .or_default()
-                    .set(name, value, 0)
-                    .expect("checked before the commit");
-                time
-            }
-            Record::RemoveXattr { name, time, .. } => {
-                let x = shard.get_mut(&i.ino).expect("checked before the commit");
-                x.remove(name).expect("checked before the commit");
-                if x.is_empty() {
-                    shard.remove(&i.ino);
+        i.attr.update(&self.stats, |v| {
+            check(v, shard.get(&i.ino))?;
+            self.commit(rec)?;
+            let time = match *rec {
+                Record::SetXattr {
+                    name, value, time, ..
+                } => {
+                    shard
+                        .entry(i.ino)
+                        .or_default()
+                        .set(name, value, 0)
+                        .expect("checked before the commit");
+                    time
                 }
-                time
-            }
-            _ => unreachable!("apply_xattr of {rec:?}"),
-        };
-        let has = shard.contains_key(&i.ino);
-        let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            if has {
+                Record::RemoveXattr { name, time, .. } => {
+                    let x = shard.get_mut(&i.ino).expect("checked before the commit");
+                    x.remove(name).expect("checked before the commit");
+                    if x.is_empty() {
+                        shard.remove(&i.ino);
+                    }
+                    time
+                }
+                _ => unreachable!("apply_xattr of {rec:?}"),
+            };
+            if shard.contains_key(&i.ino) {
                 v.flags |= flags::XATTRS;
             } else {
                 v.flags &= !flags::XATTRS;
             }
             v.ctime = v.ctime.advance(time);
             Ok(())
-        });
-        Ok(())
+        })
     }
 }
 

@@ -415,13 +415,19 @@ impl Filesystem {
     /// clears them itself). The caller holds the file's data lock.
     fn remove_privs(&self, ctx: &Ctx, i: &Inode, time: Timespec, setid: bool) -> Result<()> {
         let v = i.attr.load();
-        if v.flags & flags::XATTRS != 0 {
+        // A look under the shard first: most files with attributes have no capabilities,
+        // and the removal itself is made inside the attribute seqlock.
+        let caps = || {
+            let shard = self.xattrs.lock(i.ino, &self.stats);
+            shard.get(&i.ino).is_some_and(|x| x.get(CAPS).is_some())
+        };
+        if v.flags & flags::XATTRS != 0 && caps() {
             let rec = Record::RemoveXattr {
                 inode: i.id(),
                 name: CAPS,
                 time,
             };
-            match self.apply_xattr(&rec, i, |x| {
+            match self.apply_xattr(&rec, i, |_, x| {
                 x.and_then(|x| x.get(CAPS)).map(drop).ok_or(Errno::ENODATA)
             }) {
                 Ok(()) | Err(Errno::ENODATA) => {}
@@ -687,6 +693,13 @@ impl Filesystem {
             let label = self.page_epochs.label();
             let freed = d.truncate(size, old_size, label, &self.page_epochs);
             self.space.give(freed);
+        }
+        if set.mode.is_some() || owner_change || set.chown {
+            // A directory's permission may have changed: wait for the entry changes that
+            // may have checked the old one (`revoke.rs`), holding no lock (a directory has no
+            // data lock; `_held` is a reference).
+            drop(data);
+            self.revoked(i);
         }
         Ok(())
     }

@@ -75,6 +75,9 @@ impl Filesystem {
                 Self::apply_flags(v, &rec);
                 Ok(())
             })?;
+            // 'i' and 'a' decide which entry changes a directory allows, 'd' and 'A' what its
+            // new inodes inherit (`revoke.rs`).
+            self.revoked(i);
             self.attr_of(i, &g)
         };
         self.report(ctx, |s| s.inode(ino.ino(), None));

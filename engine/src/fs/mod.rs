@@ -49,6 +49,7 @@ use crate::notify::{Invalidate, Watch};
 use crate::perm::{self, Ctx, MAY_EXEC};
 use crate::quota::Quota;
 use crate::record::{MemoryStore, Record, Store};
+use crate::revoke::{Counted, Revocations};
 use crate::stats::{LockClass, Op, Stats, StatsSnapshot};
 use crate::table::InodeTable;
 use crate::xattr::XattrTable;
@@ -250,6 +251,9 @@ pub struct Filesystem {
     ids: InoAlloc,
     dirents: Dirents,
     xattrs: XattrTable,
+    /// Its side of the revocation grace period (`revoke.rs`): entry changes in flight, on
+    /// their threads' lanes, are waited for by a change of a directory's permission.
+    revocations: Revocations,
     stripes: Box<[CachePadded<Mutex<()>>]>,
     stripe_hasher: foldhash::fast::RandomState,
     rename_lock: Mutex<()>,
@@ -334,6 +338,7 @@ impl Filesystem {
             ids: InoAlloc::new(),
             dirents: Dirents::new(),
             xattrs: XattrTable::new(),
+            revocations: Revocations::new(),
             stripes: (0..NSTRIPES)
                 .map(|_| CachePadded::new(Mutex::new(())))
                 .collect(),
@@ -533,6 +538,25 @@ impl Filesystem {
     #[inline]
     fn dget(&self, dir: InoGen, name: &[u8]) -> Option<Dirent> {
         self.dirents.get(dir, name, &self.stats)
+    }
+
+    /// Counts an entry change in directory `a` (and `b`, a rename's other directory) until
+    /// the returned guard is dropped, which the caller does once its change is visible or
+    /// refused: a change of either directory's permission waits for it (`revoke.rs`). Called
+    /// before the change reads the directories' attributes for its checks.
+    #[inline]
+    fn count_entry_change(&self, a: &Inode, b: Option<&Inode>) -> Counted<'_> {
+        self.revocations.enter(a.ino.get(), b.map(|b| b.ino.get()))
+    }
+
+    /// Called by a change of `i`'s mode, owner, group, inode flags or ACLs once it is made
+    /// and every lock it took is released: when `i` is a directory, waits until every entry
+    /// change in it that may have checked the attributes from before the change is visible
+    /// (`revoke.rs`).
+    fn revoked(&self, i: &Inode) {
+        if i.is_dir() && !self.replaying() {
+            self.revocations.revoked(i.ino.get());
+        }
     }
 
     /// A live directory (ENOTDIR for another type).

@@ -3,7 +3,10 @@
 //! too). Each resolves its directories, takes the stripe of every name it changes
 //! (`locking.rs`; a tmpfile changes none), re-reads the names under the stripes, checks what
 //! Linux checks in the order Linux checks it (so errnos match tmpfs), describes the change as
-//! a record and makes it through `apply.rs`.
+//! a record and makes it through `apply.rs`. Each counts itself as an entry change in its
+//! directories (`revoke.rs`) before its first look at their attributes and until its change
+//! is visible, so that a chmod, chown, ACL change or `chattr` of a directory never returns
+//! while an entry change that checked the old attributes is still to land.
 //!
 //! Inode flags, as the VFS applies them: an immutable directory refuses every new or removed
 //! name (its write permission check fails, EPERM), an append-only one every removed name
@@ -30,6 +33,7 @@ use crate::id::{Ino, MAX_INO};
 use crate::inode::{DirBody, Fate, Inode};
 use crate::perm::{self, Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
 use crate::record::{NewInode, Record};
+use crate::revoke::Counted;
 use crate::stats::{LockClass, Op};
 use crate::time::Timespec;
 
@@ -63,11 +67,13 @@ struct Inherited {
     default_acl: Vec<u8>,
 }
 
-/// A directory and its body, the name's inode, and the locks that keep the name stable.
+/// A directory and its body, the name's inode, the locks that keep the name stable, and the
+/// count of the removal as an entry change in the directory (`revoke.rs`).
 struct Victim<'a> {
     dir: (&'a Inode, &'a DirBody),
     inode: &'a Inode,
     _locks: [Option<MutexGuard<'a, ()>>; 2],
+    _counted: Counted<'a>,
 }
 
 /// The device number of a whiteout (`WHITEOUT_DEV`): a character device 0/0.
@@ -135,6 +141,8 @@ impl Filesystem {
     ) -> Result<&'g Inode> {
         check_name(name)?;
         let (dir, d) = self.dir_inode(parent, g)?;
+        // Before any check reads the directory's attributes, until the entry is visible.
+        let _counted = self.count_entry_change(dir, None);
         self.may_search(ctx, dir)?;
         if is_dot_or_dotdot(name) {
             return Err(Errno::EEXIST);
@@ -442,6 +450,7 @@ impl Filesystem {
         let g = epoch::pin();
         let src = self.iget(ino, &g)?;
         let (dir, d) = self.dir_inode(newparent, &g)?;
+        let _counted = self.count_entry_change(dir, None);
         self.may_search(ctx, dir)?;
         if is_dot_or_dotdot(newname) {
             return Err(Errno::EEXIST);
@@ -498,6 +507,7 @@ impl Filesystem {
     ) -> Result<Victim<'a>> {
         check_name(name)?;
         let (dir, d) = self.dir_inode(parent, g)?;
+        let counted = self.count_entry_change(dir, None);
         self.may_search(ctx, dir)?;
         self.writable()?;
         let dl = self.dirlock(dir);
@@ -511,6 +521,7 @@ impl Filesystem {
             dir: (dir, d),
             inode,
             _locks: [dl, Some(s)],
+            _counted: counted,
         })
     }
 
@@ -641,6 +652,8 @@ impl Filesystem {
         let g = epoch::pin();
         let (d1, dd1) = self.dir_inode(parent, &g)?;
         let (d2, dd2) = self.dir_inode(newparent, &g)?;
+        // Counted in both directories until the rename is visible (`revoke.rs`).
+        let _counted = self.count_entry_change(d1, Some(d2));
         self.may_search(ctx, d1)?;
         self.may_search(ctx, d2)?;
         if is_dot_or_dotdot(name) {
