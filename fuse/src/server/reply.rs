@@ -92,4 +92,5 @@ pub(super) const NEGATIVE: Attr = Attr {
     atime: Timespec::new(0, 0),
     mtime: Timespec::new(0, 0),
     ctime: Timespec::new(0, 0),
+    flags: 0,
 };
