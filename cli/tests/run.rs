@@ -544,6 +544,69 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
 }
 
+/// The device number of the mount at `p`, as `major-minor` (the channel socket's name).
+fn dev_of(p: &Path) -> String {
+    let line = mountinfo_line(p).expect("mounted");
+    line.split(' ').nth(2).unwrap().replace(':', "-")
+}
+
+/// A server that stops after a lazy unmount leaves alone the channel socket of a mount made
+/// meanwhile that was given its device number (the kernel frees the number at the unmount,
+/// and the next mount takes the lowest free one): it removes its socket only while the name
+/// is still its own. It removed the new server's, whose clients then went through the
+/// kernel (seen as a flaky `lanefs run` test while other tests mounted and unmounted).
+#[test]
+fn a_stopping_server_leaves_the_socket_of_the_next_mount() {
+    if !needs_root("a_stopping_server_leaves_the_socket_of_the_next_mount") {
+        return;
+    }
+    for _attempt in 0..20 {
+        let a = tempfile::tempdir().unwrap();
+        let mut old = Command::new(BIN)
+            .arg("mount")
+            .arg(a.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while mountinfo_line(a.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
+            assert!(Instant::now() < deadline, "the mount never appeared");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let dev = dev_of(a.path());
+        let pid = old.id() as libc::pid_t;
+        // The old server is held until the new mount's server has bound its socket.
+        // SAFETY: signals to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let c = CString::new(a.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+        let b = Mnt::new("");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while old.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the old server did not stop");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if dev_of(b.path()) != dev {
+            // Another test's mount took the number: again.
+            continue;
+        }
+        assert!(
+            b.socket().exists(),
+            "the old server removed the new mount's socket {}",
+            b.socket().display()
+        );
+        assert!(
+            Raw::connect(&b.socket()).is_ok(),
+            "the new server serves it"
+        );
+        return;
+    }
+    eprintln!("a_stopping_server_leaves_the_socket_of_the_next_mount: no device number reused");
+}
+
 /// A raw client of the channel, for the tests that misbehave on purpose.
 struct Raw {
     map: *mut u8,
