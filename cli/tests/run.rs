@@ -544,6 +544,69 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
     unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
 }
 
+/// The device number of the mount at `p`, as `major-minor` (the channel socket's name).
+fn dev_of(p: &Path) -> String {
+    let line = mountinfo_line(p).expect("mounted");
+    line.split(' ').nth(2).unwrap().replace(':', "-")
+}
+
+/// A server that stops after a lazy unmount leaves alone the channel socket of a mount made
+/// meanwhile that was given its device number (the kernel frees the number at the unmount,
+/// and the next mount takes the lowest free one): it removes its socket only while the name
+/// is still its own. It removed the new server's, whose clients then went through the
+/// kernel (seen as a flaky `lanefs run` test while other tests mounted and unmounted).
+#[test]
+fn a_stopping_server_leaves_the_socket_of_the_next_mount() {
+    if !needs_root("a_stopping_server_leaves_the_socket_of_the_next_mount") {
+        return;
+    }
+    for _attempt in 0..20 {
+        let a = tempfile::tempdir().unwrap();
+        let mut old = Command::new(BIN)
+            .arg("mount")
+            .arg(a.path())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while mountinfo_line(a.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
+            assert!(Instant::now() < deadline, "the mount never appeared");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let dev = dev_of(a.path());
+        let pid = old.id() as libc::pid_t;
+        // The old server is held until the new mount's server has bound its socket.
+        // SAFETY: signals to our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let c = CString::new(a.path().as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+        let b = Mnt::new("");
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while old.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the old server did not stop");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if dev_of(b.path()) != dev {
+            // Another test's mount took the number: again.
+            continue;
+        }
+        assert!(
+            b.socket().exists(),
+            "the old server removed the new mount's socket {}",
+            b.socket().display()
+        );
+        assert!(
+            Raw::connect(&b.socket()).is_ok(),
+            "the new server serves it"
+        );
+        return;
+    }
+    eprintln!("a_stopping_server_leaves_the_socket_of_the_next_mount: no device number reused");
+}
+
 /// A raw client of the channel, for the tests that misbehave on purpose.
 struct Raw {
     map: *mut u8,
@@ -817,4 +880,116 @@ fn stress_ng_filesystem_stressors_pass_under_lanefs_run() {
         }
     }
     assert!(m.channel_requests() - before > 1000, "the channel was used");
+}
+
+/// The `statx` fields of each of `names` in `dir`, through whatever serves this process's
+/// `statx` (the channel under `lanefs run`, else the kernel), a line each: the mask, the
+/// attributes and their mask, and the basic fields.
+fn statx_lines(dir: &Path, names: &[&str]) -> Vec<String> {
+    names
+        .iter()
+        .map(|name| {
+            let c = CString::new(dir.join(name).as_os_str().as_bytes()).unwrap();
+            // SAFETY: statx is plain old data; all-zero is a valid value.
+            let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+            let mask = libc::STATX_BASIC_STATS | libc::STATX_BTIME;
+            // SAFETY: a valid C string and a writable struct statx.
+            let r = unsafe {
+                libc::statx(
+                    libc::AT_FDCWD,
+                    c.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                    mask,
+                    &mut sx,
+                )
+            };
+            assert_eq!(r, 0, "statx {name}: {}", std::io::Error::last_os_error());
+            format!(
+                "{name}: mask {:#x} attributes {:#x} attributes_mask {:#x} ino {} mode {:o} \
+                 nlink {} uid {} gid {} size {} blocks {} rdev {}:{} mtime {}.{}",
+                sx.stx_mask,
+                sx.stx_attributes,
+                sx.stx_attributes_mask,
+                sx.stx_ino,
+                sx.stx_mode,
+                sx.stx_nlink,
+                sx.stx_uid,
+                sx.stx_gid,
+                sx.stx_size,
+                sx.stx_blocks,
+                sx.stx_rdev_major,
+                sx.stx_rdev_minor,
+                sx.stx_mtime.tv_sec,
+                sx.stx_mtime.tv_nsec,
+            )
+        })
+        .collect()
+}
+
+/// `statx` under `lanefs run` (the channel) reports what it reports through the kernel,
+/// for inodes with the flags 'i', 'a' and 'd' (`chattr`) too: the same `stx_attributes` and
+/// `stx_attributes_mask` (the kernel drops the `STATX_ATTR_*` bits lanefs's FUSE_STATX
+/// carries, so the channel does not report them either; see `client/src/calls.rs`), the
+/// mount root's `STATX_ATTR_MOUNT_ROOT`, no birth time.
+#[test]
+fn statx_under_lanefs_run_agrees_with_the_kernel() {
+    const NAMES: [&str; 9] = [
+        ".", "i", "a", "n", "plain", "dir", "dir/fifo", "dir/link", "dir/chr",
+    ];
+    if let Ok(dir) = std::env::var("LANEFS_TEST_STATX") {
+        // The child's part, under `lanefs run`: its statx calls go over the channel. (The
+        // harness's own "test ... " has no newline before the test's output.)
+        for l in statx_lines(Path::new(&dir), &NAMES) {
+            println!("\nstatx {l}");
+        }
+        return;
+    }
+    if !needs_root("statx_under_lanefs_run_agrees_with_the_kernel") || !has("chattr") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "set -e; echo data > i; touch a n plain; mkdir dir; chattr +i i; chattr +a a; \
+             chattr +d n; chattr +ia plain; chattr +d dir; mkfifo dir/fifo; \
+             ln -s target dir/link; mknod dir/chr c 259 300",
+        )
+        .current_dir(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let kernel = statx_lines(p, &NAMES);
+    let before = m.channel_requests();
+    let out = under_run(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "statx_under_lanefs_run_agrees_with_the_kernel",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LANEFS_TEST_STATX", p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let channel: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("statx "))
+        .collect();
+    assert_eq!(
+        channel, kernel,
+        "the channel's statx (left), the kernel's (right)"
+    );
+    assert!(
+        m.channel_requests() - before >= NAMES.len() as u64,
+        "the calls went over the channel"
+    );
+    // Again through the kernel, after the channel's calls: nothing moved.
+    assert_eq!(statx_lines(p, &NAMES), kernel);
 }

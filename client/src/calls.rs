@@ -340,6 +340,12 @@ pub unsafe extern "C" fn statx(
     unsafe { real!(c"statx", StatxFn)(dirfd, path, flags, mask, buf) }
 }
 
+/// The kernel's `statx` of a FUSE file: the basic fields and the mount id, no birth time,
+/// and the attributes the VFS sets (`STATX_ATTR_MOUNT_ROOT` on the root, and the mask of
+/// those it can set). Not `STATX_ATTR_IMMUTABLE`, `_APPEND` or `_NODUMP`, although lanefs
+/// has them (`lanefs::Attr::statx_attributes`) and answers FUSE_STATX with them: Linux (6.18
+/// included) drops them from a FUSE server's reply, and a call here reports what it would
+/// through the kernel (`cli/tests/run.rs`, `statx_under_lanefs_run_agrees_with_the_kernel`).
 fn fill_statx(a: &fuse_attr, m: &Mount, sx: &mut libc::statx) {
     // SAFETY: libc::statx is plain old data; all-zero is a valid value.
     *sx = unsafe { std::mem::zeroed() };

@@ -92,6 +92,10 @@ pub struct Attr {
     pub mtime: Timespec,
     /// Last status change.
     pub ctime: Timespec,
+    /// The inode flags `chattr` sets ([`FS_IMMUTABLE_FL`], [`FS_APPEND_FL`],
+    /// [`FS_NODUMP_FL`], [`FS_NOATIME_FL`]), as `FS_IOC_GETFLAGS` reports them for a regular
+    /// file or directory; other inodes have the ones they inherited from their directory.
+    pub flags: u32,
 }
 
 impl Attr {
@@ -104,7 +108,37 @@ impl Attr {
     pub fn perm(&self) -> u32 {
         self.mode & 0o7777
     }
+
+    /// The `STATX_ATTR_*` bits `statx(2)` reports in `stx_attributes` for this inode, as
+    /// tmpfs reports them: [`STATX_ATTR_IMMUTABLE`], [`STATX_ATTR_APPEND`] and
+    /// [`STATX_ATTR_NODUMP`] for the inode flags 'i', 'a' and 'd' ([`Attr::flags`]), on every
+    /// kind of inode. The bits this filesystem can report at all are [`STATX_ATTRS`]
+    /// (`stx_attributes_mask`).
+    pub fn statx_attributes(&self) -> u64 {
+        STATX_OF_FLAGS
+            .iter()
+            .filter(|(f, _)| self.flags & f != 0)
+            .map(|(_, s)| s)
+            .sum()
+    }
 }
+
+/// `STATX_ATTR_IMMUTABLE`: `stx_attributes` bit of an immutable inode (`chattr +i`).
+pub const STATX_ATTR_IMMUTABLE: u64 = 0x10;
+/// `STATX_ATTR_APPEND`: `stx_attributes` bit of an append-only inode (`chattr +a`).
+pub const STATX_ATTR_APPEND: u64 = 0x20;
+/// `STATX_ATTR_NODUMP`: `stx_attributes` bit of an inode `dump` skips (`chattr +d`).
+pub const STATX_ATTR_NODUMP: u64 = 0x40;
+/// The `STATX_ATTR_*` bits the engine reports ([`Attr::statx_attributes`]): what a
+/// filesystem adds to `stx_attributes_mask` (tmpfs adds these three).
+pub const STATX_ATTRS: u64 = STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND | STATX_ATTR_NODUMP;
+
+/// `(FS_*_FL, STATX_ATTR_*)`: the inode flags `statx` shows.
+const STATX_OF_FLAGS: [(u32, u64); 3] = [
+    (FS_IMMUTABLE_FL, STATX_ATTR_IMMUTABLE),
+    (FS_APPEND_FL, STATX_ATTR_APPEND),
+    (FS_NODUMP_FL, STATX_ATTR_NODUMP),
+];
 
 /// A time to set with [`SetAttr`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -82,7 +82,8 @@ mod time;
 mod xattr;
 
 pub use attr::{
-    Attr, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, FileType, SetAttr, TimeSet,
+    Attr, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, FileType, STATX_ATTR_APPEND,
+    STATX_ATTR_IMMUTABLE, STATX_ATTR_NODUMP, STATX_ATTRS, SetAttr, TimeSet,
 };
 pub use data::{PAGE, PageEpochs};
 pub use dir::NAME_MAX;

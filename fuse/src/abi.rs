@@ -11,6 +11,8 @@
 //! - `FUSE_WRITE_KILL_SUIDGID` (7.33; the same bit as 7.31's `FUSE_WRITE_KILL_PRIV`, renamed)
 //!   and `FATTR_KILL_SUIDGID` (7.33);
 //! - the `FUSE_TMPFILE` opcode (7.37, fuse_create_in in, fuse_entry_out + fuse_open_out out);
+//! - the `FUSE_STATX` opcode and its structures (7.39, Linux 6.6): `fuse_statx_in` in,
+//!   `fuse_statx_out` (a `fuse_statx`, with `fuse_sx_time` timestamps) out;
 //! - the io_uring transport (7.42): `fuse_uring_req_header`, `fuse_uring_ent_in_out`,
 //!   `fuse_uring_cmd_req` and the two commands;
 //! - `FUSE_DEV_IOC_CLONE`, the ioctl that binds a new `/dev/fuse` descriptor to a session.
@@ -36,6 +38,11 @@ pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
 
 /// Opcode: create an unnamed file in a directory (`O_TMPFILE`, 7.37).
 pub const FUSE_TMPFILE: u32 = 51;
+
+/// Opcode: the attributes as `statx(2)` has them (7.39). The kernel sends it instead of
+/// GETATTR when a `statx` asks for more than `STATX_BASIC_STATS` (the birth time) and its
+/// cached attributes are stale; ENOSYS makes it stop (`fuse_update_get_attr`).
+pub const FUSE_STATX: u32 = 52;
 
 /// `_IOR(229, 0, uint32_t)`: clone a session onto a freshly opened `/dev/fuse`.
 pub const FUSE_DEV_IOC_CLONE: libc::c_ulong = 0x8004_e500;
@@ -70,6 +77,71 @@ pub struct fuse_init_out_ext {
     pub max_stack_depth: u32,
     pub request_timeout: u16,
     pub unused: [u16; 11],
+}
+
+/// `struct fuse_statx_in` (7.39): the argument of `FUSE_STATX`.
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct fuse_statx_in {
+    /// `FUSE_GETATTR_FH` when `fh` is set.
+    pub getattr_flags: u32,
+    pub reserved: u32,
+    pub fh: u64,
+    /// The `AT_STATX_*` sync flags (the kernel sends 0).
+    pub sx_flags: u32,
+    /// The `STATX_*` fields wanted (the kernel asks for `STATX_BASIC_STATS | STATX_BTIME`).
+    pub sx_mask: u32,
+}
+
+/// `struct fuse_sx_time` (7.39): a `statx_timestamp`.
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct fuse_sx_time {
+    pub tv_sec: i64,
+    pub tv_nsec: u32,
+    pub reserved: i32,
+}
+
+/// `struct fuse_statx` (7.39): the fields of `struct statx`, less the mount id.
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct fuse_statx {
+    /// The `STATX_*` fields filled in.
+    pub mask: u32,
+    pub blksize: u32,
+    /// `STATX_ATTR_*` bits.
+    pub attributes: u64,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u16,
+    pub spare0: [u16; 1],
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    /// The `STATX_ATTR_*` bits this filesystem supports.
+    pub attributes_mask: u64,
+    pub atime: fuse_sx_time,
+    pub btime: fuse_sx_time,
+    pub ctime: fuse_sx_time,
+    pub mtime: fuse_sx_time,
+    pub rdev_major: u32,
+    pub rdev_minor: u32,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    pub spare2: [u64; 14],
+}
+
+/// `struct fuse_statx_out` (7.39): the reply of `FUSE_STATX`.
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct fuse_statx_out {
+    /// How long the kernel may keep the attributes (as `fuse_attr_out`'s).
+    pub attr_valid: u64,
+    pub attr_valid_nsec: u32,
+    pub flags: u32,
+    pub spare: [u64; 2],
+    pub stat: fuse_statx,
 }
 
 /// Before 7.23 the kernel reads only this much of the INIT reply.
@@ -139,5 +211,9 @@ mod tests {
         assert_eq!(size_of::<fuse_attr_out>(), 104);
         assert_eq!(size_of::<fuse_setattr_in>(), 88);
         assert_eq!(size_of::<fuse_write_in>(), 40);
+        assert_eq!(size_of::<fuse_statx_in>(), 24);
+        assert_eq!(size_of::<fuse_sx_time>(), 16);
+        assert_eq!(size_of::<fuse_statx>(), 256);
+        assert_eq!(size_of::<fuse_statx_out>(), 288);
     }
 }

@@ -114,6 +114,8 @@ type Conns = Mutex<Vec<Arc<Conn>>>;
 /// The channel of one mount, served until dropped.
 pub(crate) struct ChannelServer {
     path: PathBuf,
+    /// The device and inode numbers of the socket file this server bound at `path`.
+    bound: Option<(u64, u64)>,
     listener: OwnedFd,
     stop: Arc<AtomicBool>,
     conns: Arc<Conns>,
@@ -132,8 +134,21 @@ impl Drop for ChannelServer {
             futex_wake(&s.state);
             futex_wake(&s.state);
         }
-        let _ = std::fs::remove_file(&self.path);
+        // Only if the name is still this server's socket: after a lazy unmount the device
+        // number can go to a new mount while this server is still stopping, and that
+        // mount's server has then bound its own socket under the same name.
+        if self.bound.is_some() && file_id(&self.path) == self.bound {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// The device and inode numbers of the file at `path` (not following a symlink).
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Where a mount made by `owner` keeps its channel socket: `/run/lanefs` for root, the
@@ -164,6 +179,7 @@ pub(crate) fn serve(
     // alone while it is mounted.
     let _ = std::fs::remove_file(&path);
     let listener = listen(&path, if allow_other { 0o666 } else { 0o600 })?;
+    let bound = file_id(&path);
     let stop = Arc::new(AtomicBool::new(false));
     let conns: Arc<Conns> = Arc::default();
     let (lfd, stop2, conns2) = (listener.as_raw_fd(), stop.clone(), conns.clone());
@@ -183,6 +199,7 @@ pub(crate) fn serve(
         })?;
     Ok(ChannelServer {
         path,
+        bound,
         listener,
         stop,
         conns,

@@ -59,6 +59,7 @@ pub(crate) fn arg_size(opcode: u32) -> usize {
         FUSE_IOCTL => size_of::<fuse_ioctl_in>(),
         FUSE_FALLOCATE => size_of::<fuse_fallocate_in>(),
         FUSE_LSEEK => size_of::<fuse_lseek_in>(),
+        FUSE_STATX => size_of::<fuse_statx_in>(),
         FUSE_INIT => size_of::<fuse_init_in_ext>(),
         // The channel's own (`lanefs-channel`, served by `server/paths.rs`).
         lanefs_channel::OP_STAT => size_of::<lanefs_channel::StatIn>(),

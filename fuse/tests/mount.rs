@@ -1409,6 +1409,168 @@ fn inode_flags_through_the_mount() {
     m.unmount_and_check();
 }
 
+/// `statx(2)` of `path` through the kernel (not following a last symlink), with `mask` and
+/// the sync flags in `flags`.
+fn statx(path: &Path, mask: u32, flags: i32) -> libc::statx {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid C string and `sx` a writable struct statx.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | flags,
+            mask,
+            &mut sx,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "statx {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    sx
+}
+
+/// `statx` through the kernel. The kernel asks with FUSE_STATX (7.39) when a call wants the
+/// birth time and does not have it, and lanefs answers, so the kernel keeps asking (an
+/// ENOSYS would make it stop for the mount): one request for a file just made, none for the
+/// next call (the answer said there is no birth time, which the kernel then remembers).
+/// The answer's basic fields are the engine's, for every kind of inode, through the
+/// FUSE_STATX, GETATTR and cached paths alike.
+///
+/// The inode flags 'i', 'a' and 'd': FUSE_STATX carries their `STATX_ATTR_*` bits and
+/// mask, which Linux (6.6 to 6.18 at least) drops: `fuse_do_statx` copies only the mask,
+/// the basic fields and the birth time of the reply, and nothing else gives a FUSE inode
+/// these bits. So the kernel reports either exactly the engine's bits and their mask, or,
+/// as on those kernels, none of them and no mask for them (printed).
+#[test]
+fn statx_through_the_kernel() {
+    let m = Mounted::new(Config::default(), Duration::from_secs(60));
+    let d = m.path().display();
+    let out = sh(&format!(
+        "set -e; cd {d}; echo data > i; touch a n plain; mkdir dir; chattr +i i; chattr +a a; \
+         chattr +d n; chattr +d dir; mkfifo dir/fifo; ln -s target dir/link; \
+         mknod dir/chr c 259 300"
+    ));
+    assert!(out.status.success(), "{out:?}");
+    let root = lanefs::Ctx::root();
+    let engine = |name: &str| {
+        let mut ino = m.fs.root();
+        for c in name.split('/') {
+            ino = m.fs.lookup(&root, ino, c.as_bytes()).unwrap().ino;
+        }
+        m.fs.getattr(ino).unwrap()
+    };
+    // Through the library too: the kernel's cached attributes are dropped with the change.
+    m.fs.set_flags(
+        &root,
+        engine("plain").ino,
+        lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL,
+    )
+    .unwrap();
+    let names = [
+        "i", "a", "n", "plain", "dir", "dir/fifo", "dir/link", "dir/chr",
+    ];
+    let ours = lanefs::STATX_ATTRS;
+    let basic = libc::STATX_BASIC_STATS;
+    let btime = libc::STATX_BTIME;
+    let calls = [
+        (basic | btime, 0),
+        (basic | btime, libc::AT_STATX_FORCE_SYNC),
+        (basic, 0),
+        (basic, libc::AT_STATX_FORCE_SYNC),
+        (btime, libc::AT_STATX_DONT_SYNC),
+    ];
+    let mut copied = None;
+    for (mask, flags) in calls {
+        for name in names {
+            let sx = statx(&m.path().join(name), mask, flags);
+            let a = engine(name);
+            let at = format!("{name} (mask {mask:#x}, flags {flags:#x})");
+            assert_eq!(sx.stx_mask & btime, 0, "{at}: no birth time");
+            assert_eq!(sx.stx_mask & basic, basic, "{at}");
+            assert_eq!(
+                (
+                    sx.stx_ino,
+                    u32::from(sx.stx_mode),
+                    sx.stx_nlink,
+                    sx.stx_size
+                ),
+                (a.ino.get(), a.mode, a.nlink, a.size),
+                "{at}"
+            );
+            assert_eq!(
+                (sx.stx_uid, sx.stx_gid, sx.stx_blocks),
+                (a.uid, a.gid, a.blocks)
+            );
+            assert_eq!(
+                (sx.stx_mtime.tv_sec, sx.stx_mtime.tv_nsec),
+                (a.mtime.sec, a.mtime.nsec)
+            );
+            assert_eq!(
+                (sx.stx_ctime.tv_sec, sx.stx_ctime.tv_nsec),
+                (a.ctime.sec, a.ctime.nsec)
+            );
+            if name == "dir/chr" {
+                assert_eq!((sx.stx_rdev_major, sx.stx_rdev_minor), (259, 300), "{at}");
+            }
+            let shown = (sx.stx_attributes & ours, sx.stx_attributes_mask & ours);
+            let want = a.statx_attributes();
+            let now = if shown == (want, ours) {
+                true
+            } else {
+                assert_eq!(shown, (0, 0), "{at}: the engine's bits are {want:#x}");
+                false
+            };
+            assert_eq!(
+                *copied.get_or_insert(now),
+                now,
+                "{at}: the kernel changed its mind"
+            );
+        }
+    }
+    eprintln!(
+        "statx_through_the_kernel: this kernel {} the STATX_ATTR_* bits of FUSE_STATX",
+        if copied == Some(true) {
+            "reports"
+        } else {
+            "drops"
+        }
+    );
+    // A file just made: its attributes are cached, its birth time never asked. Asking for it
+    // is one FUSE_STATX (served by one engine getattr); the next call is served by the cache.
+    let new = m.path().join("new");
+    let c = CString::new(new.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFREG | 0o644, 0) };
+    assert_eq!(r, 0);
+    // (The make dropped the root's cached attributes, which the walk's permission check
+    // needs: fetched here.)
+    statx(m.path(), basic, 0);
+    let getattrs = || m.fs.stats().op(lanefs::Op::Getattr);
+    for (want, call) in [(1, "first"), (0, "second")] {
+        let before = getattrs();
+        let sx = statx(&new, basic | btime, 0);
+        assert_eq!(sx.stx_size, 0);
+        assert_eq!(getattrs() - before, want, "{call} statx");
+    }
+    // And cleared again.
+    for name in ["i", "a", "n", "plain", "dir"] {
+        m.fs.set_flags(&root, engine(name).ino, 0).unwrap();
+        let sx = statx(
+            &m.path().join(name),
+            basic | btime,
+            libc::AT_STATX_FORCE_SYNC,
+        );
+        assert_eq!(sx.stx_attributes & ours, 0, "{name}");
+    }
+    m.unmount_and_check();
+}
+
 /// overlayfs with its upper and work directories on lanefs: removing a lower file leaves a
 /// whiteout (RENAME_WHITEOUT, or a 0/0 device) in the upper directory, and the file is gone
 /// from the overlay. Skipped where overlayfs cannot be mounted (no module, not root, or a

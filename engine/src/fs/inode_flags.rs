@@ -84,3 +84,72 @@ impl Filesystem {
         Ok(a)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{
+        Config, Ctx, FS_APPEND_FL, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, Filesystem,
+        STATX_ATTR_APPEND, STATX_ATTR_IMMUTABLE, STATX_ATTR_NODUMP, STATX_ATTRS,
+    };
+
+    /// The attributes carry the inode flags, and `statx_attributes` gives the bits `statx`
+    /// reports for them as tmpfs reports them: 'i', 'a' and 'd' (not 'A'), on files and
+    /// directories, and 'd' inherited by every kind of inode made in a 'd' directory.
+    #[test]
+    fn attributes_carry_the_flags_statx_reports() {
+        let fs = Filesystem::new(Config::default());
+        let root = Ctx::root();
+        let dir = fs.mkdir(&root, fs.root(), b"d", 0o755).unwrap().ino;
+        let (f, _) = fs.create(&root, fs.root(), b"f", 0o644, 0).unwrap();
+        assert_eq!((f.flags, f.statx_attributes()), (0, 0));
+        assert_eq!(
+            STATX_ATTRS,
+            STATX_ATTR_IMMUTABLE | STATX_ATTR_APPEND | STATX_ATTR_NODUMP
+        );
+        for (flags, bits) in [
+            (FS_IMMUTABLE_FL, STATX_ATTR_IMMUTABLE),
+            (FS_APPEND_FL, STATX_ATTR_APPEND),
+            (FS_NODUMP_FL, STATX_ATTR_NODUMP),
+            (FS_NOATIME_FL, 0),
+            (
+                FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL,
+                STATX_ATTRS,
+            ),
+            (0, 0),
+        ] {
+            let a = fs.set_flags(&root, f.ino, flags).unwrap();
+            assert_eq!((a.flags, a.statx_attributes()), (flags, bits), "{flags:#x}");
+            let a = fs.getattr(f.ino).unwrap();
+            assert_eq!((a.flags, a.statx_attributes()), (flags, bits), "{flags:#x}");
+        }
+        fs.set_flags(&root, dir, FS_NODUMP_FL | FS_APPEND_FL)
+            .unwrap();
+        assert_eq!(
+            fs.getattr(dir).unwrap().statx_attributes(),
+            STATX_ATTR_NODUMP | STATX_ATTR_APPEND
+        );
+        let made = [
+            fs.mknod(&root, dir, b"fifo", libc::S_IFIFO | 0o644, 0)
+                .unwrap(),
+            fs.symlink(&root, dir, b"link", b"t").unwrap(),
+            fs.mkdir(&root, dir, b"sub", 0o755).unwrap(),
+            fs.create(&root, dir, b"file", 0o644, 0).unwrap().0,
+        ];
+        for a in made {
+            assert_eq!(
+                (a.flags, a.statx_attributes()),
+                (FS_NODUMP_FL, STATX_ATTR_NODUMP)
+            );
+            let again = fs.getattr(a.ino).unwrap();
+            assert_eq!(again.statx_attributes(), STATX_ATTR_NODUMP);
+        }
+        let sym = fs.lookup(&root, dir, b"link").unwrap();
+        assert_eq!(
+            sym.statx_attributes(),
+            STATX_ATTR_NODUMP,
+            "a lookup's attributes too"
+        );
+        fs.set_flags(&root, dir, 0).unwrap();
+        fs.check_invariants().unwrap();
+    }
+}

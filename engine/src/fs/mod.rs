@@ -737,6 +737,7 @@ impl Filesystem {
             atime: v.atime,
             mtime: v.mtime,
             ctime: v.ctime,
+            flags: v.flags & flags::USER,
         }
     }
 

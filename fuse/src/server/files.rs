@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use lanefs::{Attr, Errno, Ino, SetAttr, Timespec, TruncateBy};
 
-use super::reply::{Handled, OK, done, fattr, node, put, tset};
+use super::reply::{Handled, OK, done, fattr, node, put, statx, tset};
 use super::{Call, Server};
 use crate::abi::*;
 use crate::wire::{Answer, Out, Pending};
@@ -25,6 +25,26 @@ impl Server {
                 attr_valid_nsec: self.ttl.subsec_nanos(),
                 dummy: 0,
                 attr: fattr(&a),
+            },
+        )
+    }
+
+    /// STATX (7.39): the attributes as `statx(2)` has them, with the inode flags' `STATX_ATTR_*`
+    /// bits and the mask of those this filesystem supports. The kernel sends it instead of a
+    /// GETATTR when a `statx` asks for more than the basic fields (the birth time, which
+    /// lanefs does not keep: the reply's mask leaves it out, and the kernel then remembers
+    /// that it has none until the attributes expire) and its attributes are stale or the
+    /// birth time was never asked; the request's mask and flags change nothing here.
+    pub(super) fn statx(&self, req: &Call, out: &mut Out) -> Handled {
+        let _: fuse_statx_in = req.arg()?;
+        let a = self.fs.getattr(node(req.h.nodeid))?;
+        put(
+            out,
+            &fuse_statx_out {
+                attr_valid: self.ttl.as_secs(),
+                attr_valid_nsec: self.ttl.subsec_nanos(),
+                stat: statx(&a),
+                ..fuse_statx_out::default()
             },
         )
     }

@@ -227,11 +227,12 @@ impl Server {
             FUSE_LSEEK => self.lseek(req, out),
             FUSE_FALLOCATE => self.fallocate(req),
             FUSE_TMPFILE => self.tmpfile(req, out),
+            FUSE_STATX => self.statx(req, out),
             // Interrupts are not acted on (`dispatch.rs`).
             FUSE_INTERRUPT => Ok(Answer::None),
             FUSE_DESTROY => OK,
             // A second INIT, locks (the kernel then keeps them itself), BMAP, POLL,
-            // COPY_FILE_RANGE, SYNCFS, STATX and anything newer: not implemented.
+            // COPY_FILE_RANGE, SYNCFS and anything newer: not implemented.
             _ => Err(Errno::ENOSYS),
         }
     }
