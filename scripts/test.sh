@@ -17,7 +17,7 @@
 # The tests run twice over the two FUSE transports (fuse/src/session.rs): the whole workspace
 # with every mount on /dev/fuse (LANEFS_URING=off), then the mount suites (fuse/tests/mount.rs
 # with pjdfstest, dircache.rs, stress.rs, handoff.rs, guardattack.rs, listattack.rs,
-# cli/tests/{cli,crash,memory}.rs) with every mount on
+# cli/tests/{cli,crash,memory,run}.rs) with every mount on
 # io_uring (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with
 # FUSE over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
 # where the kernel has none, or it is off and this is not root, the io_uring pass is skipped
@@ -31,6 +31,14 @@
 # another checkout on the same machine cannot turn it off under this one's io_uring pass.
 # Without root, or while anything else may be mounting through io_uring, its tests skip with
 # a message.
+#
+# LANEFS_KEEP_ENABLE_URING=1 (a machine shared with others, whose setting is not this run's
+# to change) leaves fuse.enable_uring as it is: the script does not turn it on, the io_uring
+# pass runs only if it is on already, and the tests of uring_unavailable.rs that would change
+# it skip with a message.
+#
+# A pass that fails does not stop the other: the io_uring pass runs after a failed first
+# pass too, and the script exits non-zero at the end, naming the passes that failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,12 +82,20 @@ fi
 
 uring_param=/sys/module/fuse/parameters/enable_uring
 uring_lock=/run/lanefs-enable_uring.lock
-if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ]; then
+keep_uring=
+if [ -n "${LANEFS_KEEP_ENABLE_URING:-}" ] && [ "${LANEFS_KEEP_ENABLE_URING}" != 0 ]; then
+    keep_uring=1
+fi
+if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ] && [ -z "$keep_uring" ]; then
     echo Y > "$uring_param"
 fi
 
+failed=()
 echo "scripts/test.sh: pass 1: every test, mounts served through /dev/fuse" >&2
-LANEFS_URING=off cargo test --workspace --locked "$@"
+if ! LANEFS_URING=off cargo test --workspace --locked "$@"; then
+    failed+=("pass 1 (/dev/fuse)")
+    echo "scripts/test.sh: pass 1 FAILED; going on with the io_uring pass" >&2
+fi
 
 # The io_uring pass holds $uring_lock shared on descriptor 9 (closed for the commands it
 # runs, so that no server they leave running keeps it), and turns the setting on again
@@ -87,7 +103,9 @@ LANEFS_URING=off cargo test --workspace --locked "$@"
 if [ "$(id -u)" = 0 ] && [ -e "$uring_param" ] && command -v flock >/dev/null 2>&1; then
     exec 9>>"$uring_lock"
     flock -s 9
-    echo Y > "$uring_param"
+    if [ -z "$keep_uring" ]; then
+        echo Y > "$uring_param"
+    fi
 fi
 if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     echo "scripts/test.sh: pass 2: the mount suites, served through io_uring" >&2
@@ -96,11 +114,22 @@ if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     # minutes on two CPUs); the workspace reuses pass 1's binaries. The names also pick
     # engine/tests/{stress,memory}.rs and store/tests/crash.rs, which mount nothing (a few
     # seconds).
-    LANEFS_URING=on cargo test --workspace --locked --test mount --test dircache \
+    if ! LANEFS_URING=on cargo test --workspace --locked --test mount --test dircache \
         --test stress --test handoff --test guardattack --test listattack --test cli \
-        --test crash --test memory --test run "$@" 9>&-
+        --test crash --test memory --test run "$@" 9>&-; then
+        failed+=("pass 2 (io_uring)")
+    fi
+elif [ -e "$uring_param" ] && [ -n "$keep_uring" ]; then
+    echo "scripts/test.sh: io_uring pass SKIPPED: fuse.enable_uring is off and LANEFS_KEEP_ENABLE_URING says to leave it so" >&2
 elif [ -e "$uring_param" ]; then
     echo "scripts/test.sh: io_uring pass SKIPPED: fuse.enable_uring is off and only root can turn it on" >&2
 else
     echo "scripts/test.sh: io_uring pass SKIPPED: this kernel has no FUSE over io_uring (Linux 6.14+, CONFIG_FUSE_IO_URING)" >&2
 fi
+
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf -v list '%s, ' "${failed[@]}"
+    echo "scripts/test.sh: FAILED: ${list%, }" >&2
+    exit 1
+fi
+echo "scripts/test.sh: every pass that ran passed" >&2

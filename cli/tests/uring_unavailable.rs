@@ -21,6 +21,9 @@
 //! else than `off`; otherwise they skip with a message. The setting is put back as soon as
 //! the mounts under test are made, and in any case when the test ends or fails; a watchdog
 //! process puts it back should the test process die first (killed by a timeout, say).
+//! With `LANEFS_KEEP_ENABLE_URING` set (not empty, not `0`; a machine shared with others,
+//! whose setting is not this run's to change) nothing is written to it: a test that would
+//! have to change it skips with a message, and one that needs the value it already has runs.
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -56,6 +59,11 @@ fn serial() -> MutexGuard<'static, ()> {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// `LANEFS_KEEP_ENABLE_URING` says to leave `fuse.enable_uring` as it is (module doc).
+fn keep_enable_uring() -> bool {
+    std::env::var("LANEFS_KEEP_ENABLE_URING").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 fn enable_uring() -> String {
@@ -140,6 +148,15 @@ impl Settings {
         if !runnable(test) {
             return None;
         }
+        // The tests that take this turn it off (or on, through `uring_offered`, which skips
+        // first under this variable).
+        if keep_enable_uring() && enable_uring() != "N" {
+            return skip(format!(
+                "LANEFS_KEEP_ENABLE_URING is set, and {ENABLE_URING} is {}: the test would \
+                 have to change it",
+                enable_uring()
+            ));
+        }
         match std::env::var("LANEFS_URING") {
             Err(_) => {}
             Ok(v) if v == "off" => {}
@@ -190,8 +207,15 @@ impl Settings {
         })
     }
 
-    /// Sets `fuse.enable_uring` to `value` (`Y` or `N`).
+    /// Sets `fuse.enable_uring` to `value` (`Y` or `N`); writes nothing if it is so already.
     fn set(&mut self, value: &str) {
+        if enable_uring() == value {
+            return;
+        }
+        assert!(
+            !keep_enable_uring(),
+            "LANEFS_KEEP_ENABLE_URING is set, but {ENABLE_URING} is no longer {value} as it was"
+        );
         if self.saved.is_none() {
             let before = enable_uring();
             // Puts the value back unless told `done` first: at end of file, when this
@@ -648,6 +672,13 @@ const RINGS_REFUSED: &str = "cannot set up an io_uring: Operation not permitted 
 fn uring_offered(test: &str) -> Option<Option<Settings>> {
     if enable_uring() == "Y" {
         return Some(None);
+    }
+    if keep_enable_uring() {
+        eprintln!(
+            "{test}: SKIPPED: {ENABLE_URING} is N and LANEFS_KEEP_ENABLE_URING says to leave it \
+             so (the test needs it Y)"
+        );
+        return None;
     }
     let mut s = Settings::take(test)?;
     s.set("Y");

@@ -41,6 +41,25 @@ fn watchdog<T>(name: &str, limit: Duration, f: impl FnOnce() -> T) -> T {
     r
 }
 
+/// The longest [`wait_for`] waits: far past what any of its waits takes on a loaded 2-CPU
+/// machine (seconds), so that it never decides a run that goes on, and below the tests'
+/// watchdogs, so that a wait that would last for good fails with what it waited for.
+const WAIT_LIMIT: Duration = Duration::from_secs(150);
+
+/// Waits until `done()`, looking every 2 ms; if that takes [`WAIT_LIMIT`], fails the test
+/// with `what()` (what was waited for, and what is missing).
+fn wait_for(seed: u64, what: impl Fn() -> String, mut done: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !done() {
+        assert!(
+            t0.elapsed() < WAIT_LIMIT,
+            "seed {seed}: waited {WAIT_LIMIT:?} for {}",
+            what()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -275,6 +294,7 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
         });
         let end = Instant::now() + Duration::from_secs_f64(secs);
         let mut last: Vec<u64> = vec![0; threads];
+        let mut last_flushes = k.syncs.load(SeqCst);
         let mut stuck_since = Instant::now();
         while Instant::now() < end {
             std::thread::sleep(Duration::from_millis(5));
@@ -287,15 +307,22 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
                 .count()
             }) as u64;
             most_segments.fetch_max(n, SeqCst);
+            // Stuck: no writer goes on, and neither does a checkpoint they could be waiting
+            // for (its database's flushes, each `delay` late). Writers held off by a slow
+            // checkpoint wait as long as it takes (over 8 s on a loaded machine), and
+            // writers stranded for good hang the join below (the watchdog).
             let now: Vec<u64> = progress.iter().map(|p| p.load(SeqCst)).collect();
-            if now.iter().zip(&last).any(|(a, b)| a != b) {
+            let flushes = k.syncs.load(SeqCst);
+            if now.iter().zip(&last).any(|(a, b)| a != b) || flushes != last_flushes {
                 stuck_since = Instant::now();
             }
             assert!(
-                stuck_since.elapsed() < Duration::from_secs(8),
-                "seed {seed}: no writer made progress for 8 s"
+                stuck_since.elapsed() < WAIT_LIMIT,
+                "seed {seed}: no writer made progress, and no checkpoint flushed, for {:?}",
+                stuck_since.elapsed()
             );
             last = now;
+            last_flushes = flushes;
         }
         stop.store(true, SeqCst);
         let models: Vec<Model> = hs.into_iter().map(|h| h.join().unwrap()).collect();
@@ -321,8 +348,10 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
     verify(tmp.path(), &o, &models, seed);
 }
 
+/// The seed: `BOUNDATTACK_SEED` or `LANEFS_SEED` if set, else a fresh one.
 fn seed0() -> u64 {
     std::env::var("BOUNDATTACK_SEED")
+        .or_else(|_| std::env::var("LANEFS_SEED"))
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| {
@@ -337,7 +366,7 @@ fn seed0() -> u64 {
 fn storm_tiny_bounds_slow_checkpoints() {
     let s = seed0();
     eprintln!("BOUNDATTACK_SEED={s}");
-    watchdog("storm", Duration::from_secs(240), || {
+    watchdog("storm", Duration::from_secs(600), || {
         storm(s, 12, 0, 1, 40, 2.0);
         storm(s.wrapping_add(1), 16, 1, 1, 120, 2.0);
         storm(s.wrapping_add(2), 8, 2, 4, 250, 2.0);
@@ -346,6 +375,11 @@ fn storm_tiny_bounds_slow_checkpoints() {
 
 /// Checkpoints that fail (sync or write of the database) while writers are held off: writers
 /// go on while they fail, and once they recover a checkpoint succeeds; nothing is lost.
+///
+/// Each step waits for what it needs (a checkpoint's flush; an injected failure; every
+/// writer's progress across further failed tries), not for a time: a checkpoint under way
+/// when the fault began can outlast any fixed window on a loaded machine (one took 13 s),
+/// and a window of 1.1 s once saw no failure injected at all.
 fn failing(seed: u64, fail_write: bool) {
     eprintln!("failing seed {seed} fail_write {fail_write}");
     let tmp = tempfile::tempdir().unwrap();
@@ -363,6 +397,18 @@ fn failing(seed: u64, fail_write: bool) {
         longest_ms: AtomicU64::new(0),
     };
     let progress: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+    let now = || {
+        progress
+            .iter()
+            .map(|p| p.load(SeqCst))
+            .collect::<Vec<u64>>()
+    };
+    // The writers that have not gone past `from` yet.
+    let behind = |from: &[u64]| -> Vec<usize> {
+        (0..threads)
+            .filter(|&t| progress[t].load(SeqCst) <= from[t])
+            .collect()
+    };
     let models = std::thread::scope(|s| {
         let _guard = StopOnDrop(&stop);
         {
@@ -371,6 +417,7 @@ fn failing(seed: u64, fail_write: bool) {
                 c.create_dir(format!("/t{t}")).unwrap();
             }
         }
+        let flushed_at_open = k.syncs.load(SeqCst);
         let hs: Vec<_> = (0..threads)
             .map(|t| {
                 let (fs, stop, st, pr) = (fs.clone(), &stop, &st, &progress[t]);
@@ -380,16 +427,46 @@ fn failing(seed: u64, fail_write: bool) {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(600));
+        // Checkpoints run (one flushed the database) and every writer has begun.
+        let zero = vec![0; threads];
+        wait_for(
+            seed,
+            || {
+                format!(
+                    "a checkpoint's flush ({} since open) and writers {:?} to begin",
+                    k.syncs.load(SeqCst) - flushed_at_open,
+                    behind(&zero)
+                )
+            },
+            || k.syncs.load(SeqCst) > flushed_at_open && behind(&zero).is_empty(),
+        );
         // Fail for a while: every writer must progress meanwhile.
         match fail_write {
             true => k.fail_write.store(true, SeqCst),
             false => k.fail_sync.store(true, SeqCst),
         }
-        std::thread::sleep(Duration::from_millis(300));
-        let before: Vec<u64> = progress.iter().map(|p| p.load(SeqCst)).collect();
-        std::thread::sleep(Duration::from_millis(800));
-        let after: Vec<u64> = progress.iter().map(|p| p.load(SeqCst)).collect();
+        // A checkpoint has failed (the fault is met)...
+        wait_for(
+            seed,
+            || "an injected failure: no failure was injected".to_string(),
+            || k.failed.load(SeqCst) > 0,
+        );
+        // ...and while more tries fail, every writer goes on.
+        let before = now();
+        let failed_before = k.failed.load(SeqCst);
+        wait_for(
+            seed,
+            || {
+                format!(
+                    "every writer to go on while checkpoints failed ({} more failed): writers \
+                     {:?} stuck while checkpoints failed",
+                    k.failed.load(SeqCst) - failed_before,
+                    behind(&before)
+                )
+            },
+            || k.failed.load(SeqCst) >= failed_before + 2 && behind(&before).is_empty(),
+        );
+        let after = now();
         let failed = k.failed.load(SeqCst);
         // One demanded checkpoint fails too.
         let demanded = store.checkpoint();
@@ -410,22 +487,37 @@ fn failing(seed: u64, fail_write: bool) {
             );
         }
         assert!(failed > 0, "seed {seed}: no failure was injected");
-        // Recovered: checkpoints succeed again (on demand, and the checkpointer's).
-        let until = Instant::now() + Duration::from_secs(10);
-        let mut ok = false;
-        while Instant::now() < until {
-            if store.checkpoint().is_ok() {
-                ok = true;
-                break;
+        assert!(
+            demanded.is_err(),
+            "seed {seed}: a demanded checkpoint succeeded while failing"
+        );
+        // Recovered: checkpoints succeed again (on demand, and the checkpointer's). The
+        // first try may still meet the database a failure left closed.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match store.checkpoint() {
+                Ok(_) => break,
+                Err(e) => {
+                    assert!(
+                        tries < 20,
+                        "seed {seed}: no checkpoint succeeded after recovery ({tries} tries): {e}"
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        assert!(ok, "seed {seed}: no checkpoint succeeded after recovery");
-        std::thread::sleep(Duration::from_millis(500));
+        // Writers go on after it (their later writes are checked too).
+        let recovered = now();
+        wait_for(
+            seed,
+            || format!("writers {:?} to go on after recovery", behind(&recovered)),
+            || behind(&recovered).is_empty(),
+        );
         stop.store(true, SeqCst);
         let models: Vec<Model> = hs.into_iter().map(|h| h.join().unwrap()).collect();
         eprintln!(
-            "  ops {} syncs {} longest op {}ms status {:?}",
+            "  ops {} syncs {} longest op {}ms status {:?}, {tries} tries to recover",
             st.ops.load(SeqCst),
             st.syncs.load(SeqCst),
             st.longest_ms.load(SeqCst),
@@ -443,7 +535,7 @@ fn failing(seed: u64, fail_write: bool) {
 fn failing_checkpoints_do_not_strand_writers() {
     let s = seed0();
     eprintln!("BOUNDATTACK_SEED={s}");
-    watchdog("failing", Duration::from_secs(240), || {
+    watchdog("failing", Duration::from_secs(600), || {
         // (The variant whose database writes fail, `failing(_, true)`, holds the test past
         // its watchdog on this machine: the journal it builds is replayed through redb with
         // every flush slowed; it found no fault and is left out.)
@@ -458,7 +550,7 @@ fn failing_checkpoints_do_not_strand_writers() {
 fn close_while_writers_are_held_off() {
     let seed = seed0();
     eprintln!("BOUNDATTACK_SEED={seed}");
-    watchdog("close", Duration::from_secs(240), || {
+    watchdog("close", Duration::from_secs(600), || {
         let tmp = tempfile::tempdir().unwrap();
         let k = Arc::new(Knobs::default());
         k.delay_ms.store(1500, SeqCst);

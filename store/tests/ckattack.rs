@@ -1112,8 +1112,10 @@ fn journal_idle(disk: &SimDisk) {
         {
             return;
         }
+        // Made off the hot path, in milliseconds; the limit only ends a test that would
+        // wait for good, even on a loaded machine.
         assert!(
-            t.elapsed() < Duration::from_secs(10),
+            t.elapsed() < Duration::from_secs(120),
             "no spare segment is made"
         );
         std::thread::sleep(Duration::from_millis(2));

@@ -33,11 +33,12 @@ fn enospc<T: std::fmt::Debug>(r: std::io::Result<T>) {
     }
 }
 
-/// Waits until the segment after the first is made (off the hot path, after open).
+/// Waits until the segment after the first is made (off the hot path, after open); fails
+/// after [`LIMIT`].
 fn wait_for_spare(disk: &SimDisk) {
     let t = Instant::now();
     while disk.used() < 2 * SEG {
-        assert!(t.elapsed() < Duration::from_secs(10), "no spare segment");
+        assert!(t.elapsed() < LIMIT, "no spare segment");
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -61,8 +62,13 @@ fn full_store(disk: &SimDisk) -> (lanefs_store::StoreHandle, Client) {
     (o.store, c)
 }
 
-/// Retries `f` while it fails with ENOSPC, for up to 10 s (the committer notices returned
-/// space within a round or two).
+/// The longest these tests wait for something that takes milliseconds, or seconds of
+/// checkpoints (room given back): only so that a test that would wait for good fails, even on
+/// a loaded machine, where the waits take longer but never decide a run.
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Retries `f` while it fails with ENOSPC, for up to [`LIMIT`] (the committer notices
+/// returned space within a round or two).
 #[track_caller]
 fn eventually<T>(mut f: impl FnMut() -> std::io::Result<T>) -> T {
     let t = Instant::now();
@@ -70,7 +76,7 @@ fn eventually<T>(mut f: impl FnMut() -> std::io::Result<T>) -> T {
         match f() {
             Ok(v) => return v,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-                assert!(t.elapsed() < Duration::from_secs(10), "still ENOSPC");
+                assert!(t.elapsed() < LIMIT, "still ENOSPC");
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(e) => panic!("{e}"),
@@ -493,8 +499,8 @@ fn a_store_that_filled_its_tmpfs_with_files_goes_on_once_they_are_deleted() {
             Ok(()) => break,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                 assert!(
-                    t.elapsed() < Duration::from_secs(20),
-                    "still ENOSPC 20 s after every file was deleted: {:?}\n{}",
+                    t.elapsed() < LIMIT,
+                    "still ENOSPC {LIMIT:?} after every file was deleted: {:?}\n{}",
                     o.store.checkpoint_status(),
                     listing(&store)
                 );
@@ -567,8 +573,8 @@ fn a_store_that_filled_its_tmpfs_goes_on_once_some_files_are_deleted() {
             Ok(()) => break,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
                 assert!(
-                    t.elapsed() < Duration::from_secs(60),
-                    "no file taken 60 s after {} of {written} were deleted: {:?}\n{}",
+                    t.elapsed() < LIMIT,
+                    "no file taken {LIMIT:?} after {} of {written} were deleted: {:?}\n{}",
                     deleted.len(),
                     o.store.checkpoint_status(),
                     listing(&store)
