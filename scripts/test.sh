@@ -37,8 +37,9 @@
 # pass runs only if it is on already, and the tests of uring_unavailable.rs that would change
 # it skip with a message.
 #
-# A pass that fails does not stop the other: the io_uring pass runs after a failed first
-# pass too, and the script exits non-zero at the end, naming the passes that failed.
+# A failure stops nothing: each pass runs every test binary (--no-fail-fast), the io_uring
+# pass runs after a failed first pass too, and the script exits non-zero at the end, naming
+# the passes that failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,7 +93,7 @@ fi
 
 failed=()
 echo "scripts/test.sh: pass 1: every test, mounts served through /dev/fuse" >&2
-if ! LANEFS_URING=off cargo test --workspace --locked "$@"; then
+if ! LANEFS_URING=off cargo test --workspace --locked --no-fail-fast "$@"; then
     failed+=("pass 1 (/dev/fuse)")
     echo "scripts/test.sh: pass 1 FAILED; going on with the io_uring pass" >&2
 fi
@@ -114,7 +115,7 @@ if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     # minutes on two CPUs); the workspace reuses pass 1's binaries. The names also pick
     # engine/tests/{stress,memory}.rs and store/tests/crash.rs, which mount nothing (a few
     # seconds).
-    if ! LANEFS_URING=on cargo test --workspace --locked --test mount --test dircache \
+    if ! LANEFS_URING=on cargo test --workspace --locked --no-fail-fast --test mount --test dircache \
         --test stress --test handoff --test guardattack --test listattack --test cli \
         --test crash --test memory --test run "$@" 9>&-; then
         failed+=("pass 2 (io_uring)")
