@@ -326,8 +326,11 @@ fn closing(holder: &lanefs_store::Holder) -> bool {
     };
     match std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) {
         Ok(table) => !table.lines().any(ours),
-        // Gone meanwhile: the lock goes with it.
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        // Gone meanwhile (the lock goes with it), or exiting: a process whose main thread
+        // has exited has no mount table to show (EINVAL) while its other threads, and so
+        // its open files and the lock, live on a little longer. Only a table we may not
+        // read tells nothing.
+        Err(e) => e.kind() != std::io::ErrorKind::PermissionDenied,
     }
 }
 
