@@ -104,9 +104,10 @@
 //! (`Shared`), outside the mutex: a reopen first empties the slot, waits until no reader
 //! holds the old `Database` (a read transaction is short), drops it, and puts the new one
 //! in. While a checkpoint writes or reopens (`Slot::busy`), a reader that finds the slot
-//! empty, or meets redb's error, waits for the database that replaces it (up to 2 s) and
-//! reads that; reads of file pages out of memory fail with EIO only when there is none (the
-//! reopen failed); it lets go of the `Database` it failed on before it waits (the reopen
+//! empty, or meets redb's error, waits for the database that replaces it (however long the
+//! checkpoint takes: woken by the slot's condition variable, whose mutex is taken before the
+//! slot's lock) and reads that; reads of file pages out of memory fail with EIO only when
+//! there is none (the reopen failed); it lets go of the `Database` it failed on before it waits (the reopen
 //! waits for every holder), naming it by the number of the put that put it in the slot. A
 //! reader marks the slot broken only if the slot still holds the `Database` the reader
 //! failed on, and putting a database in clears the mark, so a reader of a replaced one

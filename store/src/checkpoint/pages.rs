@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use lanefs::{Errno, InodeId};
-use parking_lot::RwLock;
+use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase};
 
 use super::apply::PAGE;
@@ -35,13 +35,14 @@ pub(crate) struct Slot {
     broken: AtomicBool,
     /// A checkpoint is writing, or dropping the database to open it again: a reader that
     /// finds the slot empty, or meets redb's error (a failed write transaction makes redb
-    /// refuse every later one, reads included), waits for the database that replaces it (at
-    /// most [`REOPEN_WAIT`]) instead of failing.
+    /// refuse every later one, reads included), waits for the database that replaces it,
+    /// or for the checkpoint to end without one, instead of failing. Changed under `db`'s
+    /// write lock; `changed` wakes the waiters.
     busy: AtomicBool,
+    /// Signalled, under [`Slot::waiting`], when `db` or `busy` changes.
+    changed: Condvar,
+    waiting: Mutex<()>,
 }
-
-/// How long a page reader waits for a database being reopened.
-const REOPEN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Slot {
     pub(crate) fn new(db: Option<Arc<Database>>) -> Shared {
@@ -49,6 +50,8 @@ impl Slot {
             db: RwLock::new((0, db)),
             broken: AtomicBool::new(false),
             busy: AtomicBool::new(false),
+            changed: Condvar::new(),
+            waiting: Mutex::new(()),
         })
     }
 
@@ -58,34 +61,42 @@ impl Slot {
     }
 
     /// The database in the slot other than the one put by put number `old` (any, without
-    /// it), waiting while a checkpoint is busy (at most [`REOPEN_WAIT`]); `None` if there is
-    /// none then. Polled: this is the path of a checkpoint that failed, not of every read.
+    /// it), waiting while a checkpoint is busy, however long it takes (a checkpoint on a
+    /// loaded host can take seconds to fail and reopen its file, and a read of data the
+    /// checkpoint holds must not fail for that); `None` if there is none once it is done.
     /// The caller holds no `Arc` of the old one: the reopen it waits for waits for that.
     fn replacing(&self, old: Option<u64>) -> Option<(u64, Arc<Database>)> {
-        let t = std::time::Instant::now();
+        let mut w = self.waiting.lock();
         loop {
             if let (n, Some(db)) = self.get()
                 && old != Some(n)
             {
                 return Some((n, db));
             }
-            if !self.busy.load(SeqCst) || t.elapsed() > REOPEN_WAIT {
+            if !self.busy.load(SeqCst) {
                 return None;
             }
-            std::thread::sleep(std::time::Duration::from_micros(200));
+            // `busy` and `db` change under `waiting` too, so no change is missed between
+            // the checks above and the wait.
+            self.changed.wait(&mut w);
         }
     }
 
     /// Says that a checkpoint is writing or reopening the database (`true`), or is done.
     pub(crate) fn busy(&self, on: bool) {
+        let _w = self.waiting.lock();
         self.busy.store(on, SeqCst);
+        self.changed.notify_all();
     }
 
     /// Puts `db` in the slot (`None`: empties it), which is not broken.
     pub(crate) fn put(&self, db: Option<Arc<Database>>) {
+        let _w = self.waiting.lock();
         let mut g = self.db.write();
         *g = (g.0 + 1, db);
         self.broken.store(false, SeqCst);
+        drop(g);
+        self.changed.notify_all();
     }
 
     /// Says that redb failed reading the database put by put number `n`, if it is still
