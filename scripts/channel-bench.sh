@@ -7,8 +7,10 @@
 #     scripts/channel-bench.sh            # defaults below; override with the variables
 #     WORKLOADS="crunl stat" THREADS="1 2" MODE=procs SECS=2 ROUNDS=5 scripts/channel-bench.sh
 #
-# Prints, per workload and worker count, the median ops/s of ROUNDS rounds (the three paths
-# take turns within each round) and the ratios the issue's targets name.
+# Prints, per workload and worker count, the median ops/s of ROUNDS rounds (the paths take
+# turns within each round) and the ratios the issue's targets name. A fourth path, the same
+# tmpfs under `lanefs run` (outside any lanefs mount: the client's prefix check only), gives
+# the client's cost to calls it does not serve (`outside/tmpfs`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKLOADS="${WORKLOADS:-crunl rndrename stat orc}"
@@ -29,23 +31,25 @@ median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 one() { # path-kind dir workload workers -> ops/s
     local kind=$1 d=$2 w=$3 t=$4
     rm -rf "$d" && mkdir -p "$d"
-    if [ "$kind" = run ]; then
+    if [ "$kind" = run ] || [ "$kind" = outside ]; then
         $lanefs run -- $bin "$w" "$d" "$t" "$SECS" "$MODE" | awk '{print $4}'
     else
         $bin "$w" "$d" "$t" "$SECS" "$MODE" | awk '{print $4}'
     fi
 }
-printf '%-10s %3s %12s %12s %12s %10s %10s\n' workload T tmpfs kernel lanefs-run run/tmpfs run/kernel
+printf '%-10s %3s %12s %12s %12s %12s %10s %10s %14s\n' workload T tmpfs kernel lanefs-run outside run/tmpfs run/kernel outside/tmpfs
 for w in $WORKLOADS; do
     for t in $THREADS; do
-        : > /tmp/cb.tmpfs; : > /tmp/cb.kernel; : > /tmp/cb.run
+        : > /tmp/cb.tmpfs; : > /tmp/cb.kernel; : > /tmp/cb.run; : > /tmp/cb.outside
         for _ in $(seq "$ROUNDS"); do
             one tmpfs "$shm/x" "$w" "$t" >> /tmp/cb.tmpfs
             one kernel "$mnt/k" "$w" "$t" >> /tmp/cb.kernel
             one run "$mnt/r" "$w" "$t" >> /tmp/cb.run
+            one outside "$shm/o" "$w" "$t" >> /tmp/cb.outside
         done
         a=$(median < /tmp/cb.tmpfs); b=$(median < /tmp/cb.kernel); c=$(median < /tmp/cb.run)
-        printf '%-10s %3s %12s %12s %12s %10.2f %10.2f\n' "$w" "$t" "$a" "$b" "$c" \
-            "$(echo "$c / $a" | bc -l)" "$(echo "$c / $b" | bc -l)"
+        o=$(median < /tmp/cb.outside)
+        printf '%-10s %3s %12s %12s %12s %12s %10.2f %10.2f %14.3f\n' "$w" "$t" "$a" "$b" "$c" "$o" \
+            "$(echo "$c / $a" | bc -l)" "$(echo "$c / $b" | bc -l)" "$(echo "$o / $a" | bc -l)"
     done
 done
