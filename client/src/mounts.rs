@@ -8,8 +8,10 @@
 //! `lanefs run --mount`), when set, names it. Anything else goes through the kernel.
 //!
 //! The table is read at the first call that needs it, and again whenever the mount
-//! namespace changed (a descriptor of `mountinfo` kept open reports each change to `poll`,
-//! one system call per located path) or a connection to a server failed. A mount made
+//! namespace changed (a descriptor of `mountinfo` kept open reports each change to `poll`:
+//! one system call per path the table places on a lanefs mount, and at most one every
+//! 50 ms for the others, which the kernel serves whatever the table says; `table_outside`)
+//! or a connection to a server failed. A mount made
 //! inside a lanefs mount is therefore seen at the next call, and the lanefs mount's paths
 //! go through the kernel from then on (a directory with a mount on it is EBUSY to rmdir,
 //! which only the kernel knows). Tables
@@ -66,12 +68,36 @@ static WATCH_INO: AtomicU64 = AtomicU64::new(0);
 pub(crate) fn table() -> &'static Table {
     let p = TABLE.load(Acquire);
     if !p.is_null() && !mounts_changed() {
+        POLLED_AT.store(now_ns(), Relaxed);
         // SAFETY: published tables are leaked, never freed.
         return unsafe { &*p };
     }
     reload(true);
+    POLLED_AT.store(now_ns(), Relaxed);
     // SAFETY: as above; `reload(true)` always publishes one.
     unsafe { &*TABLE.load(Acquire) }
+}
+
+/// When [`table`] last asked whether the mounts changed.
+static POLLED_AT: AtomicI64 = AtomicI64::new(i64::MIN);
+
+/// How long [`table_outside`] goes without asking whether the mounts changed.
+const OUTSIDE_POLL_NS: i64 = 50_000_000;
+
+/// The table for a path it may show on no lanefs mount, which then goes to the kernel: the
+/// table as last read, asked anew (one `poll`) only once every [`OUTSIDE_POLL_NS`]. Sending
+/// a path to the kernel is always right, so a lanefs mount made meanwhile costs only the
+/// channel's speed for that long; a path the table does place on a lanefs mount is placed
+/// again with [`table`], which always asks, so that a mount made inside a lanefs mount is
+/// never missed. Calls outside every lanefs mount then cost a prefix check and a read of
+/// the clock (vDSO), no system call.
+pub(crate) fn table_outside() -> &'static Table {
+    let p = TABLE.load(Acquire);
+    if !p.is_null() && now_ns().saturating_sub(POLLED_AT.load(Relaxed)) < OUTSIDE_POLL_NS {
+        // SAFETY: published tables are leaked, never freed.
+        return unsafe { &*p };
+    }
+    table()
 }
 
 /// Whether the mount namespace changed since the table was read (one `poll`, no wait).
