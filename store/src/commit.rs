@@ -9,7 +9,7 @@
 //! **Committing** is one thread's job (the committer). A round: read a stamp `t`; take from
 //! every thread's buffer each record stamped below `t` (records stamped later stay for the
 //! next round); merge them by stamp (a heap over the buffers, each already in stamp order);
-//! write them to the journal as batches (`journal.rs`); and, if anyone waits, flush: then
+//! write them to the journal as batches (`journal/writer.rs`); and, if anyone waits, flush: then
 //! every record stamped below `t` is durable. Every record stamped below `t` has been
 //! appended before its buffer is taken: its thread read the stamp while holding the
 //! buffer's mutex, which the committer takes after reading `t`.
@@ -78,7 +78,7 @@
 //!   writeback fails), and a later one succeeds once the held records are written (unlike
 //!   those hosts, nothing is dropped in between: the records stay held). What a `sync` waits
 //!   for is durable when it returns `Ok`, never otherwise.
-//! - Space runs short before writes fail: segments are made ahead of need (`journal.rs`),
+//! - Space runs short before writes fail: segments are made ahead of need (`journal/spare.rs`),
 //!   and when the next one cannot be made the store is **low** on space (the committer
 //!   learns it after a round, and waits for the segment being made once the one being
 //!   written has less than twice the reserve left). The room left in

@@ -6,7 +6,7 @@
 //! - `lanefs.lock`: locked by the server that has the store open, so a second is refused;
 //!   it names the holding process and what it does ([`StoreHandle::note_holder`]), so that
 //!   the refusal can say who holds the store;
-//! - `journal/`: the records, in segments (`journal.rs`);
+//! - `journal/`: the records, in segments (`journal/`);
 //! - `checkpoint.redb`: the records up to an LSN, applied to keys (`checkpoint/`).
 //!
 //! [`open`] locks the store, loads its checkpoint and replays the journal after it into a new [`Filesystem`] (a torn tail is
