@@ -169,7 +169,7 @@ fn a_load_reads_no_more_than_the_pages_in_use_hold() {
     drop(fs);
     o.store.close().unwrap();
 
-    let (uuid, _) = crate::identity(&disk, dir, false).unwrap();
+    let (uuid, _) = crate::identity::identity(&disk, dir, false).unwrap();
     let ck = Checkpoint::open(&disk, dir, uuid, false, Compact::Never, 1 << 20)
         .unwrap()
         .unwrap();

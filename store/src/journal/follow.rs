@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::blocks::Blocks;
-use super::format::{BATCH_HEADER, BatchHeader, SEGMENT_HEADER, SegmentHeader, records};
+use super::format::{
+    BATCH_HEADER, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, records,
+};
 use super::segments::{dir, first_lsn, segment_path, segments};
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
@@ -192,11 +194,11 @@ pub(crate) fn follow(
         // The records of this batch in `from..=upto`.
         let first = from.saturating_sub(c.lsn) as usize;
         let end = (upto + 1 - c.lsn).min(h.count as u64) as usize;
-        // Where a record's length field is in the payload: 4 bytes before the record.
-        let frame = |r: &[u8]| r.as_ptr() as usize - payload.as_ptr() as usize - 4;
+        // Where a record's length field is in the payload: just before the record.
+        let frame = |r: &[u8]| r.as_ptr() as usize - payload.as_ptr() as usize - RECORD_LEN;
         if first < end {
             let last = recs[end - 1];
-            let span = &payload[frame(recs[first])..frame(last) + 4 + last.len()];
+            let span = &payload[frame(recs[first])..frame(last) + RECORD_LEN + last.len()];
             apply(c.lsn + first as u64, span, &recs[first..end]).map_err(|(k, what)| {
                 let rec_at = c.offset + BATCH_HEADER as u64 + frame(recs[first + k]) as u64;
                 StoreError::damaged(

@@ -1,6 +1,8 @@
 //! The journal's bytes (docs/STORE.md, "Segments" and "Batches"): a segment's header, a
 //! batch's header, and a batch's payload of length-prefixed records.
 
+use crate::layout::{U32, put, store_id_at, u32_at, u64_at};
+
 /// Magic bytes of a segment header.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"LFSJRNL\x01";
 /// Magic bytes of a batch header.
@@ -11,6 +13,44 @@ pub(crate) const SEGMENT_HEADER: usize = 64;
 pub(crate) const BATCH_HEADER: usize = 48;
 /// The journal format version.
 pub(crate) const VERSION: u32 = 1;
+/// The batch format version.
+pub(crate) const BATCH_VERSION: u32 = 1;
+/// Bytes of the length before each record of a payload.
+pub(crate) const RECORD_LEN: usize = U32;
+
+/// Where a segment header's fields are (docs/STORE.md, "Segments"; `layout.rs`).
+pub(crate) mod segment_at {
+    use crate::layout::{STORE_ID as ID, U32, U64};
+
+    pub(crate) const MAGIC: usize = 0;
+    pub(crate) const VERSION: usize = MAGIC + super::SEGMENT_MAGIC.len();
+    pub(crate) const HEADER_LEN: usize = VERSION + U32;
+    pub(crate) const STORE_ID: usize = HEADER_LEN + U32;
+    pub(crate) const SEQ: usize = STORE_ID + ID;
+    pub(crate) const FIRST_LSN: usize = SEQ + U64;
+    /// Written as zeros.
+    pub(crate) const RESERVED: usize = FIRST_LSN + U64;
+    /// The CRC of the bytes before it.
+    pub(crate) const CRC: usize = RESERVED + 12;
+    const _: () = assert!(CRC + U32 == super::SEGMENT_HEADER);
+}
+
+/// Where a batch header's fields are (docs/STORE.md, "Batches"; `layout.rs`).
+pub(crate) mod batch_at {
+    use crate::layout::{U32, U64};
+
+    pub(crate) const MAGIC: usize = 0;
+    pub(crate) const VERSION: usize = MAGIC + super::BATCH_MAGIC.len();
+    pub(crate) const SEGMENT: usize = VERSION + U32;
+    pub(crate) const FIRST_LSN: usize = SEGMENT + U64;
+    pub(crate) const COUNT: usize = FIRST_LSN + U64;
+    pub(crate) const LEN: usize = COUNT + U32;
+    pub(crate) const PAYLOAD_CRC: usize = LEN + U32;
+    pub(crate) const FLUSHED: usize = PAYLOAD_CRC + U32;
+    /// The CRC of the bytes before it, seeded with the store id.
+    pub(crate) const CRC: usize = FLUSHED + U64;
+    const _: () = assert!(CRC + U32 == super::BATCH_HEADER);
+}
 
 /// A segment's header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +60,7 @@ pub(crate) struct SegmentHeader {
     /// LSN of its first record; 0 in a spare header (a recycled segment not yet started).
     pub first_lsn: u64,
 }
+
 /// Whether `b` (the first bytes of segment `seq`) says the segment holds no record: zeros,
 /// or a spare header of this store and number.
 pub(super) fn unused_header(b: &[u8], uuid: &[u8; 16], seq: u64) -> bool {
@@ -32,15 +73,20 @@ pub(super) fn unused_header(b: &[u8], uuid: &[u8; 16], seq: u64) -> bool {
 
 impl SegmentHeader {
     pub(crate) fn encode(&self) -> [u8; SEGMENT_HEADER] {
+        use segment_at as at;
         let mut b = [0u8; SEGMENT_HEADER];
-        b[0..8].copy_from_slice(&SEGMENT_MAGIC);
-        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        b[12..16].copy_from_slice(&(SEGMENT_HEADER as u32).to_le_bytes());
-        b[16..32].copy_from_slice(&self.uuid);
-        b[32..40].copy_from_slice(&self.seq.to_le_bytes());
-        b[40..48].copy_from_slice(&self.first_lsn.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..60]);
-        b[60..64].copy_from_slice(&crc.to_le_bytes());
+        put(&mut b, at::MAGIC, &SEGMENT_MAGIC);
+        put(&mut b, at::VERSION, &VERSION.to_le_bytes());
+        put(
+            &mut b,
+            at::HEADER_LEN,
+            &(SEGMENT_HEADER as u32).to_le_bytes(),
+        );
+        put(&mut b, at::STORE_ID, &self.uuid);
+        put(&mut b, at::SEQ, &self.seq.to_le_bytes());
+        put(&mut b, at::FIRST_LSN, &self.first_lsn.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..at::CRC]);
+        put(&mut b, at::CRC, &crc.to_le_bytes());
         b
     }
 
@@ -56,29 +102,22 @@ impl SegmentHeader {
         if b.iter().all(|&x| x == 0) {
             return Ok(None);
         }
-        if b[0..8] != SEGMENT_MAGIC {
+        use segment_at as at;
+        if b[at::MAGIC..at::VERSION] != SEGMENT_MAGIC {
             return Err("not a journal segment (bad magic)");
         }
-        if crc32c::crc32c(&b[..60]) != u32_at(b, 60) {
+        if crc32c::crc32c(&b[..at::CRC]) != u32_at(b, at::CRC) {
             return Err("segment header checksum mismatch");
         }
-        if u32_at(b, 8) != VERSION {
+        if u32_at(b, at::VERSION) != VERSION {
             return Err("unknown journal format version");
         }
         Ok(Some(SegmentHeader {
-            uuid: b[16..32].try_into().expect("16 bytes"),
-            seq: u64_at(b, 32),
-            first_lsn: u64_at(b, 40),
+            uuid: store_id_at(b, at::STORE_ID),
+            seq: u64_at(b, at::SEQ),
+            first_lsn: u64_at(b, at::FIRST_LSN),
         }))
     }
-}
-
-pub(super) fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
 /// A batch's header.
@@ -97,35 +136,40 @@ impl BatchHeader {
     /// Its bytes. The header's checksum is seeded with the store's id, so bytes stored
     /// inside a record (a file's data) cannot pass for a batch header of this store.
     pub(crate) fn encode(&self, uuid: &[u8; 16]) -> [u8; BATCH_HEADER] {
+        use batch_at as at;
         let mut b = [0u8; BATCH_HEADER];
-        b[0..4].copy_from_slice(&BATCH_MAGIC);
-        b[4..8].copy_from_slice(&1u32.to_le_bytes());
-        b[8..16].copy_from_slice(&self.segment.to_le_bytes());
-        b[16..24].copy_from_slice(&self.first_lsn.to_le_bytes());
-        b[24..28].copy_from_slice(&self.count.to_le_bytes());
-        b[28..32].copy_from_slice(&self.len.to_le_bytes());
-        b[32..36].copy_from_slice(&self.crc.to_le_bytes());
-        b[36..44].copy_from_slice(&self.flushed.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..44]);
-        b[44..48].copy_from_slice(&crc.to_le_bytes());
+        put(&mut b, at::MAGIC, &BATCH_MAGIC);
+        put(&mut b, at::VERSION, &BATCH_VERSION.to_le_bytes());
+        put(&mut b, at::SEGMENT, &self.segment.to_le_bytes());
+        put(&mut b, at::FIRST_LSN, &self.first_lsn.to_le_bytes());
+        put(&mut b, at::COUNT, &self.count.to_le_bytes());
+        put(&mut b, at::LEN, &self.len.to_le_bytes());
+        put(&mut b, at::PAYLOAD_CRC, &self.crc.to_le_bytes());
+        put(&mut b, at::FLUSHED, &self.flushed.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..at::CRC]);
+        put(&mut b, at::CRC, &crc.to_le_bytes());
         b
     }
 
     /// `None` unless the bytes are a batch header of store `uuid` whose checksum holds.
     pub(crate) fn decode(b: &[u8], uuid: &[u8; 16]) -> Option<BatchHeader> {
-        if b.len() < BATCH_HEADER || b[0..4] != BATCH_MAGIC || u32_at(b, 4) != 1 {
+        use batch_at as at;
+        if b.len() < BATCH_HEADER
+            || b[at::MAGIC..at::VERSION] != BATCH_MAGIC
+            || u32_at(b, at::VERSION) != BATCH_VERSION
+        {
             return None;
         }
-        if crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..44]) != u32_at(b, 44) {
+        if crc32c::crc32c_append(crc32c::crc32c(uuid), &b[..at::CRC]) != u32_at(b, at::CRC) {
             return None;
         }
         Some(BatchHeader {
-            segment: u64_at(b, 8),
-            first_lsn: u64_at(b, 16),
-            count: u32_at(b, 24),
-            len: u32_at(b, 28),
-            crc: u32_at(b, 32),
-            flushed: u64_at(b, 36),
+            segment: u64_at(b, at::SEGMENT),
+            first_lsn: u64_at(b, at::FIRST_LSN),
+            count: u32_at(b, at::COUNT),
+            len: u32_at(b, at::LEN),
+            crc: u32_at(b, at::PAYLOAD_CRC),
+            flushed: u64_at(b, at::FLUSHED),
         })
     }
 }
@@ -135,14 +179,15 @@ pub(crate) fn push_record(payload: &mut Vec<u8>, rec: &[u8]) {
     payload.extend_from_slice(&(rec.len() as u32).to_le_bytes());
     payload.extend_from_slice(rec);
 }
+
 /// Splits a payload into its records; `None` if it does not hold exactly `count` of them.
 pub(crate) fn records(payload: &[u8], count: u32) -> Option<Vec<&[u8]>> {
-    // At most one record per 4 bytes, however large a count a header claims.
-    let mut out = Vec::with_capacity((count as usize).min(payload.len() / 4));
+    // At most one record per length's bytes, however large a count a header claims.
+    let mut out = Vec::with_capacity((count as usize).min(payload.len() / RECORD_LEN));
     let mut at = 0usize;
     while at < payload.len() {
-        let len = u32_at(payload.get(at..at + 4)?, 0) as usize;
-        at += 4;
+        let len = u32_at(payload.get(at..at + RECORD_LEN)?, 0) as usize;
+        at += RECORD_LEN;
         out.push(payload.get(at..at + len)?);
         at += len;
     }

@@ -45,11 +45,11 @@ mod writer;
 
 pub(crate) use follow::{Cursor, follow};
 pub(crate) use format::{
-    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC, SegmentHeader,
-    encode_segment,
+    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC, SegmentHeader, VERSION,
+    batch_at, encode_segment, segment_at,
 };
 #[cfg(test)]
-pub(crate) use format::{VERSION, records};
+pub(crate) use format::{BATCH_VERSION, records};
 pub(crate) use recycle::{FREE_MAX, drop_free, free_path, free_segments};
 pub(crate) use room::{RoomHold, checkpoint_room};
 #[cfg(test)]

@@ -10,7 +10,8 @@
 use std::path::{Path, PathBuf};
 
 use super::format::{
-    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SegmentHeader, records, unused_header,
+    BATCH_HEADER, BATCH_MAGIC, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, records,
+    segment_at, unused_header,
 };
 use super::segments::{head, segment_path, segments};
 use crate::disk::{Disk, DiskFile};
@@ -108,12 +109,16 @@ pub(crate) fn scan(
                     }
                     // A recycled segment not yet started: what follows is an earlier life's.
                     Some(h) if h.uuid != uuid => {
-                        return Err(StoreError::damaged(&path, 16, "segment of another store"));
+                        return Err(StoreError::damaged(
+                            &path,
+                            segment_at::STORE_ID as u64,
+                            "segment of another store",
+                        ));
                     }
                     Some(h) if h.seq != seq => {
                         return Err(StoreError::damaged(
                             &path,
-                            32,
+                            segment_at::SEQ as u64,
                             format!("spare segment number {} in a file named {seq:016x}", h.seq),
                         ));
                     }
@@ -150,19 +155,23 @@ pub(crate) fn scan(
             }
         };
         if header.uuid != uuid {
-            return Err(StoreError::damaged(&path, 16, "segment of another store"));
+            return Err(StoreError::damaged(
+                &path,
+                segment_at::STORE_ID as u64,
+                "segment of another store",
+            ));
         }
         if header.seq != seq {
             return Err(StoreError::damaged(
                 &path,
-                32,
+                segment_at::SEQ as u64,
                 format!("segment number {} in a file named {seq:016x}", header.seq),
             ));
         }
         if started && header.first_lsn != follows {
             return Err(StoreError::damaged(
                 &path,
-                40,
+                segment_at::FIRST_LSN as u64,
                 format!(
                     "segment starts at record {}, expected {follows}",
                     header.first_lsn
@@ -172,7 +181,7 @@ pub(crate) fn scan(
         if !started && header.first_lsn > expected {
             return Err(StoreError::damaged(
                 &path,
-                40,
+                segment_at::FIRST_LSN as u64,
                 format!(
                     "first segment starts at record {}, records from {expected} are missing",
                     header.first_lsn
@@ -261,7 +270,7 @@ pub(crate) fn scan(
                     expected = lsn + 1;
                 }
                 lsn += 1;
-                rec_at += 4 + r.len();
+                rec_at += RECORD_LEN + r.len();
             }
             at += BATCH_HEADER + h.len as usize;
         }

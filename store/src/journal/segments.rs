@@ -52,6 +52,7 @@ pub(super) fn listing(disk: &dyn Disk, store: &Path) -> Result<(Vec<u64>, Vec<u6
     free.sort_unstable();
     Ok((seqs, free))
 }
+
 /// A file opened, its first bytes (a segment header's length), and how many it has of them.
 pub(super) type Head = (Arc<dyn DiskFile>, [u8; SEGMENT_HEADER], usize);
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::blocks::Blocks;
 use super::format::{
-    BATCH_HEADER, BatchHeader, SEGMENT_HEADER, SegmentHeader, push_record, u32_at,
+    BATCH_HEADER, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, push_record,
 };
 use super::recycle::tidy_free;
 use super::room::RoomHold;
@@ -22,6 +22,7 @@ use super::segments::segment_path;
 use super::spare::{Spare, SpareJob, make_segment, spare_block};
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
+use crate::layout::u32_at;
 
 /// Records gathered for [`Writer::write_payload`]: room for a batch header, then each record
 /// as it goes into a batch. Kept and reused by its owner, so its memory is not faulted in
@@ -341,10 +342,10 @@ impl Writer {
                 let mut n = 0u32;
                 while end < p.buf.len() {
                     let len = u32_at(&p.buf, end) as usize;
-                    if BATCH_HEADER + (end + 4 + len - at) > room(self) && n > 0 {
+                    if BATCH_HEADER + (end + RECORD_LEN + len - at) > room(self) && n > 0 {
                         break;
                     }
-                    end += 4 + len;
+                    end += RECORD_LEN + len;
                     n += 1;
                 }
                 let mut part = std::mem::take(&mut self.buf);
