@@ -60,7 +60,7 @@ pub use crate::commit::Counters;
 use crate::commit::Log;
 pub use crate::disk::Holder;
 use crate::disk::{Disk, RealDisk};
-pub use crate::error::StoreError;
+pub use crate::error::{CheckpointError, StoreError};
 use crate::identity::{existing_store, identity};
 
 /// The lock file's name.
@@ -293,7 +293,7 @@ impl StoreHandle {
     /// wait out the checkpointer's delay after failed checkpoints
     /// ([`Options::checkpoint_retry`]); its outcome counts as theirs (a success ends the
     /// delays, a failure doubles the next).
-    pub fn checkpoint(&self) -> Result<u64, String> {
+    pub fn checkpoint(&self) -> Result<u64, CheckpointError> {
         self.checkpointer.now()
     }
 

@@ -12,6 +12,7 @@ use super::{Checkpoint, journal};
 use crate::clock::Clock;
 use crate::commit::Log;
 use crate::disk::Disk;
+use crate::error::CheckpointError;
 
 /// When the checkpointer takes a checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -85,7 +86,7 @@ fn take(
     disk: &dyn Disk,
     epochs: &PageEpochs,
     stop: &dyn Fn() -> bool,
-) -> Result<u64, String> {
+) -> Result<u64, CheckpointError> {
     let epoch = epochs.begin();
     // Every record appended before the first sync (so every change labelled with `epoch` or
     // before) is written when it returns; the second makes every record written by then
@@ -112,12 +113,13 @@ fn take(
             let durable = log.flushed_lsn();
             let applied = ck.advance(disk, durable, stop)?;
             ck.careful = true;
-            Err(format!(
-                "journal commit: {e}; the {applied} records up to {durable} that were durable \
-                 were taken"
-            ))
+            Err(CheckpointError::DurableTaken {
+                errno: e,
+                applied,
+                durable,
+            })
         }
-        Err(e) => Err(format!("journal commit: {e}")),
+        Err(e) => Err(CheckpointError::JournalCommit(e)),
     }
 }
 
@@ -132,7 +134,11 @@ struct Ctx<'a> {
 
 /// [`take`], counted in the checkpoint's attempts and its [`Backoff`] (a failure that a
 /// stop caused is not counted as one).
-fn attempt(ck: &mut Checkpoint, c: &Ctx<'_>, stop: &dyn Fn() -> bool) -> Result<u64, String> {
+fn attempt(
+    ck: &mut Checkpoint,
+    c: &Ctx<'_>,
+    stop: &dyn Fn() -> bool,
+) -> Result<u64, CheckpointError> {
     ck.attempts += 1;
     // From now until a look finds none due, a journal over its size takes only syncs, so
     // that writers wait for this checkpoint and the next rather than grow the journal in
@@ -175,7 +181,7 @@ impl Checkpointer {
 
     /// Takes a checkpoint of every record appended so far, now (whatever the [`Backoff`]
     /// says; its outcome counts there); returns the records it applied.
-    pub(crate) fn now(&self) -> Result<u64, String> {
+    pub(crate) fn now(&self) -> Result<u64, CheckpointError> {
         attempt(&mut self.ck.lock(), &self.ctx(), &|| false)
     }
 

@@ -12,7 +12,7 @@ use super::kv::{self, Superblock};
 use super::window::Win;
 use super::{Checkpoint, DATA, FILE, META, Slot, ZEROS, apply, backend, journal};
 use crate::disk::Disk;
-use crate::error::StoreError;
+use crate::error::{CheckpointError, StoreError};
 
 const TMP: &str = "checkpoint.redb.tmp";
 
@@ -356,7 +356,7 @@ impl Checkpoint {
 
     /// Drops the database, if open, and opens it again from its file.
     /// Page readers meanwhile wait for it ([`pages::Slot::busy`]) rather than fail.
-    pub(crate) fn repair(&mut self, disk: &dyn Disk) -> Result<(), String> {
+    pub(crate) fn repair(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
         self.shared.busy(true);
         self.close_db();
         let r = self.reopen(disk);
@@ -393,7 +393,7 @@ impl Checkpoint {
     /// crash-safe at any point), so the reopened database holds what the dropped one had
     /// committed, no less trustworthy than it, and retrying on a full host does not read the
     /// whole checkpoint each time.
-    fn reopen(&mut self, disk: &dyn Disk) -> Result<(), String> {
+    fn reopen(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
         let fresh = guarded(
             || {
                 Self::open_made(
@@ -408,17 +408,15 @@ impl Checkpoint {
             },
             |e| damaged(&self.path, e),
         )
-        .map_err(|e| format!("reopening the checkpoint: {e}"))?;
+        .map_err(CheckpointError::Reopen)?;
         let sb = fresh.sb;
         if sb.lsn < self.committed {
             // A commit that returned Ok is gone, and the segments it covered may be too.
-            return Err(format!(
-                "reopening the checkpoint: {}: it holds records up to {}, but a commit up to {} \
-                 had succeeded",
-                self.path.display(),
-                sb.lsn,
-                self.committed
-            ));
+            return Err(CheckpointError::CommitLost {
+                path: self.path.clone(),
+                holds: sb.lsn,
+                committed: self.committed,
+            });
         }
         // Above `committed` only if a commit that reported an error (in its last flush)
         // reached the file anyway: build on it, but remove no segment for it until a commit

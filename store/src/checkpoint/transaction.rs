@@ -10,27 +10,42 @@ use super::kv::{self, Superblock};
 use super::window::WINDOW;
 use super::{Checkpoint, DATA, META, ZEROS, apply, guarded, journal};
 use crate::disk::Disk;
+use crate::error::CheckpointError;
 
 /// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
 pub(super) struct Failed {
-    pub(super) why: String,
+    pub(super) error: CheckpointError,
     /// redb failed (or panicked): the database may refuse every later transaction, so it is
     /// dropped and reopened.
     pub(super) reopen: bool,
 }
 
 impl Failed {
+    /// redb's failure ([`CheckpointError::Database`]).
     pub(super) fn db(e: impl std::fmt::Display) -> Failed {
         Failed {
-            why: e.to_string(),
+            error: CheckpointError::Database(e.to_string()),
             reopen: true,
         }
     }
 
-    pub(super) fn other(why: impl Into<String>) -> Failed {
+    /// A failure that leaves redb as it is.
+    pub(super) fn other(error: CheckpointError) -> Failed {
         Failed {
-            why: why.into(),
+            error,
             reopen: false,
+        }
+    }
+
+    /// A record that could not be applied: redb's failure ([`apply::ApplyError::Db`]), or
+    /// one that leaves redb as it is.
+    pub(super) fn applying(
+        e: apply::ApplyError,
+        error: impl FnOnce(String) -> CheckpointError,
+    ) -> Failed {
+        Failed {
+            reopen: matches!(e, apply::ApplyError::Db(_)),
+            error: error(e.to_string()),
         }
     }
 }
@@ -47,7 +62,7 @@ impl Checkpoint {
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, CheckpointError> {
         if self.needs_repair() {
             self.repair(disk)?;
         }
@@ -55,7 +70,7 @@ impl Checkpoint {
             if self.recycle_due {
                 // Segments the last commit covers, left by a removal that failed (a commit
                 // removes them itself).
-                self.recycle(disk).map_err(|e| e.to_string())?;
+                self.recycle(disk).map_err(CheckpointError::Store)?;
             }
             return Ok(0);
         }
@@ -92,11 +107,14 @@ impl Checkpoint {
                 // database"): drop it (its file is left as a crash would leave it: the last
                 // committed transaction, which the reopen recovers) and reopen it now.
                 match self.repair(disk) {
-                    Ok(()) => Err(f.why),
-                    Err(e) => Err(format!("{}; then {e}", f.why)),
+                    Ok(()) => Err(f.error),
+                    Err(e) => Err(CheckpointError::ThenReopen {
+                        failure: Box::new(f.error),
+                        reopen: Box::new(e),
+                    }),
                 }
             }
-            Err(f) => Err(f.why),
+            Err(f) => Err(f.error),
         };
         self.shared.busy(false);
         r
@@ -116,8 +134,8 @@ impl Checkpoint {
         let from = self.sb.lsn + 1;
         // One transaction for the whole journal, unless the host's room is short of what that
         // may need (or a checkpoint failed): then one per segment.
-        let seqs =
-            journal::segments(disk, &self.store).map_err(|e| Failed::other(e.to_string()))?;
+        let seqs = journal::segments(disk, &self.store)
+            .map_err(|e| Failed::other(CheckpointError::Store(e)))?;
         let size = seqs
             .first()
             .map_or(0, |&q| journal::segment_len(disk, &self.store, q));
@@ -213,7 +231,7 @@ impl Checkpoint {
                     win.push(first, span, recs, &mut t.ghosts)?;
                     if win.bytes.len() >= WINDOW {
                         applied += win.apply(&mut t).map_err(|f| {
-                            let s = f.why.clone();
+                            let s = f.error.to_string();
                             why = Some(f);
                             (0, s)
                         })?;
@@ -230,14 +248,12 @@ impl Checkpoint {
                 self.ghosts = std::mem::take(&mut t.ghosts);
             }
             let next = match read {
-                Err(_) if stop() => return Err(Failed::other("stopped")),
-                Err(e) => return Err(Failed::other(e.to_string())),
+                Err(_) if stop() => return Err(Failed::other(CheckpointError::Stopped)),
+                Err(e) => return Err(Failed::other(CheckpointError::Store(e))),
                 Ok(next) => next,
             };
-            t.end().map_err(|e| Failed {
-                reopen: matches!(e, apply::ApplyError::Db(_)),
-                why: format!("writing back pages and inodes: {e}"),
-            })?;
+            t.end()
+                .map_err(|e| Failed::applying(e, CheckpointError::WriteBack))?;
             let sb = Superblock {
                 uuid: self.uuid,
                 lsn: upto,
@@ -257,7 +273,7 @@ impl Checkpoint {
         self.cursor = Some(next);
         self.recycle_due = true;
         self.recycle(disk)
-            .map_err(|e| Failed::other(format!("the checkpoint is committed, but: {e}")))?;
+            .map_err(|e| Failed::other(CheckpointError::Recycle(e)))?;
         Ok(applied)
     }
 
@@ -293,7 +309,7 @@ impl Checkpoint {
                 Ok(())
             },
         )
-        .map_err(|e| Failed::other(e.to_string()))?;
+        .map_err(|e| Failed::other(CheckpointError::Store(e)))?;
         Ok(doomed)
     }
 }

@@ -5,6 +5,7 @@ use lanefs::{Glance, Record};
 
 use super::apply;
 use super::transaction::Failed;
+use crate::error::CheckpointError;
 
 /// Bytes of records a checkpoint reads before it applies them (`Win`).
 pub(super) const WINDOW: usize = 4 << 20;
@@ -85,26 +86,26 @@ impl Win {
     /// empties the window; returns how many records it applied.
     pub(super) fn apply(&mut self, t: &mut apply::Tables<'_>) -> Result<u64, Failed> {
         t.ghosts.settle();
-        let failed = |lsn: String, e: apply::ApplyError| Failed {
-            reopen: matches!(e, apply::ApplyError::Db(_)),
-            why: format!("record {lsn}: {e}"),
-        };
         for (k, &(a, b, g)) in self.recs.iter().enumerate() {
             let lsn = self.first + k as u64;
             if g != NO_GIST
                 && let Some(r) = t.absorb(&self.gists[g as usize])
             {
-                r.map_err(|e| failed(lsn.to_string(), e))?;
+                r.map_err(|e| Failed::applying(e, |what| CheckpointError::Record { lsn, what }))?;
                 continue;
             }
             let bytes = &self.bytes[a as usize..b as usize];
-            let r = Record::decode(bytes).map_err(|e| Failed::other(e.to_string()))?;
-            t.apply(&r).map_err(|e| failed(lsn.to_string(), e))?;
+            let r = Record::decode(bytes)
+                .map_err(|e| Failed::other(CheckpointError::Decode(e.to_string())))?;
+            t.apply(&r)
+                .map_err(|e| Failed::applying(e, |what| CheckpointError::Record { lsn, what }))?;
         }
         let n = self.recs.len() as u64;
         if n > 0 {
-            let span = format!("{}..={}", self.first, self.first + n - 1);
-            t.finish().map_err(|e| failed(span, e))?;
+            let (first, last) = (self.first, self.first + n - 1);
+            t.finish().map_err(|e| {
+                Failed::applying(e, |what| CheckpointError::Records { first, last, what })
+            })?;
         }
         t.ghosts.clear();
         self.clear();
