@@ -122,7 +122,7 @@ impl Engine {
         // filesystem would have written it back long before, so that the run measures the
         // workload's own costs (docs/results/HISTORY.md, "The disk store: fsync, journaling cost, recovery").
         if let Some((s, _)) = &e.store {
-            s.checkpoint()?;
+            s.checkpoint().map_err(|e| e.to_string())?;
         }
         Ok(e)
     }

@@ -9,7 +9,7 @@
 //! **Committing** is one thread's job (the committer). A round: read a stamp `t`; take from
 //! every thread's buffer each record stamped below `t` (records stamped later stay for the
 //! next round); merge them by stamp (a heap over the buffers, each already in stamp order);
-//! write them to the journal as batches (`journal.rs`); and, if anyone waits, flush: then
+//! write them to the journal as batches (`journal/writer.rs`); and, if anyone waits, flush: then
 //! every record stamped below `t` is durable. Every record stamped below `t` has been
 //! appended before its buffer is taken: its thread read the stamp while holding the
 //! buffer's mutex, which the committer takes after reading `t`.
@@ -78,7 +78,7 @@
 //!   writeback fails), and a later one succeeds once the held records are written (unlike
 //!   those hosts, nothing is dropped in between: the records stay held). What a `sync` waits
 //!   for is durable when it returns `Ok`, never otherwise.
-//! - Space runs short before writes fail: segments are made ahead of need (`journal.rs`),
+//! - Space runs short before writes fail: segments are made ahead of need (`journal/spare.rs`),
 //!   and when the next one cannot be made the store is **low** on space (the committer
 //!   learns it after a round, and waits for the segment being made once the one being
 //!   written has less than twice the reserve left). The room left in
@@ -121,6 +121,7 @@ use thread_local::ThreadLocal;
 
 use crate::error::StoreError;
 use crate::journal::{Payload, Spare, Writer, out_of_space};
+use crate::layout::{put, u32_at, u64_at};
 use crate::stamp::Clock;
 
 /// The longest a committer holding off for a checkpoint sleeps before it looks again
@@ -173,8 +174,18 @@ struct Lane {
     last: AtomicU64,
 }
 
-/// One thread's records: `[stamp u64][len u32][record]` each, in stamp order, across its
-/// chunks in order.
+/// Where a buffered record's parts are (`layout.rs`): its stamp, its length, then the
+/// record.
+mod entry_at {
+    use crate::layout::{U32, U64};
+
+    pub(super) const STAMP: usize = 0;
+    pub(super) const LEN: usize = STAMP + U64;
+    pub(super) const RECORD: usize = LEN + U32;
+}
+
+/// One thread's records: `[stamp u64][len u32][record]` each ([`entry_at`]), in stamp
+/// order, across its chunks in order.
 #[derive(Default)]
 struct Buf {
     chunks: Vec<Vec<u8>>,
@@ -445,22 +456,22 @@ impl Log {
         }
         let c = b.chunks.last_mut().expect("a chunk with room");
         let start = c.len();
-        c.extend_from_slice(&stamp.to_le_bytes());
-        c.extend_from_slice(&[0; 4]);
+        c.resize(start + entry_at::RECORD, 0);
+        put(c, start + entry_at::STAMP, &stamp.to_le_bytes());
         rec.encode(c);
-        let len = c.len() - start - 12;
+        let len = c.len() - start - entry_at::RECORD;
         if mode & LOW != 0 && !frees_space(rec) {
             // Charged to the budget the committer set; refused (and taken back out of the
             // buffer) if it does not fit.
-            let size = (12 + len) as i64;
+            let size = (entry_at::RECORD + len) as i64;
             if self.budget.fetch_sub(size, Relaxed) < size {
                 self.budget.fetch_add(size, Relaxed);
                 c.truncate(start);
                 return Err(Errno::ENOSPC);
             }
         }
-        c[start + 8..start + 12].copy_from_slice(&(len as u32).to_le_bytes());
-        b.bytes += 12 + len;
+        put(c, start + entry_at::LEN, &(len as u32).to_le_bytes());
+        b.bytes += entry_at::RECORD + len;
         // Read by `sync_then` (Acquire) to learn how far a sync must reach.
         lane.last.store(stamp, Release);
         let kick = b.bytes >= WAKE_BYTES && !b.kicked;
@@ -839,8 +850,8 @@ impl Log {
 /// The stamp and record length of the entry at `at`.
 #[inline]
 fn entry(run: &[u8], at: usize) -> (u64, usize) {
-    let stamp = u64::from_le_bytes(run[at..at + 8].try_into().expect("8 bytes"));
-    let len = u32::from_le_bytes(run[at + 8..at + 12].try_into().expect("4 bytes"));
+    let stamp = u64_at(run, at + entry_at::STAMP);
+    let len = u32_at(run, at + entry_at::LEN);
     (stamp, len as usize)
 }
 
@@ -887,8 +898,9 @@ impl Src {
     fn take(&mut self, out: &mut Payload) {
         let c = &self.chunks[self.ci];
         let (_, len) = entry(c, self.at);
-        out.push(&c[self.at + 12..self.at + 12 + len]);
-        self.at += 12 + len;
+        let rec = self.at + entry_at::RECORD;
+        out.push(&c[rec..rec + len]);
+        self.at = rec + len;
     }
 
     /// The records not taken, as a source of their own (`chunk` gives a chunk for the rest

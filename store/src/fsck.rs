@@ -22,7 +22,8 @@ use lanefs::{Config, Filesystem, InodeId, Record, Store};
 
 use crate::checkpoint::{Checkpoint, Compact, PageReader};
 use crate::error::StoreError;
-use crate::{Options, identity, journal};
+use crate::identity::{existing_store, identity};
+use crate::{Options, journal};
 
 /// What a check found in a store that is consistent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,7 +165,7 @@ fn checkpoint(
 
 /// Checks the store in `dir` (see the module doc); the store must not be open elsewhere.
 pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
-    crate::existing_store(&*opts.disk, dir)?;
+    existing_store(&*opts.disk, dir)?;
     let _lock = crate::lock(&*opts.disk, dir, "fsck")?;
     let (_, outcome) = replay(dir, opts, false)?;
     outcome.map(|(r, _)| r)
@@ -173,7 +174,7 @@ pub fn check(dir: &Path, opts: &Options) -> Result<CheckReport, StoreError> {
 /// Cuts the store in `dir` back to its last consistent prefix (see the module doc).
 pub fn repair(dir: &Path, opts: &Options) -> Result<RepairReport, StoreError> {
     let disk = &*opts.disk;
-    crate::existing_store(disk, dir)?;
+    existing_store(disk, dir)?;
     let _lock = crate::lock(disk, dir, "fsck --repair")?;
     let (kept, outcome) = replay(dir, opts, true)?;
     let (path, finding) = match outcome {

@@ -20,8 +20,8 @@ use lanefs::{Glance, Record};
 
 use crate::disk::{Disk, SimDisk};
 use crate::journal::{
-    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC, Writer, dir, scan,
-    segment_path,
+    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC, VERSION, Writer,
+    batch_at, dir, scan, segment_at, segment_path,
 };
 
 /// The store id of the images.
@@ -45,26 +45,27 @@ pub fn decode_record(data: &[u8]) {
 /// Fixes the checksums of the segment header and of each batch header found where the
 /// previous batch ends, and sets their store id, segment and version fields.
 fn fix_up(seg: &mut [u8], seq: u64) {
-    if seg.len() < SEGMENT_HEADER || seg[..8] != SEGMENT_MAGIC {
+    use crate::layout::{put, u32_at, u64_at};
+    if seg.len() < SEGMENT_HEADER || seg[segment_at::MAGIC..segment_at::VERSION] != SEGMENT_MAGIC {
         return;
     }
-    seg[8..12].copy_from_slice(&1u32.to_le_bytes());
-    seg[16..32].copy_from_slice(&UUID);
-    seg[32..40].copy_from_slice(&seq.to_le_bytes());
-    let crc = crc32c::crc32c(&seg[..60]);
-    seg[60..64].copy_from_slice(&crc.to_le_bytes());
+    put(seg, segment_at::VERSION, &VERSION.to_le_bytes());
+    put(seg, segment_at::STORE_ID, &UUID);
+    put(seg, segment_at::SEQ, &seq.to_le_bytes());
+    let crc = crc32c::crc32c(&seg[..segment_at::CRC]);
+    put(seg, segment_at::CRC, &crc.to_le_bytes());
     let mut at = SEGMENT_HEADER;
-    while at + BATCH_HEADER <= seg.len() && seg[at..at + 4] == BATCH_MAGIC {
-        let len = u32::from_le_bytes(seg[at + 28..at + 32].try_into().expect("4"));
+    while at + BATCH_HEADER <= seg.len() && seg[at..at + batch_at::VERSION] == BATCH_MAGIC {
+        let len = u32_at(seg, at + batch_at::LEN);
         let len = (len as usize).min(seg.len() - at - BATCH_HEADER);
         let payload = crc32c::crc32c(&seg[at + BATCH_HEADER..at + BATCH_HEADER + len]);
         let h = BatchHeader {
             segment: seq,
-            first_lsn: u64::from_le_bytes(seg[at + 16..at + 24].try_into().expect("8")),
-            count: u32::from_le_bytes(seg[at + 24..at + 28].try_into().expect("4")),
+            first_lsn: u64_at(seg, at + batch_at::FIRST_LSN),
+            count: u32_at(seg, at + batch_at::COUNT),
             len: len as u32,
             crc: payload,
-            flushed: u64::from_le_bytes(seg[at + 36..at + 44].try_into().expect("8")),
+            flushed: u64_at(seg, at + batch_at::FLUSHED),
         };
         seg[at..at + BATCH_HEADER].copy_from_slice(&h.encode(&UUID));
         at += BATCH_HEADER + len;

@@ -6,7 +6,7 @@
 //! - `lanefs.lock`: locked by the server that has the store open, so a second is refused;
 //!   it names the holding process and what it does ([`StoreHandle::note_holder`]), so that
 //!   the refusal can say who holds the store;
-//! - `journal/`: the records, in segments (`journal.rs`);
+//! - `journal/`: the records, in segments (`journal/`);
 //! - `checkpoint.redb`: the records up to an LSN, applied to keys (`checkpoint/`).
 //!
 //! [`open`] locks the store, loads its checkpoint and replays the journal after it into a new [`Filesystem`] (a torn tail is
@@ -43,7 +43,9 @@ pub mod fsck;
 pub mod fuzzing;
 
 pub(crate) mod commit;
+pub(crate) mod identity;
 pub(crate) mod journal;
+pub(crate) mod layout;
 pub(crate) mod stamp;
 
 use std::path::{Path, PathBuf};
@@ -58,14 +60,11 @@ pub use crate::commit::Counters;
 use crate::commit::Log;
 pub use crate::disk::Holder;
 use crate::disk::{Disk, RealDisk};
-pub use crate::error::StoreError;
+pub use crate::error::{CheckpointError, StoreError};
+use crate::identity::{existing_store, identity};
 
-/// The identity file's name.
-const IDENTITY: &str = "lanefs.store";
 /// The lock file's name.
 const LOCK: &str = "lanefs.lock";
-const IDENTITY_MAGIC: [u8; 8] = *b"LANEFSST";
-const IDENTITY_LEN: usize = 64;
 /// The store format version.
 pub const FORMAT_VERSION: u32 = 3;
 
@@ -294,7 +293,7 @@ impl StoreHandle {
     /// wait out the checkpointer's delay after failed checkpoints
     /// ([`Options::checkpoint_retry`]); its outcome counts as theirs (a success ends the
     /// delays, a failure doubles the next).
-    pub fn checkpoint(&self) -> Result<u64, String> {
+    pub fn checkpoint(&self) -> Result<u64, CheckpointError> {
         self.checkpointer.now()
     }
 
@@ -376,116 +375,6 @@ fn lock(disk: &dyn Disk, dir: &Path, note: &str) -> Result<Box<dyn Send + Sync>,
             Err(e) => return Err(StoreError::io(&p, "lock")(e)),
         }
     }
-}
-
-/// The identity file's bytes for store `uuid` (docs/STORE.md, "The identity file").
-pub(crate) fn encode_identity(uuid: &[u8; 16]) -> [u8; IDENTITY_LEN] {
-    let mut b = [0u8; IDENTITY_LEN];
-    b[..8].copy_from_slice(&IDENTITY_MAGIC);
-    b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
-    b[12..16].copy_from_slice(&(IDENTITY_LEN as u32).to_le_bytes());
-    b[16..32].copy_from_slice(uuid);
-    let crc = crc32c::crc32c(&b[..60]);
-    b[60..64].copy_from_slice(&crc.to_le_bytes());
-    b
-}
-
-/// The store id in the bytes `b` of the identity file at `p`, or why they are refused.
-pub(crate) fn decode_identity(b: &[u8], p: &Path) -> Result<[u8; 16], StoreError> {
-    if b.len() < IDENTITY_LEN || b[..8] != IDENTITY_MAGIC {
-        return Err(StoreError::NotAStore {
-            path: p.to_path_buf(),
-            what: "bad identity file".into(),
-        });
-    }
-    let crc = u32::from_le_bytes(b[60..64].try_into().expect("4"));
-    if crc32c::crc32c(&b[..60]) != crc {
-        return Err(StoreError::damaged(p, 60, "identity checksum mismatch"));
-    }
-    let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-    if version != FORMAT_VERSION {
-        return Err(StoreError::damaged(
-            p,
-            8,
-            format!("store format {version}, this lanefs reads {FORMAT_VERSION}"),
-        ));
-    }
-    Ok(b[16..32].try_into().expect("16"))
-}
-
-/// Refuses `dir` unless it is a directory holding a store's identity file, without
-/// changing anything in it (so that `fsck` of an empty directory leaves it empty): the
-/// error says what `dir` is instead.
-pub(crate) fn existing_store(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
-    let not = |what: &str| StoreError::NotAStore {
-        path: dir.to_path_buf(),
-        what: what.into(),
-    };
-    match disk.list(dir) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(not("no such directory"));
-        }
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            return Err(not("not a directory"));
-        }
-        Err(e) => return Err(StoreError::io(dir, "list")(e)),
-    }
-    if !disk.exists(&dir.join(IDENTITY)) {
-        return Err(not(&format!("no {IDENTITY}")));
-    }
-    Ok(())
-}
-
-/// Reads the identity file, or (with `create`) writes it if the store is new; returns the
-/// store's id and whether it was created.
-fn identity(disk: &dyn Disk, dir: &Path, create: bool) -> Result<([u8; 16], bool), StoreError> {
-    let p = dir.join(IDENTITY);
-    if disk.exists(&p) {
-        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-        let b = f.read_all().map_err(StoreError::io(&p, "read"))?;
-        return decode_identity(&b, &p).map(|uuid| (uuid, false));
-    }
-    if !create {
-        return Err(StoreError::NotAStore {
-            path: dir.to_path_buf(),
-            what: format!("no {IDENTITY}"),
-        });
-    }
-    let jd = journal::dir(dir);
-    if disk.exists(&jd)
-        && !disk
-            .list(&jd)
-            .map_err(StoreError::io(&jd, "list"))?
-            .is_empty()
-    {
-        return Err(StoreError::damaged(
-            &p,
-            0,
-            "identity file missing, but the journal has segments",
-        ));
-    }
-    let mut uuid = [0u8; 16];
-    getrandom::fill(&mut uuid).map_err(|e| StoreError::Io {
-        path: p.clone(),
-        op: "make an id",
-        source: std::io::Error::other(e.to_string()),
-    })?;
-    let b = encode_identity(&uuid);
-    // Written under a temporary name and renamed, so that a crash never leaves a torn one.
-    let tmp = dir.join("lanefs.store.tmp");
-    let f = disk
-        .open(&tmp, true)
-        .map_err(StoreError::io(&tmp, "create"))?;
-    f.set_len(0)
-        .and_then(|()| f.write_at(&b, 0))
-        .and_then(|()| f.sync_data())
-        .map_err(StoreError::io(&tmp, "write"))?;
-    disk.rename(&tmp, &p)
-        .map_err(StoreError::io(&p, "rename"))?;
-    disk.sync_dir(dir)
-        .map_err(StoreError::io(dir, "flush directory"))?;
-    Ok((uuid, true))
 }
 
 /// What [`compact`] did.

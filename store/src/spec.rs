@@ -8,13 +8,14 @@ use std::sync::Arc;
 use lanefs::{Generation, Ino, InodeId, Record};
 
 use crate::disk::{BLOCK, Disk, SimDisk};
+use crate::identity::{
+    IDENTITY, IDENTITY_LEN, IDENTITY_MAGIC, decode_identity, encode_identity, identity_at,
+};
 use crate::journal::{
-    BATCH_HEADER, BATCH_MAGIC, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC, SegmentHeader, VERSION,
-    encode_segment, records, scan, segment_path,
+    BATCH_HEADER, BATCH_MAGIC, BATCH_VERSION, BatchHeader, SEGMENT_HEADER, SEGMENT_MAGIC,
+    SegmentHeader, VERSION, batch_at, encode_segment, records, scan, segment_at, segment_path,
 };
-use crate::{
-    FORMAT_VERSION, IDENTITY, IDENTITY_LEN, IDENTITY_MAGIC, LOCK, decode_identity, encode_identity,
-};
+use crate::{FORMAT_VERSION, LOCK};
 
 const DOC: &str = include_str!("../../docs/STORE.md");
 
@@ -91,6 +92,13 @@ fn field<'a>(rows: &[(usize, usize, &'a str)], name: &str) -> (usize, usize, &'a
         .unwrap_or_else(|| panic!("no field {name:?}"))
 }
 
+/// The rows named `fields` start at the offsets the code names for them (`layout.rs`).
+fn offsets_match(rows: &[(usize, usize, &str)], fields: &[(&str, usize)]) {
+    for &(name, at) in fields {
+        assert_eq!(field(rows, name).0, at, "{name}: the code's offset");
+    }
+}
+
 /// The bytes between the first pair of backquotes-and-parentheses, "(`4c 41 ..`)", in `s`.
 fn quoted_hex(s: &str) -> Vec<u8> {
     let inner = s.split("(`").nth(1).and_then(|s| s.split("`)").next());
@@ -128,6 +136,17 @@ fn the_identity_example_and_table_match_the_code() {
     assert_eq!(decode_identity(&bytes, p).unwrap(), uuid);
     let rows = table(s);
     check_tiles(&rows, IDENTITY_LEN);
+    offsets_match(
+        &rows,
+        &[
+            ("magic", identity_at::MAGIC),
+            ("store format version", identity_at::VERSION),
+            ("length of this structure", identity_at::LEN),
+            ("store id", identity_at::STORE_ID),
+            ("reserved", identity_at::RESERVED),
+            ("CRC of bytes 0..", identity_at::CRC),
+        ],
+    );
     let (off, size, magic) = field(&rows, "magic");
     assert_eq!(quoted_hex(magic), IDENTITY_MAGIC);
     assert_eq!(bytes[off..off + size], IDENTITY_MAGIC);
@@ -191,6 +210,19 @@ fn the_segment_example_and_tables_match_the_code() {
     );
     let rows = table(section("Segments"));
     check_tiles(&rows, SEGMENT_HEADER);
+    offsets_match(
+        &rows,
+        &[
+            ("magic", segment_at::MAGIC),
+            ("journal format version", segment_at::VERSION),
+            ("length of this header", segment_at::HEADER_LEN),
+            ("store id", segment_at::STORE_ID),
+            ("sequence number", segment_at::SEQ),
+            ("LSN of the segment's first record", segment_at::FIRST_LSN),
+            ("reserved", segment_at::RESERVED),
+            ("CRC of bytes 0..", segment_at::CRC),
+        ],
+    );
     let (off, size, magic) = field(&rows, "magic");
     assert_eq!(quoted_hex(magic), SEGMENT_MAGIC);
     assert_eq!(bytes[off..off + size], SEGMENT_MAGIC);
@@ -235,11 +267,26 @@ fn the_segment_example_and_tables_match_the_code() {
     assert_eq!(BatchHeader::decode(b, &[0; 16]), None);
     let rows = table(section("Batches"));
     check_tiles(&rows, BATCH_HEADER);
+    offsets_match(
+        &rows,
+        &[
+            ("magic", batch_at::MAGIC),
+            ("batch format version", batch_at::VERSION),
+            ("the sequence number of the segment", batch_at::SEGMENT),
+            ("LSN of its first record", batch_at::FIRST_LSN),
+            ("`count`", batch_at::COUNT),
+            ("`len`", batch_at::LEN),
+            ("CRC of the payload", batch_at::PAYLOAD_CRC),
+            ("`flushed`", batch_at::FLUSHED),
+            ("CRC of bytes 0..", batch_at::CRC),
+        ],
+    );
     let (off, size, magic) = field(&rows, "magic");
     assert_eq!(quoted_hex(magic), BATCH_MAGIC);
     assert_eq!(b[off..off + size], BATCH_MAGIC);
-    let (off, size, _) = field(&rows, "batch format version: 1");
-    assert_eq!(le(&b[off..off + size]), 1);
+    let (off, size, v) = field(&rows, "batch format version: ");
+    assert_eq!(v.rsplit(' ').next().unwrap(), BATCH_VERSION.to_string());
+    assert_eq!(le(&b[off..off + size]), BATCH_VERSION as u64);
     let h = BatchHeader {
         segment: 0x0102_0304_0506_0708,
         first_lsn: 0x1112_1314_1516_1718,

@@ -130,7 +130,10 @@ fn failed_checkpoints_are_retried_after_doubling_waits_until_one_succeeds() {
     }
     // On demand: at once, counted; a failure doubles the wait (here: at the longest).
     let st = store.checkpoint_status();
-    let e = store.checkpoint().expect_err("a checkpoint on a full host");
+    let e = store
+        .checkpoint()
+        .expect_err("a checkpoint on a full host")
+        .to_string();
     assert!(e.contains("os error 28"), "not ENOSPC: {e}");
     let now = store.checkpoint_status();
     assert_eq!(now.attempts, st.attempts + 1);

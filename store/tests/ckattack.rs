@@ -1143,7 +1143,7 @@ fn checkpoint_while_out_of_space_then_recovers() {
     for extra in [0u64, 0, 0, 100, 1000, 5000, 20000] {
         let before = segments(&disk);
         disk.set_space(Some(disk.used() + extra));
-        let r = store.checkpoint();
+        let r = store.checkpoint().map_err(|e| e.to_string());
         eprintln!("checkpoint with {extra} bytes of room: {r:?}");
         match r {
             Ok(_) => {}
@@ -1280,7 +1280,7 @@ fn checkpoint_reopen_that_fails_is_tried_again() {
             d.set_failing(true);
         }
     });
-    let r = store.checkpoint();
+    let r = store.checkpoint().map_err(|e| e.to_string());
     disk.clear_hook();
     eprintln!("checkpoint on a failing host: {r:?}");
     let e = r.expect_err("a checkpoint on a failing host succeeded");
@@ -1293,7 +1293,8 @@ fn checkpoint_reopen_that_fails_is_tried_again() {
     // Still failing: the reopen fails again, nothing else happens.
     let e = store
         .checkpoint()
-        .expect_err("checkpoint on a failing host");
+        .expect_err("checkpoint on a failing host")
+        .to_string();
     assert!(e.contains("reopening the checkpoint"), "seed {seed}: {e}");
     // A power cut now keeps the last checkpoint and every synced change.
     let img = disk.crash(Unflushed::Lost);

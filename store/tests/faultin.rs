@@ -353,7 +353,8 @@ fn partial_writes_into_pages_out_of_memory_fail_and_change_nothing() {
     let e = s
         .store
         .checkpoint()
-        .expect_err("a checkpoint while reads fail");
+        .expect_err("a checkpoint while reads fail")
+        .to_string();
     assert!(e.contains("os error 5"), "not EIO: {e}");
     assert_eq!(s.store.checkpoint_lsn(), ck_lsn);
     f.sync_all().unwrap();

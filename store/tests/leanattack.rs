@@ -127,7 +127,7 @@ fn checkpoint_tries(store: &lanefs_store::StoreHandle, most: u32) -> (Result<u64
     let mut tries = 0;
     loop {
         tries += 1;
-        let r = store.checkpoint();
+        let r = store.checkpoint().map_err(|e| e.to_string());
         if r.is_ok() || tries == most {
             return (r, tries);
         }
@@ -812,7 +812,7 @@ fn power_cuts_at_every_flush_of_lean_checkpoints() {
         // Checkpoints on demand, back to back.
         s.spawn(|| {
             while !stop.load(SeqCst) {
-                match store.checkpoint() {
+                match store.checkpoint().map_err(|e| e.to_string()) {
                     Ok(_) => cps_ok.fetch_add(1, SeqCst),
                     Err(e) => {
                         let key: String = e.chars().take(90).collect();

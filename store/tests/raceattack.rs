@@ -1731,7 +1731,7 @@ fn a_page_read_meeting_a_failed_checkpoint_waits_for_the_reopen() {
             }
             disk.set_space(Some(disk.used() + (16 << 10)));
             let t = Instant::now();
-            if let Err(e) = o.store.checkpoint() {
+            if let Err(e) = o.store.checkpoint().map_err(|e| e.to_string()) {
                 checkpoints_failed += 1;
                 eprintln!("a checkpoint failed after {:?}: {e}", t.elapsed());
                 // The failed transaction's database is dropped and reopened at once; if

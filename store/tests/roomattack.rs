@@ -348,7 +348,7 @@ fn checkpoint(
 ) {
     let before = store.checkpoint_lsn();
     im.on.store(true, SeqCst);
-    let r = store.checkpoint();
+    let r = store.checkpoint().map_err(|e| e.to_string());
     im.on.store(false, SeqCst);
     let after = store.checkpoint_lsn();
     if std::env::var("ROOM_VERBOSE").is_ok() {
@@ -633,7 +633,7 @@ fn a_reused_inode_number_keeps_its_data_through_a_careful_checkpoint() {
         disk.set_space(Some(disk.used() + extra));
         let before = store.checkpoint_lsn();
         im.on.store(true, SeqCst);
-        let r = store.checkpoint();
+        let r = store.checkpoint().map_err(|e| e.to_string());
         im.on.store(false, SeqCst);
         let after = store.checkpoint_lsn();
         eprintln!(
@@ -779,7 +779,7 @@ fn checkpoints_racing_work_on_a_full_store_keep_every_acknowledged_change() {
             let t = s.spawn(|| {
                 let mut n = (0, 0);
                 while !stop.load(SeqCst) {
-                    match store.checkpoint() {
+                    match store.checkpoint().map_err(|e| e.to_string()) {
                         Ok(_) => n.0 += 1,
                         Err(e) => {
                             n.1 += 1;

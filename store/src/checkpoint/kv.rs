@@ -21,6 +21,8 @@
 
 use lanefs::{Generation, Ino, InodeId, Timespec};
 
+use crate::layout::{U16, U32, U64, put, store_id_at, u32_at, u64_at};
+
 /// The superblock key.
 pub(crate) const SUPER: &[u8] = b"s";
 /// Tags.
@@ -37,8 +39,23 @@ pub(crate) const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
 pub(crate) const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
 
 const SUPER_MAGIC: [u8; 8] = *b"LFSCKPT1";
+
+/// Where a superblock's fields are (docs/STORE.md, "Checkpoints"; `layout.rs`).
+mod super_at {
+    use crate::layout::{STORE_ID as ID, U32, U64};
+
+    pub(super) const MAGIC: usize = 0;
+    pub(super) const VERSION: usize = MAGIC + super::SUPER_MAGIC.len();
+    pub(super) const STORE_ID: usize = VERSION + U32;
+    pub(super) const LSN: usize = STORE_ID + ID;
+    pub(super) const MAX_GENERATION: usize = LSN + U64;
+    pub(super) const RECORDS: usize = MAX_GENERATION + U64;
+    /// The superblock's length.
+    pub(super) const END: usize = RECORDS + U64;
+}
+
 /// Length of an encoded superblock.
-const SUPER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;
+const SUPER_LEN: usize = super_at::END;
 /// The checkpoint format version: 3 added the `zeros` table (runs of allocated zeros). A
 /// checkpoint of version 2 has no runs, and reads as one of version 3 that has none; the
 /// first checkpoint written over it makes it version 3.
@@ -46,17 +63,32 @@ pub(crate) const VERSION: u32 = 3;
 /// The oldest checkpoint format this lanefs reads.
 const OLDEST: u32 = 2;
 
+/// Where a key's parts are (`layout.rs`): its tag, then an inode number (big-endian, so
+/// that keys sort by it), then the rest (a name, or a number of pages).
+pub(crate) mod key_at {
+    use crate::layout::U64;
+
+    pub(crate) const TAG: usize = 0;
+    pub(crate) const INO: usize = TAG + 1;
+    pub(crate) const REST: usize = INO + U64;
+}
+
+/// The length of a key of a tag and an inode number.
+const INO_KEY: usize = key_at::REST;
+/// The length of a key of a tag, an inode number and a page number.
+const PAGE_KEY: usize = key_at::REST + U64;
+
 /// `tag ++ ino`.
-pub(crate) fn ino_key(tag: u8, ino: u64) -> [u8; 9] {
-    let mut k = [0u8; 9];
-    k[0] = tag;
-    k[1..].copy_from_slice(&ino.to_be_bytes());
+pub(crate) fn ino_key(tag: u8, ino: u64) -> [u8; INO_KEY] {
+    let mut k = [0u8; INO_KEY];
+    k[key_at::TAG] = tag;
+    put(&mut k, key_at::INO, &ino.to_be_bytes());
     k
 }
 
 /// `tag ++ ino ++ name` (an entry of directory `ino`, or an xattr of inode `ino`).
 pub(crate) fn named_key(tag: u8, ino: u64, name: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(9 + name.len());
+    let mut k = Vec::with_capacity(INO_KEY + name.len());
     k.extend_from_slice(&ino_key(tag, ino));
     k.extend_from_slice(name);
     k
@@ -69,11 +101,11 @@ pub(crate) fn named_key(tag: u8, ino: u64, name: &[u8]) -> Vec<u8> {
 pub(crate) const CHUNK: u64 = 15;
 
 /// `b ++ ino ++ chunk`: pages `chunk * CHUNK .. (chunk + 1) * CHUNK` of file `ino`.
-pub(crate) fn chunk_key(ino: u64, chunk: u64) -> [u8; 17] {
-    let mut k = [0u8; 17];
-    k[0] = PAGE_TAG;
-    k[1..9].copy_from_slice(&ino.to_be_bytes());
-    k[9..].copy_from_slice(&chunk.to_be_bytes());
+pub(crate) fn chunk_key(ino: u64, chunk: u64) -> [u8; PAGE_KEY] {
+    let mut k = [0u8; PAGE_KEY];
+    k[key_at::TAG] = PAGE_TAG;
+    put(&mut k, key_at::INO, &ino.to_be_bytes());
+    put(&mut k, key_at::REST, &chunk.to_be_bytes());
     k
 }
 
@@ -122,7 +154,7 @@ impl Chunk {
     /// The mask of an encoded chunk (bit `i`: page `i` exists), without its pages.
     pub(crate) fn mask_of(b: &[u8]) -> Result<u16, String> {
         let m = b
-            .get(..2)
+            .get(..U16)
             .map(|x| u16::from_le_bytes([x[0], x[1]]))
             .ok_or("a chunk of pages cut short")?;
         if m >> CHUNK != 0 {
@@ -132,8 +164,8 @@ impl Chunk {
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let len: usize = self.pages.iter().flatten().map(|p| 2 + p.len()).sum();
-        let mut b = Vec::with_capacity(2 + len);
+        let len: usize = self.pages.iter().flatten().map(|p| U16 + p.len()).sum();
+        let mut b = Vec::with_capacity(U16 + len);
         let mask = (0..CHUNK as usize)
             .filter(|&i| self.pages[i].is_some())
             .fold(0u16, |m, i| m | 1 << i);
@@ -147,7 +179,7 @@ impl Chunk {
 
     pub(crate) fn decode(b: &[u8]) -> Result<Chunk, String> {
         let u16_at = |at: usize| -> Result<usize, String> {
-            b.get(at..at + 2)
+            b.get(at..at + U16)
                 .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
                 .ok_or_else(|| format!("a chunk of pages cut short at byte {at} of {}", b.len()))
         };
@@ -156,21 +188,21 @@ impl Chunk {
             return Err(format!("a chunk of pages with mask {mask:#06x}"));
         }
         let mut c = Chunk::default();
-        let mut at = 2;
+        let mut at = U16;
         for i in (0..CHUNK as usize).filter(|i| mask & 1 << i != 0) {
             let len = u16_at(at)?;
             if len > 4096 {
                 return Err(format!("page {i} of a chunk holds {len} bytes"));
             }
-            let bytes = b.get(at + 2..at + 2 + len).ok_or_else(|| {
+            let bytes = b.get(at + U16..at + U16 + len).ok_or_else(|| {
                 format!(
                     "a chunk of pages cut short at byte {} of {}",
-                    at + 2,
+                    at + U16,
                     b.len()
                 )
             })?;
             c.pages[i] = Some(bytes.to_vec());
-            at += 2 + len;
+            at += U16 + len;
         }
         if at != b.len() {
             return Err(format!(
@@ -184,9 +216,9 @@ impl Chunk {
 
 /// `z ++ ino ++ first`: the run of allocated pages of zeros of file `ino` that starts at
 /// page `first` (docs/STORE.md, "Checkpoints"). Its value is the page after its last.
-pub(crate) fn zeros_key(ino: u64, first: u64) -> [u8; 17] {
+pub(crate) fn zeros_key(ino: u64, first: u64) -> [u8; PAGE_KEY] {
     let mut k = chunk_key(ino, first);
-    k[0] = ZEROS_TAG;
+    k[key_at::TAG] = ZEROS_TAG;
     k
 }
 
@@ -205,13 +237,15 @@ pub(crate) fn run_of(k: &[u8], v: &[u8]) -> Result<(u64, u64), String> {
 
 /// The inode number and the rest of a key `tag ++ ino ++ rest`.
 pub(crate) fn split_key(k: &[u8]) -> Option<(u64, &[u8])> {
-    let ino = u64::from_be_bytes(k.get(1..9)?.try_into().ok()?);
-    Some((ino, &k[9..]))
+    let ino = u64::from_be_bytes(k.get(key_at::INO..key_at::REST)?.try_into().ok()?);
+    Some((ino, &k[key_at::REST..]))
 }
 
 /// The chunk number of a `data` key.
 pub(crate) fn chunk_of(k: &[u8]) -> Option<u64> {
-    Some(u64::from_be_bytes(k.get(9..17)?.try_into().ok()?))
+    Some(u64::from_be_bytes(
+        k.get(key_at::REST..PAGE_KEY)?.try_into().ok()?,
+    ))
 }
 
 /// The checkpoint's own record: which journal records it holds.
@@ -229,32 +263,37 @@ pub(crate) struct Superblock {
 
 impl Superblock {
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(SUPER_LEN);
-        b.extend_from_slice(&SUPER_MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        b.extend_from_slice(&self.uuid);
-        b.extend_from_slice(&self.lsn.to_le_bytes());
-        b.extend_from_slice(&self.max_generation.to_le_bytes());
-        b.extend_from_slice(&self.records.to_le_bytes());
+        use super_at as at;
+        let mut b = vec![0; SUPER_LEN];
+        put(&mut b, at::MAGIC, &SUPER_MAGIC);
+        put(&mut b, at::VERSION, &VERSION.to_le_bytes());
+        put(&mut b, at::STORE_ID, &self.uuid);
+        put(&mut b, at::LSN, &self.lsn.to_le_bytes());
+        put(
+            &mut b,
+            at::MAX_GENERATION,
+            &self.max_generation.to_le_bytes(),
+        );
+        put(&mut b, at::RECORDS, &self.records.to_le_bytes());
         b
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Superblock, String> {
-        if b.len() != SUPER_LEN || b[..8] != SUPER_MAGIC {
+        use super_at as at;
+        if b.len() != SUPER_LEN || b[at::MAGIC..at::VERSION] != SUPER_MAGIC {
             return Err("not a lanefs checkpoint superblock".into());
         }
-        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        let version = u32_at(b, at::VERSION);
         if !(OLDEST..=VERSION).contains(&version) {
             return Err(format!(
                 "checkpoint format {version}, this lanefs reads {OLDEST} to {VERSION}"
             ));
         }
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
         Ok(Superblock {
-            uuid: b[12..28].try_into().expect("16"),
-            lsn: u64_at(28),
-            max_generation: u64_at(36),
-            records: u64_at(44),
+            uuid: store_id_at(b, at::STORE_ID),
+            lsn: u64_at(b, at::LSN),
+            max_generation: u64_at(b, at::MAX_GENERATION),
+            records: u64_at(b, at::RECORDS),
         })
     }
 }
@@ -281,7 +320,32 @@ pub(crate) struct InodeVal {
     pub target: Vec<u8>,
 }
 
-const INODE_FIXED: usize = 8 + 4 * 4 + 8 + 8 + 3 * 12 + 4 + 8;
+/// Bytes of a time: seconds (i64) and nanoseconds (u32).
+const TIME: usize = U64 + U32;
+
+/// Where an inode value's fields are (docs/STORE.md, "Checkpoints"; `layout.rs`).
+mod inode_at {
+    use super::TIME;
+    use crate::layout::{U32, U64};
+
+    pub(super) const GENERATION: usize = 0;
+    pub(super) const MODE: usize = GENERATION + U64;
+    pub(super) const UID: usize = MODE + U32;
+    pub(super) const GID: usize = UID + U32;
+    pub(super) const NLINK: usize = GID + U32;
+    pub(super) const RDEV: usize = NLINK + U32;
+    pub(super) const SIZE: usize = RDEV + U64;
+    pub(super) const ATIME: usize = SIZE + U64;
+    pub(super) const MTIME: usize = ATIME + TIME;
+    pub(super) const CTIME: usize = MTIME + TIME;
+    pub(super) const FLAGS: usize = CTIME + TIME;
+    pub(super) const PARENT: usize = FLAGS + U32;
+    /// A symlink's target: the rest of the value.
+    pub(super) const TARGET: usize = PARENT + U64;
+}
+
+/// The length of an inode value before its symlink target.
+const INODE_FIXED: usize = inode_at::TARGET;
 
 fn put_time(b: &mut Vec<u8>, t: Timespec) {
     b.extend_from_slice(&t.sec.to_le_bytes());
@@ -328,26 +392,25 @@ impl InodeVal {
                 b.len()
             ));
         }
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4"));
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
+        use inode_at as at;
         let time_at = |at: usize| Timespec {
-            sec: u64_at(at) as i64,
-            nsec: u32_at(at + 8),
+            sec: u64_at(b, at) as i64,
+            nsec: u32_at(b, at + U64),
         };
         let v = InodeVal {
-            generation: u64_at(0),
-            mode: u32_at(8),
-            uid: u32_at(12),
-            gid: u32_at(16),
-            nlink: u32_at(20),
-            rdev: u64_at(24),
-            size: u64_at(32),
-            atime: time_at(40),
-            mtime: time_at(52),
-            ctime: time_at(64),
-            flags: u32_at(76),
-            parent: u64_at(80),
-            target: b[INODE_FIXED..].to_vec(),
+            generation: u64_at(b, at::GENERATION),
+            mode: u32_at(b, at::MODE),
+            uid: u32_at(b, at::UID),
+            gid: u32_at(b, at::GID),
+            nlink: u32_at(b, at::NLINK),
+            rdev: u64_at(b, at::RDEV),
+            size: u64_at(b, at::SIZE),
+            atime: time_at(at::ATIME),
+            mtime: time_at(at::MTIME),
+            ctime: time_at(at::CTIME),
+            flags: u32_at(b, at::FLAGS),
+            parent: u64_at(b, at::PARENT),
+            target: b[at::TARGET..].to_vec(),
         };
         if lanefs::FileType::from_mode(v.mode).is_none() {
             return Err(format!("inode value with mode {:o}", v.mode));
@@ -363,26 +426,48 @@ pub(crate) struct EntryVal {
     pub cookie: u64,
 }
 
+/// Where an entry value's fields are (docs/STORE.md, "Checkpoints"; `layout.rs`).
+mod entry_at {
+    use crate::layout::U64;
+
+    pub(super) const INO: usize = 0;
+    pub(super) const GENERATION: usize = INO + U64;
+    pub(super) const COOKIE: usize = GENERATION + U64;
+    /// The value's length.
+    pub(super) const END: usize = COOKIE + U64;
+}
+
+/// The length of an entry value.
+const ENTRY_LEN: usize = entry_at::END;
+
 impl EntryVal {
-    pub(crate) fn encode(&self) -> [u8; 24] {
-        let mut b = [0u8; 24];
-        b[..8].copy_from_slice(&self.target.ino.0.to_le_bytes());
-        b[8..16].copy_from_slice(&self.target.generation.0.to_le_bytes());
-        b[16..].copy_from_slice(&self.cookie.to_le_bytes());
+    pub(crate) fn encode(&self) -> [u8; ENTRY_LEN] {
+        use entry_at as at;
+        let mut b = [0u8; ENTRY_LEN];
+        put(&mut b, at::INO, &self.target.ino.0.to_le_bytes());
+        put(
+            &mut b,
+            at::GENERATION,
+            &self.target.generation.0.to_le_bytes(),
+        );
+        put(&mut b, at::COOKIE, &self.cookie.to_le_bytes());
         b
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<EntryVal, String> {
-        if b.len() != 24 {
-            return Err(format!("entry value of {} bytes, 24 expected", b.len()));
+        use entry_at as at;
+        if b.len() != ENTRY_LEN {
+            return Err(format!(
+                "entry value of {} bytes, {ENTRY_LEN} expected",
+                b.len()
+            ));
         }
-        let u64_at = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8"));
         Ok(EntryVal {
             target: InodeId {
-                ino: Ino(u64_at(0)),
-                generation: Generation(u64_at(8)),
+                ino: Ino(u64_at(b, at::INO)),
+                generation: Generation(u64_at(b, at::GENERATION)),
             },
-            cookie: u64_at(16),
+            cookie: u64_at(b, at::COOKIE),
         })
     }
 }

@@ -1,0 +1,114 @@
+//! The records a checkpoint has read from the journal and not yet applied, a window of
+//! about [`WINDOW`] bytes at a time.
+
+use lanefs::{Glance, Record};
+
+use super::apply;
+use super::transaction::Failed;
+use crate::error::CheckpointError;
+
+/// Bytes of records a checkpoint reads before it applies them (`Win`).
+pub(super) const WINDOW: usize = 4 << 20;
+
+/// Records read and not yet applied: their bytes, one after another, and each one's place.
+/// Kept by the [`Checkpoint`] between checkpoints, so that its memory is reused.
+#[derive(Default)]
+pub(super) struct Win {
+    pub(super) bytes: Vec<u8>,
+    /// The LSN of the first record (the others follow on).
+    first: u64,
+    /// Where each record's bytes are, and its gist's index in `gists` (`NO_GIST`: none).
+    recs: Vec<(u32, u32, u32)>,
+    gists: Vec<apply::Gist>,
+}
+
+const NO_GIST: u32 = u32::MAX;
+
+impl Win {
+    /// Adds the records `recs` of one batch (first LSN `first`), slices of `span`
+    /// (`journal::follow`), which is copied at once. Each is decoded, seen by `ghosts`, and
+    /// its gist kept; a record that does not decode is an error naming it by its index.
+    pub(super) fn push(
+        &mut self,
+        first: u64,
+        span: &[u8],
+        recs: &[&[u8]],
+        ghosts: &mut apply::Ghosts,
+    ) -> Result<(), (usize, String)> {
+        if self.recs.is_empty() {
+            self.first = first;
+        }
+        debug_assert_eq!(self.first + self.recs.len() as u64, first);
+        let start = span.as_ptr() as usize;
+        let base = self.bytes.len();
+        self.bytes.extend_from_slice(span);
+        for (k, r) in recs.iter().enumerate() {
+            let at = base + (r.as_ptr() as usize - start);
+            // A Create, Remove, Free or plain Rename is decoded only as far as its gist
+            // needs (every field is checked all the same); a record of another kind whole.
+            let glance = match Record::glance(r) {
+                Ok(Glance::Other) => match Record::decode(r) {
+                    Ok(rec) => {
+                        ghosts.see_other(&rec);
+                        Glance::Other
+                    }
+                    Err(e) => return Err((k, e.to_string())),
+                },
+                Ok(g) => g,
+                Err(e) => return Err((k, e.to_string())),
+            };
+            let slot = ghosts.see(&glance);
+            let g = match apply::Gist::of(&glance, slot) {
+                Some(g) => {
+                    self.gists.push(g);
+                    (self.gists.len() - 1) as u32
+                }
+                None => NO_GIST,
+            };
+            self.recs.push((at as u32, (at + r.len()) as u32, g));
+        }
+        Ok(())
+    }
+
+    /// Empties the window, keeping its memory unless a window of unusually large batches
+    /// made it grow past three windows' worth.
+    pub(super) fn clear(&mut self) {
+        if self.bytes.capacity() > 3 * WINDOW {
+            *self = Win::default();
+        }
+        self.bytes.clear();
+        self.recs.clear();
+        self.gists.clear();
+    }
+
+    /// Applies the records (the ghosts among them found as they were read, and absorbed from
+    /// their gists without a second decoding), writes what the ghosts left to write, and
+    /// empties the window; returns how many records it applied.
+    pub(super) fn apply(&mut self, t: &mut apply::Tables<'_>) -> Result<u64, Failed> {
+        t.ghosts.settle();
+        for (k, &(a, b, g)) in self.recs.iter().enumerate() {
+            let lsn = self.first + k as u64;
+            if g != NO_GIST
+                && let Some(r) = t.absorb(&self.gists[g as usize])
+            {
+                r.map_err(|e| Failed::applying(e, |what| CheckpointError::Record { lsn, what }))?;
+                continue;
+            }
+            let bytes = &self.bytes[a as usize..b as usize];
+            let r = Record::decode(bytes)
+                .map_err(|e| Failed::other(CheckpointError::Decode(e.to_string())))?;
+            t.apply(&r)
+                .map_err(|e| Failed::applying(e, |what| CheckpointError::Record { lsn, what }))?;
+        }
+        let n = self.recs.len() as u64;
+        if n > 0 {
+            let (first, last) = (self.first, self.first + n - 1);
+            t.finish().map_err(|e| {
+                Failed::applying(e, |what| CheckpointError::Records { first, last, what })
+            })?;
+        }
+        t.ghosts.clear();
+        self.clear();
+        Ok(n)
+    }
+}
