@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{host_opts, seed};
+use common::{Watchdog, host_opts, seed};
 use lanefs::{Client, Config, OpenOptions};
 use lanefs_store::disk::{Disk, DiskFile, RealDisk};
 use lanefs_store::{Options, fsck, open};
@@ -332,30 +332,10 @@ fn the_journal_is_held_to_its_bound_while_checkpoints_are_slow() {
 
 // ----- attacks on the bound ------------------------------------------------------------------
 
-/// Fails the process if `f` does not end within `limit` (a hang). With BOUNDATTACK_HANG_WAIT
-/// set, sleeps instead so that a debugger can be attached.
+/// Runs `f` under a [`Watchdog`]: a hang fails the process.
 fn watchdog<T>(name: &str, limit: Duration, f: impl FnOnce() -> T) -> T {
-    let done = Arc::new(AtomicBool::new(false));
-    let d = done.clone();
-    let name2 = name.to_string();
-    let pid = std::process::id();
-    std::thread::spawn(move || {
-        let end = Instant::now() + limit;
-        while Instant::now() < end {
-            if d.load(SeqCst) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("HANG: {name2} did not finish in {limit:?} (pid {pid})");
-        if std::env::var_os("BOUNDATTACK_HANG_WAIT").is_some() {
-            std::thread::sleep(Duration::from_secs(600));
-        }
-        std::process::abort();
-    });
-    let r = f();
-    done.store(true, SeqCst);
-    r
+    let _wd = Watchdog::new(name, limit);
+    f()
 }
 
 /// The longest [`wait_for`] waits: far past what any of its waits takes on a loaded 2-CPU

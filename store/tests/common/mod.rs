@@ -6,7 +6,8 @@
 //!   images are compared by) and [`assert_same_tree`], which says what differs
 //!   (`engine/tests/common/tree.rs`);
 //! - [`opts`], [`host_opts`] and [`on_demand`]: the options of a test store;
-//! - [`PowerCuts`]: the images a power cut at each flush of a simulated disk would leave.
+//! - [`PowerCuts`]: the images a power cut at each flush of a simulated disk would leave;
+//! - [`Watchdog`]: a hang fails the test instead of hanging.
 
 #![allow(dead_code)]
 
@@ -18,7 +19,7 @@ pub mod tree;
 #[allow(unused_imports)] // each test binary uses some
 pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tree_diff};
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use lanefs_store::Options;
@@ -156,5 +157,48 @@ impl<T: Send + 'static> PowerCuts<T> {
 impl<T> Drop for PowerCuts<T> {
     fn drop(&mut self) {
         self.disk.clear_hook();
+    }
+}
+
+/// Aborts the process, saying `what`, unless dropped within `limit`: a hang (which cannot be
+/// unwound) fails the test instead of hanging the run. A last resort, minutes, far past what
+/// the test takes on a loaded 2-CPU machine: it decides nothing in a run that ends.
+/// With `LANEFS_HANG_WAIT` set it waits ten minutes before the abort, for a debugger.
+pub struct Watchdog {
+    tx: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    pub fn new(what: impl Into<String>, limit: Duration) -> Watchdog {
+        let what = what.into();
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                // Straight to the process's stderr: the test harness captures `eprintln!`,
+                // and an abort never prints what it captured.
+                use std::io::Write;
+                let pid = std::process::id();
+                let msg = format!("\nWATCHDOG: {what} still running after {limit:?} (pid {pid})\n");
+                let _ = std::io::stderr().write_all(msg.as_bytes());
+                if std::env::var_os("LANEFS_HANG_WAIT").is_some() {
+                    std::thread::sleep(Duration::from_secs(600));
+                }
+                std::process::abort();
+            }
+        });
+        Watchdog {
+            tx: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
