@@ -47,11 +47,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{HOUR, Watchdog, opts, seed};
 use lanefs::{Client, Config, Ctx, Errno, File, FileType, Filesystem, Ino, OpenOptions, ROOT_INO};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Options, StoreHandle, open};
-
-use common::{HOUR, Watchdog, opts, seed};
 use parking_lot::{Mutex, RwLock};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
