@@ -33,6 +33,14 @@ pub fn seed(what: &str) -> u64 {
     s
 }
 
+/// The seed of `what`'s run with a fixed seed: `LANEFS_SEED` if set, else `default`;
+/// printed either way.
+pub fn fixed(what: &str, default: u64) -> u64 {
+    let s = from_env().unwrap_or(default);
+    eprintln!("{what}: seed {s} ({VAR}={s} replays it)");
+    s
+}
+
 /// The seeds of a test that runs several: `LANEFS_SEED` alone if set, else `default` (fixed
 /// seeds, or fresh ones); printed.
 pub fn seeds(what: &str, default: impl IntoIterator<Item = u64>) -> Vec<u64> {
