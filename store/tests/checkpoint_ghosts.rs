@@ -1632,12 +1632,12 @@ fn threads_race_background_checkpoints() {
                 let ck = s.spawn(move || {
                     while !done.load(Ordering::SeqCst) {
                         let t = Instant::now();
-                        if std::env::var("GHOST_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
                             store.sync().expect("sync");
                             eprintln!("    sync {:?}", t.elapsed());
                         }
                         let r = store.checkpoint();
-                        if std::env::var("GHOST_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
                             eprintln!("    checkpoint {:?} {:?}", r, t.elapsed());
                         }
                         if let Err(e) = r {

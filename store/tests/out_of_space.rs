@@ -957,7 +957,7 @@ fn checkpoint(
     let r = store.checkpoint();
     im.on.store(false, SeqCst);
     let after = store.checkpoint_lsn();
-    if std::env::var("ROOM_VERBOSE").is_ok() {
+    if std::env::var("OUT_OF_SPACE_VERBOSE").is_ok() {
         eprintln!(
             "{what}: {before}..{after} (written {}): {r:?}",
             store.counters().lsn

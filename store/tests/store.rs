@@ -408,7 +408,7 @@ fn journal_damage_is_refused_naming_the_file_and_offset() {
 /// EIO from the host stops the store for good (as ext4's errors=remount-ro): the error
 /// reaches the callers, every later change and sync gets EIO even once the host works again,
 /// `close` reports it, and what was made durable before survives. (Running out of space is
-/// not fatal: tests/nospace.rs.)
+/// not fatal: tests/out_of_space.rs.)
 #[test]
 fn an_io_error_stops_the_store_and_the_durable_prefix_survives() {
     let disk = SimDisk::new();
