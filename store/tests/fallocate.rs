@@ -7,10 +7,13 @@
 //!
 //! The heap is measured with a counting allocator, so this test binary holds this one test.
 
+mod common;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
+use common::{host_opts, on_demand};
 use lanefs::{Config, Ctx, FALLOC_FL_KEEP_SIZE, Filesystem, ROOT_INO};
 use lanefs_store::{Options, open};
 
@@ -66,14 +69,11 @@ fn live() -> u64 {
     LIVE.load(Relaxed) as u64
 }
 
+/// A store on the host whose checkpoints the test takes, with a small cache for them.
 fn opts() -> Options {
     Options {
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(5),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_cache: 1 << 20,
-        ..Options::default()
+        ..on_demand(host_opts(1 << 20, Duration::from_millis(5)))
     }
 }
 

@@ -2,7 +2,6 @@
 //! at a time, fsyncs share flushes, damage is refused with the file and offset, and host
 //! errors reach the caller.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::path::Path;
@@ -10,28 +9,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
-use common::dump;
+use common::{HOUR, assert_same_tree, dump, opts, seed};
 use lanefs::{Client, Config, Errno, OpenOptions, RENAME_EXCHANGE};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreError, fsck, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+/// A store on `disk`, with small segments and a commit every 5 ms.
 fn sim(disk: &SimDisk) -> Options {
-    Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 64 << 10,
-        commit_interval: Duration::from_millis(5),
-        ..Options::default()
-    }
+    opts(disk, 64 << 10, Duration::from_millis(5))
 }
 
 /// A store on `disk` whose flushes take a millisecond, as on a real device, and whose rounds
 /// run only when someone syncs.
 fn slow_flush_store(disk: &SimDisk) -> lanefs_store::Opened {
     let o = open(Path::new("/s"), Config::default(), {
-        let mut s = sim(disk);
-        s.commit_interval = Duration::from_secs(3600);
-        s
+        opts(disk, 64 << 10, HOUR)
     })
     .unwrap();
     disk.on_sync(|_, at| {
@@ -40,13 +33,6 @@ fn slow_flush_store(disk: &SimDisk) -> lanefs_store::Opened {
         }
     });
     o
-}
-
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
 }
 
 /// Random work from several threads over a few shared directories.
@@ -89,8 +75,7 @@ fn workload(fs: &Arc<lanefs::Filesystem>, threads: u64, ops: usize, seed: u64) {
 #[test]
 fn a_reopened_store_holds_the_same_tree_on_a_real_disk() {
     let dir = tempfile::tempdir().unwrap();
-    let seed = seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("a_reopened_store_holds_the_same_tree_on_a_real_disk");
     let o = open(dir.path(), Config::default(), Options::default()).unwrap();
     assert!(o.report.created);
     let fs = Arc::new(o.fs);
@@ -104,7 +89,7 @@ fn a_reopened_store_holds_the_same_tree_on_a_real_disk() {
     assert!(o.report.replayed > 1000, "{:?}", o.report);
     assert!(!o.report.torn_tail);
     let after = dump(&o.fs, true);
-    assert!(before == after, "seed {seed}: the reopened tree differs");
+    assert_same_tree(&format!("seed {seed}: reopened"), &before, &after);
     o.fs.check_invariants().unwrap();
     // It keeps working, and a second reopen sees both sessions' changes.
     let fs = Arc::new(o.fs);
@@ -113,9 +98,10 @@ fn a_reopened_store_holds_the_same_tree_on_a_real_disk() {
     drop(fs);
     drop(o.store);
     let o = open(dir.path(), Config::default(), Options::default()).unwrap();
-    assert!(
-        before == dump(&o.fs, true),
-        "seed {seed}: second reopen differs"
+    assert_same_tree(
+        &format!("seed {seed}: second reopen"),
+        &before,
+        &dump(&o.fs, true),
     );
 }
 
@@ -422,7 +408,7 @@ fn journal_damage_is_refused_naming_the_file_and_offset() {
 /// EIO from the host stops the store for good (as ext4's errors=remount-ro): the error
 /// reaches the callers, every later change and sync gets EIO even once the host works again,
 /// `close` reports it, and what was made durable before survives. (Running out of space is
-/// not fatal: tests/nospace.rs.)
+/// not fatal: tests/out_of_space.rs.)
 #[test]
 fn an_io_error_stops_the_store_and_the_durable_prefix_survives() {
     let disk = SimDisk::new();

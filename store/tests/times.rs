@@ -3,11 +3,14 @@
 //! two directories. Their times must never go backwards, and a store reopened after them, from
 //! its journal or from a checkpoint, must hold the very times the live filesystem had.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
+use common::host_opts;
 use lanefs::{Attr, Config, Ctx, Filesystem, Timespec};
 use lanefs_store::{Options, open};
 
@@ -15,12 +18,10 @@ use lanefs_store::{Options, open};
 /// windows absorbed short-lived files, as well as from the journal.
 fn opts() -> Options {
     Options {
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(2),
         checkpoint_records: 2000,
         checkpoint_segments: 1,
         checkpoint_poll: Duration::from_millis(20),
-        ..Options::default()
+        ..host_opts(1 << 20, Duration::from_millis(2))
     }
 }
 

@@ -4,31 +4,22 @@
 //! whether or not a checkpoint held it; one held unnamed by a checkpoint and linked after it
 //! comes back named.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::dump;
+use common::{HOUR, PowerCuts, dump, on_demand};
 use lanefs::{Client, Config, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Opened, Options, fsck, open};
-use parking_lot::Mutex;
 
 const DIR: &str = "/s";
 
+/// On `disk`: a commit only on a sync, checkpoints only on demand.
 fn opts(disk: &SimDisk) -> Options {
-    Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 64 << 10,
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        ..Options::default()
-    }
+    on_demand(common::opts(disk, 64 << 10, HOUR))
 }
 
 fn reopen(disk: &SimDisk) -> Opened {
@@ -75,15 +66,7 @@ fn a_linked_and_fsynced_tmpfile_survives_a_power_cut_with_its_data() {
     let c = Client::root(fs.clone());
     c.create_dir("/d").unwrap();
     fs.sync_all().unwrap();
-    let images = Arc::new(Mutex::new(Vec::new()));
-    let im = images.clone();
-    let mut k = 0;
-    disk.on_sync(move |d, _| {
-        k += 1;
-        for u in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(k)] {
-            im.lock().push(d.crash(u));
-        }
-    });
+    let cuts = PowerCuts::every_flush(&disk, 0);
     let f = c.open_tmpfile("/d", &rw()).unwrap();
     let data = data();
     f.write_at(&data[..9000], 0).unwrap();
@@ -91,7 +74,7 @@ fn a_linked_and_fsynced_tmpfile_survives_a_power_cut_with_its_data() {
     f.write_at(&data[9000..], 9000).unwrap();
     c.link_file(&f, "/d/named").unwrap();
     f.sync_all().unwrap();
-    disk.clear_hook();
+    let images = cuts.take();
     let acknowledged = disk.crash(Unflushed::Lost);
     drop(f);
     drop(c);
@@ -109,10 +92,9 @@ fn a_linked_and_fsynced_tmpfile_survives_a_power_cut_with_its_data() {
     clean(c.fs(), "acknowledged");
 
     // At any flush before: the name with all the data, or neither.
-    let images = std::mem::take(&mut *images.lock());
     assert!(images.len() >= 6, "{} images", images.len());
     let mut named = 0;
-    for (i, img) in images.iter().enumerate() {
+    for (i, img) in images.iter().map(|c| &c.disk).enumerate() {
         let what = format!("image {i}");
         fsck::check(Path::new(DIR), &opts(img)).unwrap_or_else(|e| panic!("{what}: {e}"));
         let o = reopen(img);

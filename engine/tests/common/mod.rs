@@ -10,16 +10,19 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod seed;
+pub mod tree;
 
-use std::collections::{BTreeMap, HashMap};
+#[allow(unused_imports)] // each test binary uses some
+pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tree_diff};
+
+use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 
-use lanefs::{
-    Client, Ctx, FileType, Filesystem, Generation, Ino, OpenOptions, ROOT_INO, TimeSet, Timespec,
-};
+use lanefs::{Client, Ctx, Filesystem, OpenOptions, TimeSet, Timespec};
 
 /// Who runs an operation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -985,125 +988,4 @@ pub fn fmt_outcome(o: &Outcome) -> String {
         Ok(v) => format!("Ok({v:?})"),
         Err(e) => format!("Err({})", lanefs::Errno(*e).name().unwrap_or("?")),
     }
-}
-
-/// Everything a tree shows of one name (what `dump` returns, keyed by path): compared by
-/// tests that rebuild a filesystem from its records.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Node {
-    pub ino: Ino,
-    pub generation: Generation,
-    pub cookie: u64,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub size: u64,
-    pub rdev: u64,
-    pub blocks: u64,
-    pub times: Option<[Timespec; 3]>,
-    /// `chattr` flags.
-    pub flags: Option<u32>,
-    pub content: Vec<u8>,
-    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
-}
-
-/// The readdir cookie (offset) of `name` in directory `dir`, from a listing that leaves the
-/// directory's atime alone.
-pub fn cookie_of(fs: &Filesystem, dir: Ino, name: &[u8]) -> u64 {
-    let ctx = Ctx::root();
-    let fh = fs.opendir_flags(&ctx, dir, libc::O_NOATIME).unwrap();
-    let mut found = None;
-    fs.readdir(&ctx, fh, 0, false, |e, _| {
-        if e.name == name {
-            found = Some(e.offset);
-        }
-        true
-    })
-    .unwrap();
-    fs.releasedir(fh).unwrap();
-    found.unwrap_or_else(|| panic!("{} not listed in {dir}", String::from_utf8_lossy(name)))
-}
-
-pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
-    let ctx = Ctx::root();
-    let mut out = BTreeMap::new();
-    let mut stack = vec![(b"/".to_vec(), ROOT_INO, 0u64)];
-    while let Some((path, ino, cookie)) = stack.pop() {
-        let a = fs.getattr(ino).unwrap();
-        let content = match a.kind() {
-            FileType::RegularFile => {
-                let fh = fs
-                    .open(&ctx, ino, libc::O_RDONLY | libc::O_NOATIME)
-                    .unwrap();
-                let mut buf = vec![0u8; a.size as usize];
-                let n = fs.read(fh, 0, &mut buf).unwrap();
-                fs.release(fh).unwrap();
-                buf.truncate(n);
-                buf
-            }
-            FileType::Symlink => fs.readlink(ino).unwrap(),
-            _ => Vec::new(),
-        };
-        let names = fs.listxattr(&ctx, ino).unwrap();
-        let xattrs = names
-            .split(|&b| b == 0)
-            .filter(|n| !n.is_empty())
-            .map(|n| (n.to_vec(), fs.getxattr(&ctx, ino, n).unwrap()))
-            .collect();
-        if a.kind() == FileType::Directory {
-            let fh = fs.opendir_flags(&ctx, ino, libc::O_NOATIME).unwrap();
-            fs.readdir(&ctx, fh, 0, false, |e, _| {
-                if e.name != b"." && e.name != b".." {
-                    let mut p = path.clone();
-                    if p.len() > 1 {
-                        p.push(b'/');
-                    }
-                    p.extend_from_slice(e.name);
-                    stack.push((p, e.ino, e.offset));
-                }
-                true
-            })
-            .unwrap();
-            fs.releasedir(fh).unwrap();
-        }
-        out.insert(
-            path,
-            Node {
-                ino: a.ino,
-                generation: a.generation,
-                cookie,
-                mode: a.mode,
-                uid: a.uid,
-                gid: a.gid,
-                nlink: a.nlink,
-                size: a.size,
-                rdev: a.rdev,
-                blocks: a.blocks,
-                times: with_times.then_some([a.atime, a.mtime, a.ctime]),
-                flags: fs.get_flags(ino).ok(),
-                content,
-                xattrs,
-            },
-        );
-    }
-    out
-}
-
-/// A `system.posix_acl_access` value: owner rw-, user `uid` with `p`, owning group r--, mask
-/// `mask`, other ---.
-pub fn named_user_acl(uid: u32, p: u16, mask: u16) -> Vec<u8> {
-    let mut v = 2u32.to_le_bytes().to_vec();
-    for (tag, perm, id) in [
-        (1u16, 6u16, u32::MAX),
-        (2, p, uid),
-        (4, 4, u32::MAX),
-        (0x10, mask, u32::MAX),
-        (0x20, 0, u32::MAX),
-    ] {
-        v.extend_from_slice(&tag.to_le_bytes());
-        v.extend_from_slice(&perm.to_le_bytes());
-        v.extend_from_slice(&id.to_le_bytes());
-    }
-    v
 }

@@ -1,32 +1,54 @@
-//! Adversarial tests of the disk store, written from the contract (docs/DESIGN.md
-//! "Durability", store/src/{lib,commit,journal}.rs module docs) and the public API only.
+//! Power cuts at every flush: the store a power cut leaves opens to a state the filesystem
+//! was in, with every change a returned sync acknowledged (docs/DESIGN.md, "Durability";
+//! store/src/{lib,commit,journal}.rs module docs). Around every flush of a simulated disk
+//! (`SimDisk`), crash images are taken: what a power cut at that moment would leave, with the
+//! unflushed writes lost, kept, or torn at sector boundaries.
 //!
-//! Every randomized test prints its seed; `ATTACK_SEED=<n>` replays one seed, and
-//! `ATTACK_ROUNDS=<n>` runs more (or fewer) seeds.
+//! Checked two ways:
+//! - against a model (the CrashMonkey / ACE method): a small tree made durable, then a
+//!   workload of one to four operations (create, mkdir, link, unlink, rename, rmdir,
+//!   truncate, write, setxattr, punch, an `O_TMPFILE` file written and linked, one written and
+//!   left open unnamed), each possibly followed by an fsync, and always ending with one. Every
+//!   image must hold the tree as it was after some prefix of the operations, at least as long
+//!   as the prefix the last returned fsync covered, pass the engine's invariant check, and
+//!   hold no inode the tree does not name. The workloads: every single operation and every
+//!   pair, then random ones of three and four;
+//! - against the histories of threads doing random operations on names of their own (written
+//!   from the contract and the public API only): each thread's names after recovery are its
+//!   state after a prefix of its operations, holding every operation that ended before an
+//!   acknowledged sync began, and every operation of another thread that ended before a
+//!   recovered one began (real-time order); recovered twice, the same. With group commit,
+//!   tiny segments, edge cases (unlinked open files, records larger than a segment, the
+//!   longest name), a power cut during recovery itself, and operations ordered only by the
+//!   test's own lock. With the same workloads: reopen cycles keep the state, the identity of
+//!   (inode, generation) and readdir cookies; injected EIO or ENOSPC lose nothing
+//!   acknowledged; a stopped store refuses every change.
+//!
+//! Random tests print their seed; `LANEFS_SEED=<n>` replays one, `LANEFS_ROUNDS=<n>` runs
+//! more (or fewer) seeds of those that run several.
+
+mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
-use lanefs::{Client, Config, Ctx, FileType, Filesystem, Ino, OpenOptions};
-use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
-use lanefs_store::{Options, open};
+use common::{HOUR, PowerCuts, dump, every_way, opts, seed, tree_diff};
+use lanefs::{
+    Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FileType, Filesystem, Ino,
+    OpenOptions,
+};
+use lanefs_store::disk::{SimDisk, Unflushed};
+use lanefs_store::open;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const STORE: &str = "/store";
-
-fn opts(disk: &SimDisk, segment_size: u64) -> Options {
-    Options {
-        disk: Arc::new(disk.clone()),
-        segment_size,
-        commit_interval: Duration::from_millis(5),
-        ..Options::default()
-    }
-}
+/// The commit interval of the threads' workloads.
+const COMMIT: Duration = Duration::from_millis(5);
 
 fn cfg() -> Config {
     Config {
@@ -35,16 +57,248 @@ fn cfg() -> Config {
     }
 }
 
-fn seeds(default_rounds: u64, base: u64) -> Vec<u64> {
-    if let Ok(s) = std::env::var("ATTACK_SEED") {
-        return vec![s.parse().expect("ATTACK_SEED is a number")];
-    }
-    let n = std::env::var("ATTACK_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default_rounds);
-    (0..n).map(|i| base + i).collect()
+// ----- one thread against a model ------------------------------------------------------------
+
+/// One operation of a model workload.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Create(&'static str),
+    Mkdir(&'static str),
+    Link(&'static str, &'static str),
+    Unlink(&'static str),
+    Rename(&'static str, &'static str),
+    Rmdir(&'static str),
+    Truncate(&'static str, u64),
+    Write(&'static str, u64, usize),
+    SetXattr(&'static str),
+    Punch(&'static str, u64, u64),
+    /// fsync of this file or directory (through an open handle).
+    Fsync(&'static str),
+    /// An `O_TMPFILE` file made in the directory, written, then linked under the name.
+    Tmpfile(&'static str, &'static str),
+    /// An `O_TMPFILE` file made in the directory and written, left open and never named
+    /// (past the power cut: recovery must leave nothing of it).
+    TmpfileOpen(&'static str),
 }
+
+const OPS: &[Op] = &[
+    Op::Create("/new"),
+    Op::Create("/A/C/new"),
+    Op::Mkdir("/A/D"),
+    Op::Mkdir("/B/D"),
+    Op::Link("/foo", "/B/link"),
+    Op::Link("/A/bar", "/bar2"),
+    Op::Unlink("/foo"),
+    Op::Unlink("/A/bar"),
+    Op::Rename("/foo", "/B/foo"),
+    Op::Rename("/A/bar", "/foo"),
+    Op::Rename("/A", "/B/A"),
+    Op::Rename("/A/C", "/C"),
+    Op::Rmdir("/B"),
+    Op::Rmdir("/A/C"),
+    Op::Truncate("/foo", 0),
+    Op::Truncate("/A/bar", 9000),
+    Op::Write("/foo", 4090, 20),
+    Op::Write("/A/bar", 100, 5000),
+    Op::SetXattr("/foo"),
+    Op::SetXattr("/A"),
+    Op::Punch("/foo", 0, 4096),
+    Op::Tmpfile("/A", "/A/tmp"),
+    Op::TmpfileOpen("/B"),
+];
+
+fn model_tree(c: &Client) {
+    c.create_dir("/A").unwrap();
+    c.create_dir("/A/C").unwrap();
+    c.create_dir("/B").unwrap();
+    c.write("/foo", vec![b'f'; 5000]).unwrap();
+    c.write("/A/bar", vec![b'b'; 100]).unwrap();
+    c.hard_link("/foo", "/A/foo").unwrap();
+}
+
+/// Runs an operation; whether it succeeded.
+fn apply(c: &Client, s: Op) -> bool {
+    let r = match s {
+        Op::Create(p) => c
+            .open(p, OpenOptions::new().write(true).create_new(true))
+            .map(drop),
+        Op::Mkdir(p) => c.create_dir(p),
+        Op::Link(a, b) => c.hard_link(a, b),
+        Op::Unlink(p) => c.remove_file(p),
+        Op::Rename(a, b) => c.rename(a, b),
+        Op::Rmdir(p) => c.remove_dir(p),
+        Op::Truncate(p, n) => c.truncate(p, n),
+        Op::Write(p, off, n) => c
+            .open(p, OpenOptions::new().write(true))
+            .and_then(|f| f.write_at(&vec![b'w'; n], off).map(drop)),
+        Op::SetXattr(p) => c.metadata(p).and_then(|m| {
+            c.fs()
+                .setxattr(c.ctx(), m.ino(), b"user.k", b"value", 0)
+                .map_err(Into::into)
+        }),
+        Op::Punch(p, off, len) => c.open(p, OpenOptions::new().write(true)).and_then(|f| {
+            c.fs()
+                .fallocate(
+                    c.ctx(),
+                    f.handle(),
+                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                    off,
+                    len,
+                )
+                .map_err(Into::into)
+        }),
+        Op::Fsync(p) => c
+            .open(p, OpenOptions::new().read(true))
+            .and_then(|f| f.sync_all()),
+        Op::Tmpfile(dir, name) => c
+            .open_tmpfile(dir, OpenOptions::new().write(true).mode(0o640))
+            .and_then(|f| {
+                f.write_at(&vec![b't'; 5000], 0)?;
+                c.link_file(&f, name)
+            }),
+        Op::TmpfileOpen(dir) => c
+            .open_tmpfile(dir, OpenOptions::new().write(true))
+            .and_then(|f| {
+                f.write_at(&vec![b'o'; 6000], 100)?;
+                std::mem::forget(f); // open until the filesystem goes
+                Ok(())
+            }),
+    };
+    r.is_ok()
+}
+
+/// Runs `workload` (an fsync is added at the end) and checks every crash image; how many
+/// there were.
+fn check_model(workload: &[Op], interval: Duration, seed: u64) -> usize {
+    let disk = SimDisk::new();
+    let store_dir = Path::new(STORE);
+    let o = open(
+        store_dir,
+        Config::default(),
+        opts(&disk, 16 << 10, interval),
+    )
+    .unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    model_tree(&c);
+    fs.sync_all().unwrap();
+    let mut states = vec![dump(&fs, true)];
+    // At each cut: how many operations a returned fsync had made durable, and which one ran.
+    let durable = Arc::new(AtomicUsize::new(0));
+    let step_no = Arc::new(AtomicUsize::new(0));
+    let cuts = {
+        let (durable, step_no) = (durable.clone(), step_no.clone());
+        PowerCuts::start(&disk, every_way(seed), move || {
+            (durable.load(SeqCst), step_no.load(SeqCst))
+        })
+    };
+    let mut steps: Vec<Op> = workload.to_vec();
+    if !matches!(steps.last(), Some(Op::Fsync(_))) {
+        steps.push(Op::Fsync("/"));
+    }
+    let mut done = 0;
+    for s in &steps {
+        step_no.store(done + 1, SeqCst);
+        if let Op::Fsync(_) = s {
+            // An fsync that failed (its file is gone) makes nothing durable.
+            if apply(&c, *s) {
+                durable.store(done, SeqCst);
+            }
+        } else {
+            apply(&c, *s);
+            done += 1;
+            states.push(dump(&fs, true));
+        }
+    }
+    let images = cuts.take();
+    drop(c);
+    drop(fs);
+    drop(o.store);
+    let n = images.len();
+    for img in images {
+        let (durable, step) = img.note;
+        let what = format!("{} during step {step}", img.label());
+        let r = open(
+            store_dir,
+            Config::default(),
+            opts(&img.disk, 16 << 10, interval),
+        )
+        .unwrap_or_else(|e| panic!("{workload:?}, {what}: open failed: {e}"));
+        let got = dump(&r.fs, true);
+        let report =
+            r.fs.check_invariants()
+                .unwrap_or_else(|e| panic!("{workload:?}, {what}: {e}"));
+        // Nothing without a name survives recovery (an unnamed tmpfile, an unlinked open
+        // file): every inode is one the tree reaches.
+        let named: std::collections::HashSet<_> = got.values().map(|n| n.ino).collect();
+        assert_eq!(
+            report.inodes,
+            named.len() as u64,
+            "{workload:?}, {what}: inodes without a name"
+        );
+        let matched = (durable..states.len()).find(|&j| states[j] == got);
+        if matched.is_none() {
+            panic!(
+                "{workload:?}, {what}: the recovered tree is no prefix state from step {durable} \
+                 on; it differs from that state:\n{}\nand from the last state:\n{}",
+                tree_diff(&states[durable], &got),
+                tree_diff(states.last().expect("states"), &got)
+            );
+        }
+    }
+    n
+}
+
+#[test]
+fn every_single_operation_survives_a_power_cut_at_every_flush() {
+    let mut images = 0;
+    for s in OPS {
+        images += check_model(&[*s], HOUR, 1);
+    }
+    eprintln!("{images} crash images checked");
+    assert!(images > OPS.len() * 3);
+}
+
+#[test]
+fn every_pair_of_operations_with_and_without_fsync_between() {
+    let mut images = 0;
+    for (i, a) in OPS.iter().enumerate() {
+        for (j, b) in OPS.iter().enumerate() {
+            let w = match (i + j) % 3 {
+                0 => vec![*a, Op::Fsync("/foo"), *b],
+                _ => vec![*a, *b],
+            };
+            images += check_model(&w, HOUR, (i * 100 + j) as u64);
+        }
+    }
+    eprintln!("{images} crash images checked");
+}
+
+#[test]
+fn random_workloads_of_three_and_four_with_background_commits() {
+    let seed = seed::seed("model workloads of three and four");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut images = 0;
+    for round in 0..60 {
+        let n = rng.random_range(3..=4);
+        let mut w = Vec::new();
+        for _ in 0..n {
+            w.push(OPS[rng.random_range(0..OPS.len())]);
+            if rng.random_bool(0.3) {
+                w.push(Op::Fsync(["/", "/foo", "/A"][rng.random_range(0..3)]));
+            }
+        }
+        // Half the rounds also commit in the background between steps.
+        let interval = match round % 2 {
+            0 => HOUR,
+            _ => Duration::from_micros(200),
+        };
+        images += check_model(&w, interval, seed ^ round);
+    }
+    eprintln!("{images} crash images checked");
+}
+
+// ----- threads against their histories -------------------------------------------------------
 
 /// What a name looks like from outside: compared between the live filesystem and a recovered
 /// one.
@@ -283,6 +537,20 @@ struct Image {
     acked: u64,
 }
 
+impl Image {
+    /// The images of `cuts`, whose note is what was acknowledged.
+    fn all(cuts: PowerCuts<u64>, name: &str) -> Vec<Image> {
+        cuts.take()
+            .into_iter()
+            .map(|c| Image {
+                label: format!("{name}{}", c.label()),
+                acked: c.note,
+                disk: c.disk,
+            })
+            .collect()
+    }
+}
+
 struct Run {
     histories: Vec<History>,
     images: Vec<Image>,
@@ -303,7 +571,8 @@ fn run_workload(
     modes: &[Unflushed],
     max_images: usize,
 ) -> Run {
-    let o = open(Path::new(STORE), cfg(), opts(disk, segment_size)).expect("open a new store");
+    let o =
+        open(Path::new(STORE), cfg(), opts(disk, segment_size, COMMIT)).expect("open a new store");
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.create_dir("/shared").unwrap();
@@ -313,32 +582,26 @@ fn run_workload(
     }
     fs.sync_all().unwrap();
     let acked = Arc::new(AtomicU64::new(0));
-    let images = Arc::new(Mutex::new(Vec::<Image>::new()));
-    {
+    let cuts = {
         let acked = acked.clone();
-        let images = images.clone();
         let modes = modes.to_vec();
-        let mut n = 0u64;
-        disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
-            n += 1;
-            let a = acked.load(SeqCst);
-            let mut imgs = images.lock();
-            if imgs.len() >= max_images {
-                return;
-            }
-            for m in &modes {
-                let m = match m {
+        let mut taken = 0;
+        PowerCuts::start(
+            disk,
+            move |n, _| {
+                if taken >= max_images {
+                    return vec![];
+                }
+                taken += modes.len();
+                let torn = |m: &Unflushed| match m {
                     Unflushed::Torn(s) => Unflushed::Torn(s ^ n.wrapping_mul(0x9e37_79b9)),
                     m => *m,
                 };
-                imgs.push(Image {
-                    label: format!("flush #{n} {at:?} {m:?}"),
-                    disk: d.crash(m),
-                    acked: a,
-                });
-            }
-        });
-    }
+                modes.iter().map(torn).collect()
+            },
+            move || acked.load(SeqCst),
+        )
+    };
     let histories: Vec<History> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
             .map(|t| {
@@ -374,13 +637,12 @@ fn run_workload(
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    disk.clear_hook();
+    let images = Image::all(cuts, "");
     let final_acked = acked.load(SeqCst);
     drop(c);
     fs.check_invariants().expect("live filesystem consistent");
     drop(fs);
     o.store.close().expect("clean close");
-    let images = std::mem::take(&mut *images.lock());
     Run {
         histories,
         images,
@@ -536,8 +798,12 @@ fn crc(d: &[u8]) -> u64 {
 /// Recovers `img` twice (the second open must find exactly what the first left) and checks
 /// it.
 fn recover_and_check(run: &Run, img: &Image, segment_size: u64, what: &str) -> Result<(), String> {
-    let o = open(Path::new(STORE), cfg(), opts(&img.disk, segment_size))
-        .map_err(|e| format!("{what}: open refused: {e}"))?;
+    let o = open(
+        Path::new(STORE),
+        cfg(),
+        opts(&img.disk, segment_size, COMMIT),
+    )
+    .map_err(|e| format!("{what}: open refused: {e}"))?;
     let fs = Arc::new(o.fs);
     let k = check_prefix(fs.clone(), run, img.acked, what)?;
     let first: Vec<Snap> = (0..run.histories.len())
@@ -548,8 +814,12 @@ fn recover_and_check(run: &Run, img: &Image, segment_size: u64, what: &str) -> R
         .close()
         .map_err(|e| format!("{what}: close after recovery: {e}"))?;
     // Reopen: the same state.
-    let o = open(Path::new(STORE), cfg(), opts(&img.disk, segment_size))
-        .map_err(|e| format!("{what}: second open refused: {e}"))?;
+    let o = open(
+        Path::new(STORE),
+        cfg(),
+        opts(&img.disk, segment_size, COMMIT),
+    )
+    .map_err(|e| format!("{what}: second open refused: {e}"))?;
     let fs = Arc::new(o.fs);
     fs.check_invariants()
         .map_err(|e| format!("{what}: second open: invariants: {e}"))?;
@@ -579,9 +849,9 @@ fn crash_attack(
     segment_size: u64,
     sync_p: f64,
 ) {
-    for seed in seeds(rounds, base) {
+    for seed in seed::seeds("power cuts", seed::counting(base, rounds)) {
         eprintln!(
-            "crash attack: ATTACK_SEED={seed} threads={threads} ops={ops} segment_size={segment_size}"
+            "power cuts: seed {seed}: threads={threads} ops={ops} segment_size={segment_size}"
         );
         let disk = SimDisk::new();
         let modes = [
@@ -673,8 +943,7 @@ fn read_some(fs: &Filesystem, dir: Ino, offset: u64, max: usize) -> (Vec<Vec<u8>
 /// with a cookie from before it returns the rest, each entry once.
 #[test]
 fn reopen_cycles_keep_state_identity_and_cookies() {
-    for seed in seeds(2, 4000) {
-        eprintln!("reopen attack: ATTACK_SEED={seed}");
+    for seed in seed::seeds("reopen cycles", seed::counting(4000, 2)) {
         let disk = SimDisk::new();
         let mut rng = StdRng::seed_from_u64(seed);
         let mut ids: BTreeMap<(u64, u64), String> = BTreeMap::new();
@@ -682,7 +951,7 @@ fn reopen_cycles_keep_state_identity_and_cookies() {
         let mut cookie: Option<(Vec<Vec<u8>>, u64)> = None;
         let mut next_tag = 0u64;
         for cycle in 0..20 {
-            let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10))
+            let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10, COMMIT))
                 .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: open: {e}"));
             assert_eq!(o.report.created, cycle == 0);
             let fs = Arc::new(o.fs);
@@ -785,7 +1054,7 @@ fn reopen_cycles_keep_state_identity_and_cookies() {
             // Sometimes the clean close is followed by a power cut: nothing may be lost.
             if rng.random_bool(0.3) {
                 let d = disk.crash(Unflushed::Lost);
-                let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10))
+                let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10, COMMIT))
                     .unwrap_or_else(|e| panic!("seed {seed} cycle {cycle}: open after cut: {e}"));
                 let c = Client::root(Arc::new(o.fs));
                 let got = snapshot(&c, "/t0", Some(("/shared", "t0_")));
@@ -804,13 +1073,13 @@ fn reopen_cycles_keep_state_identity_and_cookies() {
 /// errno, and after the failure is over, reopening finds every acknowledged operation.
 #[test]
 fn injected_errors_lose_nothing_acknowledged() {
-    for seed in seeds(8, 5000) {
+    for seed in seed::seeds("injected errors", seed::counting(5000, 8)) {
         let mut rng = StdRng::seed_from_u64(seed);
         let enospc = rng.random_bool(0.5);
         let fail_after = rng.random_range(0..60);
-        eprintln!("error attack: ATTACK_SEED={seed} enospc={enospc} after {fail_after} ops");
+        eprintln!("injected errors: seed {seed}: enospc={enospc} after {fail_after} ops");
         let disk = SimDisk::new();
-        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10, COMMIT)).unwrap();
         let fs = Arc::new(o.fs);
         let c = Client::root(fs.clone());
         c.create_dir("/shared").unwrap();
@@ -916,35 +1185,22 @@ fn injected_errors_lose_nothing_acknowledged() {
 /// finishing appended), then recovery again: still a prefix with everything acknowledged.
 #[test]
 fn power_cut_during_recovery() {
-    for seed in seeds(2, 6000) {
-        eprintln!("nested crash attack: ATTACK_SEED={seed}");
+    for seed in seed::seeds("power cuts during recovery", seed::counting(6000, 2)) {
         let disk = SimDisk::new();
         let modes = [Unflushed::Kept, Unflushed::Torn(seed)];
         let run = run_workload(seed, &disk, 3, 40, 8 << 10, 0.15, &modes, 200);
         let mut checked = 0;
         for img in run.images.iter().step_by(3) {
-            let nested = Arc::new(Mutex::new(Vec::<(String, SimDisk)>::new()));
-            {
-                let nested = nested.clone();
-                let mut n = 0;
-                img.disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
-                    n += 1;
-                    for m in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(n)] {
-                        nested
-                            .lock()
-                            .push((format!("recovery flush #{n} {at:?} {m:?}"), d.crash(m)));
-                    }
-                });
-            }
-            let o = open(Path::new(STORE), cfg(), opts(&img.disk, 8 << 10))
+            let nested = PowerCuts::every_flush(&img.disk, 0);
+            let o = open(Path::new(STORE), cfg(), opts(&img.disk, 8 << 10, COMMIT))
                 .unwrap_or_else(|e| panic!("seed {seed} {}: open: {e}", img.label));
-            img.disk.clear_hook();
+            let nested = nested.take();
             drop(o);
-            for (label, d) in nested.lock().drain(..) {
-                let what = format!("seed {seed} {} then {label}", img.label);
+            for cut in nested {
+                let what = format!("seed {seed} {} then recovery {}", img.label, cut.label());
                 let nimg = Image {
                     label: what.clone(),
-                    disk: d,
+                    disk: cut.disk,
                     acked: img.acked,
                 };
                 recover_and_check(&run, &nimg, 8 << 10, &what).unwrap_or_else(|e| panic!("{e}"));
@@ -961,34 +1217,24 @@ type Step = Box<dyn Fn(&Client, &mut Vec<lanefs::Fh>) -> std::io::Result<bool>>;
 /// images at every flush, and checks each image against the states after each step.
 fn scripted(name: &str, segment_size: u64, steps: Vec<Step>) {
     let disk = SimDisk::new();
-    let o = open(Path::new(STORE), cfg(), opts(&disk, segment_size)).unwrap();
+    let o = open(Path::new(STORE), cfg(), opts(&disk, segment_size, COMMIT)).unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.create_dir("/t0").unwrap();
     c.create_dir("/shared").unwrap();
     fs.sync_all().unwrap();
     let acked = Arc::new(AtomicU64::new(0));
-    let images = Arc::new(Mutex::new(Vec::<Image>::new()));
-    {
-        let (acked, images) = (acked.clone(), images.clone());
-        let mut n = 0u64;
-        let name = name.to_string();
-        disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
-            n += 1;
-            for m in [
-                Unflushed::Lost,
-                Unflushed::Kept,
-                Unflushed::Torn(n),
-                Unflushed::Torn(!n),
-            ] {
-                images.lock().push(Image {
-                    label: format!("{name}: flush #{n} {at:?} {m:?}"),
-                    disk: d.crash(m),
-                    acked: acked.load(SeqCst),
-                });
-            }
-        });
-    }
+    let cuts = {
+        let acked = acked.clone();
+        let ways = |n: u64, _| {
+            let torn = [Unflushed::Torn(n), Unflushed::Torn(!n)];
+            [Unflushed::Lost, Unflushed::Kept]
+                .into_iter()
+                .chain(torn)
+                .collect()
+        };
+        PowerCuts::start(&disk, ways, move || acked.load(SeqCst))
+    };
     let mut h = History::default();
     let snap = |c: &Client| snapshot(c, "/t0", Some(("/shared", "t0_")));
     h.states.push(snap(&c));
@@ -1012,10 +1258,9 @@ fn scripted(name: &str, segment_size: u64, steps: Vec<Step>) {
         h.end.push(en);
         h.labels.push(format!("step {i}"));
     }
-    disk.clear_hook();
     let run = Run {
         histories: vec![h],
-        images: std::mem::take(&mut *images.lock()),
+        images: Image::all(cuts, &format!("{name}: ")),
         final_acked: acked.load(SeqCst),
     };
     let mut failures = Vec::new();
@@ -1146,31 +1391,19 @@ fn power_cut_edge_cases() {
 /// passed around): the recovered files must be a prefix of that order.
 #[test]
 fn power_cut_respects_cross_thread_order() {
-    for seed in seeds(2, 7000) {
-        eprintln!("cross-thread order attack: ATTACK_SEED={seed}");
+    for seed in seed::seeds("cross-thread order", seed::counting(7000, 2)) {
         let disk = SimDisk::new();
-        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+        let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10, COMMIT)).unwrap();
         let fs = Arc::new(o.fs);
         let c = Client::root(fs.clone());
         c.create_dir("/seq").unwrap();
         c.write("/counter", b"0").unwrap();
         fs.sync_all().unwrap();
         let acked = Arc::new(AtomicU64::new(0));
-        let images = Arc::new(Mutex::new(Vec::<(String, SimDisk, u64)>::new()));
-        {
-            let (acked, images) = (acked.clone(), images.clone());
-            let mut n = 0u64;
-            disk.on_sync(move |d: &SimDisk, at: SyncPoint| {
-                n += 1;
-                for m in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(n ^ seed)] {
-                    images.lock().push((
-                        format!("flush #{n} {at:?} {m:?}"),
-                        d.crash(m),
-                        acked.load(SeqCst),
-                    ));
-                }
-            });
-        }
+        let cuts = {
+            let acked = acked.clone();
+            PowerCuts::start(&disk, every_way(seed), move || acked.load(SeqCst))
+        };
         let token = Mutex::new(0u64);
         std::thread::scope(|s| {
             for t in 0..4 {
@@ -1200,11 +1433,15 @@ fn power_cut_respects_cross_thread_order() {
                 });
             }
         });
-        disk.clear_hook();
-        let imgs = std::mem::take(&mut *images.lock());
+        let imgs = Image::all(cuts, "");
         let n = imgs.len();
-        for (label, d, acked) in imgs {
-            let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10))
+        for Image {
+            label,
+            disk: d,
+            acked,
+        } in imgs
+        {
+            let o = open(Path::new(STORE), cfg(), opts(&d, 16 << 10, COMMIT))
                 .unwrap_or_else(|e| panic!("seed {seed} {label}: {e}"));
             let c = Client::root(Arc::new(o.fs));
             c.fs().check_invariants().unwrap();
@@ -1248,7 +1485,7 @@ fn power_cut_respects_cross_thread_order() {
 #[test]
 fn stopped_store_refuses_changes() {
     let disk = SimDisk::new();
-    let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+    let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10, COMMIT)).unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.create_dir("/t0").unwrap();
@@ -1281,7 +1518,7 @@ fn stopped_store_refuses_changes() {
     drop(fs);
     assert!(o.store.close().is_err());
     disk.set_failing(false);
-    let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10)).unwrap();
+    let o = open(Path::new(STORE), cfg(), opts(&disk, 16 << 10, COMMIT)).unwrap();
     let c = Client::root(Arc::new(o.fs));
     assert_eq!(c.read("/t0/a").unwrap(), b"hello");
 }

@@ -4,12 +4,15 @@
 //! the load): whatever the filesystem was before a checkpoint and a close, it is after the
 //! reopen, and a power cut during a checkpoint leaves what was synced.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{PowerCuts, seed};
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FS_NOATIME_FL, FS_NODUMP_FL,
     FileType, Filesystem, Ino, TimeSet, Timespec,
@@ -25,18 +28,16 @@ fn dir() -> &'static Path {
     Path::new(DIR)
 }
 
+/// On `disk`, segments of `segment` bytes; checkpoints only on demand, no reserve.
 fn opts(disk: &SimDisk, segment: u64) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: segment,
-        commit_interval: Duration::from_millis(1),
         checkpoint_records: u64::MAX / 4,
         checkpoint_segments: 1 << 20,
         journal_segments: 1 << 21,
         checkpoint_changed: u64::MAX / 8,
         checkpoint_poll: Duration::from_secs(3600),
         checkpoint_reserve: 0,
-        ..Options::default()
+        ..common::opts(disk, segment, Duration::from_millis(1))
     }
 }
 
@@ -545,19 +546,15 @@ fn step(
     }
 }
 
-fn seeds(env: &str, default: &[u64]) -> Vec<u64> {
-    match std::env::var(env) {
-        Ok(s) => s.split(',').map(|x| x.parse().unwrap()).collect(),
-        Err(_) => default.to_vec(),
-    }
-}
-
 /// Random workloads of several hundred inodes (more than the 256 slots), checkpoints at
 /// random points; after each close and reopen the filesystem is what it was, and it goes on
 /// (new entries after the reopen keep the old ones' listing and take fresh cookies).
 #[test]
 fn random_workloads_survive_checkpoint_and_reopen() {
-    for seed in seeds("LOADATTACK_SEEDS", &[1, 2, 3, 4]) {
+    for seed in seed::seeds(
+        "random_workloads_survive_checkpoint_and_reopen",
+        [1, 2, 3, 4],
+    ) {
         eprintln!("random_workloads seed {seed}");
         let mut r = StdRng::seed_from_u64(seed);
         let disk = SimDisk::new();
@@ -858,7 +855,7 @@ fn compaction_at_open_keeps_the_contents() {
 #[test]
 fn power_cuts_during_checkpoints() {
     let mut images_total = 0;
-    for seed in seeds("LOADATTACK_CUT_SEEDS", &[11, 12, 13]) {
+    for seed in seed::seeds("power_cuts_during_checkpoints", [11, 12, 13]) {
         eprintln!("power_cuts seed {seed}");
         let mut r = StdRng::seed_from_u64(seed);
         let disk = SimDisk::new();
@@ -879,22 +876,18 @@ fn power_cuts_during_checkpoints() {
             fs.sync_all().unwrap();
             let want = snapshot(&fs);
             fs.sync_all().unwrap();
-            let images = Arc::new(Mutex::new(Vec::new()));
-            let im = images.clone();
-            let mut k = 0u64;
-            disk.on_sync(move |d, point| {
-                k += 1;
-                let mode = match (point, k % 3) {
+            let ways = move |k: u64, point| {
+                vec![match (point, k % 3) {
                     (SyncPoint::Before, 0) => Unflushed::Lost,
                     (SyncPoint::Before, 1) => Unflushed::Torn(seed * 1000 + k),
                     (SyncPoint::Before, _) => Unflushed::Kept,
                     (SyncPoint::After, _) => Unflushed::Torn(seed * 7919 + k),
-                };
-                im.lock().unwrap().push((k, d.crash(mode)));
-            });
+                }]
+            };
+            let cuts = PowerCuts::start(&disk, ways, || ());
             o.store.checkpoint().unwrap();
-            disk.clear_hook();
-            let images = std::mem::take(&mut *images.lock().unwrap());
+            let images: Vec<(u64, SimDisk)> =
+                cuts.take().into_iter().map(|c| (c.call, c.disk)).collect();
             assert!(!images.is_empty(), "the checkpoint flushed nothing");
             for (k, img) in images.iter().step_by(1 + images.len() / 12) {
                 images_total += 1;
@@ -990,7 +983,10 @@ fn cookies_of_removed_entries_are_not_reused_after_reopen() {
 /// reopens as it was.
 #[test]
 fn background_checkpoints_under_threads_and_power_cuts() {
-    for seed in seeds("LOADATTACK_THREAD_SEEDS", &[21, 22]) {
+    for seed in seed::seeds(
+        "background_checkpoints_under_threads_and_power_cuts",
+        [21, 22],
+    ) {
         eprintln!("threads seed {seed}");
         let disk = SimDisk::new();
         let mut o_ = opts(&disk, 1 << 20);
@@ -1001,22 +997,21 @@ fn background_checkpoints_under_threads_and_power_cuts() {
         // (path, contents, xattr) of files synced and never changed again.
         type Frozen = Vec<(String, Vec<u8>, Vec<u8>)>;
         let frozen: Arc<Mutex<Frozen>> = Arc::default();
-        let images: Arc<Mutex<Vec<(SimDisk, Frozen)>>> = Arc::default();
-        {
-            let (fr, im) = (frozen.clone(), images.clone());
-            let mut k = 0u64;
-            disk.on_sync(move |d, point| {
-                k += 1;
-                if k.is_multiple_of(29) && im.lock().unwrap().len() < 12 {
-                    let f = fr.lock().unwrap().clone();
-                    let mode = match point {
-                        SyncPoint::Before => Unflushed::Torn(seed ^ k),
-                        SyncPoint::After => Unflushed::Lost,
-                    };
-                    im.lock().unwrap().push((d.crash(mode), f));
+        let cuts = {
+            let fr = frozen.clone();
+            let mut taken = 0;
+            let ways = move |k: u64, point| {
+                if !k.is_multiple_of(29) || taken >= 12 {
+                    return vec![];
                 }
-            });
-        }
+                taken += 1;
+                vec![match point {
+                    SyncPoint::Before => Unflushed::Torn(seed ^ k),
+                    SyncPoint::After => Unflushed::Lost,
+                }]
+            };
+            PowerCuts::start(&disk, ways, move || fr.lock().unwrap().clone())
+        };
         let threads: Vec<_> = (0..4u64)
             .map(|t| {
                 let fs = fs.clone();
@@ -1068,7 +1063,8 @@ fn background_checkpoints_under_threads_and_power_cuts() {
         for t in threads {
             t.join().unwrap();
         }
-        disk.clear_hook();
+        let images: Vec<(SimDisk, Frozen)> =
+            cuts.take().into_iter().map(|c| (c.disk, c.note)).collect();
         fs.sync_all().unwrap();
         let want = snapshot(&fs);
         let frozen_all = frozen.lock().unwrap().clone();
@@ -1076,7 +1072,6 @@ fn background_checkpoints_under_threads_and_power_cuts() {
             o.store.checkpoint_lsn() > 0,
             "no background checkpoint was taken"
         );
-        let images = std::mem::take(&mut *images.lock().unwrap());
         eprintln!(
             "seed {seed}: {} frozen files, {} images, checkpoint lsn {}",
             frozen_all.len(),
@@ -1153,29 +1148,28 @@ fn power_cuts_during_open_time_compaction() {
     let o = open(dir(), Config::default(), opts(&copy, 16 << 20)).unwrap();
     let syncs = copy.syncs();
     drop(o);
-    let images: Arc<Mutex<Vec<SimDisk>>> = Arc::default();
-    let im = images.clone();
-    let mut k = 0u64;
     let every = (syncs / 6).max(1);
-    disk.on_sync(move |d, point| {
-        k += 1;
-        let mut v = im.lock().unwrap();
-        if (k.is_multiple_of(every) || k + 3 >= syncs) && v.len() < 14 {
-            v.push(d.crash(match point {
-                SyncPoint::Before => Unflushed::Torn(k),
-                SyncPoint::After => Unflushed::Lost,
-            }));
+    let mut taken = 0;
+    let ways = move |k: u64, point| {
+        if !(k.is_multiple_of(every) || k + 3 >= syncs) || taken >= 14 {
+            return vec![];
         }
-    });
+        taken += 1;
+        vec![match point {
+            SyncPoint::Before => Unflushed::Torn(k),
+            SyncPoint::After => Unflushed::Lost,
+        }]
+    };
+    let cuts = PowerCuts::start(&disk, ways, || ());
     let o = open(dir(), Config::default(), opts(&disk, 16 << 20)).unwrap();
-    disk.clear_hook();
+    let images = cuts.take();
     let after = checkpoint_len(&disk);
     assert!(after < before / 2, "not compacted: {before} -> {after}");
     let fs = Arc::new(o.fs);
     same("compacted", &want, &snapshot(&fs));
     drop(fs);
     o.store.close().unwrap();
-    let images = std::mem::take(&mut *images.lock().unwrap());
+    let images: Vec<SimDisk> = images.into_iter().map(|c| c.disk).collect();
     eprintln!(
         "compaction: {before} -> {after} bytes, {} images of {syncs} flushes",
         images.len()

@@ -23,17 +23,21 @@
 //! The engine's clock is coarse (a few milliseconds): ghosts wait for it to move between
 //! their create and their remove, or a wrong directory time could not show.
 //!
-//! Random runs print their seed (`ABSORB_SEED=<n>` replays one, `ABSORB_RUNS=<n>` runs more).
+//! Random runs print their seed (`LANEFS_SEED=<n>` replays one, `LANEFS_ROUNDS=<n>` runs more
+//! or fewer).
 //!
 //! Two bugs this attack found outside absorption have tests of their own at the end
 //! (ignored until fixed); the scenarios step around them (`W::reopen`).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
+use common::{PowerCuts, on_demand, opts, seed};
 use lanefs::{
     Attr, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Fh, FileType, Filesystem, Ino,
     RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SetAttr, TimeSet, Timespec, TruncateBy,
@@ -58,14 +62,9 @@ fn cfg() -> Config {
 /// Options under which only the test takes checkpoints.
 fn quiet(disk: &SimDisk) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 4 << 20,
-        commit_interval: Duration::from_millis(2),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_changed: 1 << 40,
         checkpoint_poll: Duration::from_millis(20),
-        ..Options::default()
+        ..on_demand(opts(disk, 4 << 20, Duration::from_millis(2)))
     }
 }
 
@@ -996,28 +995,15 @@ impl W {
         let live_before = dump(&self.fs);
         // Every record, none checkpointed by the last checkpoint: what replay gives.
         let before = self.disk.crash(Unflushed::Lost);
-        let images: Arc<Mutex<Vec<(String, SimDisk)>>> = Arc::default();
-        {
-            let images = images.clone();
-            let mut n = 0u64;
-            let every = self.image_every;
-            self.disk.on_sync(move |d, p| {
-                n += 1;
-                if !n.is_multiple_of(every) {
-                    return;
-                }
-                let mut v = images.lock().unwrap();
-                v.push((format!("lost at flush {n} {p:?}"), d.crash(Unflushed::Lost)));
-                if p == SyncPoint::After {
-                    v.push((
-                        format!("torn at flush {n}"),
-                        d.crash(Unflushed::Torn(n * 7919)),
-                    ));
-                }
-            });
-        }
+        let every = self.image_every;
+        let ways = move |n: u64, p| match p {
+            _ if !n.is_multiple_of(every) => vec![],
+            SyncPoint::Before => vec![Unflushed::Lost],
+            SyncPoint::After => vec![Unflushed::Lost, Unflushed::Torn(n * 7919)],
+        };
+        let cuts = PowerCuts::start(&self.disk, ways, || ());
         self.ck();
-        self.disk.clear_hook();
+        let images = cuts.take();
         self.settle_held();
         let live = dump(&self.fs);
         invariants(&format!("{name}: live"), &self.fs);
@@ -1103,10 +1089,9 @@ impl W {
             drop(s);
         }
         // A crash at each flush of the checkpoint.
-        let images = std::mem::take(&mut *images.lock().unwrap());
         let t0 = Instant::now();
         let count = images.len();
-        for (at, d) in images {
+        for (at, d) in images.into_iter().map(|c| (c.label(), c.disk)) {
             let what = format!("{name}: crash image {at}");
             let s = open_store(&what, quiet(&d));
             opened += 1;
@@ -1114,7 +1099,7 @@ impl W {
             invariants(&what, &s.fs);
         }
         eprintln!(
-            "absorbattack: {name}: {count} crash images opened in {:?}",
+            "checkpoint_absorption: {name}: {count} crash images opened in {:?}",
             t0.elapsed()
         );
         drop(self.orphans);
@@ -1662,23 +1647,10 @@ fn windows_split_ghosts() {
 
 // ----- random runs --------------------------------------------------------------------------
 
-fn seeds(default: &[u64]) -> Vec<u64> {
-    match std::env::var("ABSORB_SEED") {
-        Ok(s) => vec![s.parse().expect("ABSORB_SEED is a number")],
-        Err(_) => {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64;
-            default.iter().map(|s| s ^ t).collect()
-        }
-    }
-}
-
 /// A random workload over a few directories and names: ghosts, survivors, links, renames of
 /// every kind, tmpfiles, orphans, big writes, explicit checkpoints and reopens.
 fn random_run(seed: u64, ops: usize) -> usize {
-    eprintln!("absorbattack: random run seed {seed} (ABSORB_SEED={seed} replays it)");
+    eprintln!("checkpoint_absorption: random run seed {seed} (LANEFS_SEED={seed} replays it)");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut w = W::new(&format!("random seed {seed}"));
     w.tick_percent = 15;
@@ -1880,18 +1852,13 @@ fn random_run(seed: u64, ops: usize) -> usize {
 fn random_workloads() {
     let start = Instant::now();
     let mut opened = 0;
-    // ABSORB_RUNS=<n> runs more (or fewer) seeds.
-    let runs: u64 = std::env::var("ABSORB_RUNS").map_or(12, |s| s.parse().unwrap());
-    let seeds = seeds(
-        &(1..=runs)
-            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .collect::<Vec<_>>(),
-    );
+    // Fresh seeds each run; LANEFS_ROUNDS=<n> runs more (or fewer).
+    let seeds = seed::seeds("random_workloads", seed::fresh(seed::rounds(12) as usize));
     for &seed in &seeds {
         opened += random_run(seed, 600);
     }
     eprintln!(
-        "absorbattack: {} random runs, {opened} stores opened, {:?}",
+        "checkpoint_absorption: {} random runs, {opened} stores opened, {:?}",
         seeds.len(),
         start.elapsed()
     );
@@ -1904,8 +1871,7 @@ fn random_workloads() {
 /// thread.
 #[test]
 fn concurrent_ghosts_with_background_checkpoints() {
-    let seed = seeds(&[11])[0];
-    eprintln!("absorbattack: concurrent run seed {seed} (ABSORB_SEED={seed} replays it)");
+    let seed = seed::seed("concurrent_ghosts_with_background_checkpoints");
     let disk = SimDisk::new();
     let opts = Options {
         checkpoint_records: 300,
@@ -2019,7 +1985,7 @@ fn concurrent_ghosts_with_background_checkpoints() {
     }
     let status = w.store().checkpoint_status();
     eprintln!(
-        "absorbattack: concurrent: {on_demand} checkpoints on demand, {} begun in all, \
+        "checkpoint_absorption: concurrent: {on_demand} checkpoints on demand, {} begun in all, \
          failures {}",
         status.attempts, status.failures
     );
@@ -2098,24 +2064,16 @@ fn old_filesystem_dropped_after_a_reopen() {
     };
     s2.fs.mkdir(&ctx, s2.fs.root(), b"e", 0o755).unwrap();
     s2.store.sync().unwrap();
-    let images: Arc<Mutex<Vec<(String, SimDisk)>>> = Arc::default();
-    let im = images.clone();
-    let mut n = 0;
-    disk.on_sync(move |d, p| {
-        n += 1;
-        im.lock()
-            .unwrap()
-            .push((format!("flush {n} {p:?}"), d.crash(Unflushed::Lost)));
-    });
+    let cuts = PowerCuts::start(&disk, |_, _| vec![Unflushed::Lost], || ());
     s2.store.checkpoint().unwrap();
-    disk.clear_hook();
+    let images = cuts.take();
     s2.store.close().unwrap();
     drop(s2.fs);
     let mut bad = Vec::new();
     if let Err(e) = lanefs_store::open(Path::new(STORE), cfg(), quiet(&disk)) {
         bad.push(format!("the store itself: {e}"));
     }
-    for (at, d) in std::mem::take(&mut *images.lock().unwrap()) {
+    for (at, d) in images.into_iter().map(|c| (c.label(), c.disk)) {
         if let Err(e) = lanefs_store::open(Path::new(STORE), cfg(), quiet(&d)) {
             bad.push(format!("{at}: {e}"));
         }

@@ -27,9 +27,11 @@
 //! and a focused test of a bug the second one found (page reads failing with EIO while a
 //! failed checkpoint reopens its database).
 //!
-//! Seeds: every test prints its seed; `RACEATTACK_SEED=<n>` replays it (the choices, not
-//! the interleaving). `RACEATTACK_SECS` (race seconds per generation), `RACEATTACK_GENS`
-//! (generations of the power-cut test) scale them.
+//! Seeds: every test prints its seed; `LANEFS_SEED=<n>` replays it (the choices, not the
+//! interleaving). `POWER_CUTS_DURING_RACES_SECS` (race seconds per generation) and
+//! `POWER_CUTS_DURING_RACES_GENS` (generations of the power-cut test) scale them.
+
+mod common;
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -39,6 +41,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{opts, seed};
 use lanefs::{
     Client, Config, FileType, Filesystem, Ino, OpenOptions, RENAME_EXCHANGE, RENAME_NOREPLACE,
     RENAME_WHITEOUT, XATTR_CREATE, XATTR_REPLACE,
@@ -51,12 +54,6 @@ const STORE: &str = "/store";
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|s| s.parse().ok())
-}
-
-fn seed_for(test: &str) -> u64 {
-    let seed = env_u64("RACEATTACK_SEED").unwrap_or_else(rand::random);
-    eprintln!("{test}: seed {seed} (replay: RACEATTACK_SEED={seed})");
-    seed
 }
 
 thread_local! {
@@ -79,10 +76,9 @@ fn set_knobs(rng: &mut StdRng) {
 
 fn options(disk: &SimDisk) -> Options {
     let k = KNOBS.get();
+    let segment_size = [64 << 10, 256 << 10, 1 << 20][(k % 3) as usize];
+    let commit_interval = Duration::from_millis([1, 3, 20][(k / 3 % 3) as usize]);
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: [64 << 10, 256 << 10, 1 << 20][(k % 3) as usize],
-        commit_interval: Duration::from_millis([1, 3, 20][(k / 3 % 3) as usize]),
         flush_interval: Duration::from_millis([10, 40, 1000][(k / 9 % 3) as usize]),
         checkpoint_records: [300, 2500, 100_000][(k / 27 % 3) as usize],
         checkpoint_segments: 2,
@@ -93,7 +89,7 @@ fn options(disk: &SimDisk) -> Options {
         checkpoint_retry_max: Duration::from_millis(200),
         checkpoint_cache: 1 << 20,
         checkpoint_reserve: 0,
-        ..Options::default()
+        ..opts(disk, segment_size, commit_interval)
     }
 }
 
@@ -1417,7 +1413,7 @@ fn verify(img: &Image, states: &[Vec<State>], nested: bool, seed: u64) -> Vec<St
 }
 
 fn secs() -> f64 {
-    std::env::var("RACEATTACK_SECS")
+    std::env::var("POWER_CUTS_DURING_RACES_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2.0)
@@ -1428,8 +1424,12 @@ fn secs() -> f64 {
 /// that recovered before).
 #[test]
 fn power_cuts_during_a_race_keep_acknowledged_prefixes() {
-    let seed = seed_for("power_cuts_during_a_race_keep_acknowledged_prefixes");
-    power_cut_generations(seed, false, env_u64("RACEATTACK_GENS").unwrap_or(3));
+    let seed = seed::seed("power_cuts_during_a_race_keep_acknowledged_prefixes");
+    power_cut_generations(
+        seed,
+        false,
+        env_u64("POWER_CUTS_DURING_RACES_GENS").unwrap_or(3),
+    );
 }
 
 /// The same, while the host runs out of room now and then (records held, changes refused
@@ -1437,8 +1437,12 @@ fn power_cuts_during_a_race_keep_acknowledged_prefixes() {
 /// made everything before it durable, and nothing refused shows.
 #[test]
 fn power_cuts_while_the_host_fills_keep_acknowledged_prefixes() {
-    let seed = seed_for("power_cuts_while_the_host_fills_keep_acknowledged_prefixes");
-    power_cut_generations(seed, true, env_u64("RACEATTACK_GENS").unwrap_or(3).min(2));
+    let seed = seed::seed("power_cuts_while_the_host_fills_keep_acknowledged_prefixes");
+    power_cut_generations(
+        seed,
+        true,
+        env_u64("POWER_CUTS_DURING_RACES_GENS").unwrap_or(3).min(2),
+    );
 }
 
 fn power_cut_generations(seed: u64, space_pressure: bool, gens: u64) {
@@ -1555,7 +1559,7 @@ fn no_failures(seed: u64, failures: &[String]) {
 /// so does the image a power cut right after the close leaves.
 #[test]
 fn a_clean_close_after_a_race_reopens_the_same_tree() {
-    let seed = seed_for("a_clean_close_after_a_race_reopens_the_same_tree");
+    let seed = seed::seed("a_clean_close_after_a_race_reopens_the_same_tree");
     let mut rng = StdRng::seed_from_u64(seed);
     set_knobs(&mut rng);
     let threads = rng.random_range(4..=8);

@@ -1,6 +1,10 @@
 //! Attacks on journal segment recycling (docs/STORE.md, "Segments", "Recycling"): power cuts
 //! at every flush of a store whose segments are recycled many times, reopen cycles, damage in
 //! and after the batches of recycled segments, and threads writing while checkpoints run.
+//!
+//! The tests run fixed seeds, printed; `LANEFS_SEED=<n>` runs another.
+
+mod common;
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashSet};
@@ -10,6 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::seed;
 use lanefs::{Client, OpenOptions};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Options, StoreError, fsck, open};
@@ -26,15 +31,12 @@ fn store_dir() -> PathBuf {
 
 fn opts(sim: &SimDisk, background: bool) -> Options {
     Options {
-        disk: Arc::new(sim.clone()),
-        segment_size: SEG,
         checkpoint_segments: if background { 2 } else { 1_000_000 },
         checkpoint_records: if background { 400 } else { u64::MAX / 2 },
         journal_segments: if background { 8 } else { 1_000_000 },
-        commit_interval: Duration::from_millis(2),
         checkpoint_poll: Duration::from_millis(if background { 5 } else { 100_000 }),
         checkpoint_reserve: 0,
-        ..Options::default()
+        ..common::opts(sim, SEG, Duration::from_millis(2))
     }
 }
 
@@ -346,7 +348,7 @@ fn check_image(img: &Image, hashes: &[u64], seed: u64) -> Result<(), String> {
         .map_err(|e| format!("fsck of the image: {e}"))?;
     // Every few images, power cuts during the reopen and the writes after it (the open's
     // zeros after a dirty end, the segment it closes) are checked too.
-    let nested_on = seed.is_multiple_of(40) || std::env::var("RECYCLE_ONLY").is_ok();
+    let nested_on = seed.is_multiple_of(40) || std::env::var("SEGMENT_RECYCLING_ONLY").is_ok();
     let nested: Images<Vec<String>> = Arc::default();
     let post_acked: Arc<Mutex<Vec<String>>> = Arc::default();
     if nested_on {
@@ -464,18 +466,11 @@ fn check_image(img: &Image, hashes: &[u64], seed: u64) -> Result<(), String> {
     Ok(())
 }
 
-fn seed_from_env(default: u64) -> u64 {
-    std::env::var("RECYCLE_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Attack 1: power cuts at every flush of a store recycling its segments many times.
 #[test]
 fn power_cut_at_every_flush_with_recycling() {
-    let seed = seed_from_env(0x5eed_0001);
-    let steps: usize = std::env::var("RECYCLE_STEPS")
+    let seed = seed::fixed("power_cut_at_every_flush_with_recycling", 0x5eed_0001);
+    let steps: usize = std::env::var("SEGMENT_RECYCLING_STEPS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(250);
@@ -559,14 +554,14 @@ fn power_cut_at_every_flush_with_recycling() {
     check_image(&fin, &w.hashes, seed).unwrap();
     let images = std::mem::take(&mut *images.lock());
     let budget = std::time::Instant::now();
-    let limit: usize = std::env::var("RECYCLE_IMAGES")
+    let limit: usize = std::env::var("SEGMENT_RECYCLING_IMAGES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(usize::MAX);
     let mut failures = Vec::new();
     let stride = (images.len() / limit.min(images.len()).max(1)).max(1);
     let mut checked = 0;
-    let only: Option<usize> = std::env::var("RECYCLE_ONLY")
+    let only: Option<usize> = std::env::var("SEGMENT_RECYCLING_ONLY")
         .ok()
         .and_then(|s| s.parse().ok());
     for (i, img) in images.iter().enumerate().step_by(stride) {
@@ -592,7 +587,7 @@ fn power_cut_at_every_flush_with_recycling() {
 /// Attack 2: open, write, then close, drop, or cut the power, many times on one disk.
 #[test]
 fn reopen_cycles_with_recycling() {
-    let seed = seed_from_env(0x5eed_0002);
+    let seed = seed::fixed("reopen_cycles_with_recycling", 0x5eed_0002);
     eprintln!("seed {seed}");
     let mut sim = SimDisk::new();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -691,7 +686,7 @@ fn reopen_cycles_with_recycling() {
 /// batches is, naming the file and offset.
 #[test]
 fn damage_in_and_after_recycled_batches() {
-    let seed = seed_from_env(0x5eed_0003);
+    let seed = seed::fixed("damage_in_and_after_recycled_batches", 0x5eed_0003);
     eprintln!("seed {seed}");
     let sim = SimDisk::new();
     let o = open_store(&sim, false).unwrap();
@@ -818,7 +813,7 @@ fn damage_in_and_after_recycled_batches() {
 /// at random flushes.
 #[test]
 fn threads_with_background_checkpoints() {
-    let seed = seed_from_env(0x5eed_0004);
+    let seed = seed::fixed("threads_with_background_checkpoints", 0x5eed_0004);
     eprintln!("seed {seed}");
     let sim = SimDisk::new();
     let o = open_store(&sim, true).unwrap();

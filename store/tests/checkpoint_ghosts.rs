@@ -5,8 +5,10 @@
 //! power cut) gives back: tree, names, cookies, attributes (times included), contents,
 //! xattrs, inode flags; then checks that new cookies and generations are never reused.
 //!
-//! Seeds: `GHOST_SEED=<n>` runs one seed of each randomised test; every failure message
-//! names its seed.
+//! Seeds: fixed ones; `LANEFS_SEED=<n>` runs that one seed of each randomised test; every
+//! failure message names its seed.
+
+mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::{HOUR, PowerCuts, host_opts, on_demand, seed};
 use lanefs::{
     Attr, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FS_NOATIME_FL, FS_NODUMP_FL, Fh,
     FileType, Filesystem, Ino, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SetAttr,
@@ -60,28 +63,22 @@ fn cfg() -> Config {
 /// Checkpoints only when asked.
 fn manual_opts() -> Options {
     Options {
-        segment_size: 8 << 20,
-        commit_interval: Duration::from_millis(5),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_changed: 1 << 50,
-        checkpoint_poll: Duration::from_secs(3600),
-        ..Options::default()
+        checkpoint_poll: HOUR,
+        ..on_demand(host_opts(8 << 20, Duration::from_millis(5)))
     }
 }
 
 /// Checkpoints all the time, in the background.
 fn busy_opts() -> Options {
     Options {
-        segment_size: 2 << 20,
-        commit_interval: Duration::from_millis(2),
         checkpoint_records: 3000,
         checkpoint_segments: 2,
         checkpoint_changed: 1 << 50,
         checkpoint_poll: Duration::from_millis(2),
         checkpoint_retry: Duration::from_millis(1),
         checkpoint_retry_max: Duration::from_millis(5),
-        ..Options::default()
+        ..host_opts(2 << 20, Duration::from_millis(2))
     }
 }
 
@@ -91,19 +88,12 @@ fn tmp() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
     if shm.is_dir()
         && let Ok(d) = tempfile::Builder::new()
-            .prefix("ghostattack")
+            .prefix("checkpoint_ghosts")
             .tempdir_in(shm)
     {
         return d;
     }
     tempfile::tempdir().expect("tempdir")
-}
-
-fn seeds(default: &[u64]) -> Vec<u64> {
-    match std::env::var("GHOST_SEED") {
-        Ok(s) => vec![s.parse().expect("GHOST_SEED is a number")],
-        Err(_) => default.to_vec(),
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1222,7 +1212,7 @@ fn random_run(seed: u64, steps: usize, reopens: usize) -> (u32, u32, u32, u64) {
 /// points; close and reopen (after a checkpoint or not) compared exactly.
 #[test]
 fn random_workload_survives_reopen() {
-    for seed in seeds(&[1, 2, 3]) {
+    for seed in seed::seeds("random_workload_survives_reopen", [1, 2, 3]) {
         let t = Instant::now();
         eprintln!("random_workload_survives_reopen: seed {seed}");
         let (r, c, m, g) = random_run(seed, 2400, 4);
@@ -1239,7 +1229,7 @@ fn random_workload_survives_reopen() {
 /// from one window and checkpoint to the next.
 #[test]
 fn ghost_storms_across_windows_and_checkpoints() {
-    for seed in seeds(&[11, 12]) {
+    for seed in seed::seeds("ghost_storms_across_windows_and_checkpoints", [11, 12]) {
         eprintln!("ghost_storms_across_windows_and_checkpoints: seed {seed}");
         let tmp = tmp();
         let mut w = World::new(seed, tmp.path(), manual_opts());
@@ -1316,7 +1306,7 @@ fn ghost_storms_across_windows_and_checkpoints() {
 /// the store opened from any of them is the filesystem as it was synced.
 #[test]
 fn power_cuts_during_checkpoints() {
-    for seed in seeds(&[21]) {
+    for seed in seed::seeds("power_cuts_during_checkpoints", [21]) {
         eprintln!("power_cuts_during_checkpoints: seed {seed}");
         let disk = SimDisk::new();
         let opts = Options {
@@ -1337,28 +1327,27 @@ fn power_cuts_during_checkpoints() {
             }
             w.o.as_ref().unwrap().store.sync().expect("sync");
             let want = dump(w.fs());
-            let images = Arc::new(parking_lot_free::Images::default());
-            let im = images.clone();
             let r = round as u64;
-            disk.on_sync(move |d, p| {
-                let k = im.count.fetch_add(1, Ordering::SeqCst);
+            let ways = move |call: u64, p| {
+                let k = call - 1;
                 let how = match k % 3 {
                     0 => Unflushed::Lost,
                     1 => Unflushed::Kept,
                     _ => Unflushed::Torn(k * 7919 + r),
                 };
-                if p == SyncPoint::Before || k % 2 == 0 {
-                    im.push(d.crash(how));
+                match p == SyncPoint::Before || k % 2 == 0 {
+                    true => vec![how],
+                    false => vec![],
                 }
-            });
+            };
+            let cuts = PowerCuts::start(&disk, ways, || ());
             w.checkpoint();
-            disk.clear_hook();
-            let images = images.take();
+            let images = cuts.take();
             // A cut right after the sync, too.
             let mut all = vec![disk.crash(Unflushed::Lost)];
             // At most a few of the checkpoint's flush points, spread out.
             let step = (images.len() / 6).max(1);
-            all.extend(images.into_iter().step_by(step));
+            all.extend(images.into_iter().step_by(step).map(|c| c.disk));
             for (i, img) in all.into_iter().enumerate() {
                 let o = open(
                     dir,
@@ -1387,29 +1376,6 @@ fn power_cuts_during_checkpoints() {
             }
         }
         eprintln!("  seed {seed}: {checked} crash images checked");
-    }
-}
-
-/// Small helpers without extra dependencies.
-mod parking_lot_free {
-    use std::sync::Mutex;
-    use std::sync::atomic::AtomicU64;
-
-    use lanefs_store::disk::SimDisk;
-
-    #[derive(Default)]
-    pub struct Images {
-        pub count: AtomicU64,
-        v: Mutex<Vec<SimDisk>>,
-    }
-
-    impl Images {
-        pub fn push(&self, d: SimDisk) {
-            self.v.lock().unwrap().push(d);
-        }
-        pub fn take(&self) -> Vec<SimDisk> {
-            std::mem::take(&mut *self.v.lock().unwrap())
-        }
     }
 }
 
@@ -1644,7 +1610,7 @@ fn worker(fs: &Filesystem, t: usize, round: usize, shared: &[Ino], own: Ino, see
 /// must give the same filesystem, cookies above all used, generations new.
 #[test]
 fn threads_race_background_checkpoints() {
-    for seed in seeds(&[31]) {
+    for seed in seed::seeds("threads_race_background_checkpoints", [31]) {
         eprintln!("threads_race_background_checkpoints: seed {seed}");
         let tmp = tmp();
         let opts = busy_opts();
@@ -1666,12 +1632,12 @@ fn threads_race_background_checkpoints() {
                 let ck = s.spawn(move || {
                     while !done.load(Ordering::SeqCst) {
                         let t = Instant::now();
-                        if std::env::var("GHOST_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
                             store.sync().expect("sync");
                             eprintln!("    sync {:?}", t.elapsed());
                         }
                         let r = store.checkpoint();
-                        if std::env::var("GHOST_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
                             eprintln!("    checkpoint {:?} {:?}", r, t.elapsed());
                         }
                         if let Err(e) = r {
@@ -1780,7 +1746,7 @@ fn threads_race_background_checkpoints() {
 /// demand while the threads run; then a reopen.
 #[test]
 fn interleaved_generation_blocks_and_reused_numbers() {
-    for seed in seeds(&[41]) {
+    for seed in seed::seeds("interleaved_generation_blocks_and_reused_numbers", [41]) {
         eprintln!("interleaved_generation_blocks_and_reused_numbers: seed {seed}");
         let tmp = tmp();
         let opts = manual_opts();
@@ -1967,7 +1933,10 @@ fn renamed_and_freed_in_a_later_checkpoint() {
 /// from that checkpoint), gives exactly the same filesystem back.
 #[test]
 fn crash_images_under_concurrency_replay_equals_checkpoint() {
-    for seed in seeds(&[51]) {
+    for seed in seed::seeds(
+        "crash_images_under_concurrency_replay_equals_checkpoint",
+        [51],
+    ) {
         eprintln!("crash_images_under_concurrency_replay_equals_checkpoint: seed {seed}");
         let disk = SimDisk::new();
         let dir = Path::new("/sim/race");
@@ -1978,20 +1947,19 @@ fn crash_images_under_concurrency_replay_equals_checkpoint() {
         let o = open(dir, cfg(), opts.clone()).expect("open");
         let shared = mkdirs(&o.fs, "s", 3);
         let own = mkdirs(&o.fs, "t", 6);
-        let images = Arc::new(parking_lot_free::Images::default());
-        let im = images.clone();
         let every = 2 + seed % 3;
-        disk.on_sync(move |d, _| {
-            let k = im.count.fetch_add(1, Ordering::SeqCst);
-            if k % every == 1 && k / every < 12 {
-                let how = match (k / every) % 3 {
-                    0 => Unflushed::Lost,
-                    1 => Unflushed::Kept,
-                    _ => Unflushed::Torn(k ^ 0x5eed),
-                };
-                im.push(d.crash(how));
+        let ways = move |call: u64, _| {
+            let k = call - 1;
+            if k % every != 1 || k / every >= 12 {
+                return vec![];
             }
-        });
+            vec![match (k / every) % 3 {
+                0 => Unflushed::Lost,
+                1 => Unflushed::Kept,
+                _ => Unflushed::Torn(k ^ 0x5eed),
+            }]
+        };
+        let cuts = PowerCuts::start(&disk, ways, || ());
         std::thread::scope(|s| {
             let fs = &o.fs;
             let hs: Vec<_> = (0..own.len())
@@ -2004,10 +1972,9 @@ fn crash_images_under_concurrency_replay_equals_checkpoint() {
                 h.join().expect("worker");
             }
         });
-        disk.clear_hook();
+        let imgs: Vec<SimDisk> = cuts.take().into_iter().map(|c| c.disk).collect();
         o.store.close().expect("close");
         drop(o.fs);
-        let imgs = images.take();
         eprintln!("  seed {seed}: {} crash images", imgs.len());
         assert!(!imgs.is_empty(), "seed {seed}: no crash image taken");
         for (i, img) in imgs.into_iter().enumerate() {

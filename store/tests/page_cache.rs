@@ -1,32 +1,494 @@
-//! Adversarial tests of file data out of memory (docs/STORE.md "File data out of memory"):
-//! pages evicted after a checkpoint, faulted back in by partial writes, truncations and hole
-//! punches, while other threads change the same files. Every check is against a plain model
-//! (a `Vec<u8>` per file). `PAGEATTACK_SEED=<n>` replays one seed.
+//! File data out of memory (docs/STORE.md, "File data out of memory"): pages a checkpoint
+//! holds leave memory (engine `data.rs`, "Pages the store keeps"; `fs/cache.rs`) and are read
+//! back from the checkpoint. Every read is checked against a model while checkpoints and
+//! eviction passes race the writers, partial changes of pages that are out of memory
+//! (writes, truncations, punched holes) keep the rest of the page, memory holds the cache
+//! budget, not the data, and changed data in memory is bounded by checkpoints; pages kept
+//! fifteen to a key keep their edges.
+//!
+//! Then, adversarially, against a plain model (a `Vec<u8>` per file): pages evicted after a
+//! checkpoint, faulted back in by partial writes, truncations and hole punches, while other
+//! threads change the same files; numbers reused, crashes after eviction, readers racing
+//! eviction, `SEEK_DATA`/`SEEK_HOLE`, journal replay onto kept pages.
+//!
+//! Random tests print their seed; `LANEFS_SEED=<n>` replays one.
+
+mod common;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::{dump, host_opts, on_demand, opts, seed};
 use lanefs::{
-    Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions,
+    Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
 use lanefs_store::disk::{SimDisk, Unflushed};
-use lanefs_store::{Options, open};
+use lanefs_store::{Options, fsck, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The commit interval of every store here.
+const COMMIT: Duration = Duration::from_millis(5);
+/// Where the stores on a simulated disk live.
 const STORE: &str = "/store";
-const PAGE: u64 = 4096;
 
-fn opts(disk: &SimDisk) -> Options {
-    Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 64 << 10,
-        commit_interval: Duration::from_millis(5),
-        ..Options::default()
+/// A filesystem that keeps nothing in memory beyond what changed since the last checkpoint.
+fn no_cache() -> Config {
+    Config {
+        cache_bytes: Some(0),
+        ..Config::default()
     }
 }
+
+/// A store on the host whose checkpoints come from the test's own thread, as often as it
+/// can.
+fn on_host() -> Options {
+    on_demand(host_opts(1 << 20, COMMIT))
+}
+
+/// One random change to file `f` (`model` is its bytes), or a read checked against `model`.
+fn step(fs: &Filesystem, f: &lanefs::File<'_>, model: &mut Vec<u8>, rng: &mut StdRng) {
+    let ctx = Ctx::root();
+    let limit = 64 * PAGE;
+    let off = rng.random_range(0..limit);
+    let len = rng.random_range(1..PAGE + PAGE / 2);
+    match rng.random_range(0..10) {
+        0..=3 => {
+            let b = rng.random::<u8>() | 1;
+            let data = vec![b; len as usize];
+            assert_eq!(f.write_at(&data, off).unwrap(), data.len());
+            let end = (off + len) as usize;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[off as usize..end].fill(b);
+        }
+        4 => {
+            let size = rng.random_range(0..limit);
+            f.set_len(size).unwrap();
+            model.resize(size as usize, 0);
+        }
+        5 => {
+            let mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+            fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
+            let end = ((off + len) as usize).min(model.len());
+            if (off as usize) < end {
+                model[off as usize..end].fill(0);
+            }
+        }
+        6 => {
+            fs.fallocate(&ctx, f.handle(), FALLOC_FL_KEEP_SIZE, off, len)
+                .unwrap();
+        }
+        _ => {
+            let mut b = vec![0xEE; len as usize];
+            let n = f.read_at(&mut b, off).unwrap();
+            let want = model.get(off as usize..).unwrap_or(&[]);
+            let want = &want[..want.len().min(len as usize)];
+            assert_eq!(n, want.len(), "read length at {off}");
+            assert!(
+                b[..n] == *want,
+                "read of {len} at {off} differs from the model"
+            );
+        }
+    }
+}
+
+fn check_file(c: &Client, path: &str, model: &[u8]) {
+    let got = c.read(path).unwrap();
+    assert_eq!(got.len(), model.len(), "{path}: size");
+    assert!(got == model, "{path}: contents differ from the model");
+}
+
+/// Writers change and read their own files (checked against a model at every read) while
+/// another thread takes checkpoints and sends every page they hold out of memory; the files
+/// are then read whole, and again after a reopen.
+#[test]
+fn pages_out_of_memory_read_back_under_racing_checkpoints() {
+    let seed = seed::seed("pages_out_of_memory_read_back_under_racing_checkpoints");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let opts = on_host();
+    let o = open(dir, no_cache(), opts.clone()).unwrap();
+    let fs = Arc::new(o.fs);
+    let store = Arc::new(o.store);
+    let done = Arc::new(AtomicBool::new(false));
+    let evicted = Arc::new(AtomicU64::new(0));
+    let checkpoints = Arc::new(AtomicU64::new(0));
+    let checkpointer = {
+        let (fs, store, done, evicted, checkpoints) = (
+            fs.clone(),
+            store.clone(),
+            done.clone(),
+            evicted.clone(),
+            checkpoints.clone(),
+        );
+        std::thread::spawn(move || {
+            let mut rounds = 0u64;
+            // Passes far more often than checkpoints: a pass that dropped a page the last
+            // checkpoint does not hold would leave it stale for many reads.
+            while !done.load(Relaxed) {
+                if rounds.is_multiple_of(8) {
+                    store.checkpoint().unwrap();
+                    checkpoints.fetch_add(1, Relaxed);
+                }
+                fs.evict();
+                // Passes run by the writers' operations count too.
+                evicted.fetch_max(fs.pages_out(), Relaxed);
+                rounds += 1;
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        })
+    };
+    let threads = 3u64;
+    let files = 3;
+    // Until the checkpointer has taken this many checkpoints (at least `ops` each, at most
+    // twenty times as many).
+    let (rounds, ops) = (12, 500);
+    let writers: Vec<_> = (0..threads)
+        .map(|t| {
+            let fs = fs.clone();
+            let checkpoints = checkpoints.clone();
+            std::thread::spawn(move || {
+                let c = Client::root(fs.clone());
+                let mut rng = StdRng::seed_from_u64(seed ^ t);
+                let mut models = vec![Vec::new(); files];
+                let open = *OpenOptions::new().read(true).write(true).create(true);
+                let handles: Vec<_> = (0..files)
+                    .map(|k| c.open(format!("/t{t}-f{k}"), &open).unwrap())
+                    .collect();
+                let mut n = 0;
+                while n < ops || checkpoints.load(Relaxed) < rounds && n < 20 * ops {
+                    let k = rng.random_range(0..files);
+                    step(&fs, &handles[k], &mut models[k], &mut rng);
+                    n += 1;
+                    if n % 8 == 0 {
+                        // Bursts, with room between them for the checkpointer (on a machine
+                        // with few cores it would otherwise never catch up).
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                }
+                drop(handles);
+                models
+            })
+        })
+        .collect();
+    let models: Vec<Vec<Vec<u8>>> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    done.store(true, Relaxed);
+    checkpointer.join().unwrap();
+    assert!(
+        evicted.load(Relaxed) > 0,
+        "no page ever left memory: the test tested nothing"
+    );
+    let c = Client::root(fs.clone());
+    // Everything the checkpoints hold is out of memory now: these reads come from the store.
+    store.checkpoint().unwrap();
+    fs.evict();
+    assert_eq!(fs.resident_pages(), 0, "every page is in the checkpoint");
+    for (t, ms) in models.iter().enumerate() {
+        for (k, m) in ms.iter().enumerate() {
+            check_file(&c, &format!("/t{t}-f{k}"), m);
+        }
+    }
+    fs.check_invariants().unwrap();
+    let want = dump(&fs, true);
+    drop(c);
+    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference"));
+    drop(fs);
+    Arc::try_unwrap(store)
+        .unwrap_or_else(|_| panic!("no other reference"))
+        .close()
+        .unwrap();
+    let report = fsck::check(dir, &opts).unwrap();
+    assert!(report.checkpoint_lsn > 0);
+    let r = open(dir, no_cache(), opts).unwrap();
+    assert_eq!(r.fs.resident_pages(), 0, "opening reads no page");
+    assert!(
+        want == dump(&r.fs, true),
+        "seed {seed}: reopened store differs"
+    );
+    let c = Client::root(Arc::new(r.fs));
+    for (t, ms) in models.iter().enumerate() {
+        for (k, m) in ms.iter().enumerate() {
+            check_file(&c, &format!("/t{t}-f{k}"), m);
+        }
+    }
+}
+
+/// 32 MiB of data through a filesystem with a 1 MiB cache: after each checkpoint, the next
+/// operation's eviction pass brings memory back under the budget; everything reads back,
+/// before and after a reopen.
+#[test]
+fn memory_holds_the_cache_budget_not_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let budget = 1u64 << 20;
+    let cfg = Config {
+        cache_bytes: Some(budget),
+        ..Config::default()
+    };
+    let o = open(dir.path(), cfg.clone(), on_host()).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let file = |k: usize| -> Vec<u8> {
+        (0..512 << 10)
+            .map(|i: usize| (i / 4096 + k * 7) as u8 | 1)
+            .collect()
+    };
+    let mut most = 0;
+    for k in 0..64 {
+        c.write(format!("/f{k}"), file(k)).unwrap();
+        if k % 8 == 7 {
+            // 4 MiB written since the last checkpoint: all of it in memory until this one.
+            assert!(fs.resident_pages() * PAGE >= 4 << 20);
+            o.store.checkpoint().unwrap();
+            // The next operation runs the pass.
+            c.metadata("/f0").unwrap();
+            let _ = c.read("/f0").unwrap();
+            most = most.max(fs.resident_pages());
+            assert!(
+                fs.resident_pages() * PAGE <= budget,
+                "{} pages in memory after a checkpoint, budget {}",
+                fs.resident_pages(),
+                budget / PAGE
+            );
+        }
+    }
+    assert!(most > 0, "the budget keeps some pages cached");
+    for k in 0..64 {
+        assert!(c.read(format!("/f{k}")).unwrap() == file(k), "file {k}");
+    }
+    let statfs_used = fs.statfs().blocks - fs.statfs().bfree;
+    assert!(
+        statfs_used * 4096 >= 32 << 20,
+        "the data counts as used space"
+    );
+    drop(c);
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
+    o.store.close().unwrap();
+    let r = open(dir.path(), cfg, on_host()).unwrap();
+    assert_eq!(r.fs.resident_pages(), 0);
+    let c = Client::root(Arc::new(r.fs));
+    for k in 0..64 {
+        assert!(
+            c.read(format!("/f{k}")).unwrap() == file(k),
+            "file {k} after reopen"
+        );
+    }
+}
+
+/// A store may hold more than the host's memory: its default size limit is its disk's.
+#[test]
+fn a_store_is_as_large_as_its_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path(), Config::default(), on_host()).unwrap();
+    // SAFETY: statvfs is plain old data, for which all zeros is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let p = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path and a struct of the right size to fill.
+    assert_eq!(unsafe { libc::statvfs(p.as_ptr(), &mut st) }, 0);
+    let disk = st.f_blocks * st.f_frsize;
+    let s = o.fs.statfs();
+    assert_eq!(s.blocks * s.bsize as u64, disk.div_ceil(PAGE) * PAGE);
+}
+
+/// Data changed since the last checkpoint cannot leave memory; the store bounds it (docs/
+/// STORE.md, "Memory"): a checkpoint is due once `checkpoint_changed` bytes changed, and
+/// writers wait at four times that. Threads writing 48 MiB, ten times that bound, with no
+/// checkpoint taken by the test, never find more in memory than the bound plus the cache
+/// (and what the threads' own last writes add); everything reads back.
+#[test]
+fn changed_data_in_memory_is_bounded_by_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = 1u64 << 20;
+    let changed = 1u64 << 20;
+    let cfg = Config {
+        cache_bytes: Some(cache),
+        ..Config::default()
+    };
+    let o = open(
+        dir.path(),
+        cfg,
+        Options {
+            checkpoint_changed: changed,
+            checkpoint_poll: Duration::from_secs(3600),
+            ..on_host()
+        },
+    )
+    .unwrap();
+    let fs = Arc::new(o.fs);
+    const THREADS: usize = 3;
+    const FILE: usize = 4 << 20;
+    const FILES: usize = 4;
+    let most = AtomicU64::new(0);
+    let content = |t: usize, k: usize| -> Vec<u8> {
+        (0..FILE)
+            .map(|i| ((i / 4096) as u8).wrapping_mul(31) ^ (t * 16 + k) as u8 | 1)
+            .collect()
+    };
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (fs, most) = (fs.clone(), &most);
+            s.spawn(move || {
+                let c = Client::root(fs.clone());
+                for k in 0..FILES {
+                    let data = content(t, k);
+                    let mut o = OpenOptions::new();
+                    o.write(true).create(true);
+                    let f = c.open(format!("/t{t}-{k}"), &o).unwrap();
+                    for (n, chunk) in data.chunks(64 << 10).enumerate() {
+                        f.write_at(chunk, (n * (64 << 10)) as u64).unwrap();
+                        most.fetch_max(fs.resident_pages(), SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let most = most.load(SeqCst) * PAGE;
+    // Four times `changed` may be changed and held; the cache on top; then each thread's
+    // writes until its check (every 64 pages it changes) and its wait.
+    let bound = 4 * changed + cache + THREADS as u64 * (2 * 64 * PAGE + (64 << 10));
+    assert!(
+        most <= bound,
+        "{most} bytes of file data in memory, bound {bound} (48 MiB written)"
+    );
+    let c = Client::root(fs.clone());
+    for t in 0..THREADS {
+        for k in 0..FILES {
+            assert!(
+                c.read(format!("/t{t}-{k}")).unwrap() == content(t, k),
+                "/t{t}-{k}"
+            );
+        }
+    }
+    assert!(
+        o.store.checkpoint_status().attempts >= 10,
+        "checkpoints came as data changed: {:?}",
+        o.store.checkpoint_status()
+    );
+}
+
+/// The checkpoint keeps a file's pages fifteen to a key (docs/STORE.md, "Checkpoints"):
+/// holes punched, space allocated and sizes cut at, across and within those groups (whole
+/// groups, a group's edges, one page inside one) leave exactly the model's bytes, read back
+/// from the checkpoint after every change, again after a reopen, and with each page's
+/// existence (`st_blocks`) right.
+#[test]
+fn pages_grouped_by_fifteen_keep_their_edges() {
+    const G: u64 = 15 * PAGE;
+    let seed = seed::seed("pages_grouped_by_fifteen_keep_their_edges");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let o = open(dir.path(), no_cache(), on_host()).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    let ctx = Ctx::root();
+    let open_rw = *OpenOptions::new().read(true).write(true).create(true);
+    let f = c.open("/f", &open_rw).unwrap();
+    // Every page distinct, none ending in zeros: 7 groups and a part of one.
+    let mut model: Vec<u8> = (0..7 * G + 5 * PAGE + 100)
+        .map(|i| ((i / PAGE) as u8).wrapping_mul(13) ^ (i as u8) | 1)
+        .collect();
+    assert_eq!(f.write_at(&model, 0).unwrap(), model.len());
+    // Offsets on, one page before and one page after group boundaries, and inside pages.
+    let near = |rng: &mut StdRng| -> u64 {
+        let g = rng.random_range(0..8u64) * G;
+        let at = match rng.random_range(0..4) {
+            0 => g,
+            1 => g.saturating_sub(PAGE),
+            2 => g + PAGE,
+            _ => g + rng.random_range(0..G),
+        };
+        at + if rng.random_bool(0.3) {
+            rng.random_range(1..PAGE)
+        } else {
+            0
+        }
+    };
+    let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    let mut fixed = vec![
+        (punch, G, 2 * G),                      // two whole groups
+        (punch, 4 * G - PAGE, 2 * PAGE),        // across a boundary, whole pages
+        (punch, 5 * G + 3 * PAGE, PAGE),        // one page inside a group
+        (punch, 6 * G + 10, G),                 // across, with partial pages at both ends
+        (FALLOC_FL_KEEP_SIZE, G + PAGE, 3 * G), // pages of zeros into punched groups
+    ];
+    fixed.reverse();
+    for round in 0..40 {
+        let what = if let Some((mode, off, len)) = fixed.pop() {
+            fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
+            if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+                let end = ((off + len) as usize).min(model.len());
+                if (off as usize) < end {
+                    model[off as usize..end].fill(0);
+                }
+            }
+            format!("fallocate {mode:#x} {off}+{len}")
+        } else {
+            match rng.random_range(0..4) {
+                0 => {
+                    let size = near(&mut rng);
+                    f.set_len(size).unwrap();
+                    model.resize(size as usize, 0);
+                    format!("truncate to {size}")
+                }
+                1 => {
+                    let (off, len) = (near(&mut rng), rng.random_range(1..3 * G));
+                    fs.fallocate(&ctx, f.handle(), punch, off, len).unwrap();
+                    let end = ((off + len) as usize).min(model.len());
+                    if (off as usize) < end {
+                        model[off as usize..end].fill(0);
+                    }
+                    format!("punch {off}+{len}")
+                }
+                _ => {
+                    let (off, len) = (near(&mut rng), rng.random_range(1..2 * G));
+                    let b = rng.random::<u8>() | 1;
+                    f.write_at(&vec![b; len as usize], off).unwrap();
+                    let end = (off + len) as usize;
+                    if model.len() < end {
+                        model.resize(end, 0);
+                    }
+                    model[off as usize..end].fill(b);
+                    format!("write {off}+{len}")
+                }
+            }
+        };
+        o.store.checkpoint().unwrap();
+        fs.evict();
+        assert_eq!(
+            fs.resident_pages(),
+            0,
+            "round {round}: every page in the checkpoint"
+        );
+        let got = c.read("/f").unwrap();
+        assert_eq!(
+            got.len(),
+            model.len(),
+            "seed {seed}, round {round}, {what}: size"
+        );
+        assert!(
+            got == model,
+            "seed {seed}, round {round}, after {what}: contents differ"
+        );
+    }
+    let blocks = c.metadata("/f").unwrap().attr.blocks;
+    drop(f);
+    drop(c);
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
+    o.store.close().unwrap();
+    let r = open(dir.path(), no_cache(), on_host()).unwrap();
+    let c = Client::root(Arc::new(r.fs));
+    assert!(c.read("/f").unwrap() == model, "seed {seed}: after reopen");
+    assert_eq!(
+        c.metadata("/f").unwrap().attr.blocks,
+        blocks,
+        "pages that exist, after reopen"
+    );
+}
+
+// ----- adversarial, against a plain model ----------------------------------------------------
 
 fn cfg() -> Config {
     Config {
@@ -34,13 +496,6 @@ fn cfg() -> Config {
         cache_bytes: Some(0),
         ..Config::default()
     }
-}
-
-fn seeds(n: u64, base: u64) -> Vec<u64> {
-    if let Ok(s) = std::env::var("PAGEATTACK_SEED") {
-        return vec![s.parse().unwrap()];
-    }
-    (0..n).map(|i| base + i).collect()
 }
 
 fn rw() -> OpenOptions {
@@ -56,7 +511,7 @@ fn rwc() -> OpenOptions {
 }
 
 fn open_fs(disk: &SimDisk) -> (Arc<Filesystem>, lanefs_store::StoreHandle) {
-    let o = open(Path::new(STORE), cfg(), opts(disk)).expect("open store");
+    let o = open(Path::new(STORE), cfg(), opts(disk, 64 << 10, COMMIT)).expect("open store");
     (Arc::new(o.fs), o.store)
 }
 
@@ -65,8 +520,8 @@ fn close(fs: Arc<Filesystem>, store: lanefs_store::StoreHandle) {
     store.close().expect("clean close");
 }
 
-fn fsck(disk: &SimDisk, what: &str) {
-    lanefs_store::fsck::check(Path::new(STORE), &opts(disk))
+fn fsck_clean(disk: &SimDisk, what: &str) {
+    lanefs_store::fsck::check(Path::new(STORE), &opts(disk, 64 << 10, COMMIT))
         .unwrap_or_else(|e| panic!("{what}: fsck: {e:?}"));
 }
 
@@ -180,7 +635,7 @@ fn random_op(
 /// model and passes fsck.
 #[test]
 fn concurrent_same_files_vs_model() {
-    for seed in seeds(3, 1000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(1000, 3)) {
         eprintln!("seed {seed}");
         let disk = SimDisk::new();
         let (fs, store) = open_fs(&disk);
@@ -250,7 +705,7 @@ fn concurrent_same_files_vs_model() {
         drop(files);
         drop(c);
         close(fs, store);
-        fsck(&disk, &format!("seed {seed}"));
+        fsck_clean(&disk, &format!("seed {seed}"));
         let (fs, store) = open_fs(&disk);
         assert_eq!(
             fs.statfs().bfree,
@@ -327,7 +782,7 @@ fn truncate_into_evicted_then_extend() {
         drop(f);
         drop(c);
         close(fs, store);
-        fsck(&disk, "truncate");
+        fsck_clean(&disk, "truncate");
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
         let f = c.open("/a", &rw()).unwrap();
@@ -380,7 +835,7 @@ fn falloc_keep_size_beyond_eof_evicted() {
     drop(f);
     drop(c);
     close(fs, store);
-    fsck(&disk, "falloc");
+    fsck_clean(&disk, "falloc");
     let (fs, store) = open_fs(&disk);
     let c = Client::root(fs.clone());
     let f = c.open("/k", &rw()).unwrap();
@@ -434,7 +889,7 @@ fn unlink_rename_open_evicted() {
     assert_eq!(fs.statfs().bfree, free0, "bfree after orphan released");
     drop(c);
     close(fs, store);
-    fsck(&disk, "unlink");
+    fsck_clean(&disk, "unlink");
     let (fs, store) = open_fs(&disk);
     assert!(fs.statfs().bfree == free0, "bfree after reopen");
     let c = Client::root(fs.clone());
@@ -514,7 +969,7 @@ fn ino_reuse_never_shows_old_bytes() {
     eprintln!("inode numbers reused in {reused} of 4 rounds");
     drop(c);
     close(fs, store);
-    fsck(&disk, "ino reuse");
+    fsck_clean(&disk, "ino reuse");
     let (fs, store) = open_fs(&disk);
     drop(fs);
     store.close().unwrap();
@@ -524,7 +979,7 @@ fn ino_reuse_never_shows_old_bytes() {
 /// followed by fsync) recover to the model at the last fsync/checkpoint and pass fsck.
 #[test]
 fn crash_after_evict() {
-    for seed in seeds(4, 2000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(2000, 4)) {
         let disk = SimDisk::new();
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
@@ -572,7 +1027,7 @@ fn crash_after_evict() {
             drop(f);
             drop(c);
             close(fs, store);
-            fsck(&img, &what);
+            fsck_clean(&img, &what);
         }
     }
 }
@@ -584,7 +1039,7 @@ fn crash_after_evict() {
 /// (pages_out) and that reads of freshly recreated files never show old bytes.
 #[test]
 fn concurrent_recreate_crash_images() {
-    for seed in seeds(4, 3000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(3000, 4)) {
         eprintln!("seed {seed}");
         let disk = SimDisk::new();
         let (fs, store) = open_fs(&disk);
@@ -694,7 +1149,7 @@ fn concurrent_recreate_crash_images() {
             }
             drop(c);
             close(fs, store);
-            fsck(&img, &what);
+            fsck_clean(&img, &what);
         }
     }
 }
@@ -748,7 +1203,7 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     drop(f);
     drop(c);
     close(fs, store);
-    fsck(&disk, "auto");
+    fsck_clean(&disk, "auto");
     let (fs, store) = open_fs(&disk);
     assert!(fs.pages_out() > 0, "open loads no page");
     let c = Client::root(fs.clone());
@@ -768,7 +1223,7 @@ fn automatic_eviction_keeps_contents_and_accounting() {
 /// thread checkpoints and evicts in a loop: the stable region always reads the same.
 #[test]
 fn unlocked_readers_race_eviction() {
-    for seed in seeds(3, 4000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(4000, 3)) {
         let disk = SimDisk::new();
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
@@ -838,7 +1293,7 @@ fn unlocked_readers_race_eviction() {
         drop(f);
         drop(c);
         close(fs, store);
-        fsck(&disk, "readers");
+        fsck_clean(&disk, "readers");
     }
 }
 
@@ -901,7 +1356,7 @@ fn seek_data_hole_across_eviction() {
 /// model; also with every unflushed write surviving (process crash).
 #[test]
 fn journal_replay_onto_kept_pages() {
-    for seed in seeds(6, 5000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(5000, 6)) {
         let disk = SimDisk::new();
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
@@ -946,7 +1401,7 @@ fn journal_replay_onto_kept_pages() {
             drop(f);
             drop(c);
             close(fs, store);
-            fsck(img, &what);
+            fsck_clean(img, &what);
         }
         let (fs, store) = open_fs(&disk);
         let c = Client::root(fs.clone());
@@ -1039,7 +1494,7 @@ fn ino_reuse_across_crash_and_reopen() {
             drop(g);
             drop(c);
             close(fs, store);
-            fsck(d, &what);
+            fsck_clean(d, &what);
             let (fs, store) = open_fs(d);
             let c = Client::root(fs.clone());
             let g = c.open(&name, &rw()).unwrap();
@@ -1114,7 +1569,7 @@ fn dropped_kept_pages_do_not_return_after_reopen() {
         drop(f);
         drop(c);
         close(fs, store);
-        fsck(&d, &what);
+        fsck_clean(&d, &what);
     }
 }
 
@@ -1127,7 +1582,7 @@ fn size_limit_with_evicted_pages() {
     let disk = SimDisk::new();
     let mut cf = cfg();
     cf.max_bytes = Some(16 * PAGE);
-    let o = open(Path::new(STORE), cf.clone(), opts(&disk)).unwrap();
+    let o = open(Path::new(STORE), cf.clone(), opts(&disk, 64 << 10, COMMIT)).unwrap();
     let (fs, store) = (Arc::new(o.fs), o.store);
     let c = Client::root(fs.clone());
     let mut a = pattern(1, 10 * PAGE as usize);
@@ -1173,7 +1628,7 @@ fn size_limit_with_evicted_pages() {
     drop(c);
     close(fs, store);
     for d in [disk.clone(), img] {
-        let o = open(Path::new(STORE), cf.clone(), opts(&d)).unwrap();
+        let o = open(Path::new(STORE), cf.clone(), opts(&d, 64 << 10, COMMIT)).unwrap();
         let (fs, store) = (Arc::new(o.fs), o.store);
         assert_eq!(fs.statfs().bfree, 4, "bfree after reopen");
         let c = Client::root(fs.clone());
@@ -1182,7 +1637,7 @@ fn size_limit_with_evicted_pages() {
         check_eq(&c.read("/c").unwrap(), &cdata, "c reopen");
         drop(c);
         close(fs, store);
-        fsck(&d, "size limit");
+        fsck_clean(&d, "size limit");
     }
 }
 
@@ -1191,7 +1646,7 @@ fn size_limit_with_evicted_pages() {
 /// close, fsck and reopen.
 #[test]
 fn real_dir_random_ops_vs_model() {
-    for seed in seeds(1, 6000) {
+    for seed in seed::seeds("pages out of memory", seed::counting(6000, 1)) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("s");
         let o = open(&dir, cfg(), Options::default()).unwrap();

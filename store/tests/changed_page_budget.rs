@@ -3,60 +3,30 @@
 //! writers, truncations, punched holes, fsync, checkpoints on demand from other threads,
 //! closing the store under writers. A watchdog aborts the process on a hang.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::{Watchdog, host_opts, on_demand, seed};
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
 use lanefs_store::{Options, fsck, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
-}
+/// How long a test may run before its [`Watchdog`] calls it hung: a last resort, minutes, far
+/// past what a test takes on a loaded 2-CPU machine (the seven together took 19 s beside
+/// `stress-ng --cpu 4`).
+const LIMIT: Duration = Duration::from_secs(300);
 
-/// Aborts the process (a hang is reported, not waited out) unless dropped within `secs`: a
-/// last resort, minutes, far past what a test takes on a loaded 2-CPU machine (the seven
-/// together took 19 s beside `stress-ng --cpu 4`).
-struct Watchdog(Arc<AtomicBool>);
-
-impl Watchdog {
-    fn new(what: &'static str, seed: u64, secs: u64) -> Watchdog {
-        let done = Arc::new(AtomicBool::new(false));
-        let d = done.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            while !d.load(SeqCst) {
-                if t.elapsed() > Duration::from_secs(secs) {
-                    eprintln!("WATCHDOG: {what} (seed {seed}) did not finish in {secs} s: hang");
-                    std::process::abort();
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        });
-        Watchdog(done)
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.0.store(true, SeqCst);
-    }
-}
-
+/// A store on the host whose checkpoints come on demand or once `changed` bytes of file
+/// data changed.
 fn opts(changed: u64) -> Options {
     Options {
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(2),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_changed: changed,
-        ..Options::default()
+        ..on_demand(host_opts(1 << 20, Duration::from_millis(2)))
     }
 }
 
@@ -159,9 +129,8 @@ struct Run {
 /// demand; every file is checked against its model, after a close + fsck + reopen too, and
 /// again after a second close/reopen (records `follow` read across checkpoints).
 fn run(name: &'static str, r: Run) {
-    let seed = seed();
-    eprintln!("{name}: seed {seed}");
-    let _wd = Watchdog::new(name, seed, 300);
+    let seed = seed::seed(name);
+    let _wd = Watchdog::new(format!("{name} (seed {seed})"), LIMIT);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let o = open(dir, cfg(r.cache), opts(r.changed)).unwrap();
@@ -332,9 +301,8 @@ fn close_under_writers_that_never_stop() {
 }
 
 fn close_under_writers(extra_writes: u64, until_closed: bool) {
-    let seed = seed();
-    eprintln!("close_under_writers: seed {seed}");
-    let _wd = Watchdog::new("close_under_writers", seed, 300);
+    let seed = seed::seed("close_under_writers");
+    let _wd = Watchdog::new(format!("close_under_writers (seed {seed})"), LIMIT);
     let tmp = tempfile::tempdir().unwrap();
     let o = open(tmp.path(), cfg(0), opts(4096)).unwrap();
     let fs = Arc::new(o.fs);
@@ -410,9 +378,8 @@ fn large_writes_medium_budget() {
 }
 
 fn large_writes(changed: u64, pages: std::ops::Range<u64>, ops: usize) {
-    let seed = seed();
-    eprintln!("large_writes (changed {changed}): seed {seed}");
-    let _wd = Watchdog::new("large_writes", seed, 300);
+    let seed = seed::seed(&format!("large_writes (changed {changed})"));
+    let _wd = Watchdog::new(format!("large_writes (seed {seed})"), LIMIT);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let o = open(dir, cfg(0), opts(changed)).unwrap();

@@ -27,6 +27,8 @@
 //!
 //! Every test prints its seed; `LANEFS_SEED=<seed>` reruns it with that seed.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
@@ -35,6 +37,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{opts, seed};
 use lanefs::{Client, Config, Errno, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreHandle};
@@ -47,26 +50,6 @@ const DIR: &str = "/store";
 const FOREVER: Duration = Duration::from_secs(3600);
 
 // ----- seeds, randomness, watchdog ---------------------------------------------------------
-
-/// The seed of test `name`: `LANEFS_SEED` if set, else a fresh one; printed either way.
-fn seed(name: &str) -> u64 {
-    let s = match std::env::var("LANEFS_SEED") {
-        Ok(v) => v.trim().parse().expect("LANEFS_SEED must be a u64"),
-        Err(_) => {
-            let mut h = DefaultHasher::new();
-            name.hash(&mut h);
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-                .hash(&mut h);
-            std::process::id().hash(&mut h);
-            h.finish()
-        }
-    };
-    eprintln!("syncattack::{name}: seed {s} (rerun with LANEFS_SEED={s})");
-    s
-}
 
 #[derive(Clone)]
 /// One stream of a seeded run's random choices.
@@ -135,7 +118,7 @@ impl Watchdog {
                 // Straight to the process's stderr: the test harness captures `eprintln!`
                 // (threads inherit the capture), and an abort never prints what it captured.
                 use std::io::Write;
-                let msg = format!("\nsyncattack WATCHDOG: {what}: {why}: {last}\n");
+                let msg = format!("\ngroup_commit WATCHDOG: {what}: {why}: {last}\n");
                 let _ = std::io::stderr().write_all(msg.as_bytes());
                 std::process::abort();
             }
@@ -161,11 +144,8 @@ impl Drop for Watchdog {
 
 fn options(sim: &SimDisk, segment: u64, interval: Duration) -> Options {
     Options {
-        disk: Arc::new(sim.clone()),
-        segment_size: segment,
-        commit_interval: interval,
         checkpoint_poll: Duration::from_millis(20),
-        ..Options::default()
+        ..opts(sim, segment, interval)
     }
 }
 
@@ -800,7 +780,7 @@ fn assert_all_kept(sh: &Shared, got: &[u64], what: &str) {
 /// `n` workers each create a file, write to it and create names, syncing after most
 /// operations by every entry point; power cuts at every flush and at random moments.
 fn durability(name: &str, n: usize, ops: usize) {
-    let seed = seed(name);
+    let seed = seed::seed(&format!("group_commit::{name}"));
     let sim = SimDisk::new();
     let mut opts = options(&sim, 32 << 10, FOREVER);
     // Checkpoints run during the test (their flushes are power-cut points too) and remove
@@ -888,7 +868,7 @@ fn durability(name: &str, n: usize, ops: usize) {
     let got = recover_now(&sim, &sh, Unflushed::Lost);
     assert_all_kept(&sh, &got, "after close");
     eprintln!(
-        "syncattack::{name}: {n} workers x {ops} operations in {run:?}, {flushes} journal \
+        "group_commit::{name}: {n} workers x {ops} operations in {run:?}, {flushes} journal \
          flushes, {images} power cuts checked ({} at random moments)",
         random_cuts.load(SeqCst)
     );
@@ -915,7 +895,7 @@ fn durability_32_threads_power_cut_at_every_flush() {
 /// more thread writes big buffers (2 MiB rounds) when `writer`. The commit interval is an
 /// hour: a sync the committer is not woken for hangs.
 fn rapid(name: &str, n: usize, per: usize, writer: bool) {
-    let seed = seed(name);
+    let seed = seed::seed(&format!("group_commit::{name}"));
     let sim = SimDisk::new();
     let opts = options(&sim, if writer { 4 << 20 } else { 256 << 10 }, FOREVER);
     let sh = Shared::new(n, seed, opts.clone());
@@ -992,7 +972,7 @@ fn rapid(name: &str, n: usize, per: usize, writer: bool) {
     let got = recover_now(&sim, &sh, Unflushed::Lost);
     assert_all_kept(&sh, &got, "after close");
     eprintln!(
-        "syncattack::{name}: {} syncs from {n} threads in {run:?} ({flushes} flushes), the \
+        "group_commit::{name}: {} syncs from {n} threads in {run:?} ({flushes} flushes), the \
          slowest {:?}",
         n * per,
         slowest.lock().unwrap()
@@ -1023,7 +1003,7 @@ fn rapid_syncs_64_threads() {
 /// committer's thread, as a server answering at once might), alongside blocking syncs.
 #[test]
 fn sync_then_chains_resubmitted_from_the_callback() {
-    let seed = seed("chains");
+    let seed = seed::seed("group_commit::chains");
     let sim = SimDisk::new();
     let opts = options(&sim, 256 << 10, FOREVER);
     const CHAINS: usize = 16;
@@ -1110,7 +1090,7 @@ fn sync_then_chains_resubmitted_from_the_callback() {
 /// a power cut taken right after it) nor lose another protocol's wake-up.
 #[test]
 fn spurious_unparks_do_not_end_a_sync_early() {
-    let seed = seed("unparks");
+    let seed = seed::seed("group_commit::unparks");
     let sim = SimDisk::new();
     let opts = options(&sim, 256 << 10, FOREVER);
     const N: usize = 4;
@@ -1228,7 +1208,7 @@ fn spurious_unparks_do_not_end_a_sync_early() {
 /// on disk.
 #[test]
 fn syncs_racing_close() {
-    let seed = seed("close");
+    let seed = seed::seed("group_commit::close");
     let mut rng = Rng::new(seed, 1);
     let started = Instant::now();
     let mut iterations = 0;
@@ -1328,7 +1308,7 @@ fn syncs_racing_close() {
         acked_total += sh.acked.iter().map(|a| a.load(SeqCst)).sum::<usize>();
     }
     eprintln!(
-        "syncattack::close: {iterations} closes raced by syncing threads, {acked_total} \
+        "group_commit::close: {iterations} closes raced by syncing threads, {acked_total} \
          operations acknowledged"
     );
 }
@@ -1388,7 +1368,7 @@ struct Outcome {
 /// disk never filled and no sync met it. Without checkpoints the journal can only grow, so
 /// every worker's sync meets the full disk once the room in its segments is used up.
 fn faults(name: &str, fault: Fault) {
-    let seed = seed(name);
+    let seed = seed::seed(&format!("group_commit::{name}"));
     let n = 6;
     let sim = SimDisk::new();
     let inject = Arc::new(std::sync::atomic::AtomicU8::new(Inject::Nothing as u8));
@@ -1671,7 +1651,7 @@ fn faults(name: &str, fault: Fault) {
         }
     }
     eprintln!(
-        "syncattack::{name}: {run:?}; ENOSPC syncs {}, writes refused for space {}, syncs to \
+        "group_commit::{name}: {run:?}; ENOSPC syncs {}, writes refused for space {}, syncs to \
          succeed again with room back (attempts, time): {:?}",
         enospc_syncs.load(SeqCst),
         enospc_refused.load(SeqCst),
@@ -1720,7 +1700,7 @@ fn journal_writes_fail_with_enospc_then_work() {
 /// was acknowledged before survives a power cut.
 #[test]
 fn close_while_records_are_held() {
-    let seed = seed("close_held");
+    let seed = seed::seed("group_commit::close_held");
     let mut rng = Rng::new(seed, 1);
     for it in 0..6u64 {
         let n = 1 + rng.below(6) as usize;

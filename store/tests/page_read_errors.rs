@@ -8,10 +8,13 @@
 //! model after a reopen and after power cuts, with fsck clean. `LANEFS_SEED=<n>` replays
 //! one seed of the random test.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{on_demand, seed};
 use lanefs::{
     Attr, Client, Config, Ctx, Errno, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem,
     OpenOptions, PAGE,
@@ -32,15 +35,10 @@ fn ck_file() -> PathBuf {
 /// that moves only when the test moves it.
 fn opts(disk: &SimDisk, clock: &SimClock) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 64 << 10,
-        commit_interval: Duration::from_millis(2),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_poll: Duration::from_millis(2),
         checkpoint_cache: 0,
         clock: Arc::new(clock.clone()),
-        ..Options::default()
+        ..on_demand(common::opts(disk, 64 << 10, Duration::from_millis(2)))
     }
 }
 
@@ -62,13 +60,6 @@ fn rwc() -> OpenOptions {
     let mut o = OpenOptions::new();
     o.read(true).write(true).create(true);
     o
-}
-
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -469,10 +460,7 @@ fn truncations_and_holes_into_pages_out_of_memory_fail_and_change_nothing() {
 /// cuts after syncs, and the store reopened, hold the model.
 #[test]
 fn random_changes_while_reads_fail_now_and_then_match_a_model() {
-    for seed in match std::env::var("LANEFS_SEED") {
-        Ok(_) => vec![seed()],
-        Err(_) => vec![seed(), seed()],
-    } {
+    for seed in seed::seeds("random_changes_while_reads_fail", seed::fresh(2)) {
         eprintln!("seed {seed}");
         random_run(seed);
     }

@@ -1,44 +1,341 @@
-//! Attacks on the journal's bound (docs/STORE.md, "Backpressure"): many writers, syncs, slow
-//! and failing checkpoints, checkpoints on demand racing the checkpointer, tiny bounds, and
-//! closing while writers are held off. A hang fails the test (watchdog) instead of hanging.
+//! The journal's bound (docs/STORE.md, "Backpressure"): when records come faster than
+//! checkpoints apply them, the journal stays held to its `journal_segments`. With every
+//! flush of `checkpoint.redb` slowed down, writers that journal far more than a checkpoint
+//! takes in its time find the journal held to its bound while checkpoints run; the same
+//! writers without the bound grow it far past that (so the test can tell). Everything
+//! written reads back after a reopen.
+//!
+//! Then attacks on it: many writers, syncs, slow and failing checkpoints, checkpoints on
+//! demand racing the checkpointer, tiny bounds, and closing while writers are held off. A
+//! hang fails the test (watchdog) instead of hanging.
+//!
+//! The host is the real one, with `checkpoint.redb` slowed down or failing on demand
+//! ([`Knobs`]). Random tests print their seed; `LANEFS_SEED=<n>` replays one.
+
+mod common;
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
+use common::{Watchdog, host_opts, seed};
 use lanefs::{Client, Config, OpenOptions};
+use lanefs_store::disk::{Disk, DiskFile, RealDisk};
 use lanefs_store::{Options, fsck, open};
+use rand::Rng;
 
-mod ckhost;
-use ckhost::{Host, Knobs};
+// ----- a host whose checkpoint is slow or fails ----------------------------------------------
 
-/// Fails the process if `f` does not end within `limit` (a hang). With BOUNDATTACK_HANG_WAIT
-/// set, sleeps instead so that a debugger can be attached.
-fn watchdog<T>(name: &str, limit: Duration, f: impl FnOnce() -> T) -> T {
-    let done = Arc::new(AtomicBool::new(false));
-    let d = done.clone();
-    let name2 = name.to_string();
-    let pid = std::process::id();
-    std::thread::spawn(move || {
-        let end = Instant::now() + limit;
-        while Instant::now() < end {
-            if d.load(SeqCst) {
-                return;
+/// How the wrapped checkpoint database behaves now.
+#[derive(Default)]
+struct Knobs {
+    /// Every flush is this late.
+    delay_ms: AtomicU64,
+    /// Flushes fail.
+    fail_sync: AtomicBool,
+    /// Writes fail.
+    fail_write: AtomicBool,
+    /// Flushes asked for.
+    syncs: AtomicU64,
+    /// Failures injected.
+    failed: AtomicU64,
+}
+
+/// The real host, with `checkpoint.redb` behaving as `k` says.
+struct Host {
+    k: Arc<Knobs>,
+}
+
+struct CkFile {
+    inner: Arc<dyn DiskFile>,
+    k: Arc<Knobs>,
+}
+
+fn injected() -> io::Error {
+    io::Error::other("injected checkpoint failure")
+}
+
+impl DiskFile for CkFile {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.inner.read_at(buf, off)
+    }
+    fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        if self.k.fail_write.load(SeqCst) {
+            self.k.failed.fetch_add(1, SeqCst);
+            return Err(injected());
+        }
+        self.inner.write_at(buf, off)
+    }
+    fn len(&self) -> io::Result<u64> {
+        self.inner.len()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        let d = self.k.delay_ms.load(SeqCst);
+        if d > 0 {
+            std::thread::sleep(Duration::from_millis(d));
+        }
+        self.k.syncs.fetch_add(1, SeqCst);
+        if self.k.fail_sync.load(SeqCst) {
+            self.k.failed.fetch_add(1, SeqCst);
+            return Err(injected());
+        }
+        self.inner.sync_data()
+    }
+    fn write_blocks(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        if self.k.fail_write.load(SeqCst) {
+            self.k.failed.fetch_add(1, SeqCst);
+            return Err(injected());
+        }
+        self.inner.write_blocks(buf, off)
+    }
+    fn read_blocks(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        self.inner.read_blocks(buf, off)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.inner.allocate(len)
+    }
+}
+
+impl Disk for Host {
+    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
+        RealDisk.create_dir_all(path)
+    }
+    fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn DiskFile>> {
+        let f = RealDisk.open(path, create)?;
+        Ok(
+            match path.file_name().is_some_and(|n| n == "checkpoint.redb") {
+                true => Arc::new(CkFile {
+                    inner: f,
+                    k: self.k.clone(),
+                }),
+                false => f,
+            },
+        )
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        RealDisk.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealDisk.rename(from, to)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
+        RealDisk.list(dir)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        RealDisk.sync_dir(dir)
+    }
+    fn exists(&self, path: &Path) -> bool {
+        RealDisk.exists(path)
+    }
+    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
+        RealDisk.lock(path)
+    }
+}
+
+// ----- the journal held to its bound ---------------------------------------------------------
+
+const SEGMENT: u64 = 1 << 20;
+const BOUND: usize = 4;
+/// Segments past the bound that the journal may hold (see the test).
+const SLACK: usize = 16;
+
+/// The journal held to `bound` segments, with every flush of `checkpoint.redb` 300 ms late.
+fn late_checkpoints(bound: usize) -> Options {
+    Options {
+        disk: Arc::new(Host {
+            k: Arc::new(Knobs {
+                delay_ms: AtomicU64::new(300),
+                ..Knobs::default()
+            }),
+        }),
+        checkpoint_segments: 2,
+        journal_segments: bound,
+        checkpoint_poll: Duration::from_millis(2),
+        ..host_opts(SEGMENT, Duration::from_millis(2))
+    }
+}
+
+/// The longest a run waits for what it watches for (below): far past what it takes on a
+/// loaded 2-CPU machine (the start's checkpoints took 5 s there), only so that a journal that
+/// never behaves fails the test instead of running on.
+const LIMIT: Duration = Duration::from_secs(300);
+/// Checkpoints (each letting segments go) watched in the steady state.
+const STEADY_CHECKPOINTS: u32 = 3;
+
+/// What a run watches the journal for.
+#[derive(Clone, Copy)]
+enum Watch {
+    /// Until it holds this many segments (or [`LIMIT`]).
+    Reach(usize),
+    /// Its steady state: from the first time after a checkpoint let segments go that it
+    /// holds no more than this many segments, until [`STEADY_CHECKPOINTS`] more have (or
+    /// [`LIMIT`]). The start is not steady: the first checkpoints (the database made, the
+    /// reserve written) are slower, and the buffers full at 16 MiB until the journal is
+    /// first over, so it overshoots then (to 92 segments beside `stress-ng --cpu 4`, whose
+    /// first checkpoint took 5 s: a steady state taken to begin at 4 s failed the test).
+    Steady(usize),
+}
+
+/// Two threads overwrite their own 256 KiB file with 32 KiB writes (each a journal record
+/// of that size; the pages stay the same, so the budget of changed pages never holds them)
+/// while the journal is watched (`watch`); returns the most segments seen (in the steady
+/// state, for [`Watch::Steady`]), whether what was watched for came, the writes made, and
+/// the files' last contents.
+fn run(dir: &Path, bound: usize, watch: Watch) -> (usize, bool, u64, Vec<Vec<u8>>) {
+    let o = open(dir, Config::default(), late_checkpoints(bound)).unwrap();
+    let fs = Arc::new(o.fs);
+    let done = AtomicBool::new(false);
+    let came = AtomicBool::new(false);
+    let most = AtomicU64::new(0);
+    let writes = AtomicU64::new(0);
+    let journal = dir.join("journal");
+    let files = std::thread::scope(|s| {
+        s.spawn(|| {
+            let start = Instant::now();
+            // The oldest segment last seen, and how many times it moved on (checkpoints
+            // that let segments go).
+            let mut oldest = None;
+            let mut commits = 0u32;
+            let mut steady_from: Option<u32> = None;
+            while start.elapsed() < LIMIT && !done.load(SeqCst) {
+                // Segments of the journal (not those kept for reuse, `.free`).
+                let segs: Vec<u64> = std::fs::read_dir(&journal).map_or(Vec::new(), |d| {
+                    d.filter_map(|e| {
+                        let p = e.ok()?.path();
+                        if p.extension()? != "seg" {
+                            return None;
+                        }
+                        u64::from_str_radix(p.file_stem()?.to_str()?, 16).ok()
+                    })
+                    .collect()
+                });
+                let n = segs.len();
+                let first = segs.iter().min().copied();
+                if let (Some(was), Some(now)) = (oldest, first)
+                    && now > was
+                {
+                    commits += 1;
+                }
+                if first.is_some() {
+                    oldest = first;
+                }
+                match watch {
+                    Watch::Reach(at) => {
+                        most.fetch_max(n as u64, SeqCst);
+                        if n >= at {
+                            came.store(true, SeqCst);
+                            break;
+                        }
+                    }
+                    Watch::Steady(within) => {
+                        if steady_from.is_none() {
+                            // Until the steady state: the most seen so far (replaced by the
+                            // steady state's once it begins).
+                            most.fetch_max(n as u64, SeqCst);
+                        }
+                        if steady_from.is_none() && commits > 0 && n <= within {
+                            most.store(0, SeqCst);
+                            steady_from = Some(commits);
+                        }
+                        if let Some(from) = steady_from {
+                            most.fetch_max(n as u64, SeqCst);
+                            if commits >= from + STEADY_CHECKPOINTS {
+                                came.store(true, SeqCst);
+                                break;
+                            }
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!("HANG: {name2} did not finish in {limit:?} (pid {pid})");
-        if std::env::var_os("BOUNDATTACK_HANG_WAIT").is_some() {
-            std::thread::sleep(Duration::from_secs(600));
-        }
-        std::process::abort();
+            done.store(true, SeqCst);
+        });
+        let writers: Vec<_> = (0..2u8)
+            .map(|t| {
+                let (fs, done, writes) = (fs.clone(), &done, &writes);
+                s.spawn(move || {
+                    let c = Client::root(fs);
+                    let open = *OpenOptions::new().read(true).write(true).create(true);
+                    let f = c.open(format!("/w{t}"), &open).unwrap();
+                    let mut body = vec![0u8; 256 << 10];
+                    let mut n = 0u64;
+                    while !done.load(SeqCst) {
+                        let at = (n % 8) as usize * (32 << 10);
+                        let b = (n as u8).wrapping_mul(7) ^ t | 1;
+                        body[at..at + (32 << 10)].fill(b);
+                        f.write_at(&body[at..at + (32 << 10)], at as u64).unwrap();
+                        n += 1;
+                    }
+                    writes.fetch_add(n, SeqCst);
+                    body
+                })
+            })
+            .collect();
+        writers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .collect::<Vec<_>>()
     });
-    let r = f();
-    done.store(true, SeqCst);
-    r
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
+    o.store.close().unwrap();
+    (
+        most.load(SeqCst) as usize,
+        came.load(SeqCst),
+        writes.load(SeqCst),
+        files,
+    )
+}
+
+#[test]
+fn the_journal_is_held_to_its_bound_while_checkpoints_are_slow() {
+    // Without the bound (`journal_segments` past any count), the journal outgrows it by
+    // far: the test can tell. Stopped once it shows, to keep the disk it takes small.
+    let free = tempfile::tempdir().unwrap();
+    let (most, came, writes, _) = run(free.path(), usize::MAX, Watch::Reach(SLACK * 2));
+    assert!(
+        came,
+        "without a bound the journal reached only {most} segments in {writes} writes: the \
+         checkpoints were not slow enough for this test to tell"
+    );
+    // With it: segments `first..=current` at most BOUND while checkpoints run, plus the
+    // spare made ahead, what the two syncs that begin a checkpoint write (the buffers, 2 MiB
+    // each while the journal is over), and the segments a checkpoint covers until it
+    // removes them; in the steady state (`Watch::Steady`), over several checkpoints.
+    let tmp = tempfile::tempdir().unwrap();
+    let (most, came, writes, files) = run(tmp.path(), BOUND, Watch::Steady(BOUND + SLACK));
+    assert!(
+        came,
+        "the journal never came back to {BOUND} + {SLACK} segments or fewer after a \
+         checkpoint let segments go, for {STEADY_CHECKPOINTS} more (most: {most}; {writes} \
+         writes)"
+    );
+    eprintln!("with the bound: at most {most} segments in the steady state, {writes} writes");
+    assert!(writes > 100, "only {writes} writes were made");
+    assert!(
+        most <= BOUND + SLACK,
+        "the journal reached {most} segments, bound {BOUND} ({writes} writes)"
+    );
+    // Nothing was lost to the waits.
+    let o = open(tmp.path(), Config::default(), late_checkpoints(BOUND)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    for (t, body) in files.iter().enumerate() {
+        assert!(c.read(format!("/w{t}")).unwrap() == *body, "file {t}");
+    }
+}
+
+// ----- attacks on the bound ------------------------------------------------------------------
+
+/// Runs `f` under a [`Watchdog`]: a hang fails the process.
+fn watchdog<T>(name: &str, limit: Duration, f: impl FnOnce() -> T) -> T {
+    let _wd = Watchdog::new(name, limit);
+    f()
 }
 
 /// The longest [`wait_for`] waits: far past what any of its waits takes on a loaded 2-CPU
@@ -60,31 +357,18 @@ fn wait_for(seed: u64, what: impl Fn() -> String, mut done: impl FnMut() -> bool
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn opts(k: &Arc<Knobs>, ck_segments: usize, journal_segments: usize) -> Options {
+/// On the host with `checkpoint.redb` as `k` says, a checkpoint due after `ck_segments`
+/// segments and the journal held to `journal_segments`.
+fn bounded(k: &Arc<Knobs>, ck_segments: usize, journal_segments: usize) -> Options {
     Options {
         disk: Arc::new(Host { k: k.clone() }),
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(2),
         checkpoint_segments: ck_segments,
         journal_segments,
         checkpoint_poll: Duration::from_millis(2),
         checkpoint_retry: Duration::from_millis(20),
         checkpoint_retry_max: Duration::from_millis(100),
         checkpoint_changed: 4 << 20,
-        ..Options::default()
+        ..host_opts(1 << 20, Duration::from_millis(2))
     }
 }
 
@@ -129,7 +413,7 @@ fn writer(
     progress: &AtomicU64,
     tolerate_errors: bool,
 ) -> (Model, u64) {
-    let mut r = Rng(seed ^ (t as u64 + 1).wrapping_mul(0xdead_beef_1234_5678) | 1);
+    let mut r = seed::rng(seed ^ (t as u64 + 1).wrapping_mul(0xdead_beef_1234_5678));
     let dir = format!("/t{t}");
     let mut model = Model::new();
     let rw = *OpenOptions::new().read(true).write(true).create(true);
@@ -147,30 +431,30 @@ fn writer(
     while !stop.load(SeqCst) {
         let began = Instant::now();
         let res: io::Result<()> = (|| {
-            match r.below(10) {
+            match r.random_range(0..10) {
                 0..=3 => {
-                    let p = format!("{dir}/s{}", r.below(40));
-                    let b = body(t, n, 1 + r.below(3000) as usize);
+                    let p = format!("{dir}/s{}", r.random_range(0..40));
+                    let b = body(t, n, 1 + r.random_range(0..3000) as usize);
                     c.write(&p, &b)?;
                     model.insert(p, b);
                 }
                 4..=5 => {
-                    let p = format!("{dir}/s{}", r.below(40));
+                    let p = format!("{dir}/s{}", r.random_range(0..40));
                     if model.contains_key(&p) {
                         c.remove_file(&p)?;
                         model.remove(&p);
                     }
                 }
                 _ => {
-                    let len = [4096usize, 32 << 10, 128 << 10][r.below(3) as usize];
-                    let at = r.below((big_len - len) as u64 / 4096) as usize * 4096;
+                    let len = [4096usize, 32 << 10, 128 << 10][r.random_range(0..3) as usize];
+                    let at = r.random_range(0..(big_len - len) as u64 / 4096) as usize * 4096;
                     let b = body(t, n, len);
                     let f = c.open(&big_path, &rw)?;
                     f.write_at(&b, at as u64)?;
                     big[at..at + len].copy_from_slice(&b);
                     model.insert(big_path.clone(), big.clone());
-                    if syncer && r.below(2) == 0 {
-                        match r.below(2) {
+                    if syncer && r.random_range(0..2) == 0 {
+                        match r.random_range(0..2) {
                             0 => f.sync_all()?,
                             _ => c.fs().fsync(f.handle(), true)?,
                         }
@@ -178,7 +462,7 @@ fn writer(
                     }
                 }
             }
-            if syncer && r.below(4) == 0 {
+            if syncer && r.random_range(0..4) == 0 {
                 let f = c.open(&big_path, &rw)?;
                 f.sync_all()?;
                 st.syncs.fetch_add(1, SeqCst);
@@ -242,7 +526,7 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
     let tmp = tempfile::tempdir().unwrap();
     let k = Arc::new(Knobs::default());
     k.delay_ms.store(delay, SeqCst);
-    let o = opts(&k, ck_segments, bound);
+    let o = bounded(&k, ck_segments, bound);
     let op = open(tmp.path(), Config::default(), o.clone()).unwrap();
     let fs = Arc::new(op.fs);
     let store = op.store;
@@ -275,10 +559,10 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
         // Checkpoints on demand racing the checkpointer; syncfs besides.
         let (store, stop2) = (&store, &stop);
         let ckr = s.spawn(move || {
-            let mut r = Rng(seed | 1);
+            let mut r = seed::rng(seed);
             let mut ok = 0;
             while !stop2.load(SeqCst) {
-                match r.below(3) {
+                match r.random_range(0..3) {
                     0 => {
                         store.sync().unwrap();
                     }
@@ -288,7 +572,7 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
                         }
                     }
                 }
-                std::thread::sleep(Duration::from_millis(r.below(30)));
+                std::thread::sleep(Duration::from_millis(r.random_range(0..30)));
             }
             ok
         });
@@ -348,24 +632,9 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
     verify(tmp.path(), &o, &models, seed);
 }
 
-/// The seed: `BOUNDATTACK_SEED` or `LANEFS_SEED` if set, else a fresh one.
-fn seed0() -> u64 {
-    std::env::var("BOUNDATTACK_SEED")
-        .or_else(|_| std::env::var("LANEFS_SEED"))
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-}
-
 #[test]
 fn storm_tiny_bounds_slow_checkpoints() {
-    let s = seed0();
-    eprintln!("BOUNDATTACK_SEED={s}");
+    let s = seed::seed("storm_tiny_bounds_slow_checkpoints");
     watchdog("storm", Duration::from_secs(600), || {
         storm(s, 12, 0, 1, 40, 2.0);
         storm(s.wrapping_add(1), 16, 1, 1, 120, 2.0);
@@ -385,7 +654,7 @@ fn failing(seed: u64, fail_write: bool) {
     let tmp = tempfile::tempdir().unwrap();
     let k = Arc::new(Knobs::default());
     k.delay_ms.store(20, SeqCst);
-    let o = opts(&k, 1, 1);
+    let o = bounded(&k, 1, 1);
     let op = open(tmp.path(), Config::default(), o.clone()).unwrap();
     let fs = Arc::new(op.fs);
     let store = op.store;
@@ -533,8 +802,7 @@ fn failing(seed: u64, fail_write: bool) {
 
 #[test]
 fn failing_checkpoints_do_not_strand_writers() {
-    let s = seed0();
-    eprintln!("BOUNDATTACK_SEED={s}");
+    let s = seed::seed("failing_checkpoints_do_not_strand_writers");
     watchdog("failing", Duration::from_secs(600), || {
         // (The variant whose database writes fail, `failing(_, true)`, holds the test past
         // its watchdog on this machine: the journal it builds is replayed through redb with
@@ -548,13 +816,12 @@ fn failing_checkpoints_do_not_strand_writers() {
 /// write whose sync returned Ok reads back.
 #[test]
 fn close_while_writers_are_held_off() {
-    let seed = seed0();
-    eprintln!("BOUNDATTACK_SEED={seed}");
+    let seed = seed::seed("close_while_writers_are_held_off");
     watchdog("close", Duration::from_secs(600), || {
         let tmp = tempfile::tempdir().unwrap();
         let k = Arc::new(Knobs::default());
         k.delay_ms.store(1500, SeqCst);
-        let o = opts(&k, 0, 1);
+        let o = bounded(&k, 0, 1);
         let op = open(tmp.path(), Config::default(), o.clone()).unwrap();
         let fs = Arc::new(op.fs);
         let store = op.store;
@@ -604,7 +871,9 @@ fn close_while_writers_are_held_off() {
             })
             .collect();
         // Let a slow checkpoint begin with the journal over its bound, then close.
-        std::thread::sleep(Duration::from_millis(2000 + Rng(seed | 1).below(1000)));
+        std::thread::sleep(Duration::from_millis(
+            2000 + seed::rng(seed).random_range(0..1000u64),
+        ));
         let t0 = Instant::now();
         let closed = store.close();
         eprintln!("  close took {:?}: {closed:?}", t0.elapsed());

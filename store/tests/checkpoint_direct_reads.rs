@@ -21,7 +21,6 @@
 //!
 //! Every test prints its seed; `LANEFS_SEED=<n>` replays it.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -32,23 +31,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{Node, dump};
+use common::{assert_same_tree, cookie_of, dump, host_opts, seed};
 use lanefs::{Client, Config, Ctx, Filesystem, Ino, OpenOptions};
 use lanefs_store::disk::{BLOCK, Disk, DiskFile, RealDisk};
 use lanefs_store::{Options, StoreHandle, fsck, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-/// The test's seed, printed: `LANEFS_SEED=<it>` replays the test (each test mixes in a tag of
-/// its own).
-fn seed() -> u64 {
-    let s = std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().expect("LANEFS_SEED is a number"))
-        .unwrap_or_else(rand::random);
-    eprintln!("LANEFS_SEED={s}");
-    s
-}
 
 // ----- a probe between the store and the real disk ---------------------------------------
 
@@ -266,8 +254,6 @@ fn options(cfg: &Cfg, probe: &Arc<Probe>) -> Options {
             jitter: cfg.jitter,
             probe: probe.clone(),
         }),
-        segment_size: cfg.segment,
-        commit_interval: Duration::from_millis(2),
         checkpoint_records: 700,
         checkpoint_segments: 3,
         checkpoint_changed: 512 << 10,
@@ -275,7 +261,7 @@ fn options(cfg: &Cfg, probe: &Arc<Probe>) -> Options {
         checkpoint_retry: Duration::from_millis(5),
         checkpoint_retry_max: Duration::from_millis(50),
         checkpoint_cache: 4 << 20,
-        ..Options::default()
+        ..host_opts(cfg.segment, Duration::from_millis(2))
     }
 }
 
@@ -658,38 +644,6 @@ fn verify(c: &Client, m: &Model, what: &str) {
 
 // ----- comparing trees ---------------------------------------------------------------------
 
-fn same_tree(want: &BTreeMap<Vec<u8>, Node>, got: &BTreeMap<Vec<u8>, Node>, what: &str) {
-    if want == got {
-        return;
-    }
-    let show = |n: &Node| {
-        let mut n = n.clone();
-        let c = std::mem::take(&mut n.content);
-        format!(
-            "{n:?} content len {} crc {:08x}",
-            c.len(),
-            crc32c::crc32c(&c)
-        )
-    };
-    let keys: BTreeSet<&Vec<u8>> = want.keys().chain(got.keys()).collect();
-    let mut lines = Vec::new();
-    for k in keys {
-        let (w, g) = (want.get(k), got.get(k));
-        if w != g {
-            lines.push(format!(
-                "{}:\n  live     {}\n  reopened {}",
-                String::from_utf8_lossy(k),
-                w.map_or("-".into(), show),
-                g.map_or("-".into(), show)
-            ));
-        }
-        if lines.len() >= 6 {
-            break;
-        }
-    }
-    panic!("{what}: the trees differ\n{}", lines.join("\n"));
-}
-
 /// The tree as text, contents by checksum (what a child process hands its parent).
 fn fingerprint(fs: &Filesystem) -> String {
     dump(fs, true)
@@ -860,7 +814,7 @@ fn scenario(root: &Path, cfg: &Cfg, base: u64, tag: u64) {
     assert!(!r.torn_tail, "{what}: {r:?}");
     let o = open(&dir, config(cfg), opts.clone()).unwrap();
     assert!(!o.report.torn_tail, "{what}: {:?}", o.report);
-    same_tree(&want, &dump(&o.fs, true), &format!("{what}: round 0"));
+    assert_same_tree(&format!("{what}: round 0"), &want, &dump(&o.fs, true));
     o.fs.check_invariants().unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
@@ -946,7 +900,7 @@ fn return_round(
     let r = fsck::check(dir, opts).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
     assert!(!r.torn_tail, "{what}: {r:?}");
     let o = open(dir, config(cfg), opts.clone()).unwrap();
-    same_tree(&want, &dump(&o.fs, true), &format!("{what}: round 1"));
+    assert_same_tree(&format!("{what}: round 1"), &want, &dump(&o.fs, true));
     o.fs.check_invariants().unwrap();
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
@@ -963,10 +917,10 @@ fn return_round(
     fsck::check(dir, opts).unwrap();
     let o = open(dir, config(cfg), opts.clone()).unwrap();
     assert!(o.report.replayed < 5, "{what}: {:?}", o.report);
-    same_tree(
+    assert_same_tree(
+        &format!("{what}: from the checkpoint"),
         &want,
         &dump(&o.fs, true),
-        &format!("{what}: from the checkpoint"),
     );
     o.store.close().unwrap();
 }
@@ -985,7 +939,7 @@ fn ext4_dir() -> tempfile::TempDir {
 
 fn shm_dir() -> tempfile::TempDir {
     let d = tempfile::Builder::new()
-        .prefix("directattack")
+        .prefix("checkpoint_direct_reads")
         .tempdir_in("/dev/shm")
         .unwrap();
     assert!(is_tmpfs(d.path()));
@@ -993,7 +947,7 @@ fn shm_dir() -> tempfile::TempDir {
 }
 
 fn run(tag: u64, root: &Path, cfg: Cfg) {
-    let seed = seed();
+    let seed = seed::seed(&format!("checkpoint_direct_reads, {cfg:?}"));
     scenario(root, &cfg, seed, tag);
 }
 
@@ -1129,7 +1083,7 @@ fn tmpfs_odd_segments_buffered() {
 /// record of more than a window between), directories made and removed around ghosts.
 #[test]
 fn ghosts_last_keep_times_generations_and_cookies() {
-    let seed = seed();
+    let seed = seed::seed("ghosts_last_keep_times_generations_and_cookies");
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(7));
     let d = ext4_dir();
     let dir = d.path().join("store");
@@ -1175,7 +1129,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
                 g > max_gen,
                 "{what}: generation {g} after ghosts up to {max_gen}"
             );
-            let ck = common::cookie_of(&fs, c.metadata("/g").unwrap().ino(), b"new");
+            let ck = cookie_of(&fs, c.metadata("/g").unwrap().ino(), b"new");
             assert!(
                 ck > max_cookie,
                 "{what}: cookie {ck:#x} after ghosts' up to {max_cookie:#x}"
@@ -1223,7 +1177,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
                 f.set_len(rng.random_range(0..5000)).unwrap();
             }
             if i + 1 == n || rng.random_bool(0.1) {
-                max_cookie = max_cookie.max(common::cookie_of(
+                max_cookie = max_cookie.max(cookie_of(
                     &fs,
                     g_ino,
                     p.rsplit('/').next().unwrap().as_bytes(),
@@ -1254,7 +1208,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
             o.report.replayed, 0,
             "{what}: the checkpoint holds every record"
         );
-        same_tree(&want, &dump(&o.fs, true), &what);
+        assert_same_tree(&what, &want, &dump(&o.fs, true));
         o.fs.check_invariants().unwrap();
         o.store.close().unwrap();
     }
@@ -1294,7 +1248,7 @@ fn journal_end(store: &Path) -> (PathBuf, u64) {
 /// before anything is appended reads that last partial block, and holds every record.
 #[test]
 fn a_segment_ending_inside_a_block_is_read_back_whole() {
-    let seed = seed();
+    let seed = seed::seed("a_segment_ending_inside_a_block_is_read_back_whole");
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(8));
     for (k, mode) in [Mode::Direct, Mode::Buffered].into_iter().enumerate() {
         let what = format!("LANEFS_SEED={seed}, {mode:?}");
@@ -1368,17 +1322,17 @@ fn a_segment_ending_inside_a_block_is_read_back_whole() {
         // Reads from here on come from the checkpoint.
         o.fs.evict();
         assert_eq!(o.fs.resident_pages(), 0, "{what}");
-        same_tree(
+        assert_same_tree(
+            &format!("{what}: from the checkpoint, live"),
             &want,
             &dump(&o.fs, true),
-            &format!("{what}: from the checkpoint, live"),
         );
         drop(o.fs);
         o.store.close().unwrap();
         fsck::check(&dir, &opts).unwrap();
         let o = open(&dir, config(&cfg), opts.clone()).unwrap();
         assert_eq!(o.report.replayed, 0, "{what}: {:?}", o.report);
-        same_tree(&want, &dump(&o.fs, true), &format!("{what}: reopened"));
+        assert_same_tree(&format!("{what}: reopened"), &want, &dump(&o.fs, true));
         o.store.close().unwrap();
     }
 }
@@ -1392,14 +1346,14 @@ const KILL_ROUNDS: usize = 4;
 /// next to the store, says READY, and takes checkpoints until told to go on (or killed).
 #[test]
 fn kill_child_entry() {
-    let Ok(dir) = std::env::var("DIRECTATTACK_CHILD") else {
+    let Ok(dir) = std::env::var("DIRECT_READS_CHILD") else {
         return;
     };
     let dir = PathBuf::from(dir);
     let var = |k: &str| -> u64 { std::env::var(k).unwrap().parse().unwrap() };
-    let seed = var("DIRECTATTACK_CHILD_SEED");
+    let seed = var("DIRECT_READS_CHILD_SEED");
     let cfg = Cfg {
-        segment: var("DIRECTATTACK_CHILD_SEGMENT"),
+        segment: var("DIRECT_READS_CHILD_SEGMENT"),
         mode: Mode::Direct,
         jitter: true,
         cache: Some(256 << 10),
@@ -1465,7 +1419,7 @@ fn kill_child_entry() {
 /// tree; a checkpoint and another reopen keep it.
 #[test]
 fn a_process_killed_while_checkpointing_reopens_to_what_it_showed() {
-    let seed = seed();
+    let seed = seed::seed("a_process_killed_while_checkpointing_reopens_to_what_it_showed");
     let mut rng = StdRng::seed_from_u64(seed.wrapping_add(9));
     for segment in [64 << 10, 200_017, 1_500_007] {
         let d = ext4_dir();
@@ -1485,9 +1439,9 @@ fn a_process_killed_while_checkpointing_reopens_to_what_it_showed() {
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env("DIRECTATTACK_CHILD", d.path())
-            .env("DIRECTATTACK_CHILD_SEED", (seed ^ segment).to_string())
-            .env("DIRECTATTACK_CHILD_SEGMENT", segment.to_string())
+            .env("DIRECT_READS_CHILD", d.path())
+            .env("DIRECT_READS_CHILD_SEED", (seed ^ segment).to_string())
+            .env("DIRECT_READS_CHILD_SEGMENT", segment.to_string())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -1,54 +1,151 @@
-//! Adversarial tests of checkpoint compaction (`lanefs_store::compact` and the open-time
-//! compaction): crashes at every flush, host errors, refusals, real disk.
+//! Compaction of the checkpoint (`lanefs_store::compact`, `lanefs compact DIR`, and the
+//! compaction at open): the room deleted files took in the checkpoint goes back to the host,
+//! the filesystem is the same afterwards (tree, numbers, generations, times, contents), and a
+//! power cut at any flush of it leaves that same filesystem.
 //!
-//! Randomized parts print their seed; `COMPACT_SEED=<n>` replays one.
+//! Then, adversarially: stores with files of every size (sparse, holes punched, truncated
+//! both ways), xattrs, links, symlinks, renames and deletions before, between and after
+//! checkpoints; crashes at every flush (and during a recompaction), host errors (ENOSPC,
+//! EIO, failing reads, a checkpoint that cannot grow), refusals (no store, a store open
+//! elsewhere), compaction at open, after a crash in use, and on a real disk. Every image:
+//! fsck clean and the same tree; next inode numbers and generations unchanged.
+//!
+//! Random tests print their seed; `LANEFS_SEED=<n>` replays one.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use lanefs::{Client, Config, Ctx, Filesystem, OpenOptions, TimeSet, Timespec};
+use common::{
+    HOUR, PowerCuts, Tree, assert_same_tree, dump, host_opts, on_demand, seed, tree_diff,
+};
+use lanefs::{Client, Config, Ctx, OpenOptions, TimeSet, Timespec};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreHandle, compact, fsck, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-type Tree = BTreeMap<Vec<u8>, common::Node>;
-
-/// A power-cut image: the flush it was taken at, before or after it, how, and the disk.
-type Image = (u64, SyncPoint, Unflushed, SimDisk);
-
 fn dir() -> PathBuf {
     PathBuf::from("/store")
 }
 
+/// On `disk`: checkpoints on demand only, a commit only on a sync, and redb's page cache.
+fn cached(disk: &SimDisk) -> Options {
+    on_demand(common::opts(disk, 256 << 10, HOUR))
+}
+
+/// [`cached`] without the cache: every read of the checkpoint reaches the disk (and its
+/// faults).
 fn opts(disk: &SimDisk) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 256 << 10,
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
         checkpoint_cache: 0,
-        ..Options::default()
+        ..cached(disk)
     }
 }
 
-fn seed() -> u64 {
-    let s = match std::env::var("COMPACT_SEED") {
-        Ok(v) => v.parse().expect("COMPACT_SEED must be a number"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64,
-    };
-    eprintln!("compactattack: seed {s} (COMPACT_SEED={s} to replay)");
+// ----- the room of deleted files ------------------------------------------------------------
+
+/// Bytes of file `i`: distinct for every file and offset.
+fn file_bytes(i: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|k| (k * 7 + i * 131 + k / 4096) as u8).collect()
+}
+
+/// What a filesystem is, for comparing: its tree with times, and every kept file's contents.
+type State = (Tree, Vec<Vec<u8>>);
+
+fn state(c: &Client) -> State {
+    let files = (0..5)
+        .map(|i| c.read(format!("/keep/k{i}")).unwrap())
+        .collect();
+    (dump(c.fs(), true), files)
+}
+
+/// A store where 6 MiB of files were written, checkpointed and deleted (the deletion left in
+/// the journal, for compaction's checkpoint to apply), and 5 files kept; its state.
+fn store_with_deleted_files(disk: &SimDisk) -> State {
+    let o = open(&dir(), Config::default(), cached(disk)).unwrap();
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    c.create_dir("/keep").unwrap();
+    c.create_dir("/gone").unwrap();
+    for i in 0..5 {
+        c.write(format!("/keep/k{i}"), file_bytes(i, 100_000 + i * 999))
+            .unwrap();
+    }
+    for i in 0..24 {
+        c.write(format!("/gone/g{i}"), file_bytes(100 + i, 256 << 10))
+            .unwrap();
+    }
+    fs.sync_all().unwrap();
+    o.store.checkpoint().unwrap();
+    assert!(ckpt_len(disk) > 6 << 20, "the files' pages are in it");
+    for i in 0..24 {
+        c.remove_file(format!("/gone/g{i}")).unwrap();
+    }
+    c.remove_dir("/gone").unwrap();
+    fs.sync_all().unwrap();
+    let s = state(&c);
+    drop(c);
+    drop(fs);
+    o.store.close().unwrap();
     s
 }
+
+fn check_same(disk: &SimDisk, want: &State, what: &str) {
+    fsck::check(&dir(), &cached(disk)).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
+    let o = open(&dir(), Config::default(), cached(disk)).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    let got = state(&c);
+    assert!(got.0 == want.0, "{what}: the tree changed");
+    assert!(got.1 == want.1, "{what}: a kept file's contents changed");
+    c.fs().check_invariants().unwrap();
+}
+
+#[test]
+fn compaction_gives_deleted_files_room_back_and_keeps_the_rest() {
+    let disk = SimDisk::new();
+    let want = store_with_deleted_files(&disk);
+    let before = ckpt_len(&disk);
+    let r = compact(&dir(), cached(&disk)).unwrap();
+    let after = ckpt_len(&disk);
+    assert!(r.applied > 24, "the deletions applied: {r:?}");
+    assert!(r.after < r.before, "{r:?}");
+    assert!(
+        after + (5 << 20) < before && after < 2 << 20,
+        "checkpoint.redb {before} -> {after} bytes"
+    );
+    check_same(&disk, &want, "after compaction");
+    // Opening a store whose checkpoint is small and dense compacts nothing.
+    let o = open(&dir(), Config::default(), cached(&disk)).unwrap();
+    drop(o);
+    assert_eq!(ckpt_len(&disk), after);
+}
+
+#[test]
+fn a_power_cut_at_any_flush_of_a_compaction_leaves_the_same_filesystem() {
+    let disk = SimDisk::new();
+    let want = store_with_deleted_files(&disk);
+    let cuts = PowerCuts::every_flush(&disk, 0);
+    compact(&dir(), cached(&disk)).unwrap();
+    let images = cuts.take();
+    assert!(images.len() >= 12, "{} images", images.len());
+    for (i, img) in images.iter().enumerate() {
+        check_same(&img.disk, &want, &format!("image {i} of {}", images.len()));
+    }
+    check_same(&disk, &want, "after compaction");
+}
+
+#[test]
+fn compacting_a_directory_that_is_no_store_makes_none() {
+    let disk = SimDisk::new();
+    let e = compact(&dir(), cached(&disk)).unwrap_err();
+    // The error says what the directory is (here: none at all).
+    assert!(e.to_string().contains("not a lanefs store"), "{e}");
+    assert!(disk.files().is_empty(), "nothing written");
+}
+
+// ----- adversarial: every kind of file, crashes, host errors, refusals -----------------------
 
 fn bytes(rng: &mut StdRng, n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -61,46 +158,6 @@ fn close(c: Client, store: StoreHandle) {
     store.close().expect("close");
 }
 
-/// The whole tree: `common::dump` (with times: tree, inode numbers, generations, modes,
-/// times, contents, xattrs, symlinks, link counts).
-fn snapshot(fs: &Filesystem) -> Tree {
-    common::dump(fs, true)
-}
-
-fn diff(a: &Tree, b: &Tree) -> String {
-    let mut out = String::new();
-    for (k, v) in a {
-        match b.get(k) {
-            None => out += &format!("  missing after: {}\n", String::from_utf8_lossy(k)),
-            Some(w) if w != v => {
-                let mut w2 = w.clone();
-                let mut v2 = v.clone();
-                let (lc, rc) = (v2.content.len(), w2.content.len());
-                let same_content = v2.content == w2.content;
-                v2.content.clear();
-                w2.content.clear();
-                out += &format!(
-                    "  differs: {} (content len {lc} vs {rc}, same content {same_content})\n    before {v2:?}\n    after  {w2:?}\n",
-                    String::from_utf8_lossy(k)
-                )
-            }
-            _ => {}
-        }
-    }
-    for k in b.keys() {
-        if !a.contains_key(k) {
-            out += &format!("  new after: {}\n", String::from_utf8_lossy(k));
-        }
-    }
-    out
-}
-
-fn assert_same(what: &str, want: &Tree, got: &Tree) {
-    if want != got {
-        panic!("{what}: filesystem differs:\n{}", diff(want, got));
-    }
-}
-
 /// fsck, then opens the store on `disk`, dumps it and closes it.
 fn reopen_dump(disk: &SimDisk, what: &str) -> Tree {
     let o = opts(disk);
@@ -111,7 +168,7 @@ fn reopen_dump(disk: &SimDisk, what: &str) -> Tree {
         Ok(o) => o,
         Err(e) => panic!("{what}: open failed: {e}"),
     };
-    let t = snapshot(&opened.fs);
+    let t = dump(&opened.fs, true);
     drop(opened.fs);
     opened.store.close().expect("close");
     t
@@ -272,7 +329,7 @@ fn populate(disk: &SimDisk, seed: u64, scale: usize) -> Tree {
     setx(&c, "/d3/new/deep/journal-only", b"user.j", b"jx");
     c.remove_dir("/d2/sub").unwrap_err(); // not empty: fine
     store.sync().unwrap();
-    let t = snapshot(c.fs());
+    let t = dump(c.fs(), true);
     close(c, store);
     t
 }
@@ -282,13 +339,13 @@ fn built(seed: u64, scale: usize) -> (SimDisk, Tree) {
     let disk = SimDisk::new();
     let want = populate(&disk, seed, scale);
     let got = reopen_dump(&disk, "baseline reopen (no compaction)");
-    assert_same("baseline reopen (no compaction)", &want, &got);
+    assert_same_tree("baseline reopen (no compaction)", &want, &got);
     (disk, want)
 }
 
 #[test]
 fn compact_keeps_filesystem_and_shrinks() {
-    let s = seed();
+    let s = seed::seed("compact_keeps_filesystem_and_shrinks");
     let (disk, want) = built(s, 3);
     let len0 = ckpt_len(&disk);
     let next0 = probe_next(&disk);
@@ -300,16 +357,16 @@ fn compact_keeps_filesystem_and_shrinks() {
     );
     eprintln!("report {r:?}, checkpoint {len0} -> {}", ckpt_len(&disk));
     assert!(r.after <= r.before, "compaction grew the store: {r:?}");
-    assert_same("after compact", &want, &reopen_dump(&disk, "after compact"));
+    assert_same_tree("after compact", &want, &reopen_dump(&disk, "after compact"));
     // Twice in a row.
     let r2 = compact(&dir(), opts(&disk)).expect("second compact");
     assert_eq!(r2.applied, 0, "nothing left to apply: {r2:?}");
     assert!(r2.after <= r2.before, "{r2:?}");
-    assert_same("after second compact", &want, &reopen_dump(&disk, "2nd"));
+    assert_same_tree("after second compact", &want, &reopen_dump(&disk, "2nd"));
     // A crash right after a compaction (nothing unflushed should matter).
     for m in [Unflushed::Lost, Unflushed::Torn(s)] {
         let img = disk.crash(m);
-        assert_same(
+        assert_same_tree(
             &format!("crash {m:?} after compact"),
             &want,
             &reopen_dump(&img, "img"),
@@ -319,14 +376,14 @@ fn compact_keeps_filesystem_and_shrinks() {
 
 #[test]
 fn compact_then_modify_then_compact() {
-    let s = seed();
+    let s = seed::seed("compact_then_modify_then_compact");
     let (disk, mut want) = built(s ^ 1, 2);
     compact(&dir(), opts(&disk)).expect("compact");
     // Use the compacted store: write, delete, checkpoint, and compare.
     let o = open(&dir(), Config::default(), opts(&disk)).unwrap();
     let store = o.store;
     let c = Client::root(Arc::new(o.fs));
-    assert_same("open after compact", &want, &snapshot(c.fs()));
+    assert_same_tree("open after compact", &want, &dump(c.fs(), true));
     let mut rng = StdRng::seed_from_u64(s);
     for i in 0..10 {
         c.write(format!("/d1/post{i}"), bytes(&mut rng, 70_000 + i * 1000))
@@ -349,10 +406,10 @@ fn compact_then_modify_then_compact() {
     }
     store.checkpoint().unwrap();
     store.sync().unwrap();
-    want = snapshot(c.fs());
+    want = dump(c.fs(), true);
     close(c, store);
     compact(&dir(), opts(&disk)).expect("compact 2");
-    assert_same(
+    assert_same_tree(
         "after compact 2",
         &want,
         &reopen_dump(&disk, "after compact 2"),
@@ -363,14 +420,14 @@ fn compact_then_modify_then_compact() {
 fn compact_empty_new_store_twice() {
     let disk = SimDisk::new();
     let o = open(&dir(), Config::default(), opts(&disk)).unwrap();
-    let want = snapshot(&o.fs);
+    let want = dump(&o.fs, true);
     drop(o.fs);
     o.store.close().unwrap();
     let r = compact(&dir(), opts(&disk)).expect("compact empty");
     eprintln!("{r:?}");
-    assert_same("empty", &want, &reopen_dump(&disk, "empty"));
+    assert_same_tree("empty", &want, &reopen_dump(&disk, "empty"));
     compact(&dir(), opts(&disk)).expect("compact empty twice");
-    assert_same("empty 2", &want, &reopen_dump(&disk, "empty 2"));
+    assert_same_tree("empty 2", &want, &reopen_dump(&disk, "empty 2"));
 }
 
 #[test]
@@ -412,16 +469,16 @@ fn compact_refuses_non_store() {
 
 #[test]
 fn compact_refuses_open_store() {
-    let (disk, want) = built(seed(), 1);
+    let (disk, want) = built(seed::seed("compact_refuses_open_store"), 1);
     let o = open(&dir(), Config::default(), opts(&disk)).unwrap();
     let t0 = std::time::Instant::now();
     let r = compact(&dir(), opts(&disk));
     assert!(r.is_err(), "compacted a store open elsewhere: {r:?}");
     eprintln!("refused after {:?}: {}", t0.elapsed(), r.unwrap_err());
-    assert_same("still open", &want, &snapshot(&o.fs));
+    assert_same_tree("still open", &want, &dump(&o.fs, true));
     drop(o.fs);
     o.store.close().unwrap();
-    assert_same("after refusal", &want, &reopen_dump(&disk, "after refusal"));
+    assert_same_tree("after refusal", &want, &reopen_dump(&disk, "after refusal"));
 }
 
 /// Cuts the power at every flush of `compact` (before and after it), with unflushed writes
@@ -429,35 +486,25 @@ fn compact_refuses_open_store() {
 /// images are then compacted again, or opened with the open-time compaction, or both.
 #[test]
 fn crash_at_every_flush_of_compact() {
-    let s = seed();
+    let s = seed::seed("crash_at_every_flush_of_compact");
     let (disk, want) = built(s ^ 2, 2);
-    let images: Arc<Mutex<Vec<Image>>> = Default::default();
-    let im = images.clone();
-    let mut n = 0u64;
-    disk.on_sync(move |d, at| {
-        n += 1;
-        let mut v = im.lock().unwrap();
-        for m in [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(s ^ n)] {
-            v.push((n, at, m, d.crash(m)));
-        }
-    });
+    let cuts = PowerCuts::every_flush(&disk, s);
     compact(&dir(), opts(&disk)).expect("compact");
-    disk.clear_hook();
-    assert_same("after compact", &want, &reopen_dump(&disk, "after compact"));
-    let images = std::mem::take(&mut *images.lock().unwrap());
+    let images = cuts.take();
+    assert_same_tree("after compact", &want, &reopen_dump(&disk, "after compact"));
     eprintln!("{} crash images", images.len());
     let mut failures = Vec::new();
-    for (i, (n, at, m, img)) in images.into_iter().enumerate() {
-        let what = format!("crash at flush {n} ({at:?}) {m:?}");
+    for (i, cut) in images.into_iter().enumerate() {
+        let (what, img) = (format!("crash at {}", cut.label()), cut.disk);
         collect(&mut failures, || {
             let got = reopen_dump(&img, &what);
-            assert_same(&what, &want, &got);
+            assert_same_tree(&what, &want, &got);
             match i % 6 {
                 0 => {
                     // Compact the crashed image again.
                     compact(&dir(), opts(&img))
                         .unwrap_or_else(|e| panic!("{what}: recompact: {e}"));
-                    assert_same(
+                    assert_same_tree(
                         &format!("{what}, recompacted"),
                         &want,
                         &reopen_dump(&img, &what),
@@ -480,7 +527,7 @@ fn crash_at_every_flush_of_compact() {
                     img2.clear_hook();
                     for (j, i3) in hits.lock().unwrap().iter().enumerate() {
                         let w = format!("{what}, then crash {j} in the recompaction");
-                        assert_same(&w, &want, &reopen_dump(i3, &w));
+                        assert_same_tree(&w, &want, &reopen_dump(i3, &w));
                     }
                 }
                 _ => {}
@@ -525,7 +572,7 @@ fn panic_msg(e: Box<dyn std::any::Any + Send>) -> String {
 /// then with room again the same filesystem opens and compaction succeeds.
 #[test]
 fn enospc_during_compact() {
-    let s = seed();
+    let s = seed::seed("enospc_during_compact");
     let (base, want) = built(s ^ 3, 2);
     let used = base.used();
     let cp = ckpt_len(&base);
@@ -565,13 +612,13 @@ fn enospc_during_compact() {
         );
         disk.set_space(None);
         collect(&mut failures, || {
-            assert_same(&what, &want, &reopen_dump(&disk, &what));
+            assert_same_tree(&what, &want, &reopen_dump(&disk, &what));
             // Also a power cut now (after the failed compaction).
             let img = disk.crash(Unflushed::Lost);
-            assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
+            assert_same_tree(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
             compact(&dir(), opts(&disk))
                 .unwrap_or_else(|e| panic!("{what}: compact with room: {e}"));
-            assert_same(
+            assert_same_tree(
                 &format!("{what}, compacted with room"),
                 &want,
                 &reopen_dump(&disk, &what),
@@ -621,7 +668,7 @@ fn inject(disk: &SimDisk, cp: &Path, fault: Fault, k: u64, dur: u64) {
 /// A host error starting at the k-th flush of a compaction.
 #[test]
 fn host_errors_mid_compact() {
-    let s = seed();
+    let s = seed::seed("host_errors_mid_compact");
     let (base, want) = built(s ^ 4, 1);
     // How many flushes does a compaction take?
     let probe = base.crash(Unflushed::Kept);
@@ -659,11 +706,11 @@ fn host_errors_mid_compact() {
             collect(&mut failures, || {
                 // A power cut right after the failure, then the healthy disk itself.
                 let img = disk.crash(Unflushed::Lost);
-                assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
-                assert_same(&what, &want, &reopen_dump(&disk, &what));
+                assert_same_tree(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
+                assert_same_tree(&what, &want, &reopen_dump(&disk, &what));
                 compact(&dir(), opts(&disk))
                     .unwrap_or_else(|e| panic!("{what}: compact healthy: {e}"));
-                assert_same(
+                assert_same_tree(
                     &format!("{what}, recompacted"),
                     &want,
                     &reopen_dump(&disk, &what),
@@ -713,7 +760,7 @@ fn big_store(seed: u64) -> (SimDisk, Tree) {
         c.remove_file("/keep/late24").unwrap();
         c.truncate("/keep/k5", 100).unwrap();
         store.sync().unwrap();
-        let t = snapshot(c.fs());
+        let t = dump(c.fs(), true);
         close(c, store);
         t
     };
@@ -726,7 +773,7 @@ fn big_store(seed: u64) -> (SimDisk, Tree) {
 /// every flush of it (checked at once, so as not to keep a 100 MiB image per flush).
 #[test]
 fn open_time_auto_compaction() {
-    let s = seed();
+    let s = seed::seed("open_time_auto_compaction");
     let (disk, want) = big_store(s ^ 5);
     let big = ckpt_len(&disk);
     eprintln!("checkpoint {big} bytes before open");
@@ -755,7 +802,7 @@ fn open_time_auto_compaction() {
         let img = d.crash(m);
         let what = format!("crash at flush {k} ({at:?}, {m:?}) of an open-time compaction");
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            assert_same(&what, &w, &reopen_dump(&img, &what));
+            assert_same_tree(&what, &w, &reopen_dump(&img, &what));
         }));
         if let Err(e) = r {
             f.lock().unwrap().push(panic_msg(e));
@@ -765,7 +812,7 @@ fn open_time_auto_compaction() {
     let got = reopen_dump(&img0, "auto compaction open (with crash checks)");
     img0.clear_hook();
     eprintln!("open with crash checks took {:?}", t0.elapsed());
-    assert_same("auto compaction open (crash copy)", &want, &got);
+    assert_same_tree("auto compaction open (crash copy)", &want, &got);
     let f = failures.lock().unwrap();
     assert!(
         f.is_empty(),
@@ -776,18 +823,18 @@ fn open_time_auto_compaction() {
     drop(f);
 
     let got = reopen_dump(&disk, "auto compaction open");
-    assert_same("auto compaction open", &want, &got);
+    assert_same_tree("auto compaction open", &want, &got);
     let small = ckpt_len(&disk);
     eprintln!("checkpoint {small} bytes after open");
     assert!(small < big / 2, "open did not compact: {big} -> {small}");
-    assert_same("after auto compaction", &want, &reopen_dump(&disk, "again"));
+    assert_same_tree("after auto compaction", &want, &reopen_dump(&disk, "again"));
 }
 
 /// Host errors during the open-time compaction: the open goes on (or fails cleanly), never
 /// loses data, and the healthy store opens the same and compacts.
 #[test]
 fn open_time_compaction_host_errors() {
-    let s = seed();
+    let s = seed::seed("open_time_compaction_host_errors");
     let (base, want) = big_store(s ^ 7);
     let big = ckpt_len(&base);
     let cp = dir().join("checkpoint.redb");
@@ -802,7 +849,7 @@ fn open_time_compaction_host_errors() {
             let opened = open(&dir(), Config::default(), o);
             match opened {
                 Ok(op) => {
-                    assert_same(what, &want, &snapshot(&op.fs));
+                    assert_same_tree(what, &want, &dump(&op.fs, true));
                     drop(op.fs);
                     let _ = op.store.close();
                 }
@@ -812,7 +859,7 @@ fn open_time_compaction_host_errors() {
             failures.push(format!("{what}: panicked: {}", panic_msg(e)));
         }
         disk.set_space(None);
-        assert_same(what, &want, &reopen_dump(&disk, what));
+        assert_same_tree(what, &want, &reopen_dump(&disk, what));
         assert!(ckpt_len(&disk) < big / 2, "healthy open did not compact");
     }
     for fault in [Fault::Eio, Fault::FileFull, Fault::Space] {
@@ -824,7 +871,7 @@ fn open_time_compaction_host_errors() {
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 match open(&dir(), Config::default(), opts(&disk)) {
                     Ok(op) => {
-                        let t = snapshot(&op.fs);
+                        let t = dump(&op.fs, true);
                         drop(op.fs);
                         let _ = op.store.close();
                         Some(t)
@@ -845,7 +892,7 @@ fn open_time_compaction_host_errors() {
                     if t != want {
                         failures.push(format!(
                             "{what}: the open that saw the fault served another filesystem:\n{}",
-                            diff(&want, &t)
+                            tree_diff(&want, &t)
                         ));
                     }
                 }
@@ -854,9 +901,9 @@ fn open_time_compaction_host_errors() {
             collect(&mut failures, || {
                 if k == 2 {
                     let img = disk.crash(Unflushed::Lost);
-                    assert_same(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
+                    assert_same_tree(&format!("{what} + crash"), &want, &reopen_dump(&img, &what));
                 }
-                assert_same(&what, &want, &reopen_dump(&disk, &what));
+                assert_same_tree(&what, &want, &reopen_dump(&disk, &what));
             });
         }
     }
@@ -872,7 +919,7 @@ fn open_time_compaction_host_errors() {
 /// the image must open the same before and after compacting it.
 #[test]
 fn compact_after_crash_in_use() {
-    let s = seed();
+    let s = seed::seed("compact_after_crash_in_use");
     let disk = SimDisk::new();
     let images: Arc<Mutex<Vec<(u64, SimDisk)>>> = Default::default();
     let im = images.clone();
@@ -895,7 +942,7 @@ fn compact_after_crash_in_use() {
         collect(&mut failures, || {
             let before = reopen_dump(&img, &what);
             compact(&dir(), opts(&img)).unwrap_or_else(|e| panic!("{what}: compact: {e}"));
-            assert_same(
+            assert_same_tree(
                 &format!("{what}, compacted"),
                 &before,
                 &reopen_dump(&img, &what),
@@ -908,17 +955,11 @@ fn compact_after_crash_in_use() {
 /// The real disk, in a temp dir under /tmp.
 #[test]
 fn real_disk_compact() {
-    let s = seed();
+    let s = seed::seed("real_disk_compact");
     let mut rng = StdRng::seed_from_u64(s ^ 6);
     let td = tempfile::tempdir_in("/tmp").unwrap();
     let d = td.path().join("store");
-    let ro = || Options {
-        segment_size: 256 << 10,
-        commit_interval: Duration::from_secs(3600),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        ..Options::default()
-    };
+    let ro = || on_demand(host_opts(256 << 10, HOUR));
     let want = {
         let o = open(&d, Config::default(), ro()).unwrap();
         let store = o.store;
@@ -940,7 +981,7 @@ fn real_disk_compact() {
         c.remove_file("/f0").unwrap();
         c.write("/journal-only", b"j").unwrap();
         store.sync().unwrap();
-        let t = snapshot(c.fs());
+        let t = dump(c.fs(), true);
         close(c, store);
         t
     };
@@ -952,7 +993,7 @@ fn real_disk_compact() {
     assert!(l1 < l0, "checkpoint did not shrink: {l0} -> {l1}");
     fsck::check(&d, &ro()).expect("fsck");
     let o = open(&d, Config::default(), ro()).unwrap();
-    assert_same("real disk", &want, &snapshot(&o.fs));
+    assert_same_tree("real disk", &want, &dump(&o.fs, true));
     // Locked while open.
     assert!(
         compact(&d, ro()).is_err(),
@@ -962,7 +1003,7 @@ fn real_disk_compact() {
     o.store.close().unwrap();
     compact(&d, ro()).expect("compact real twice");
     let o = open(&d, Config::default(), ro()).unwrap();
-    assert_same("real disk twice", &want, &snapshot(&o.fs));
+    assert_same_tree("real disk twice", &want, &dump(&o.fs, true));
     drop(o.fs);
     o.store.close().unwrap();
 }

@@ -4,7 +4,6 @@
 //! thread takes checkpoints and sends pages out of memory; every read is checked against a
 //! model, then each file's bytes and `blocks` are compared after a reopen.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
@@ -12,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-use common::dump;
+use common::{assert_same_tree, dump, host_opts, on_demand, seed};
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
@@ -22,13 +21,6 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 const G: u64 = 15 * PAGE;
 const CHUNKS: u64 = 20;
 
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
-}
-
 fn no_cache() -> Config {
     Config {
         cache_bytes: Some(0),
@@ -36,14 +28,9 @@ fn no_cache() -> Config {
     }
 }
 
+/// A store on the host whose checkpoints the test takes.
 fn opts() -> Options {
-    Options {
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(5),
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        ..Options::default()
-    }
+    on_demand(host_opts(1 << 20, Duration::from_millis(5)))
 }
 
 fn rw() -> OpenOptions {
@@ -358,36 +345,6 @@ fn race(
     out
 }
 
-fn dump_diff(
-    want: &BTreeMap<Vec<u8>, common::Node>,
-    got: &BTreeMap<Vec<u8>, common::Node>,
-    what: &str,
-    seed: u64,
-) {
-    if want == got {
-        return;
-    }
-    for k in want.keys().chain(got.keys()) {
-        let (w, g) = (want.get(k), got.get(k));
-        if w != g {
-            let strip = |n: Option<&common::Node>| {
-                n.map(|n| common::Node {
-                    content: Vec::new(),
-                    ..n.clone()
-                })
-            };
-            eprintln!(
-                "{}: want {:?}\n   got {:?}\n   content equal: {}",
-                String::from_utf8_lossy(k),
-                strip(w),
-                strip(g),
-                w.map(|n| &n.content) == g.map(|n| &n.content)
-            );
-        }
-    }
-    panic!("seed {seed}: {what}: dump differs");
-}
-
 fn check_models(c: &Client, models: &BTreeMap<String, Vec<u8>>, what: &str, seed: u64) {
     for (p, m) in models {
         let got = c.read(p).unwrap();
@@ -405,8 +362,7 @@ fn check_models(c: &Client, models: &BTreeMap<String, Vec<u8>>, what: &str, seed
 
 #[test]
 fn chunks_survive_racing_changes_at_their_edges() {
-    let seed = seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("chunks_survive_racing_changes_at_their_edges");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let opts = opts();
@@ -452,12 +408,8 @@ fn chunks_survive_racing_changes_at_their_edges() {
                 check_models(&c, &models, &format!("reopen {round}"), seed);
                 let got = snapshot(&c, &paths);
                 compare(&want, &got, &format!("reopen {round}"), seed);
-                dump_diff(
-                    &want_dump,
-                    &dump(&fs, false),
-                    &format!("reopen {round}"),
-                    seed,
-                );
+                let what = format!("seed {seed}: reopen {round}");
+                assert_same_tree(&what, &want_dump, &dump(&fs, false));
             }
         }
         models = race(&fs, &store, seed ^ round, models, threads, 2500);
@@ -497,7 +449,11 @@ fn chunks_survive_racing_changes_at_their_edges() {
     let c = Client::root(fs.clone());
     check_models(&c, &models, "final reopen", seed);
     compare(&want, &snapshot(&c, &paths), "final reopen", seed);
-    dump_diff(&want_dump, &dump(&fs, false), "final reopen", seed);
+    assert_same_tree(
+        &format!("seed {seed}: final reopen"),
+        &want_dump,
+        &dump(&fs, false),
+    );
     // Once more after a checkpoint of the reopened store.
     r.store.checkpoint().unwrap();
     fs.evict();
@@ -508,8 +464,7 @@ fn chunks_survive_racing_changes_at_their_edges() {
 /// chunk edge; an inode removed and its number reused, within and across checkpoints.
 #[test]
 fn chunk_edges_deterministic() {
-    let seed = seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("chunk_edges_deterministic");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
     let opts = opts();
@@ -729,7 +684,11 @@ fn chunk_edges_deterministic() {
             "{p}: blocks after reopen"
         );
     }
-    dump_diff(&want_dump, &dump(&fs, false), "after reopen", seed);
+    assert_same_tree(
+        &format!("seed {seed}: after reopen"),
+        &want_dump,
+        &dump(&fs, false),
+    );
 }
 
 /// Pages at the far end of the largest file (chunk numbers near 2^51), holes punched across

@@ -8,6 +8,8 @@
 //! millisecond, so each check is "after N more looks, exactly these tries happened", never
 //! a timing.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,16 +28,13 @@ fn ck_file() -> PathBuf {
 /// A checkpoint as soon as a record follows the last one; waits of 1 s doubling up to 8 s.
 fn opts(disk: &SimDisk, clock: &SimClock) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 1 << 20,
-        commit_interval: Duration::from_millis(2),
         checkpoint_records: 1,
         checkpoint_segments: usize::MAX,
         checkpoint_poll: Duration::from_millis(1),
         checkpoint_retry: Duration::from_secs(1),
         checkpoint_retry_max: Duration::from_secs(8),
         clock: Arc::new(clock.clone()),
-        ..Options::default()
+        ..common::opts(disk, 1 << 20, Duration::from_millis(2))
     }
 }
 

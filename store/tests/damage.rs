@@ -9,16 +9,13 @@
 //! segment cut short, a segment removed, the identity file removed, a block zeroed; one to
 //! three of them at a time. The seed is printed; `LANEFS_SEED=<n>` replays a run.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
 
-use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{Node, dump};
+use common::{HOUR, Tree, dump, opts, seed, tree_diff};
 use lanefs::{Client, Config, OpenOptions};
 use lanefs_store::disk::{Disk, SimDisk};
 use lanefs_store::{Options, StoreError, fsck, open};
@@ -26,15 +23,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const DIR: &str = "/store";
 
-type Tree = BTreeMap<Vec<u8>, Node>;
-
+/// A store on `disk` with small segments, committing only when it syncs.
 fn options(disk: &SimDisk) -> Options {
-    Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 16 << 10,
-        commit_interval: Duration::from_secs(3600),
-        ..Options::default()
-    }
+    opts(disk, 16 << 10, HOUR)
 }
 
 /// A store built by a random workload, closed; the trees after each call that changes
@@ -219,34 +210,16 @@ fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 
 /// The state closest to `t` (fewest paths that differ), and how they differ.
 fn closest(states: &[Tree], t: &Tree) -> (usize, String) {
-    let diff = |s: &Tree| -> Vec<String> {
-        let show = |n: Option<&Node>| {
-            n.map(|n| {
-                let mut n = n.clone();
-                n.content.truncate(8);
-                format!("{n:?}")
-            })
-        };
+    let differ = |s: &Tree| {
         s.keys()
             .chain(t.keys())
             .filter(|k| s.get(*k) != t.get(*k))
-            .map(|k| {
-                format!(
-                    "{}: want {:?} got {:?}",
-                    String::from_utf8_lossy(k),
-                    show(s.get(k)),
-                    show(t.get(k))
-                )
-            })
-            .collect()
+            .count()
     };
-    let (j, d) = states
-        .iter()
-        .enumerate()
-        .map(|(j, s)| (j, diff(s)))
-        .min_by_key(|(_, d)| d.len())
+    let j = (0..states.len())
+        .min_by_key(|&j| differ(&states[j]))
         .expect("states");
-    (j, d.join("; "))
+    (j, tree_diff(&states[j], t))
 }
 
 /// The error names a file of the store and (for damage) a byte offset.
@@ -263,11 +236,7 @@ fn clear_error(e: &StoreError) -> Result<(), String> {
 
 #[test]
 fn random_damage_is_refused_or_opens_to_a_prefix_state() {
-    let seed = std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random);
-    eprintln!("corruption seed {seed} (LANEFS_SEED={seed} replays)");
+    let seed = seed::seed("random_damage_is_refused_or_opens_to_a_prefix_state");
     let mut rng = StdRng::seed_from_u64(seed);
     let (disk, states) = build(&mut rng);
     let files = disk.files();

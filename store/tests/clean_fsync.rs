@@ -36,6 +36,8 @@
 //! A watchdog aborts the process when a sync hangs. The seed is printed;
 //! `LANEFS_SEED=<n>` replays the same configuration and choices.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -45,6 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::{HOUR, Watchdog, opts, seed};
 use lanefs::{Client, Config, Ctx, Errno, File, FileType, Filesystem, Ino, OpenOptions, ROOT_INO};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Options, StoreHandle, open};
@@ -61,76 +64,34 @@ const SYNC_LIMIT: Duration = Duration::from_secs(120);
 const TEST_LIMIT: Duration = Duration::from_secs(600);
 const CLEAN_FILES: usize = 3;
 
-fn seed(test: &str) -> u64 {
-    let seed = std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().expect("LANEFS_SEED is a number"))
-        .unwrap_or_else(rand::random);
-    eprintln!("{test}: seed {seed} (LANEFS_SEED={seed} replays)");
-    seed
-}
-
+/// On `disk`: a commit every `interval`, a checkpoint after `ck_records` records.
 fn options(disk: &SimDisk, interval: Duration, ck_records: u64) -> Options {
     Options {
-        disk: Arc::new(disk.clone()),
-        segment_size: 256 << 10,
-        commit_interval: interval,
         // Flushes only when a sync asks: the killed-process case checks that what the dead
         // process wrote was not flushed.
-        flush_interval: Duration::from_secs(3600),
+        flush_interval: HOUR,
         checkpoint_records: ck_records,
         checkpoint_poll: if ck_records == u64::MAX {
-            Duration::from_secs(3600)
+            HOUR
         } else {
             Duration::from_millis(3)
         },
         checkpoint_retry: Duration::from_millis(10),
         checkpoint_retry_max: Duration::from_millis(50),
-        ..Options::default()
+        ..opts(disk, 256 << 10, interval)
     }
 }
 
 /// No background commits or checkpoints: flushes happen only when asked for.
 fn quiet(disk: &SimDisk) -> Options {
-    options(disk, Duration::from_secs(3600), u64::MAX)
+    options(disk, HOUR, u64::MAX)
 }
 
 fn errno(e: std::io::Error) -> Errno {
     Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
-// ----- watchdog ---------------------------------------------------------------------------
-
-/// Aborts the process (a hang fails the test instead of hanging CI) unless dropped in time.
-struct Watchdog {
-    tx: Option<mpsc::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Watchdog {
-    fn new(what: String, limit: Duration) -> Watchdog {
-        let (tx, rx) = mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
-                eprintln!("WATCHDOG: {what} still running after {limit:?} (a sync hangs?)");
-                std::process::abort();
-            }
-        });
-        Watchdog {
-            tx: Some(tx),
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        drop(self.tx.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
+// ----- watchdog -----------------------------------------------------------------------------
 
 /// Syncs in flight, per thread: a monitor aborts when one lasts past [`SYNC_LIMIT`].
 struct Inflight {
@@ -1006,7 +967,7 @@ fn fresh_syncs(fs: &Arc<Filesystem>, store: &StoreSlot, disk: &SimDisk, quiet: b
 
 #[test]
 fn many_threads_ops_and_syncs_prefix_after_power_cuts() {
-    let seed = seed("many_threads_ops_and_syncs_prefix_after_power_cuts");
+    let seed = seed::seed("many_threads_ops_and_syncs_prefix_after_power_cuts");
     let _dog = Watchdog::new(format!("the phase test (seed {seed})"), TEST_LIMIT);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut disk = SimDisk::new();
@@ -1319,8 +1280,8 @@ fn on_fresh_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 #[test]
 fn clean_syncs_cost_no_flush_and_dirty_ones_do() {
-    let seed = seed("clean_syncs_cost_no_flush_and_dirty_ones_do");
-    let _dog = Watchdog::new("clean_syncs_cost_no_flush".into(), TEST_LIMIT);
+    let seed = seed::seed("clean_syncs_cost_no_flush_and_dirty_ones_do");
+    let _dog = Watchdog::new("clean_syncs_cost_no_flush", TEST_LIMIT);
     let mut rng = StdRng::seed_from_u64(seed);
     let disk = SimDisk::new();
     let o = open(Path::new(DIR), Config::default(), quiet(&disk)).unwrap();
@@ -1597,7 +1558,7 @@ fn reopen_and_check(disk: &SimDisk, want: &str, what: &str, replayed: bool) -> S
 
 #[test]
 fn fresh_reopen_syncs_then_checkpoint() {
-    let _dog = Watchdog::new("fresh_reopen_syncs_then_checkpoint".into(), TEST_LIMIT);
+    let _dog = Watchdog::new("fresh_reopen_syncs_then_checkpoint", TEST_LIMIT);
     // A new store: syncs before anything but the root, then a checkpoint.
     let disk = SimDisk::new();
     {
@@ -1695,7 +1656,7 @@ fn fresh_reopen_syncs_then_checkpoint() {
 
 #[test]
 fn syncs_after_close_fail_promptly() {
-    let _dog = Watchdog::new("syncs_after_close".into(), TEST_LIMIT);
+    let _dog = Watchdog::new("syncs_after_close", TEST_LIMIT);
     let disk = SimDisk::new();
     let o = open(Path::new(DIR), Config::default(), quiet(&disk)).unwrap();
     let fs = Arc::new(o.fs);

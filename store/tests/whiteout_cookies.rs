@@ -9,24 +9,17 @@
 //! included) equals the live one, fsck is clean, and new entries get fresh cookies. Failing
 //! commits and the inode limit leave the listing unchanged.
 
-use lanefs::{Config, Ctx, Errno, FileType, Filesystem, Ino, RENAME_WHITEOUT, ROOT_INO};
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use common::seed;
+use lanefs::{Config, Ctx, Errno, FileType, Filesystem, Ino, RENAME_WHITEOUT, ROOT_INO};
+use rand::Rng;
+use rand::rngs::StdRng;
 
 fn c() -> Ctx {
     Ctx::root()
@@ -112,17 +105,24 @@ fn setup(fs: &Filesystem) -> (Ino, Ino) {
 
 /// One random operation. Names p* always exist in d (only RENAME_WHITEOUT away from them, or
 /// renames over them); q* in d and e churn.
-fn rop(fs: &Filesystem, r: &mut Rng, d: Ino, e: Ino) {
-    let p = pname(r.below(NP));
-    let q = qname(r.below(NQ));
-    let other = if r.below(2) == 0 { d } else { e };
-    let _ = match r.below(10) {
+fn rop(fs: &Filesystem, r: &mut StdRng, d: Ino, e: Ino) {
+    let p = pname(r.random_range(0..NP));
+    let q = qname(r.random_range(0..NQ));
+    let other = if r.random_range(0..2) == 0 { d } else { e };
+    let _ = match r.random_range(0..10) {
         // p -> q (in d or e), leaving a whiteout at p (whiteout over whiteout too)
         0..=2 => fs.rename(&c(), d, &p, other, &q, RENAME_WHITEOUT),
         // q -> p, replacing (keeps p's cookie)
         3 | 4 => fs.rename(&c(), other, &q, d, &p, 0),
         // q -> q' with whiteout
-        5 => fs.rename(&c(), other, &q, d, &qname(r.below(NQ)), RENAME_WHITEOUT),
+        5 => fs.rename(
+            &c(),
+            other,
+            &q,
+            d,
+            &qname(r.random_range(0..NQ)),
+            RENAME_WHITEOUT,
+        ),
         // unlink a q (whiteouts included)
         6 => fs.unlink(&c(), other, &q),
         // create q
@@ -130,7 +130,14 @@ fn rop(fs: &Filesystem, r: &mut Rng, d: Ino, e: Ino) {
             .create(&c(), other, &q, 0o644, libc::O_RDWR | libc::O_EXCL)
             .map(|(_, fh)| fs.release(fh).unwrap()),
         // p -> p' with whiteout over existing p'
-        8 => fs.rename(&c(), d, &p, d, &pname(r.below(NP)), RENAME_WHITEOUT),
+        8 => fs.rename(
+            &c(),
+            d,
+            &p,
+            d,
+            &pname(r.random_range(0..NP)),
+            RENAME_WHITEOUT,
+        ),
         // q -> p with whiteout over p
         _ => fs.rename(&c(), other, &q, d, &p, RENAME_WHITEOUT),
     };
@@ -173,7 +180,7 @@ fn races_one_by_one() {
     for t in 0..3u64 {
         let (fs, stop) = (fs.clone(), stop.clone());
         hs.push(std::thread::spawn(move || {
-            let mut r = Rng(0x9e3779b97f4a7c15 ^ ((t + 1) * 7919));
+            let mut r = seed::rng(0x9e3779b97f4a7c15 ^ ((t + 1) * 7919));
             while !stop.load(Relaxed) {
                 rop(&fs, &mut r, d, e);
             }
@@ -182,7 +189,7 @@ fn races_one_by_one() {
     for t in 0..2u64 {
         let (fs, stop, reads) = (fs.clone(), stop.clone(), reads.clone());
         hs.push(std::thread::spawn(move || {
-            let mut r = Rng(12345 + t);
+            let mut r = seed::rng(12345 + t);
             let mut pcookie: HashMap<Vec<u8>, u64> = HashMap::new();
             while !stop.load(Relaxed) {
                 let res = read_one_by_one(&fs, d);
@@ -213,7 +220,7 @@ fn races_one_by_one() {
                         first.len() < 5
                     })
                     .unwrap();
-                    let pick = res[r.below(res.len() as u64) as usize].0;
+                    let pick = res[r.random_range(0..res.len() as u64) as usize].0;
                     let mut rest = Vec::new();
                     fs.readdir(&c(), fh, pick, false, |e, _| {
                         rest.push((e.offset, e.name.to_vec()));
@@ -246,7 +253,7 @@ fn races_one_by_one() {
         }));
     }
     std::thread::sleep(Duration::from_secs(
-        std::env::var("HEIR_SECS")
+        std::env::var("WHITEOUT_COOKIES_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(4),
@@ -374,7 +381,7 @@ fn workload(fs: &Arc<Filesystem>, seed: u64, secs: u64, threads: u64) -> (Ino, I
     for t in 0..threads {
         let (fs, stop) = (fs.clone(), stop.clone());
         hs.push(std::thread::spawn(move || {
-            let mut r = Rng(seed ^ ((t + 1) * 0x51ed27));
+            let mut r = seed::rng(seed ^ ((t + 1) * 0x51ed27));
             let t0 = Instant::now();
             let mut n = 0;
             while !stop.load(Relaxed) && n < 20000 {
@@ -437,7 +444,7 @@ fn open(dir: &std::path::Path, o: lanefs_store::Options) -> lanefs_store::Opened
 
 #[test]
 fn disk_reopen_and_checkpoint() {
-    let keep = std::env::var("HEIR_KEEP").ok();
+    let keep = std::env::var("WHITEOUT_COOKIES_KEEP").ok();
     let tmp = tempfile::tempdir().unwrap();
     let dir = match &keep {
         Some(k) => std::path::PathBuf::from(k),
@@ -476,7 +483,7 @@ fn disk_reopen_and_checkpoint() {
         let fs = Arc::new(op.fs);
         let d = fs.lookup(&c(), ROOT_INO, b"d").unwrap().ino;
         let e = fs.lookup(&c(), ROOT_INO, b"e").unwrap().ino;
-        let mut r = Rng(999);
+        let mut r = seed::rng(999);
         for _ in 0..3000 {
             rop(&fs, &mut r, d, e);
         }
@@ -524,7 +531,7 @@ fn simdisk_crash_images() {
     let op = open(&dir, o.clone());
     let fs = Arc::new(op.fs);
     let (d, e) = setup(&fs);
-    let mut r = Rng(4242);
+    let mut r = seed::rng(4242);
     let mut synced: Vec<(Snap, SimDisk)> = Vec::new();
     for round in 0..6 {
         for _ in 0..400 {
@@ -704,13 +711,17 @@ fn dirs_race() {
     for t in 0..3u64 {
         let (fs, stop) = (fs.clone(), stop.clone());
         hs.push(std::thread::spawn(move || {
-            let mut r = Rng(0xabcdef ^ ((t + 1) * 104729));
+            let mut r = seed::rng(0xabcdef ^ ((t + 1) * 104729));
             while !stop.load(Relaxed) {
-                let i = r.below(8);
+                let i = r.random_range(0..8);
                 let s = format!("s{i}").into_bytes();
-                let tn = format!("t{}", r.below(8)).into_bytes();
-                let (from, to) = if r.below(2) == 0 { (d, e) } else { (e, d) };
-                let _ = match r.below(8) {
+                let tn = format!("t{}", r.random_range(0..8)).into_bytes();
+                let (from, to) = if r.random_range(0..2) == 0 {
+                    (d, e)
+                } else {
+                    (e, d)
+                };
+                let _ = match r.random_range(0..8) {
                     0 | 1 => fs.rename(&c(), from, &s, to, &tn, RENAME_WHITEOUT),
                     2 => fs.rename(&c(), from, &tn, to, &s, RENAME_WHITEOUT),
                     3 => fs
@@ -839,7 +850,7 @@ fn background_checkpoints_and_midflight_crashes() {
     for t in 0..2u64 {
         let (fs, stop) = (fs.clone(), stop.clone());
         hs.push(std::thread::spawn(move || {
-            let mut r = Rng(0x1234567 ^ ((t + 1) * 31));
+            let mut r = seed::rng(0x1234567 ^ ((t + 1) * 31));
             while !stop.load(Relaxed) {
                 rop(&fs, &mut r, d, e);
             }

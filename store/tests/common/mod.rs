@@ -1,0 +1,204 @@
+//! What the store's tests share (each test file says `mod common;`):
+//! - [`seed`]: the seeds of the random tests, from one environment variable, `LANEFS_SEED`,
+//!   printed so that a failure can be repeated (`engine/tests/common/seed.rs`, the same for
+//!   the engine's and the mount's tests);
+//! - [`tree`]: the whole filesystem as a map of paths ([`dump`], what reopens and crash
+//!   images are compared by) and [`assert_same_tree`], which says what differs
+//!   (`engine/tests/common/tree.rs`);
+//! - [`opts`], [`host_opts`] and [`on_demand`]: the options of a test store;
+//! - [`PowerCuts`]: the images a power cut at each flush of a simulated disk would leave;
+//! - [`Watchdog`]: a hang fails the test instead of hanging.
+
+#![allow(dead_code)]
+
+#[path = "../../../engine/tests/common/seed.rs"]
+pub mod seed;
+#[path = "../../../engine/tests/common/tree.rs"]
+pub mod tree;
+
+#[allow(unused_imports)] // each test binary uses some
+pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tree_diff};
+
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use lanefs_store::Options;
+use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
+use parking_lot::Mutex;
+
+/// A commit or checkpoint interval that never comes during a test: only syncs (or a
+/// checkpoint on demand) make one happen.
+pub const HOUR: Duration = Duration::from_secs(3600);
+
+/// The options of a test store on the host's own disk (a temporary directory): journal
+/// segments of `segment_size` bytes, a commit every `commit_interval`, the rest the defaults.
+pub fn host_opts(segment_size: u64, commit_interval: Duration) -> Options {
+    Options {
+        segment_size,
+        commit_interval,
+        ..Options::default()
+    }
+}
+
+/// [`host_opts`] on the simulated `disk` (a clone of it: the same disk).
+pub fn opts(disk: &SimDisk, segment_size: u64, commit_interval: Duration) -> Options {
+    Options {
+        disk: Arc::new(disk.clone()),
+        ..host_opts(segment_size, commit_interval)
+    }
+}
+
+/// `o` with checkpoints only when the test asks for one (`StoreHandle::checkpoint`): no count
+/// of records or of segments makes one due (the changed-data budget still may).
+pub fn on_demand(o: Options) -> Options {
+    Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: usize::MAX,
+        ..o
+    }
+}
+
+/// One image [`PowerCuts`] took: the disk a power cut would have left.
+pub struct Cut<T> {
+    /// The hook's call it was taken at: 1, 2, ... (each flush calls it twice, before and
+    /// after).
+    pub call: u64,
+    pub at: SyncPoint,
+    /// What became of the writes not flushed yet.
+    pub how: Unflushed,
+    pub disk: SimDisk,
+    /// What the test knew when it was taken ([`PowerCuts::start`]'s `note`).
+    pub note: T,
+}
+
+impl<T> Cut<T> {
+    /// Where it was taken, for messages.
+    pub fn label(&self) -> String {
+        format!(
+            "flush call {} ({:?}), unflushed {:?}",
+            self.call, self.at, self.how
+        )
+    }
+}
+
+/// The ways of [`PowerCuts::every_flush`]: the unflushed writes lost, kept, and torn (the
+/// sectors that reach the disk chosen by `seed ^ call`).
+pub fn every_way(seed: u64) -> impl FnMut(u64, SyncPoint) -> Vec<Unflushed> + Send + 'static {
+    move |call, _| {
+        vec![
+            Unflushed::Lost,
+            Unflushed::Kept,
+            Unflushed::Torn(seed ^ call),
+        ]
+    }
+}
+
+/// Power cuts at the flushes of a simulated disk: from its hook (`SimDisk::on_sync`, before
+/// and after every flush), the images a power cut at that moment would leave. The hook ends
+/// with [`PowerCuts::take`], or when this is dropped.
+pub struct PowerCuts<T = ()> {
+    disk: SimDisk,
+    cuts: Arc<Mutex<Vec<Cut<T>>>>,
+}
+
+impl PowerCuts<()> {
+    /// At every flush, before and after it, the three images of [`every_way`].
+    pub fn every_flush(disk: &SimDisk, seed: u64) -> PowerCuts<()> {
+        PowerCuts::start(disk, every_way(seed), || ())
+    }
+}
+
+impl<T: Send + 'static> PowerCuts<T> {
+    /// At each call of the hook (its number, 1, 2, ..., and whether before or after the
+    /// flush), one image for each way `ways` gives (none: no image then), with what `note`
+    /// says the test knew at that moment (how far it had got, what was acknowledged).
+    pub fn start(
+        disk: &SimDisk,
+        mut ways: impl FnMut(u64, SyncPoint) -> Vec<Unflushed> + Send + 'static,
+        mut note: impl FnMut() -> T + Send + 'static,
+    ) -> PowerCuts<T>
+    where
+        T: Clone,
+    {
+        let cuts: Arc<Mutex<Vec<Cut<T>>>> = Arc::default();
+        let c = cuts.clone();
+        let mut call = 0u64;
+        disk.on_sync(move |d, at| {
+            call += 1;
+            let ways = ways(call, at);
+            if ways.is_empty() {
+                return;
+            }
+            let note = note();
+            let mut c = c.lock();
+            for how in ways {
+                c.push(Cut {
+                    call,
+                    at,
+                    how,
+                    disk: d.crash(how),
+                    note: note.clone(),
+                });
+            }
+        });
+        PowerCuts {
+            disk: disk.clone(),
+            cuts,
+        }
+    }
+
+    /// Ends the hook; the images taken.
+    pub fn take(self) -> Vec<Cut<T>> {
+        self.disk.clear_hook();
+        std::mem::take(&mut *self.cuts.lock())
+    }
+}
+
+impl<T> Drop for PowerCuts<T> {
+    fn drop(&mut self) {
+        self.disk.clear_hook();
+    }
+}
+
+/// Aborts the process, saying `what`, unless dropped within `limit`: a hang (which cannot be
+/// unwound) fails the test instead of hanging the run. A last resort, minutes, far past what
+/// the test takes on a loaded 2-CPU machine: it decides nothing in a run that ends.
+/// With `LANEFS_HANG_WAIT` set it waits ten minutes before the abort, for a debugger.
+pub struct Watchdog {
+    tx: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    pub fn new(what: impl Into<String>, limit: Duration) -> Watchdog {
+        let what = what.into();
+        let (tx, rx) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(limit) {
+                // Straight to the process's stderr: the test harness captures `eprintln!`,
+                // and an abort never prints what it captured.
+                use std::io::Write;
+                let pid = std::process::id();
+                let msg = format!("\nWATCHDOG: {what} still running after {limit:?} (pid {pid})\n");
+                let _ = std::io::stderr().write_all(msg.as_bytes());
+                if std::env::var_os("LANEFS_HANG_WAIT").is_some() {
+                    std::thread::sleep(Duration::from_secs(600));
+                }
+                std::process::abort();
+            }
+        });
+        Watchdog {
+            tx: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
