@@ -1335,7 +1335,7 @@ fn power_cuts_during_checkpoints() {
                     1 => Unflushed::Kept,
                     _ => Unflushed::Torn(k * 7919 + r),
                 };
-                match p == SyncPoint::Before || k % 2 == 0 {
+                match p == SyncPoint::Before || k.is_multiple_of(2) {
                     true => vec![how],
                     false => vec![],
                 }
