@@ -65,7 +65,9 @@
 //!   raised by a kernel caller's lookup reference before it reads the attributes it answers
 //!   with, lowered by FORGET (before the reference), read by a library change's report, by
 //!   a transition's caller that notes an unlinked file, and by `Inode::empty`; SeqCst
-//!   fences order them;
+//!   fences order them. A report that waits for a count to reach 0 parks on the count's
+//!   address (`parking_lot_core`, whose bucket lock is a leaf) and the FORGET that takes it
+//!   to 0 unparks it, holding no engine lock either way;
 //! - the **revocation lanes** (`revoke.rs`): per thread, one cache line of sequence numbers,
 //!   one per bucket of directories, odd while the thread has an entry change in flight in a
 //!   directory of the bucket; written only by the thread that owns the lane (plain stores),

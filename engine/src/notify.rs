@@ -23,8 +23,13 @@
 //! FORGET. When an invalidation of an inode's attributes finds nothing while that count is
 //! above 0, the kernel is about to hold the inode (or has just let it go and its FORGET is
 //! on the way): the report tries again, after 50 µs and then at doubling intervals up to
-//! 1 ms, until the invalidation lands or the count drops to 0, for at most [`SETTLE`]. If the
-//! count read after the change is 0, any lookup that takes a reference later reads the
+//! 1 ms, until the invalidation lands or the count drops to 0, for at most [`SETTLE`]. It
+//! waits parked on the inode's count, and the FORGET that takes the count to 0 wakes it at
+//! once: the common case, an inode the kernel has just evicted (a library caller's unlink or
+//! rename of a name the kernel had looked up), costs the FORGET's latency, not a sleep; and
+//! a FUSE transport that holds FORGETs back to batch them reads on at once while a report
+//! waits ([`crate::Filesystem::forget_pause`]). If
+//! the count read after the change is 0, any lookup that takes a reference later reads the
 //! attributes after the change.
 //!
 //! The wait ends when the kernel's caller is scheduled and applies its answer, which on a
@@ -86,6 +91,10 @@ type Chunk = OnceLock<Box<[AtomicU32]>>;
 pub(crate) struct KernelHeld {
     /// Made at the first count (a filesystem never mounted has none).
     chunks: OnceLock<Box<[Chunk]>>,
+    /// Reports parked on a count ([`KernelHeld::wait_for_zero`]): a FORGET that takes a count
+    /// to 0 wakes them only while this is above 0, so that FORGETs pay nothing while no
+    /// report waits.
+    parked: AtomicU32,
 }
 
 impl KernelHeld {
@@ -120,9 +129,75 @@ impl KernelHeld {
     pub(crate) fn sub(&self, ino: Ino, n: u64) {
         if let Some(c) = self.count(ino, false) {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
-            let _ = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                Some(v.saturating_sub(n))
-            });
+            let was = c
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    Some(v.saturating_sub(n))
+                })
+                .unwrap_or(0);
+            // A report parked on this count while it was above 0 raised `parked` first (both
+            // SeqCst): if it saw the count above 0, this load sees it parked.
+            if was > 0 && was <= n && self.parked.load(Ordering::SeqCst) > 0 {
+                // SAFETY: `unpark_all` only wakes threads parked on the key (the count's
+                // address, used as a key by `wait_for_zero` alone) and has no requirement
+                // of its own.
+                unsafe {
+                    parking_lot_core::unpark_all(
+                        std::ptr::from_ref(c) as usize,
+                        parking_lot_core::DEFAULT_UNPARK_TOKEN,
+                    );
+                }
+            }
+        }
+    }
+
+    /// Waits until `ino`'s count is 0 or `until` passes, whichever comes first.
+    fn wait_for_zero(&self, ino: Ino, until: Instant) {
+        let Some(c) = self.count(ino, false) else {
+            return;
+        };
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        // A FORGET reader pausing to batch FORGETs ([`KernelHeld::forget_pause`]) reads on
+        // at once: this report waits for one.
+        // SAFETY: `unpark_all` only wakes threads parked on the key (`parked`'s address,
+        // used as a key by `forget_pause` alone) and has no requirement of its own.
+        unsafe {
+            parking_lot_core::unpark_all(
+                std::ptr::from_ref(&self.parked) as usize,
+                parking_lot_core::DEFAULT_UNPARK_TOKEN,
+            );
+        }
+        // SAFETY: the key is the count's address, which lives as long as the filesystem
+        // (chunks are never freed) and which only `sub` unparks; the validate closure only
+        // loads an atomic, and neither closure parks, unparks or panics.
+        unsafe {
+            parking_lot_core::park(
+                std::ptr::from_ref(c) as usize,
+                || c.load(Ordering::SeqCst) > 0,
+                || {},
+                |_, _| {},
+                parking_lot_core::DEFAULT_PARK_TOKEN,
+                Some(until),
+            );
+        }
+        self.parked.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits until `until`, or less while a report waits for a FORGET: a FORGET reader
+    /// pauses here between reads so that the kernel's FORGETs queue up and come as one
+    /// BATCH_FORGET, but not while that delays a report ([`KernelHeld::wait_for_zero`]).
+    pub(crate) fn forget_pause(&self, until: Instant) {
+        // SAFETY: the key is `parked`'s address, which lives as long as `self` and which
+        // only `wait_for_zero` unparks; the validate closure only loads an atomic, and
+        // neither closure parks, unparks or panics.
+        unsafe {
+            parking_lot_core::park(
+                std::ptr::from_ref(&self.parked) as usize,
+                || self.parked.load(Ordering::SeqCst) == 0,
+                || {},
+                |_, _| {},
+                parking_lot_core::DEFAULT_PARK_TOKEN,
+                Some(until),
+            );
         }
     }
 
@@ -181,7 +256,9 @@ impl Settled<'_> {
                 }
                 return false;
             }
-            std::thread::sleep(pause);
+            self.watch
+                .held
+                .wait_for_zero(ino, (Instant::now() + pause).min(deadline));
             pause = (pause * 2).min(Duration::from_millis(1));
             if self.sink.inode(ino, None) {
                 return true;
@@ -247,5 +324,63 @@ impl Watch {
             return None;
         }
         self.sink.read().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// Runs `f` on a thread and fails if it has not returned within a minute: the waits
+    /// under test end on an event, and their own deadlines are an hour away.
+    fn returns(f: impl FnOnce() + Send + 'static) -> mpsc::Receiver<()> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            f();
+            let _ = tx.send(());
+        });
+        rx
+    }
+
+    fn hour() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    #[test]
+    fn the_forget_that_takes_a_count_to_zero_wakes_a_report() {
+        let held = Arc::new(KernelHeld::default());
+        let ino = Ino(77);
+        held.add(ino);
+        held.add(ino);
+        let h = held.clone();
+        let report = returns(move || h.wait_for_zero(ino, hour()));
+        held.sub(ino, 1);
+        // One reference is left: the report is still waiting (or not yet parked).
+        assert_eq!(held.get(ino), 1);
+        held.sub(ino, 1);
+        report
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the report was not woken when the count reached 0");
+        assert!(!held.holds(ino));
+    }
+
+    #[test]
+    fn a_waiting_report_cuts_the_forget_pause_short() {
+        let held = Arc::new(KernelHeld::default());
+        let ino = Ino(78);
+        held.add(ino);
+        let h = held.clone();
+        let report = returns(move || h.wait_for_zero(ino, hour()));
+        // Whether the pause starts before the report parks (the report wakes it) or after
+        // (it sees the report waiting), it ends while the report waits.
+        let h = held.clone();
+        returns(move || h.forget_pause(hour()))
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the FORGET pause went on while a report waited for a FORGET");
+        held.sub(ino, 1);
+        report
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the report was not woken when the count reached 0");
     }
 }

@@ -96,7 +96,9 @@ const FORGET_BATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(
 /// forgets queued meanwhile wake nobody, and the next read takes them all as one
 /// BATCH_FORGET. A FORGET only returns lookup references (an unlinked inode's number is
 /// freed a millisecond later); an INTERRUPT is read and not acted on (`dispatch.rs`), so
-/// neither is delayed at a cost to any caller.
+/// neither is delayed at a cost to any caller. The one caller a FORGET can hold up, a
+/// library change whose report waits for the kernel to let go of an inode
+/// (`lanefs::notify`), cuts the wait short ([`Dispatch::forget_pause`]).
 pub(crate) fn dev_worker(
     fd: Arc<File>,
     server: &dyn Dispatch,
@@ -137,7 +139,7 @@ pub(crate) fn dev_worker(
             }
             Answer::Later | Answer::None => {
                 if side && matches!(req.h.opcode, FUSE_FORGET | FUSE_BATCH_FORGET) {
-                    std::thread::sleep(FORGET_BATCH_WAIT);
+                    server.forget_pause(FORGET_BATCH_WAIT);
                 }
             }
         }

@@ -72,6 +72,11 @@ pub(crate) trait Dispatch: Send + Sync {
         out: &mut Out,
         later: &dyn Fn() -> Pending,
     ) -> Answer;
+
+    /// Called by the transport thread that reads FORGETs after each one: waits up to `max`
+    /// so that the FORGETs the kernel queues meanwhile come as one BATCH_FORGET, and less
+    /// while the engine waits for a FORGET (`lanefs::Filesystem::forget_pause`).
+    fn forget_pause(&self, max: std::time::Duration);
 }
 
 #[cfg(test)]

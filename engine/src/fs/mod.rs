@@ -385,6 +385,16 @@ impl Filesystem {
         self.watch.set(sink);
     }
 
+    /// Waits `max`, or less while a library change's report waits for a FORGET: the FUSE
+    /// transport that reads the kernel's FORGETs pauses here after each, so that those the
+    /// kernel queues meanwhile come as one BATCH_FORGET, without holding back a report that
+    /// waits for one (see [`crate::notify`]).
+    pub fn forget_pause(&self, max: std::time::Duration) {
+        self.watch
+            .held
+            .forget_pause(std::time::Instant::now() + max);
+    }
+
     /// Reports a change to the installed sink, if `ctx` is a library caller. Called only after
     /// the operation has released its locks.
     #[inline]

@@ -91,6 +91,10 @@ impl Call<'_, '_> {
 }
 
 impl Dispatch for Server {
+    fn forget_pause(&self, max: std::time::Duration) {
+        self.fs.forget_pause(max);
+    }
+
     /// Serves one request with one engine call and writes its reply body into `out`;
     /// `later` gives a [`Pending`] for a request answered from another thread.
     fn dispatch(
