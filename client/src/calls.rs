@@ -25,8 +25,8 @@ use zerocopy::IntoBytes;
 
 use crate::conn::{Busy, Outcome, call, note_cred_change};
 use crate::mounts::Mount;
-use crate::paths::{Located, PATH_BUF, forget_cwd, locate};
-use crate::real::{PATH_MAX, read_cstr, real, set_errno};
+use crate::paths::{Located, forget_cwd, locate};
+use crate::real::{path_buf, read_cstr, real, set_errno};
 
 type CPath = *const c_char;
 
@@ -64,10 +64,10 @@ unsafe fn one(
     before: Option<&[u8]>,
     reply: &mut [u8],
 ) -> Option<Result<usize, i32>> {
-    let mut pb = [0u8; PATH_MAX];
+    let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
-    let mut buf = [0u8; PATH_BUF];
+    let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
     let o = match before {
         None => call(at.mount, op, arg, &[at.rel], reply, &busy),
@@ -87,10 +87,13 @@ unsafe fn two(
     arg: &[u8],
     reply: &mut [u8],
 ) -> Option<Result<usize, i32>> {
-    let (mut pb1, mut pb2) = ([0u8; PATH_MAX], [0u8; PATH_MAX]);
+    let (mut pb1, mut pb2) = (path_buf(), path_buf());
     let (a, b) = (read_cstr(p1, &mut pb1)?, read_cstr(p2, &mut pb2)?);
     let busy = Busy::enter()?;
-    let (mut buf1, mut buf2) = ([0u8; PATH_BUF], [0u8; PATH_BUF]);
+    let (mut buf1, mut buf2) = (
+        std::mem::MaybeUninit::uninit(),
+        std::mem::MaybeUninit::uninit(),
+    );
     let x = locate(d1, a, &mut buf1)?;
     let y = locate(d2, b, &mut buf2)?;
     if !std::ptr::eq::<Mount>(x.mount, y.mount) {
@@ -115,10 +118,10 @@ unsafe fn stat_attr(
     path: CPath,
     nofollow: bool,
 ) -> Option<Result<(fuse_attr, &'static Mount), i32>> {
-    let mut pb = [0u8; PATH_MAX];
+    let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
-    let mut buf = [0u8; PATH_BUF];
+    let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
     let arg = StatIn {
         flags: if nofollow { NOFOLLOW } else { 0 },
@@ -749,7 +752,7 @@ pub unsafe extern "C" fn linkat(
 /// # Safety
 /// `target` and `path` as for [`bytes`].
 unsafe fn do_symlink(target: CPath, dirfd: c_int, path: CPath) -> Option<c_int> {
-    let mut tb = [0u8; PATH_MAX];
+    let mut tb = path_buf();
     let t = read_cstr(target, &mut tb)?;
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
@@ -1064,7 +1067,7 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     {
         return None;
     }
-    let mut pb = [0u8; PATH_MAX];
+    let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
     let last = p.rsplit(|&b| b == b'/').next().unwrap_or(p);
     if p.ends_with(b"/") || last == b"." || last == b".." {

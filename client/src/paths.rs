@@ -48,7 +48,7 @@ pub(crate) struct Located<'b> {
 pub(crate) fn locate<'b>(
     dirfd: libc::c_int,
     path: &'b [u8],
-    buf: &'b mut [u8; PATH_BUF],
+    buf: &'b mut std::mem::MaybeUninit<[u8; PATH_BUF]>,
 ) -> Option<Located<'b>> {
     if path.is_empty() {
         return None;
@@ -73,6 +73,8 @@ pub(crate) fn locate<'b>(
             relative: false,
         });
     }
+    // Zeroed only now: a path outside every mount never needs it.
+    let buf = buf.write([0u8; PATH_BUF]);
     let base = if dirfd == libc::AT_FDCWD {
         if CWD.load(Relaxed) == OUTSIDE {
             return None;
