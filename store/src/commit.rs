@@ -1,8 +1,8 @@
 //! Appending records and group commit.
 //!
-//! **Appending** ([`Log::append`]) is on the engine's hot path, inside the engine's locks, so
+//! **Appending** ([`Committer::append`]) is on the engine's hot path, inside the engine's locks, so
 //! it shares nothing between threads: each thread encodes its records into a buffer of its
-//! own, each stamped with [`Clock::now`] (`stamp.rs` says why stamps order records the way
+//! own, each stamped with [`StampClock::now`] (`stamp.rs` says why stamps order records the way
 //! the engine's locks do). The only shared write is to that buffer's mutex, which nothing
 //! but the committer ever contends for.
 //!
@@ -14,16 +14,16 @@
 //! appended before its buffer is taken: its thread read the stamp while holding the
 //! buffer's mutex, which the committer takes after reading `t`.
 //!
-//! **Group commit**: [`Log::sync`] reads the highest stamp any thread has appended (each
+//! **Group commit**: [`Committer::sync`] reads the highest stamp any thread has appended (each
 //! buffer keeps its thread's last, written after the record is in it) and waits until the
 //! durable stamp passes it; when it already has, nothing was appended since a flush covered
 //! it, and the sync returns at once: an `fsync` with nothing to commit costs no flush (and
 //! one pass over the threads' last stamps, a load each). The committer starts a round as soon
 //! as anyone waits, so every thread waiting when a round starts is served by that round's
-//! one flush, and those arriving during it by the next. [`Log::sync_then`] is the same
+//! one flush, and those arriving during it by the next. [`Committer::sync_then`] is the same
 //! without a waiting thread: its callback is queued, and the committer calls it (outside its
 //! state mutex) once a flush covers it, as the FUSE server answers FSYNC without holding a
-//! server thread; [`Log::sync`] is a
+//! server thread; [`Committer::sync`] is a
 //! `sync_then` whose callback unparks its thread, so the committer wakes each thread a flush
 //! served itself and they run at once (a condition variable shared by the waiters woke them
 //! one after another, each taking the state mutex in turn). An fsync costs the records
@@ -48,15 +48,15 @@
 //! engine's locks of that change held: the committer takes none of them, so it cannot
 //! deadlock; operations that need those locks wait too, as they would for the disk.
 //! The journal itself is bounded the same way: while it holds more than its most segments
-//! ([`Log::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
-//! works through it ([`Log::set_checkpointing`]: from the look that finds a checkpoint due
+//! ([`Committer::set_max_segments`]), buffers are full at `WAKE_BYTES`, and while the checkpointer
+//! works through it ([`Committer::set_checkpointing`]: from the look that finds a checkpoint due
 //! until one finds none due, or one fails; and while a checkpoint asked for runs) the
-//! committer runs no round but for the checkpoint's own syncs ([`Log::sync_for_checkpoint`]),
+//! committer runs no round but for the checkpoint's own syncs ([`Committer::sync_for_checkpoint`]),
 //! so buffers fill and their writers, and other syncs, wait until a checkpoint's segments go
 //! (as a full journal waits for its checkpoint in jbd2). The wait spans the checkpointer's
 //! gaps between checkpoints too: on a fast host (tmpfs) writers fill segments faster than a
 //! few milliseconds' gap. It lasts only while some record written is not in the checkpoint
-//! yet ([`Log::set_checkpointed`]): with every record in it no checkpoint can shorten the
+//! yet ([`Committer::set_checkpointed`]): with every record in it no checkpoint can shorten the
 //! journal, whose newest segment goes only once the next one has started. A stopped, low or
 //! closing store never waits, nor does one whose checkpointer waits after a failure
 //! (nothing would end the wait).
@@ -103,9 +103,9 @@
 //! the changes appended before; they stay in memory, and what survives a restart is the
 //! journal's prefix, which holds every change a `sync` acknowledged.)
 //!
-//! Lock order: a thread's buffer mutex, then nothing; the committer's state mutex, then
-//! nothing; the free-chunk pool's mutex, then nothing. The committer never holds the state
-//! mutex while taking buffers or writing. The room hold's mutex (`journal::RoomHold`) is
+//! Lock order: a thread's buffer mutex ([`ThreadBuffer`]), then nothing; the committer's state
+//! mutex, then nothing; the free-chunk pool's mutex, then nothing. The committer never holds the
+//! state mutex while taking buffers or writing. The room hold's mutex (`journal::RoomHold`) is
 //! taken by whoever makes a segment (the committer, or the spare maker's thread), then
 //! nothing, and by the checkpointer, under its checkpoint's mutex, to turn the hold on, then
 //! nothing; no one holding it waits for the committer or the checkpointer.
@@ -122,7 +122,7 @@ use thread_local::ThreadLocal;
 use crate::error::StoreError;
 use crate::journal::{Payload, Spare, Writer, out_of_space};
 use crate::layout::{put, u32_at, u64_at};
-use crate::stamp::Clock;
+use crate::stamp::StampClock;
 
 /// The longest a committer holding off for a checkpoint sleeps before it looks again
 /// (module doc, "Backpressure"); the checkpointer wakes it sooner.
@@ -130,7 +130,7 @@ const BEHIND_WAIT: Duration = Duration::from_millis(50);
 /// How often held records are written again while no one asks (module doc, "Errors"); a
 /// shorter commit interval is used instead.
 pub(crate) const RETRY: Duration = Duration::from_millis(50);
-/// The bit of [`Log::mode`] that says the store is low on space (the other bits are the
+/// The bit of [`Committer::mode`] that says the store is low on space (the other bits are the
 /// errno of a stopped store).
 const LOW: u32 = 1 << 31;
 
@@ -165,12 +165,12 @@ const GATHER_MAX: Duration = Duration::from_micros(200);
 /// A round is written in pieces of about this many bytes.
 const PIECE: usize = 4 << 20;
 
-/// A thread's buffer, and the stamp of the last record it appended (read without the
-/// buffer's mutex by [`Log::sync_then`]; written only by the thread, after the record is in
+/// A thread's buffer of records, and the stamp of the last record it appended (read without the
+/// buffer's mutex by [`Committer::sync_then`]; written only by the thread, after the record is in
 /// the buffer).
 #[derive(Default)]
-struct Lane {
-    buf: Mutex<Buf>,
+struct ThreadBuffer {
+    records: Mutex<Buffered>,
     last: AtomicU64,
 }
 
@@ -184,10 +184,10 @@ mod entry_at {
     pub(super) const RECORD: usize = LEN + U32;
 }
 
-/// One thread's records: `[stamp u64][len u32][record]` each ([`entry_at`]), in stamp
+/// The records buffered by one thread: `[stamp u64][len u32][record]` each ([`entry_at`]), in stamp
 /// order, across its chunks in order.
 #[derive(Default)]
-struct Buf {
+struct Buffered {
     chunks: Vec<Vec<u8>>,
     /// Bytes in `chunks`.
     bytes: usize,
@@ -218,12 +218,12 @@ struct State {
     /// many before it begins (module doc, "Group commit"); the sync that makes them as many
     /// wakes the committer.
     gather: usize,
-    /// The highest stamp a checkpoint's sync waits for ([`Log::sync_for_checkpoint`]): those
+    /// The highest stamp a checkpoint's sync waits for ([`Committer::sync_for_checkpoint`]): those
     /// are served while the journal is held off (module doc, "Backpressure").
     urgent: u64,
 }
 
-/// A thread in [`Log::sync`]: its result (an errno, 0 for success, or [`PENDING`]), set
+/// A thread in [`Committer::sync`]: its result (an errno, 0 for success, or [`PENDING`]), set
 /// before the thread is unparked.
 struct Waiting {
     result: AtomicI32,
@@ -262,10 +262,12 @@ fn settle(s: &mut State) -> Vec<(SyncDone, lanefs::Result<()>)> {
     ready
 }
 
-/// The record log of a store (see the module doc).
-pub(crate) struct Log {
-    clock: Clock,
-    bufs: ThreadLocal<CachePadded<Lane>>,
+/// A store's appending and group commit (see the module doc): each thread's buffer of
+/// records, and the state the committer's thread ([`spawn`]) works from. Appends, syncs and
+/// the checkpointer go through it.
+pub(crate) struct Committer {
+    clock: StampClock,
+    buffers: ThreadLocal<CachePadded<ThreadBuffer>>,
     state: Mutex<State>,
     /// The committer waits here for work.
     work: Condvar,
@@ -315,11 +317,11 @@ pub struct Counters {
     pub lsn: u64,
 }
 
-impl Log {
-    pub(crate) fn new(interval: Duration, flush_interval: Duration) -> Log {
-        Log {
-            clock: Clock::new(),
-            bufs: ThreadLocal::new(),
+impl Committer {
+    pub(crate) fn new(interval: Duration, flush_interval: Duration) -> Committer {
+        Committer {
+            clock: StampClock::new(),
+            buffers: ThreadLocal::new(),
             state: Mutex::new(State::default()),
             work: Condvar::new(),
             drained: Condvar::new(),
@@ -379,7 +381,7 @@ impl Log {
     }
 
     /// The checkpoint holds every record up to `lsn` (what ends a wait for it when the
-    /// journal cannot be made shorter; [`Log::held_off`]).
+    /// journal cannot be made shorter; [`Committer::held_off`]).
     pub(crate) fn set_checkpointed(&self, lsn: u64) {
         self.checkpointed.fetch_max(lsn, SeqCst);
         let _s = self.state.lock();
@@ -441,8 +443,8 @@ impl Log {
         if mode & !LOW != 0 {
             return Err(Errno((mode & !LOW) as i32));
         }
-        let lane = self.bufs.get_or(Default::default);
-        let cell = &lane.buf;
+        let buffer = self.buffers.get_or(Default::default);
+        let cell = &buffer.records;
         let mut guard = cell.lock();
         let b = &mut *guard;
         let stamp = self.clock.now();
@@ -473,7 +475,7 @@ impl Log {
         put(c, start + entry_at::LEN, &(len as u32).to_le_bytes());
         b.bytes += entry_at::RECORD + len;
         // Read by `sync_then` (Acquire) to learn how far a sync must reach.
-        lane.last.store(stamp, Release);
+        buffer.last.store(stamp, Release);
         let kick = b.bytes >= WAKE_BYTES && !b.kicked;
         if kick {
             b.kicked = true;
@@ -493,7 +495,7 @@ impl Log {
     /// Waits until the committer has taken the buffer `cell` (module doc, "Backpressure"),
     /// or the store stopped.
     #[cold]
-    fn throttle(&self, cell: &Mutex<Buf>) {
+    fn throttle(&self, cell: &Mutex<Buffered>) {
         while cell.lock().bytes >= self.full_bytes() && self.mode.load(Relaxed) & !LOW == 0 {
             let mut s = self.state.lock();
             if s.shutdown {
@@ -509,7 +511,7 @@ impl Log {
 
     /// Waits until every record appended before the call is durable (see the module doc).
     /// ENOSPC if a round fails for lack of space meanwhile (module doc, "Errors").
-    /// A [`Log::sync_then`] whose callback unparks this thread (module doc, "Group commit").
+    /// A [`Committer::sync_then`] whose callback unparks this thread (module doc, "Group commit").
     /// It uses the thread's park token (`std::thread::park`): other code on the thread that
     /// parks must loop on its own condition, as `std` requires of every parker (an unpark
     /// meant for one wait may end another early).
@@ -517,7 +519,7 @@ impl Log {
         self.sync_as(false)
     }
 
-    /// [`Log::sync`] for a checkpoint: served even while the journal is over its bound and
+    /// [`Committer::sync`] for a checkpoint: served even while the journal is over its bound and
     /// other syncs wait for the checkpoint (module doc, "Backpressure").
     pub(crate) fn sync_for_checkpoint(&self) -> lanefs::Result<()> {
         self.sync_as(true)
@@ -544,7 +546,7 @@ impl Log {
         }
     }
 
-    /// Runs the committer until [`Log::shutdown`]; then commits what is left and returns.
+    /// Runs the committer until [`Committer::shutdown`]; then commits what is left and returns.
     pub(crate) fn run(&self, mut writer: Writer) {
         // Records stamped at or after a round's `t`, kept for the next round, each source
         // still in stamp order.
@@ -601,8 +603,8 @@ impl Log {
             }
             let t = self.clock.now();
             let mut srcs = std::mem::take(&mut carry);
-            for lane in self.bufs.iter() {
-                let mut b = lane.buf.lock();
+            for buffer in self.buffers.iter() {
+                let mut b = buffer.records.lock();
                 if b.bytes == 0 {
                     continue;
                 }
@@ -748,7 +750,7 @@ impl Log {
         ready.into_iter().for_each(|(f, r)| f(r));
     }
 
-    /// [`Log::sync`] without waiting (`Store::sync_then`): `done` is called by the committer
+    /// [`Committer::sync`] without waiting (`Store::sync_then`): `done` is called by the committer
     /// once a flush covers the call (or the round fails), or at once if that is known now.
     /// The committer calls the callbacks one after another on its own thread, blocking
     /// syncs' among them: one that blocks delays every waiting sync and the next round.
@@ -761,9 +763,9 @@ impl Log {
         // happens-before order) stored its stamp, or a later one of its thread, before
         // the call began, so none is stamped above `t` (module doc, "Group commit").
         let t = self
-            .bufs
+            .buffers
             .iter()
-            .map(|l| l.last.load(Acquire))
+            .map(|b| b.last.load(Acquire))
             .max()
             .unwrap_or(0);
         let mut s = self.state.lock();
@@ -810,7 +812,7 @@ impl Log {
         let budget = if held {
             i64::MIN / 2
         } else {
-            let buffered: usize = self.bufs.iter().map(|l| l.buf.lock().bytes).sum();
+            let buffered: usize = self.buffers.iter().map(|b| b.records.lock().bytes).sum();
             let carried: usize = carry.iter().map(Src::bytes).sum();
             writer.room() as i64 - reserve as i64 - (payload.len() + buffered + carried) as i64
         };
@@ -1000,17 +1002,17 @@ fn merge(srcs: &mut [Src], t: u64, out: &mut Payload, limit: usize) -> bool {
     true
 }
 
-/// Runs `log`'s committer on a thread of its own.
-pub(crate) fn spawn(log: Arc<Log>, writer: Writer) -> std::thread::JoinHandle<()> {
+/// Runs `committer`'s rounds on a thread of its own (the committer's thread).
+pub(crate) fn spawn(committer: Arc<Committer>, writer: Writer) -> std::thread::JoinHandle<()> {
     // What the journal held at open counts as written: a sync with nothing appended since
     // makes no round that would say so (the checkpointer reads it after one).
-    log.written.store(writer.last_lsn(), Relaxed);
+    committer.written.store(writer.last_lsn(), Relaxed);
     // Opening flushed it.
-    log.flushed.store(writer.last_lsn(), Relaxed);
-    log.started();
+    committer.flushed.store(writer.last_lsn(), Relaxed);
+    committer.started();
     std::thread::Builder::new()
         .name("lanefs-commit".into())
-        .spawn(move || log.run(writer))
+        .spawn(move || committer.run(writer))
         .expect("spawn the committer")
 }
 

@@ -56,8 +56,8 @@ use lanefs::{Config, Filesystem, InodeId, PageEpochs, Record, Store};
 
 pub use crate::checkpoint::CheckpointStatus;
 use crate::clock::{Clock, RealClock};
+use crate::commit::Committer;
 pub use crate::commit::Counters;
-use crate::commit::Log;
 pub use crate::disk::Holder;
 use crate::disk::{Disk, RealDisk};
 pub use crate::error::{CheckpointError, StoreError};
@@ -197,9 +197,9 @@ impl std::fmt::Debug for Opened {
     }
 }
 
-/// The engine's view of the store: appends go to the log.
+/// The engine's view of the store: appends go to the committer.
 struct DiskStore {
-    log: Arc<Log>,
+    committer: Arc<Committer>,
     epochs: Arc<PageEpochs>,
     pages: checkpoint::PageReader,
     /// The host and the store's directory, for [`Store::available`].
@@ -210,15 +210,15 @@ struct DiskStore {
 impl Store for DiskStore {
     #[inline]
     fn append(&self, rec: &Record<'_>) -> lanefs::Result<()> {
-        self.log.append(rec)
+        self.committer.append(rec)
     }
 
     fn sync(&self) -> lanefs::Result<()> {
-        self.log.sync()
+        self.committer.sync()
     }
 
     fn sync_then(&self, done: lanefs::SyncDone) {
-        self.log.sync_then(done)
+        self.committer.sync_then(done)
     }
 
     fn durable(&self) -> bool {
@@ -241,8 +241,8 @@ impl Store for DiskStore {
 /// An open store (see [`Opened`]).
 pub struct StoreHandle {
     checkpointer: checkpoint::Checkpointer,
-    log: Arc<Log>,
-    committer: Option<std::thread::JoinHandle<()>>,
+    committer: Arc<Committer>,
+    committer_thread: Option<std::thread::JoinHandle<()>>,
     dir: PathBuf,
     disk: Arc<dyn Disk>,
     _lock: Box<dyn Send + Sync>,
@@ -259,7 +259,7 @@ impl std::fmt::Debug for StoreHandle {
 impl StoreHandle {
     /// Makes every change so far durable (as `syncfs`).
     pub fn sync(&self) -> lanefs::Result<()> {
-        self.log.sync()
+        self.committer.sync()
     }
 
     /// Commits what is left, stops the committer and releases the store (changes to the
@@ -272,11 +272,11 @@ impl StoreHandle {
 
     fn stop(&mut self) -> lanefs::Result<()> {
         self.checkpointer.close();
-        if let Some(t) = self.committer.take() {
-            self.log.shutdown();
+        if let Some(t) = self.committer_thread.take() {
+            self.committer.shutdown();
             let _ = t.join();
         }
-        match self.log.error() {
+        match self.committer.error() {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -284,7 +284,7 @@ impl StoreHandle {
 
     /// What the store's committer has done since the store was opened.
     pub fn counters(&self) -> Counters {
-        self.log.counters()
+        self.committer.counters()
     }
 
     /// Takes a checkpoint of every change so far, now (the checkpointer also takes them on
@@ -294,7 +294,7 @@ impl StoreHandle {
     /// ([`Options::checkpoint_retry`]); its outcome counts as theirs (a success ends the
     /// delays, a failure doubles the next).
     pub fn checkpoint(&self) -> Result<u64, CheckpointError> {
-        self.checkpointer.now()
+        self.checkpointer.checkpoint_now()
     }
 
     /// What the checkpointer has done: checkpoints tried, failures in a row, when it tries
@@ -463,7 +463,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         disk.sync_dir(dir)
             .map_err(StoreError::io(dir, "flush directory"))?;
     }
-    let log = Arc::new(Log::new(opts.commit_interval, opts.flush_interval));
+    let committer = Arc::new(Committer::new(opts.commit_interval, opts.flush_interval));
     let cache_pages = cfg.cache_pages();
     let mut ck = checkpoint::Checkpoint::open(
         disk,
@@ -482,7 +482,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     );
     let epochs = Arc::new(PageEpochs::default());
     let store: Arc<dyn Store> = Arc::new(DiskStore {
-        log: log.clone(),
+        committer: committer.clone(),
         epochs: epochs.clone(),
         pages: ck.pages(),
         disk: opts.disk.clone(),
@@ -501,7 +501,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let replayed = rec.records() - synthesized;
     let mut writer = journal::Writer::new(opts.disk.clone(), dir, uuid, segment_size, end)?;
     writer.hold_room_with(ck.room_hold());
-    let committer = commit::spawn(log.clone(), writer);
+    let committer_thread = commit::spawn(committer.clone(), writer);
     // File data changed since the last checkpoint cannot leave memory: bounded by checkpoints
     // (docs/STORE.md, "Memory").
     let changed_due = (cache_pages / 2).max(opts.checkpoint_changed.div_ceil(lanefs::PAGE));
@@ -517,10 +517,10 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         retry: opts.checkpoint_retry,
         retry_max: opts.checkpoint_retry_max,
     };
-    log.set_max_segments(policy.journal_segments as u64);
+    committer.set_max_segments(policy.journal_segments as u64);
     let checkpointer = checkpoint::spawn(
         ck,
-        log.clone(),
+        committer.clone(),
         opts.disk.clone(),
         epochs,
         policy,
@@ -528,8 +528,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     );
     let handle = StoreHandle {
         checkpointer,
-        log: log.clone(),
-        committer: Some(committer),
+        committer: committer.clone(),
+        committer_thread: Some(committer_thread),
         dir: dir.to_path_buf(),
         disk: opts.disk.clone(),
         _lock: lock,
@@ -544,7 +544,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     // with the freeing of its orphans held (the journal's records wait for room, as any
     // others: commit.rs, "Errors"), since an opening after a crash frees them again, and
     // removals inside the store are what gives the room back.
-    match log.sync() {
+    match committer.sync() {
         Ok(()) => {}
         Err(e) if e == lanefs::Errno::ENOSPC && !created => {
             eprintln!(
@@ -570,7 +570,7 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
             checkpoint_lsn,
             replayed,
             torn_tail: end.torn,
-            tsc_stamps: log.uses_tsc(),
+            tsc_stamps: committer.uses_tsc(),
         },
     })
 }

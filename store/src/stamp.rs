@@ -19,17 +19,18 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The source of stamps (see the module doc).
+/// The source of stamps (see the module doc): an order of records, not a time (the store's
+/// time, for the checkpointer's waits, is [`crate::clock::Clock`]).
 #[derive(Debug)]
-pub(crate) struct Clock {
+pub(crate) struct StampClock {
     tsc: bool,
     counter: AtomicU64,
 }
 
-impl Clock {
+impl StampClock {
     /// The time-stamp counter if it can be trusted here, else a shared counter.
-    pub(crate) fn new() -> Clock {
-        Clock {
+    pub(crate) fn new() -> StampClock {
+        StampClock {
             tsc: tsc_is_trusted(),
             counter: AtomicU64::new(1),
         }
@@ -37,8 +38,8 @@ impl Clock {
 
     /// A shared counter, whatever the machine (for tests of the fallback).
     #[cfg(test)]
-    pub(crate) fn counter() -> Clock {
-        Clock {
+    pub(crate) fn counter() -> StampClock {
+        StampClock {
             tsc: false,
             counter: AtomicU64::new(1),
         }
@@ -96,7 +97,7 @@ mod tests {
     /// the lock was held, with either source.
     #[test]
     fn stamps_follow_lock_handoffs() {
-        for clock in [Clock::new(), Clock::counter()] {
+        for clock in [StampClock::new(), StampClock::counter()] {
             let log = Mutex::new(Vec::new());
             std::thread::scope(|s| {
                 for _ in 0..4 {

@@ -1,5 +1,5 @@
-//! An attack on absorption (store/src/checkpoint: `Ghosts`, `Win`): a checkpoint skips the
-//! records of files made and freed within one window of records and writes only what they did
+//! An attack on absorption (store/src/checkpoint: `Absorption`, `RecordWindow`): a checkpoint skips
+//! the records of files made and freed within one window of records and writes only what they did
 //! to others (directory times, cookies, generations). The claim attacked: the checkpoint's keys
 //! after applying are exactly what applying every record would give.
 //!

@@ -1,8 +1,8 @@
 //! A helper's attack on the checkpointer's direct reading of the journal (`disk.rs`
-//! `read_blocks`, `journal.rs` `Window::get`: aligned 1 MiB windows read with O_DIRECT around
-//! the page cache, while the committer writes the same segments) and on absorption
-//! (`checkpoint/mod.rs` `Win`, `checkpoint/apply.rs` `Gist`/`Tables::absorb`), on real host
-//! disks: ext4 under /tmp (O_DIRECT) and tmpfs under /dev/shm.
+//! `read_blocks`, `journal/follow.rs` `SegmentReader::get`: aligned reads of 1 MiB with O_DIRECT
+//! around the page cache, while the committer writes the same segments) and on absorption
+//! (`checkpoint/window.rs` `RecordWindow`, `checkpoint/apply.rs` `Absorbable`/`Tables::absorb`), on
+//! real host disks: ext4 under /tmp (O_DIRECT) and tmpfs under /dev/shm.
 //!
 //! Several threads run random modelled work (files written at odd offsets and sizes, some over
 //! 1 MiB and straddling 4 KiB blocks, truncations, renames, links, unlinks, directories,

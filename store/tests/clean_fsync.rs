@@ -1,4 +1,4 @@
-//! Attacks on the clean-fsync fast path (`commit.rs`, `Log::sync_then`): a sync returns at
+//! Attacks on the clean-fsync fast path (`commit.rs`, `Committer::sync_then`): a sync returns at
 //! once, without a flush, when the durable stamp already passes the highest stamp any thread
 //! appended. The contract under attack (docs/DESIGN.md, "Durability"): after a power cut the
 //! store holds a prefix of the operations in the order they took effect, and that prefix

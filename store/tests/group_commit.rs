@@ -1,4 +1,4 @@
-//! An attack on group commit's `sync` (store/src/commit.rs): `Log::sync` is a `sync_then`
+//! An attack on group commit's `sync` (store/src/commit.rs): `Committer::sync` is a `sync_then`
 //! whose callback stores the result and unparks the thread, and the committer is woken only
 //! by the first sync of a round and by the one that completes the expected group.
 //!

@@ -8,7 +8,7 @@
 //! Then the checkpoints of a store that ran out of room (store/src/checkpoint/mod.rs, "Out of
 //! room"; docs/STORE.md, "Checkpoints"): the careful retry that gives up the reserve, skips
 //! the pages of files its records free, and commits segment by segment; the partial
-//! checkpoint `take` makes while the journal holds records for lack of room; and the
+//! checkpoint `sync_and_apply` makes while the journal holds records for lack of room; and the
 //! checkpoint being due whenever the journal is low. A store on a `SimDisk` is filled with
 //! fsynced files of random sizes (some larger than a segment), overwritten, truncated,
 //! punched, allocated, renamed, linked, until the host is full; some are deleted, names are

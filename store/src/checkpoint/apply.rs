@@ -36,12 +36,12 @@ pub(crate) struct Tables<'t> {
     /// pages `data` holds, as the engine's runs are (engine `data.rs`, "Allocated zeros").
     pub zeros: KvTable<'t>,
     pub max_generation: u64,
-    pub ghosts: Ghosts,
-    /// Files that a later record of this checkpoint frees: their writes, allocations and
-    /// punches change their inode's key but write no page (the Free deletes every page, so
-    /// the keys end the same). Empty unless the checkpoint looked ahead (mod.rs, a retry
-    /// after a failure).
-    pub doomed: &'t Doomed,
+    pub absorption: Absorption,
+    /// Files whose pages this checkpoint absorbs: a later record of it frees them, so their
+    /// writes, allocations and punches change their inode's key but write no page (the Free
+    /// deletes every page, so the keys end the same). Empty unless the checkpoint looked ahead
+    /// (mod.rs, "Out of room": a retry after a failure).
+    pub pages_absorbed: &'t PagesAbsorbed,
     /// The chunk of pages ([`kv::Chunk`]) that page reads and changes go through: read from
     /// `data` once, written back once ([`Tables::flush`]) when another chunk is wanted,
     /// before pages are removed by range, and before the transaction commits, so that a
@@ -105,18 +105,20 @@ pub(crate) struct OpenChunk {
     dirty: bool,
 }
 
-/// The inodes a checkpoint's records free ([`Tables::doomed`]).
-pub(crate) type Doomed = std::collections::HashSet<InodeId, foldhash::fast::FixedState>;
+/// The inodes a checkpoint's records free, whose pages it therefore does not write: their
+/// Free absorbs them ([`Tables::pages_absorbed`]).
+pub(crate) type PagesAbsorbed = std::collections::HashSet<InodeId, foldhash::fast::FixedState>;
 
-/// Files made and freed within the records of one window of a checkpoint (the records it
-/// reads before applying them, about 4 MiB: `mod.rs`, `Win`) ("absorption", as a journal
-/// that logs whole blocks absorbs a block written twice): nothing of them reaches the keys,
+/// Absorption: files made and freed within the records of one window of a checkpoint (the
+/// records it reads before applying them, about 4 MiB: `window.rs`, `RecordWindow`) are
+/// absorbed (as a journal that logs whole blocks absorbs a block written twice, hence the
+/// name; such a file is an *absorbed file* here): nothing of them reaches the keys,
 /// only what their records did to others (the directories' times, the highest cookie and
 /// generation). A file whose create, remove and free fall in one checkpoint (crunl's every
 /// file, rndrename's, a build's temporary files) costs the checkpoint a few updates of its
 /// directories' inodes instead of eleven key changes or more.
 ///
-/// Found as the records are read ([`Ghosts::see`]), before any of the window is applied:
+/// Found as the records are read ([`Absorption::see`]), before any of the window is applied:
 /// a file (not a directory: a directory's entries, `..` and link count would have to be
 /// followed too) that a Create or CreateWithFlags makes and a Free ends, and that no record
 /// names in any other way than as the subject of its data and attribute records, as the
@@ -132,10 +134,10 @@ pub(crate) type Doomed = std::collections::HashSet<InodeId, foldhash::fast::Fixe
 /// written before the next record of anything else (a directory's own removal among them).
 /// A number reused by another inode in the same checkpoint is another `InodeId` (the
 /// generations differ).
-pub(crate) struct Ghosts {
+pub(crate) struct Absorption {
     /// The state of every file (not directory) a Create of the window made, by generation
     /// (unique over a filesystem's life): bit 0 made here, bit 1 freed here, bit 2 named
-    /// otherwise (not a ghost). Kept in blocks of [`BLOCK`] generations, found by the
+    /// otherwise (not absorbed). Kept in blocks of [`BLOCK`] generations, found by the
     /// generation's block number in `blocks` (so that most lookups are of a few blocks that
     /// stay in cache, not of a hash table as large as the window's files: threads take
     /// generations in consecutive runs, `engine/src/id.rs`).
@@ -144,18 +146,18 @@ pub(crate) struct Ghosts {
     states: Vec<u8>,
     /// The last two blocks looked up, and where their states start (`u32::MAX`: none).
     recent: [(u64, u32); 2],
-    /// Files made and freed here, counted by [`Ghosts::settle`].
+    /// Files made and freed here, counted by [`Absorption::settle`].
     found: usize,
-    /// Directories whose times ghosts changed, with the latest time, and the highest cookie
-    /// of each lane ghosts used, not yet written ([`Tables::finish`]): a run of ghosts in a
-    /// few directories costs one update of each at its end.
+    /// Directories whose times absorbed files changed, with the latest time, and the highest
+    /// cookie of each lane absorbed files used, not yet written ([`Tables::finish`]): a run
+    /// of absorbed files in a few directories costs one update of each at its end.
     times: Vec<(InodeId, Timespec)>,
     cookies: Vec<u64>,
 }
 
-impl Default for Ghosts {
-    fn default() -> Ghosts {
-        Ghosts {
+impl Default for Absorption {
+    fn default() -> Absorption {
+        Absorption {
             blocks: Default::default(),
             states: Vec::new(),
             recent: [(0, u32::MAX); 2],
@@ -166,24 +168,24 @@ impl Default for Ghosts {
     }
 }
 
-/// Generations per block of [`Ghosts::states`].
+/// Generations per block of [`Absorption::states`].
 const BLOCK: u64 = 1024;
 /// A window whose blocks took more memory than this gives it back when it ends.
 const STATES_KEPT: usize = 1 << 20;
 
-/// Directories and cookie lanes gathered at most ([`Ghosts::later`]).
+/// Directories and cookie lanes gathered at most ([`Absorption::later`]).
 const GATHERED: usize = 16;
 
 const MADE: u8 = 1;
 const FREED: u8 = 2;
 const OTHER: u8 = 4;
 
-/// Where a file's state is in [`Ghosts::states`]; `NO_SLOT` when it has none (not made in
+/// Where a file's state is in [`Absorption::states`]; `NO_SLOT` when it has none (not made in
 /// the window, or a directory).
 pub(crate) type Slot = u32;
 pub(crate) const NO_SLOT: Slot = u32::MAX;
 
-impl Ghosts {
+impl Absorption {
     /// Where the states of generation `g`'s block start; with `make`, a block is added
     /// when there is none.
     #[inline]
@@ -231,8 +233,8 @@ impl Ghosts {
     }
 
     /// Takes note of a Create, CreateWithFlags, Remove, Free or plain Rename of the window
-    /// (module doc of [`Ghosts`]); returns the slot of the file it is about if this window
-    /// made it (for its [`Gist`]).
+    /// (module doc of [`Absorption`]); returns the slot of the file it is about if this window
+    /// made it (for its [`Absorbable`]).
     pub(crate) fn see(&mut self, g: &Glance) -> Slot {
         match *g {
             Glance::Create { inode, mode, .. } => {
@@ -242,7 +244,7 @@ impl Ghosts {
                 let g = inode.generation.0;
                 let at = self.block(g, true).expect("a block is made") + (g % BLOCK) as u32;
                 // A generation is given once: a second Create of it is a damaged journal,
-                // which applying reports; it is no ghost.
+                // which applying reports; it is not absorbed.
                 let st = &mut self.states[at as usize];
                 *st = if *st == 0 { MADE } else { MADE | OTHER };
                 at
@@ -254,7 +256,7 @@ impl Ghosts {
     }
 
     /// Takes note of a record of another kind ([`Glance::Other`]): one that names a file in
-    /// another way than ghosts are named makes it an ordinary file.
+    /// another way than absorbed files are named makes it an ordinary file.
     pub(crate) fn see_other(&mut self, rec: &Record<'_>) {
         match *rec {
             Record::Link { inode, .. } => {
@@ -315,19 +317,20 @@ impl Ghosts {
         self.found = 0;
     }
 
-    /// Counts the ghosts (after every record of the window was seen); returns how many.
+    /// Counts the absorbed files (after every record of the window was seen); returns how
+    /// many.
     pub(crate) fn settle(&mut self) -> usize {
         self.found = self.states.iter().filter(|&&s| s == MADE | FREED).count();
         self.found
     }
 
-    /// Whether `slot` is a ghost's (after [`Ghosts::settle`]).
+    /// Whether `slot` is an absorbed file's (after [`Absorption::settle`]).
     #[inline]
-    fn is_ghost(&self, slot: Slot) -> bool {
+    fn is_absorbed(&self, slot: Slot) -> bool {
         slot != NO_SLOT && self.states[slot as usize] == MADE | FREED
     }
 
-    /// Gathers a ghost's change of `dir`'s times to `t` and its `cookie` (0: none); false
+    /// Gathers an absorbed file's change of `dir`'s times to `t` and its `cookie` (0: none); false
     /// when as many directories or lanes are gathered as are kept: then they are to be
     /// written ([`Tables::finish`]), this one with them.
     fn later(&mut self, dir: InodeId, t: Timespec, cookie: u64) -> bool {
@@ -350,17 +353,18 @@ impl Ghosts {
     }
 }
 
-/// What absorption needs of a record that can belong to a ghost, taken when the record is
-/// first read ([`Gist::of`]), so that a window applies its ghosts' records without decoding
-/// them again ([`Tables::absorb`]): the inode the record is about and, for a Create or
-/// Remove, the change it makes to its directory. Records of other kinds have none (a
-/// ghost's data and attribute records are rare, and are found when they are decoded).
+/// What absorption needs of a record that can belong to an absorbed file, taken when the
+/// record is first read ([`Absorbable::of`]), so that a window absorbs such records without
+/// decoding them again ([`Tables::absorb`]): the inode the record is about and, for a Create
+/// or Remove, the change it makes to its directory. Records of other kinds have none (an
+/// absorbed file's data and attribute records are rare, and are found when they are
+/// decoded).
 #[derive(Clone, Copy)]
-pub(crate) struct Gist {
-    /// Where the file's state is in [`Ghosts`].
+pub(crate) struct Absorbable {
+    /// Where the file's state is in [`Absorption`].
     slot: Slot,
     /// A Create's or CreateWithFlags' generation (the highest given yet); 0 otherwise (the
-    /// root's, never a ghost's).
+    /// root's, never absorbed).
     made: u64,
     /// The directory (number 0: none, a Free), its new time, and the new entry's cookie (0:
     /// a Remove).
@@ -372,11 +376,11 @@ pub(crate) struct Gist {
     to: InodeId,
 }
 
-impl Gist {
-    /// The gist of a Create, CreateWithFlags, Remove or Free of a file whose state is at
-    /// `slot` ([`Ghosts::see`]); `None` for other records and files with no slot (they are
-    /// no ghosts).
-    pub(crate) fn of(g: &Glance, slot: Slot) -> Option<Gist> {
+impl Absorbable {
+    /// What absorption needs of a Create, CreateWithFlags, Remove or Free of a file whose
+    /// state is at `slot` ([`Absorption::see`]); `None` for other records and files with no
+    /// slot (they are not absorbed).
+    pub(crate) fn of(g: &Glance, slot: Slot) -> Option<Absorbable> {
         if slot == NO_SLOT {
             return None;
         }
@@ -403,7 +407,7 @@ impl Gist {
             Glance::Free { .. } => (0, none, Timespec::new(0, 0), 0, none),
             Glance::Other => return None,
         };
-        Some(Gist {
+        Some(Absorbable {
             slot,
             made,
             dir,
@@ -929,9 +933,9 @@ impl Tables<'_> {
         Ok(())
     }
 
-    /// Whether a later record of this checkpoint frees `id` ([`Tables::doomed`]).
-    fn doomed(&self, id: InodeId) -> bool {
-        !self.doomed.is_empty() && self.doomed.contains(&id)
+    /// Whether a later record of this checkpoint frees `id` ([`Tables::pages_absorbed`]).
+    fn absorbs_pages(&self, id: InodeId) -> bool {
+        !self.pages_absorbed.is_empty() && self.pages_absorbed.contains(&id)
     }
 
     fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> R<()> {
@@ -998,12 +1002,12 @@ impl Tables<'_> {
         Ok(())
     }
 
-    /// What a record of a ghost ([`Ghosts`]) does to the keys: the create's and the
+    /// What a record of an absorbed file ([`Absorption`]) does to the keys: the create's and the
     /// remove's change of the directory's times, the cookie and generation it used; nothing
-    /// else. Those are gathered ([`Ghosts::later`]) and written before the next record of
+    /// else. Those are gathered ([`Absorption::later`]) and written before the next record of
     /// anything else, or at the end ([`Tables::finish`]). None for a record of anything else.
-    fn ghost(&mut self, rec: &Record<'_>) -> Option<R<()>> {
-        if self.ghosts.found == 0 {
+    fn absorb_record(&mut self, rec: &Record<'_>) -> Option<R<()>> {
+        if self.absorption.found == 0 {
             return None;
         }
         let id = match *rec {
@@ -1026,50 +1030,50 @@ impl Tables<'_> {
             | Record::SetFlags { inode, .. } => inode,
             _ => return None,
         };
-        let slot = self.ghosts.slot(id);
-        if !self.ghosts.is_ghost(slot) {
+        let slot = self.absorption.slot(id);
+        if !self.absorption.is_absorbed(slot) {
             return None;
         }
-        match Gist::of(&Glance::of(rec), slot) {
+        match Absorbable::of(&Glance::of(rec), slot) {
             Some(g) => self.absorb(&g),
             None => Some(Ok(())),
         }
     }
 
-    /// A ghost's Create, Remove or Free, from its [`Gist`]: gathers what it did to its
-    /// directory (written once too many directories or lanes are gathered); `None` when the
-    /// record is not a ghost's (it is to be applied).
-    pub(crate) fn absorb(&mut self, g: &Gist) -> Option<R<()>> {
-        if !self.ghosts.is_ghost(g.slot) {
+    /// An absorbed file's Create, Remove or Free, from its [`Absorbable`]: gathers what it did to
+    /// its directory (written once too many directories or lanes are gathered); `None` when the
+    /// record is not an absorbed file's (it is to be applied).
+    pub(crate) fn absorb(&mut self, g: &Absorbable) -> Option<R<()>> {
+        if !self.absorption.is_absorbed(g.slot) {
             return None;
         }
         self.max_generation = self.max_generation.max(g.made);
         // Both gathered before any is written (a rename's two directories).
-        let mut r = g.dir.ino.0 == 0 || self.ghosts.later(g.dir, g.time, g.cookie);
+        let mut r = g.dir.ino.0 == 0 || self.absorption.later(g.dir, g.time, g.cookie);
         if g.to.ino.0 != 0 {
-            r &= self.ghosts.later(g.to, g.time, 0);
+            r &= self.absorption.later(g.to, g.time, 0);
         }
         Some(if r { Ok(()) } else { self.finish() })
     }
 
-    /// Writes what the ghosts' records did to others and is not written yet (directory
+    /// Writes what the absorbed files' records did to others and is not written yet (directory
     /// times, cookies): before a record of anything else, and at the end of the records.
     pub(crate) fn finish(&mut self) -> R<()> {
-        for (dir, t) in std::mem::take(&mut self.ghosts.times) {
+        for (dir, t) in std::mem::take(&mut self.absorption.times) {
             self.set_mc(dir, t)?;
         }
-        for cookie in std::mem::take(&mut self.ghosts.cookies) {
+        for cookie in std::mem::take(&mut self.absorption.cookies) {
             self.saw_cookie(cookie)?;
         }
         Ok(())
     }
 
-    /// Applies one record (see the module doc), or what is left of it for a ghost.
+    /// Applies one record (see the module doc), or what is left of it for an absorbed file.
     pub(crate) fn apply(&mut self, rec: &Record<'_>) -> R<()> {
-        if let Some(r) = self.ghost(rec) {
+        if let Some(r) = self.absorb_record(rec) {
             return r;
         }
-        if !self.ghosts.is_settled() {
+        if !self.absorption.is_settled() {
             self.finish()?;
         }
         match *rec {
@@ -1221,7 +1225,7 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                if !self.doomed(inode) {
+                if !self.absorbs_pages(inode) {
                     self.write(inode.ino.0, offset, data)?;
                 }
                 self.update(inode, |v| {
@@ -1238,7 +1242,7 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                if !self.doomed(inode) {
+                if !self.absorbs_pages(inode) {
                     self.allocate(inode.ino.0, offset, len)?;
                 }
                 self.update(inode, |v| {
@@ -1256,7 +1260,7 @@ impl Tables<'_> {
                 time,
             } => {
                 self.file(inode)?;
-                if !self.doomed(inode) {
+                if !self.absorbs_pages(inode) {
                     self.punch(inode.ino.0, offset, len)?;
                 }
                 self.update(inode, |v| {

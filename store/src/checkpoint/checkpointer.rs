@@ -10,7 +10,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{Checkpoint, journal};
 use crate::clock::Clock;
-use crate::commit::Log;
+use crate::commit::Committer;
 use crate::disk::Disk;
 use crate::error::CheckpointError;
 
@@ -22,7 +22,7 @@ pub(crate) struct Policy {
     /// Segments in the journal.
     pub segments: usize,
     /// Segments in the journal beyond which the committer holds off until a checkpoint
-    /// lets some go, and a checkpoint is due ([`Log::set_checkpointing`]; commit.rs,
+    /// lets some go, and a checkpoint is due ([`Committer::set_checkpointing`]; commit.rs,
     /// "Backpressure").
     pub journal_segments: usize,
     /// Pages of file data changed since the last checkpoint began that make one due, and
@@ -68,7 +68,7 @@ pub(crate) struct Checkpointer {
     stop: Arc<(Mutex<Wake>, Condvar)>,
     thread: Option<std::thread::JoinHandle<()>>,
     ck: Arc<Mutex<Checkpoint>>,
-    log: Arc<Log>,
+    committer: Arc<Committer>,
     disk: Arc<dyn Disk>,
     epochs: Arc<PageEpochs>,
     policy: Policy,
@@ -77,12 +77,15 @@ pub(crate) struct Checkpointer {
     polls: Arc<AtomicU64>,
 }
 
-/// Takes a checkpoint of every record appended so far; returns the records it applied. It
-/// begins a page epoch first and declares it kept once the checkpoint is committed, so that
-/// the engine may drop the pages it holds (engine `data.rs`, "Pages the store keeps").
-fn take(
+/// Takes a checkpoint of every record appended so far: makes them durable in the journal,
+/// then applies them to the checkpoint and commits it ([`Checkpoint::apply_journal`]); returns
+/// the records it applied. It begins a page epoch first and declares it kept once the
+/// checkpoint is committed, so that the engine may drop the pages it holds (engine `data.rs`,
+/// "Pages the store keeps"). If the journal cannot make its records durable for lack of room,
+/// it applies those already durable, and fails.
+fn sync_and_apply(
     ck: &mut Checkpoint,
-    log: &Log,
+    committer: &Committer,
     disk: &dyn Disk,
     epochs: &PageEpochs,
     stop: &dyn Fn() -> bool,
@@ -91,13 +94,13 @@ fn take(
     // Every record appended before the first sync (so every change labelled with `epoch` or
     // before) is written when it returns; the second makes every record written by then
     // durable.
-    let synced = log.sync_for_checkpoint().and_then(|()| {
-        let written = log.counters().lsn;
-        log.sync_for_checkpoint().map(|()| written)
+    let synced = committer.sync_for_checkpoint().and_then(|()| {
+        let written = committer.counters().lsn;
+        committer.sync_for_checkpoint().map(|()| written)
     });
     match synced {
         Ok(written) => {
-            let applied = ck.advance(disk, written, stop)?;
+            let applied = ck.apply_journal(disk, written, stop)?;
             epochs.kept(epoch);
             ck.keep_reserve(disk);
             Ok(applied)
@@ -110,8 +113,8 @@ fn take(
             // attempt counts as failed (the next one takes everything), and the reserve is
             // left to the journal until one succeeds.
             ck.careful = true;
-            let durable = log.flushed_lsn();
-            let applied = ck.advance(disk, durable, stop)?;
+            let durable = committer.flushed_lsn();
+            let applied = ck.apply_journal(disk, durable, stop)?;
             ck.careful = true;
             Err(CheckpointError::DurableTaken {
                 errno: e,
@@ -123,18 +126,19 @@ fn take(
     }
 }
 
-/// What [`take`] needs besides the checkpoint.
+/// What [`sync_and_apply`] needs besides the checkpoint.
 struct Ctx<'a> {
-    log: &'a Log,
+    committer: &'a Committer,
     disk: &'a dyn Disk,
     epochs: &'a PageEpochs,
     policy: &'a Policy,
     clock: &'a dyn Clock,
 }
 
-/// [`take`], counted in the checkpoint's attempts and its [`Backoff`] (a failure that a
-/// stop caused is not counted as one).
-fn attempt(
+/// One try of a checkpoint: [`sync_and_apply`], counted in the checkpoint's attempts and its
+/// [`Backoff`] (a failure that a stop caused is not counted as one), with the committer told
+/// that a checkpoint works through the journal (commit.rs, "Backpressure").
+fn try_checkpoint(
     ck: &mut Checkpoint,
     c: &Ctx<'_>,
     stop: &dyn Fn() -> bool,
@@ -148,11 +152,11 @@ fn attempt(
             .ok()
             .and_then(|s| s.first().copied())
     };
-    c.log.set_checkpointing(true, first(ck));
-    let r = take(ck, c.log, c.disk, c.epochs, stop);
-    c.log.set_checkpointed(ck.lsn());
+    c.committer.set_checkpointing(true, first(ck));
+    let r = sync_and_apply(ck, c.committer, c.disk, c.epochs, stop);
+    c.committer.set_checkpointed(ck.lsn());
     // After a failure nothing ends a wait until the next try.
-    c.log.set_checkpointing(r.is_ok(), first(ck));
+    c.committer.set_checkpointing(r.is_ok(), first(ck));
     match &r {
         Ok(_) => ck.backoff.succeeded(),
         Err(_) if stop() => {}
@@ -171,7 +175,7 @@ fn attempt(
 impl Checkpointer {
     fn ctx(&self) -> Ctx<'_> {
         Ctx {
-            log: &self.log,
+            committer: &self.committer,
             disk: &*self.disk,
             epochs: &self.epochs,
             policy: &self.policy,
@@ -181,8 +185,8 @@ impl Checkpointer {
 
     /// Takes a checkpoint of every record appended so far, now (whatever the [`Backoff`]
     /// says; its outcome counts there); returns the records it applied.
-    pub(crate) fn now(&self) -> Result<u64, CheckpointError> {
-        attempt(&mut self.ck.lock(), &self.ctx(), &|| false)
+    pub(crate) fn checkpoint_now(&self) -> Result<u64, CheckpointError> {
+        try_checkpoint(&mut self.ck.lock(), &self.ctx(), &|| false)
     }
 
     /// Every record up to this LSN is in the checkpoint.
@@ -210,7 +214,7 @@ impl Checkpointer {
             let _ = t.join();
         }
         // No checkpoint will come: the journal's writers wait for none.
-        self.log.set_checkpointing(false, None);
+        self.committer.set_checkpointing(false, None);
         // Again: an attempt that was running when the first call came may have cleared it.
         self.epochs.set_stalled(true);
     }
@@ -234,18 +238,23 @@ impl Drop for Checkpointer {
 
 /// One look of the checkpointer's thread (`mod.rs`, "Errors" and "Retrying"): unless
 /// it is waiting after failures, it reopens a database that a page read found failing or a
-/// failed checkpoint left closed, and takes a checkpoint if one is due. `said`: a failure of
-/// the current run was said on stderr. Returns false if it was stopped.
-fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut bool) -> bool {
+/// failed checkpoint left closed, and tries a checkpoint if one is due ([`try_checkpoint`]).
+/// `said`: a failure of the current run was said on stderr. Returns false if it was stopped.
+fn checkpoint_if_due(
+    ck: &mut Checkpoint,
+    c: &Ctx<'_>,
+    stopped: &dyn Fn() -> bool,
+    said: &mut bool,
+) -> bool {
     if !ck.backoff.ready(c.clock.now()) {
         return true;
     }
-    if ck.needs_repair() {
+    if ck.needs_reopen() {
         // Cheap (no integrity check), and reads of pages out of memory fail until it is done:
         // not left for a checkpoint to become due.
-        if let Err(e) = ck.repair(c.disk) {
+        if let Err(e) = ck.reopen(c.disk) {
             // Nothing ends a wait for checkpoints until the next try.
-            c.log.set_checkpointing(false, None);
+            c.committer.set_checkpointing(false, None);
             let wait = ck.backoff.failed(c.clock.now(), c.policy);
             if !*said {
                 eprintln!(
@@ -257,9 +266,9 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
             return true;
         }
     }
-    let written = c.log.counters().lsn;
+    let written = c.committer.counters().lsn;
     let mut seqs = journal::segments(c.disk, &ck.store).unwrap_or_default();
-    if c.log.low() && written <= ck.lsn() && seqs.len() > 1 {
+    if c.committer.low() && written <= ck.lsn() && seqs.len() > 1 {
         // Short of room with every record in the checkpoint: a segment it covers can go once
         // the one after it has started (perhaps since the last commit), kept for reuse as the
         // journal's next spare.
@@ -275,16 +284,16 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
         || (segments >= c.policy.segments && written > ck.lsn())
         || c.epochs.due()
         // Short of room: only a checkpoint gives the journal's segments back.
-        || (c.log.low() && written > ck.lsn())
+        || (c.committer.low() && written > ck.lsn())
         // Over its bound: writers wait for this checkpoint (commit.rs, "Backpressure").
         || (segments > c.policy.journal_segments && written > ck.lsn());
     if !due {
         // No wait for a checkpoint while none is due: none would end it.
-        c.log.set_checkpointing(false, seqs.first().copied());
+        c.committer.set_checkpointing(false, seqs.first().copied());
         return true;
     }
     let failures = ck.backoff.failures;
-    let r = attempt(ck, c, stopped);
+    let r = try_checkpoint(ck, c, stopped);
     match r {
         Ok(_) => {
             if *said {
@@ -317,7 +326,7 @@ fn look(ck: &mut Checkpoint, c: &Ctx<'_>, stopped: &dyn Fn() -> bool, said: &mut
 /// Starts the checkpointer of an open store (see `mod.rs`).
 pub(crate) fn spawn(
     ck: Checkpoint,
-    log: Arc<Log>,
+    committer: Arc<Committer>,
     disk: Arc<dyn Disk>,
     epochs: Arc<PageEpochs>,
     policy: Policy,
@@ -339,17 +348,17 @@ pub(crate) fn spawn(
         stop,
         thread: None,
         ck,
-        log,
+        committer,
         disk,
         epochs,
         policy,
         clock,
         polls,
     };
-    let (s, ck, log, disk, epochs, clock, polls) = (
+    let (s, ck, committer, disk, epochs, clock, polls) = (
         c.stop.clone(),
         c.ck.clone(),
-        c.log.clone(),
+        c.committer.clone(),
         c.disk.clone(),
         c.epochs.clone(),
         c.clock.clone(),
@@ -360,7 +369,7 @@ pub(crate) fn spawn(
         .spawn(move || {
             let stopped = || s.0.lock().stop;
             let ctx = Ctx {
-                log: &log,
+                committer: &committer,
                 disk: &*disk,
                 epochs: &epochs,
                 policy: &policy,
@@ -378,7 +387,7 @@ pub(crate) fn spawn(
                     }
                     g.nudged = false;
                 }
-                if !look(&mut ck.lock(), &ctx, &stopped, &mut said) {
+                if !checkpoint_if_due(&mut ck.lock(), &ctx, &stopped, &mut said) {
                     return;
                 }
                 polls.fetch_add(1, SeqCst);

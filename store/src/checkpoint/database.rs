@@ -9,8 +9,8 @@ use redb::{Database, ReadableDatabase};
 
 use super::backoff::Backoff;
 use super::kv::{self, Superblock};
-use super::window::Win;
-use super::{Checkpoint, DATA, FILE, META, Slot, ZEROS, apply, backend, journal};
+use super::window::RecordWindow;
+use super::{Checkpoint, DATA, FILE, META, SharedDb, ZEROS, apply, backend, journal};
 use crate::disk::Disk;
 use crate::error::{CheckpointError, StoreError};
 
@@ -220,7 +220,7 @@ impl Checkpoint {
         }
         let db = Arc::new(db);
         Ok(Checkpoint {
-            shared: Slot::new(Some(db.clone())),
+            shared: SharedDb::new(Some(db.clone())),
             db: Some(db),
             path,
             store: dir.to_path_buf(),
@@ -229,8 +229,8 @@ impl Checkpoint {
             cursor: None,
             sb,
             recycle_due: false,
-            win: Win::default(),
-            ghosts: apply::Ghosts::default(),
+            window: RecordWindow::default(),
+            absorption: apply::Absorption::default(),
             cache,
             backoff: Backoff::default(),
             attempts: 0,
@@ -350,16 +350,16 @@ impl Checkpoint {
 
     /// Whether the database is to be reopened: a failure left it closed, or a page read
     /// found redb failing (`mod.rs`, "Errors").
-    pub(crate) fn needs_repair(&self) -> bool {
+    pub(crate) fn needs_reopen(&self) -> bool {
         self.db.is_none() || self.shared.broken()
     }
 
     /// Drops the database, if open, and opens it again from its file.
-    /// Page readers meanwhile wait for it ([`pages::Slot::busy`]) rather than fail.
-    pub(crate) fn repair(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
+    /// Page readers meanwhile wait for it ([`pages::SharedDb::busy`]) rather than fail.
+    pub(crate) fn reopen(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
         self.shared.busy(true);
         self.close_db();
-        let r = self.reopen(disk);
+        let r = self.open_again(disk);
         self.shared.busy(false);
         r
     }
@@ -380,7 +380,7 @@ impl Checkpoint {
                     }
                 }
             };
-            // Nothing of it is borrowed: transactions live only inside `advance_inner`.
+            // Nothing of it is borrowed: transactions live only inside `apply_in_transactions`.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(db)));
         }
     }
@@ -393,7 +393,7 @@ impl Checkpoint {
     /// crash-safe at any point), so the reopened database holds what the dropped one had
     /// committed, no less trustworthy than it, and retrying on a full host does not read the
     /// whole checkpoint each time.
-    fn reopen(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
+    fn open_again(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
         let fresh = guarded(
             || {
                 Self::open_made(

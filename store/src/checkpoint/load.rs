@@ -259,7 +259,7 @@ struct Named {
     inode: Option<InodeVal>,
 }
 
-/// Reads the tree breadth first from the root, in windows of about [`WINDOW`] entries: a
+/// Reads the tree breadth first from the root, in windows of about [`WALK_WINDOW`] entries: a
 /// window's entries, then the inodes they name, in key order ([`inodes`]); sends each window
 /// on `tx` (an error ends the walk, sent as the last window), and stops when the receiver is
 /// gone. Returns the bytes of the entries read.
@@ -281,7 +281,7 @@ fn walk_into(
     let mut queue = VecDeque::from([(InodeId::ROOT, 1u64)]);
     let mut window: Vec<(InodeId, Vec<u8>, EntryVal)> = Vec::new();
     loop {
-        while window.len() < WINDOW {
+        while window.len() < WALK_WINDOW {
             let Some((dir, ino)) = queue.pop_front() else {
                 break;
             };
@@ -350,7 +350,7 @@ fn walk_into(
 
 /// Entries read before the inodes they name are: a window of the tree's walk (small in the
 /// crate's own tests, so that a small tree spans many windows).
-const WINDOW: usize = if cfg!(test) { 64 } else { 1 << 16 };
+const WALK_WINDOW: usize = if cfg!(test) { 64 } else { 1 << 16 };
 
 /// Inode numbers this close together are read with one range of keys instead of one lookup
 /// each (a lookup descends the tree from its root; a range reads each leaf once).

@@ -8,7 +8,7 @@
 //!   superblock names the LSN up to which every record is in it; a new store's checkpoint
 //!   holds nothing (LSN 0). It is made under a temporary name and renamed into place, so a
 //!   crash never leaves a half-made one.
-//! - **A checkpoint** ([`Checkpoint::advance`]) reads the journal records after the
+//! - **A checkpoint** ([`Checkpoint::apply_journal`]) reads the journal records after the
 //!   superblock's LSN up to a given one (records already flushed: the checkpointer makes
 //!   them durable first, so a checkpoint never holds a record a crash could drop from the
 //!   journal), applies them (`apply.rs`) and the new superblock in one redb write
@@ -30,21 +30,21 @@
 //!
 //! - **Pages** (`pages.rs`): the engine reads back the file pages it sent out of memory;
 //!   a checkpoint begins a page epoch before its sync and declares it kept after its commit
-//!   (`take`), which is what allows the engine to drop them (docs/STORE.md, "File data out of
-//!   memory").
+//!   (`sync_and_apply`), which is what allows the engine to drop them (docs/STORE.md, "File data
+//!   out of memory").
 //!
 //! **Errors.** After redb fails in a write transaction (the host's ENOSPC or EIO in a write,
 //! a growth of the file or a flush, or redb's own error), the `Database` refuses every later
 //! transaction ("close and re-open the database"). So when redb's error ends a checkpoint
 //! (`apply::ApplyError::Db`, or any error from beginning, writing or committing the
-//! transaction, or a panic in redb), [`Checkpoint::advance`] drops the `Database` (after an
+//! transaction, or a panic in redb), [`Checkpoint::apply_journal`] drops the `Database` (after an
 //! I/O failure redb writes nothing more to the file, leaving it as a crash would: the last
 //! committed transaction, whole, since redb's commit is crash-safe) and opens it again from
 //! the same file through the same backend, as the store's opening does (redb's recovery,
-//! the superblock; not the integrity check, see `reopen`). If that fails too (still no room, EIO), the store goes on without it,
-//! serving from the journal, and the next checkpoint tries the reopen first. A record that
-//! does not fit the keys, a journal that cannot be read, or a stop leave redb as it is
-//! (the transaction is dropped, i.e. aborted). Segments are removed only up to
+//! the superblock; not the integrity check, see `open_again`). If that fails too (still no room,
+//! EIO), the store goes on without it, serving from the journal, and the next checkpoint tries the
+//! reopen first. A record that does not fit the keys, a journal that cannot be read, or a stop
+//! leave redb as it is (the transaction is dropped, i.e. aborted). Segments are removed only up to
 //! `committed`, the LSN of the last commit known durable (one that returned `Ok`, or the one
 //! found at opening), never past it: a reopen that finds a commit that reported an error
 //! builds on it but removes nothing for it until a later commit succeeds, and a reopen that
@@ -54,16 +54,17 @@
 //! each transaction's pages anew, and segments go only after the commit. So a store whose
 //! journal filled its host (the deleted files' writes still in it) would never get the room
 //! back. Three things keep it from that:
-//! - the journal being short of room (`Log::low`) makes a checkpoint due, whatever else;
-//! - when the journal cannot make its records durable (ENOSPC, records held), `take`
-//!   checkpoints the records already durable (`Log::flushed_lsn`), so that the segments
+//! - the journal being short of room (`Committer::low`) makes a checkpoint due, whatever else;
+//! - when the journal cannot make its records durable (ENOSPC, records held), `sync_and_apply`
+//!   checkpoints the records already durable (`Committer::flushed_lsn`), so that the segments
 //!   they fill go and the held records (the removals that would free room among them) can
 //!   be written;
 //! - after a failure (`careful`) the next checkpoint gives up [`RESERVE`] (room kept on the
 //!   host for this, made again after a checkpoint succeeds), looks through all its records
-//!   for the files they free and writes none of their pages ([`apply::Doomed`]: the Free
-//!   deletes them, so the keys end the same), and commits segment by segment, removing each
-//!   before applying the next, so that it needs room for one segment's changes at most.
+//!   for the files they free and writes none of their pages (the Free absorbs them:
+//!   [`apply::PagesAbsorbed`]; it deletes them, so the keys end the same), and commits segment by
+//!   segment, removing each before applying the next, so that it needs room for one segment's
+//!   changes at most.
 //!
 //! A commit of one segment's records, with a later record's Free already applied to the
 //! pages of a file, is a checkpoint in which that file's data is missing until the journal
@@ -74,8 +75,8 @@
 //!
 //! redb also refuses every transaction after a failed *read* of its file, read transactions
 //! included. A page reader that meets redb's error (the host failed a read of a page out of
-//! memory: the caller gets EIO) marks the database broken (`pages::Slot`); the checkpointer
-//! reopens it at its next look ([`Checkpoint::repair`]), and a checkpoint on demand first
+//! memory: the caller gets EIO) marks the database broken (`pages::SharedDb`); the checkpointer
+//! reopens it at its next look ([`Checkpoint::reopen`]), and a checkpoint on demand first
 //! thing, so that once the host reads again the pages read back without a checkpoint being
 //! due or the store being reopened.
 //!
@@ -85,16 +86,16 @@
 //! further one, at most `checkpoint_retry_max` (a minute), on the store's clock
 //! ([`crate::clock`]). Its reopens of the database count as tries: a failed one is a
 //! failure, and none is tried while it waits. A checkpoint that succeeds ends the run.
-//! [`Checkpointer::now`] (`StoreHandle::checkpoint`) never waits, but counts: its success
-//! ends the run, its failure doubles the next wait. The backoff lives in the [`Checkpoint`],
-//! under its mutex, with the tries counted for `StoreHandle::checkpoint_status`.
+//! [`Checkpointer::checkpoint_now`] (`StoreHandle::checkpoint`) never waits, but counts: its
+//! success ends the run, its failure doubles the next wait. The backoff lives in the
+//! [`Checkpoint`], under its mutex, with the tries counted for `StoreHandle::checkpoint_status`.
 //!
 //! **Locking.** The open store's [`Checkpoint`] lives in one mutex (`Checkpointer::ck`).
 //! Every use of its `Database`, and the drop and reopen that replace it, happen with that
 //! mutex held and `&mut Checkpoint`: by the checkpointer's thread, by
-//! [`Checkpointer::now`] (`StoreHandle::checkpoint`), and by [`Checkpointer::lsn`]
+//! [`Checkpointer::checkpoint_now`] (`StoreHandle::checkpoint`), and by [`Checkpointer::lsn`]
 //! (`StoreHandle::checkpoint_lsn`, which therefore waits for a checkpoint in progress).
-//! Transactions never outlive [`Checkpoint::advance`] or [`Checkpoint::load`], so when the
+//! Transactions never outlive [`Checkpoint::apply_journal`] or [`Checkpoint::load`], so when the
 //! `Database` is dropped nothing holds a transaction of it (redb would otherwise defer its
 //! close to the transaction's end), and no one sees the swap. [`Checkpoint::load`] runs
 //! while the store is being opened, before the checkpointer exists. fsck opens a
@@ -103,13 +104,13 @@
 //! The page readers (`pages.rs`) share the open `Database` through a slot of their own
 //! (`Shared`), outside the mutex: a reopen first empties the slot, waits until no reader
 //! holds the old `Database` (a read transaction is short), drops it, and puts the new one
-//! in. While a checkpoint writes or reopens (`Slot::busy`), a reader that finds the slot
+//! in. While a checkpoint writes or reopens (`SharedDb::busy`), a reader that finds the slot
 //! empty, or meets redb's error, waits for the database that replaces it (however long the
 //! checkpoint takes: woken by the slot's condition variable, whose mutex is taken before the
 //! slot's lock) and reads that; reads of file pages out of memory fail with EIO only when
-//! there is none (the reopen failed); it lets go of the `Database` it failed on before it waits (the reopen
-//! waits for every holder), naming it by the number of the put that put it in the slot. A
-//! reader marks the slot broken only if the slot still holds the `Database` the reader
+//! there is none (the reopen failed); it lets go of the `Database` it failed on before it waits
+//! (the reopen waits for every holder), naming it by the number of the put that put it in the slot.
+//! A reader marks the slot broken only if the slot still holds the `Database` the reader
 //! failed on, and putting a database in clears the mark, so a reader of a replaced one
 //! never breaks its successor.
 //!
@@ -148,7 +149,7 @@ pub(crate) use checkpointer::{Checkpointer, Policy, spawn};
 #[cfg(test)]
 pub(crate) use database::COMPACT_SLACK;
 pub(crate) use database::Compact;
-pub(crate) use pages::{PageReader, Shared, Slot};
+pub(crate) use pages::{PageReader, Shared, SharedDb};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -161,7 +162,7 @@ use crate::journal;
 use backoff::Backoff;
 use database::{damaged, guarded, panic_text};
 use kv::Superblock;
-use window::Win;
+use window::RecordWindow;
 
 /// The checkpoint's file name in the store's directory.
 pub(crate) const FILE: &str = "checkpoint.redb";
@@ -174,7 +175,7 @@ pub(crate) const ZEROS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("ze
 
 /// The checkpoint of an open store.
 pub(crate) struct Checkpoint {
-    /// `None` after redb failed, until [`Checkpoint::advance`] reopens it (module doc,
+    /// `None` after redb failed, until [`Checkpoint::apply_journal`] reopens it (module doc,
     /// "Errors").
     db: Option<Arc<Database>>,
     /// The same database, for the page readers (module doc, "Locking").
@@ -195,9 +196,9 @@ pub(crate) struct Checkpoint {
     cursor: Option<journal::Cursor>,
     /// The segments `committed` covers may still be there (their removal failed).
     recycle_due: bool,
-    /// The window and ghosts of the last checkpoint, empty, kept for their memory.
-    win: Win,
-    ghosts: apply::Ghosts,
+    /// The window and absorption state of the last checkpoint, empty, kept for their memory.
+    window: RecordWindow,
+    absorption: apply::Absorption,
     /// redb's page cache, in bytes ([`crate::Options::checkpoint_cache`]).
     cache: usize,
     /// When the checkpointer tries again after failures (module doc, "Retrying").

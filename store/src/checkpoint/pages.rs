@@ -19,13 +19,15 @@ use super::apply::PAGE;
 use super::{DATA, guarded, kv};
 
 /// The checkpoint's open database as the page readers see it (`mod.rs`, "Locking").
-pub(crate) type Shared = Arc<Slot>;
+pub(crate) type Shared = Arc<SharedDb>;
 
-/// The slot the page readers take the database from.
+/// The checkpoint's database shared with the page readers: a slot they take it from, empty
+/// while the checkpoint drops and reopens it, marked broken when a read of it failed, and
+/// busy while a checkpoint writes or reopens it (readers then wait for its replacement).
 #[derive(Default)]
-pub(crate) struct Slot {
+pub(crate) struct SharedDb {
     /// The database (`None` while the checkpoint reopens it after an error), and the number
-    /// of the [`Slot::put`] that put it there: a reader that waits for a replacement names
+    /// of the [`SharedDb::put`] that put it there: a reader that waits for a replacement names
     /// the one it failed on by that number, so that it holds no `Arc` of it while it waits
     /// (the reopen waits for every holder to let go: `Checkpoint::close_db`), and a new
     /// `Database` allocated where the old one was is never taken for it.
@@ -39,14 +41,14 @@ pub(crate) struct Slot {
     /// or for the checkpoint to end without one, instead of failing. Changed under `db`'s
     /// write lock; `changed` wakes the waiters.
     busy: AtomicBool,
-    /// Signalled, under [`Slot::waiting`], when `db` or `busy` changes.
+    /// Signalled, under [`SharedDb::waiting`], when `db` or `busy` changes.
     changed: Condvar,
     waiting: Mutex<()>,
 }
 
-impl Slot {
+impl SharedDb {
     pub(crate) fn new(db: Option<Arc<Database>>) -> Shared {
-        Arc::new(Slot {
+        Arc::new(SharedDb {
             db: RwLock::new((0, db)),
             broken: AtomicBool::new(false),
             busy: AtomicBool::new(false),
@@ -114,8 +116,8 @@ impl Slot {
     }
 }
 
-/// Why a read failed.
-enum Failed {
+/// Why a read of pages failed.
+enum ReadFailed {
     /// redb's error (the host's, or a panic): the database is to be reopened.
     Db(String),
     /// What was read is wrong (damage): reopening would read the same.
@@ -138,9 +140,9 @@ impl PageReader {
     /// checkpoint lacks, or one longer than a page, is damage: EIO, said on stderr with the
     /// file it was read from (the engine asks only for pages it was told are there). redb's
     /// error (the host failed a read) is EIO too, and marks the database for the checkpointer
-    /// to reopen ([`Slot::broken`]): redb fails every later read of it. A read that finds
+    /// to reopen ([`SharedDb::broken`]): redb fails every later read of it. A read that finds
     /// the database gone, or failing, while a checkpoint is busy waits for the database that
-    /// replaces it and reads that ([`Slot::busy`]).
+    /// replaces it and reads that ([`SharedDb::busy`]).
     pub(crate) fn read(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         let n = buf.len() as u64 / PAGE;
         let mut db = match self.slot.get() {
@@ -151,9 +153,9 @@ impl PageReader {
             let Some((n, d)) = db else {
                 break Err("the checkpoint is closed, being reopened after an error".to_string());
             };
-            match guarded(|| read_pages(&d, inode, first, buf), Failed::Db) {
+            match guarded(|| read_pages(&d, inode, first, buf), ReadFailed::Db) {
                 Ok(()) => break Ok(()),
-                Err(Failed::Db(e)) => {
+                Err(ReadFailed::Db(e)) => {
                     // A checkpoint that failed may be reopening it: read that one (once).
                     // Let go of this one first: the reopen waits until no reader holds it.
                     drop(d);
@@ -164,7 +166,7 @@ impl PageReader {
                     self.slot.broke(n);
                     break Err(e);
                 }
-                Err(Failed::Damaged(e)) => break Err(e),
+                Err(ReadFailed::Damaged(e)) => break Err(e),
             }
         };
         r.map_err(|e| {
@@ -179,7 +181,7 @@ impl PageReader {
 }
 
 /// [`PageReader::read`] from `db`.
-fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<(), Failed> {
+fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<(), ReadFailed> {
     let n = buf.len() as u64 / PAGE;
     if n == 0 {
         return Ok(());
@@ -196,12 +198,12 @@ fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Resu
     'chunks: for kvp in t.range::<&[u8]>(&a[..]..&b[..]).map_err(db_err)? {
         let (k, v) = kvp.map_err(db_err)?;
         let chunk = kv::chunk_of(k.value())
-            .ok_or_else(|| Failed::Damaged("a page key too short".into()))?;
+            .ok_or_else(|| ReadFailed::Damaged("a page key too short".into()))?;
         if chunk != kv::chunk_at(want).0 {
             break; // The chunk holding `want` is missing.
         }
         let c = kv::Chunk::decode(v.value())
-            .map_err(|e| Failed::Damaged(format!("pages from {}: {e}", chunk * kv::CHUNK)))?;
+            .map_err(|e| ReadFailed::Damaged(format!("pages from {}: {e}", chunk * kv::CHUNK)))?;
         while want < end && kv::chunk_at(want).0 == chunk {
             let Some(bytes) = c.get(kv::chunk_at(want).1) else {
                 break 'chunks;
@@ -213,11 +215,11 @@ fn read_pages(db: &Database, inode: InodeId, first: u64, buf: &mut [u8]) -> Resu
         }
     }
     if want < end {
-        return Err(Failed::Damaged(format!("page {want} is missing")));
+        return Err(ReadFailed::Damaged(format!("page {want} is missing")));
     }
     Ok(())
 }
 
-fn db_err(e: impl std::fmt::Display) -> Failed {
-    Failed::Db(e.to_string())
+fn db_err(e: impl std::fmt::Display) -> ReadFailed {
+    ReadFailed::Db(e.to_string())
 }

@@ -7,31 +7,32 @@ use std::path::Path;
 use lanefs::{Glance, Record};
 
 use super::kv::{self, Superblock};
-use super::window::WINDOW;
+use super::window::RECORD_WINDOW;
 use super::{Checkpoint, DATA, META, ZEROS, apply, guarded, journal};
 use crate::disk::Disk;
 use crate::error::CheckpointError;
 
-/// Why [`Checkpoint::advance_inner`] abandoned a checkpoint.
-pub(super) struct Failed {
+/// Why a checkpoint was abandoned ([`Checkpoint::apply_in_transactions`]), and whether the
+/// database is to be reopened for it.
+pub(super) struct Abandoned {
     pub(super) error: CheckpointError,
     /// redb failed (or panicked): the database may refuse every later transaction, so it is
     /// dropped and reopened.
     pub(super) reopen: bool,
 }
 
-impl Failed {
+impl Abandoned {
     /// redb's failure ([`CheckpointError::Database`]).
-    pub(super) fn db(e: impl std::fmt::Display) -> Failed {
-        Failed {
+    pub(super) fn db(e: impl std::fmt::Display) -> Abandoned {
+        Abandoned {
             error: CheckpointError::Database(e.to_string()),
             reopen: true,
         }
     }
 
     /// A failure that leaves redb as it is.
-    pub(super) fn other(error: CheckpointError) -> Failed {
-        Failed {
+    pub(super) fn other(error: CheckpointError) -> Abandoned {
+        Abandoned {
             error,
             reopen: false,
         }
@@ -42,8 +43,8 @@ impl Failed {
     pub(super) fn applying(
         e: apply::ApplyError,
         error: impl FnOnce(String) -> CheckpointError,
-    ) -> Failed {
-        Failed {
+    ) -> Abandoned {
+        Abandoned {
             reopen: matches!(e, apply::ApplyError::Db(_)),
             error: error(e.to_string()),
         }
@@ -52,19 +53,19 @@ impl Failed {
 
 impl Checkpoint {
     /// Applies the journal's records after the checkpoint up to LSN `upto` (which must be
-    /// durable in the journal) and commits them; then removes the segments it covers. `stop`
-    /// abandons it between records. Returns the records applied. If redb failed, the
-    /// database is dropped and reopened, here or (if that fails too) by the next call or
-    /// [`Checkpoint::repair`] (`mod.rs`, "Errors"); a database a page read found failing
-    /// is reopened first.
-    pub(crate) fn advance(
+    /// durable in the journal) and commits them ([`Checkpoint::apply_in_transactions`]); then
+    /// removes the segments it covers. `stop` abandons it between records. Returns the
+    /// records applied. If redb failed, the database is dropped and reopened, here or (if that
+    /// fails too) by the next call or [`Checkpoint::reopen`] (`mod.rs`, "Errors"); a database
+    /// a page read found failing is reopened first.
+    pub(crate) fn apply_journal(
         &mut self,
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
     ) -> Result<u64, CheckpointError> {
-        if self.needs_repair() {
-            self.repair(disk)?;
+        if self.needs_reopen() {
+            self.reopen(disk)?;
         }
         if upto <= self.sb.lsn {
             if self.recycle_due {
@@ -90,7 +91,10 @@ impl Checkpoint {
         if short(&self.store) {
             self.room_hold.set(true);
         }
-        let r = guarded(|| self.advance_inner(disk, upto, stop), Failed::db);
+        let r = guarded(
+            || self.apply_in_transactions(disk, upto, stop),
+            Abandoned::db,
+        );
         if r.is_err() {
             self.careful = true;
         }
@@ -106,7 +110,7 @@ impl Checkpoint {
                 // redb refuses every transaction after some failures ("close and re-open the
                 // database"): drop it (its file is left as a crash would leave it: the last
                 // committed transaction, which the reopen recovers) and reopen it now.
-                match self.repair(disk) {
+                match self.reopen(disk) {
                     Ok(()) => Err(f.error),
                     Err(e) => Err(CheckpointError::ThenReopen {
                         failure: Box::new(f.error),
@@ -120,22 +124,23 @@ impl Checkpoint {
         r
     }
 
-    /// [`Checkpoint::advance`]'s work: one transaction; after a failure (`careful`), or on
+    /// [`Checkpoint::apply_journal`]'s work: the records applied and committed in one
+    /// transaction ([`Checkpoint::apply_and_commit`]); after a failure (`careful`), or on
     /// a host with less room than the whole journal's commit may need, one per journal
     /// segment, each committed and the segment removed before the next is applied, so that
     /// the checkpoint needs room for one segment's changes, not the whole journal's, and the
     /// reserve's room for the first (`mod.rs`, "Out of room").
-    fn advance_inner(
+    fn apply_in_transactions(
         &mut self,
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
-    ) -> Result<u64, Failed> {
+    ) -> Result<u64, Abandoned> {
         let from = self.sb.lsn + 1;
         // One transaction for the whole journal, unless the host's room is short of what that
         // may need (or a checkpoint failed): then one per segment.
         let seqs = journal::segments(disk, &self.store)
-            .map_err(|e| Failed::other(CheckpointError::Store(e)))?;
+            .map_err(|e| Abandoned::other(CheckpointError::Store(e)))?;
         let size = seqs
             .first()
             .map_or(0, |&q| journal::segment_len(disk, &self.store, q));
@@ -146,10 +151,10 @@ impl Checkpoint {
         if self.careful {
             self.spend_reserve(disk);
         }
-        let doomed = if segmentwise {
+        let pages_absorbed = if segmentwise {
             self.freed(disk, self.cursor, from, upto, stop)?
         } else {
-            apply::Doomed::default()
+            apply::PagesAbsorbed::default()
         };
         // Segment by segment: the last record of each segment in range, then `upto`. (A
         // segment that cannot be read here ends the list: the spare being made, or one
@@ -172,7 +177,7 @@ impl Checkpoint {
             // Segments covered before the last commit give their room to the next one; the
             // last commit's are kept for reuse (the journal's next spare).
             self.lean = short && i < last;
-            let r = self.apply_and_commit(disk, end, stop, &doomed);
+            let r = self.apply_and_commit(disk, end, stop, &pages_absorbed);
             applied += r.inspect_err(|_| self.lean = false)?;
         }
         self.lean = false;
@@ -187,34 +192,34 @@ impl Checkpoint {
         disk: &dyn Disk,
         upto: u64,
         stop: &dyn Fn() -> bool,
-        doomed: &apply::Doomed,
-    ) -> Result<u64, Failed> {
+        pages_absorbed: &apply::PagesAbsorbed,
+    ) -> Result<u64, Abandoned> {
         let from = self.sb.lsn + 1;
         let db = self
             .db
             .as_ref()
-            .ok_or_else(|| Failed::db("the checkpoint is not open"))?;
-        let mut txn = db.begin_write().map_err(Failed::db)?;
+            .ok_or_else(|| Abandoned::db("the checkpoint is not open"))?;
+        let mut txn = db.begin_write().map_err(Abandoned::db)?;
         txn.set_quick_repair(true);
         let mut applied = 0u64;
         let at = self.cursor.take();
         let (sb, next) = {
             let mut t = apply::Tables {
-                meta: txn.open_table(META).map_err(Failed::db)?,
-                data: txn.open_table(DATA).map_err(Failed::db)?,
-                zeros: txn.open_table(ZEROS).map_err(Failed::db)?,
+                meta: txn.open_table(META).map_err(Abandoned::db)?,
+                data: txn.open_table(DATA).map_err(Abandoned::db)?,
+                zeros: txn.open_table(ZEROS).map_err(Abandoned::db)?,
                 max_generation: self.sb.max_generation,
-                ghosts: std::mem::take(&mut self.ghosts),
-                doomed,
+                absorption: std::mem::take(&mut self.absorption),
+                pages_absorbed,
                 open: None,
                 changed: Default::default(),
                 cookies: Default::default(),
             };
-            // The records are read once, into windows of about `WINDOW` bytes; each window
+            // The records are read once, into windows of about `RECORD_WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
-            // (`apply::Ghosts`), then applied.
-            let mut win = std::mem::take(&mut self.win);
-            let mut why: Option<Failed> = None;
+            // (`apply::Absorption`), then applied.
+            let mut window = std::mem::take(&mut self.window);
+            let mut why: Option<Abandoned> = None;
             let read = journal::follow(
                 disk,
                 &self.store,
@@ -228,9 +233,9 @@ impl Checkpoint {
                     }
                     // Decoded as they are read, so that a record that does not decode is
                     // reported where it lies in the journal.
-                    win.push(first, span, recs, &mut t.ghosts)?;
-                    if win.bytes.len() >= WINDOW {
-                        applied += win.apply(&mut t).map_err(|f| {
+                    window.push(first, span, recs, &mut t.absorption)?;
+                    if window.bytes.len() >= RECORD_WINDOW {
+                        applied += window.apply(&mut t).map_err(|f| {
                             let s = f.error.to_string();
                             why = Some(f);
                             (0, s)
@@ -243,17 +248,17 @@ impl Checkpoint {
                 return Err(why);
             }
             if read.is_ok() {
-                applied += win.apply(&mut t)?;
-                self.win = win;
-                self.ghosts = std::mem::take(&mut t.ghosts);
+                applied += window.apply(&mut t)?;
+                self.window = window;
+                self.absorption = std::mem::take(&mut t.absorption);
             }
             let next = match read {
-                Err(_) if stop() => return Err(Failed::other(CheckpointError::Stopped)),
-                Err(e) => return Err(Failed::other(CheckpointError::Store(e))),
+                Err(_) if stop() => return Err(Abandoned::other(CheckpointError::Stopped)),
+                Err(e) => return Err(Abandoned::other(CheckpointError::Store(e))),
                 Ok(next) => next,
             };
             t.end()
-                .map_err(|e| Failed::applying(e, CheckpointError::WriteBack))?;
+                .map_err(|e| Abandoned::applying(e, CheckpointError::WriteBack))?;
             let sb = Superblock {
                 uuid: self.uuid,
                 lsn: upto,
@@ -262,10 +267,10 @@ impl Checkpoint {
             };
             t.meta
                 .insert(kv::SUPER, &sb.encode()[..])
-                .map_err(Failed::db)?;
+                .map_err(Abandoned::db)?;
             (sb, next)
         };
-        txn.commit().map_err(Failed::db)?;
+        txn.commit().map_err(Abandoned::db)?;
         // Durable now (redb's commit flushed it): only now may segments go.
         self.sb = sb;
         self.committed = sb.lsn;
@@ -273,7 +278,7 @@ impl Checkpoint {
         self.cursor = Some(next);
         self.recycle_due = true;
         self.recycle(disk)
-            .map_err(|e| Failed::other(CheckpointError::Recycle(e)))?;
+            .map_err(|e| Abandoned::other(CheckpointError::Recycle(e)))?;
         Ok(applied)
     }
 
@@ -287,8 +292,8 @@ impl Checkpoint {
         from: u64,
         upto: u64,
         stop: &dyn Fn() -> bool,
-    ) -> Result<apply::Doomed, Failed> {
-        let mut doomed = apply::Doomed::default();
+    ) -> Result<apply::PagesAbsorbed, Abandoned> {
+        let mut pages_absorbed = apply::PagesAbsorbed::default();
         journal::follow(
             disk,
             &self.store,
@@ -303,13 +308,13 @@ impl Checkpoint {
                 for r in recs {
                     // A record that does not decode is reported by the reading that applies.
                     if let Ok(Glance::Free { inode }) = Record::glance(r) {
-                        doomed.insert(inode);
+                        pages_absorbed.insert(inode);
                     }
                 }
                 Ok(())
             },
         )
-        .map_err(|e| Failed::other(CheckpointError::Store(e)))?;
-        Ok(doomed)
+        .map_err(|e| Abandoned::other(CheckpointError::Store(e)))?;
+        Ok(pages_absorbed)
     }
 }

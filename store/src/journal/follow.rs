@@ -22,8 +22,9 @@ pub(crate) struct Cursor {
     pub lsn: u64,
 }
 
-/// Bytes of one segment, read forward a window at a time.
-struct Window {
+/// Reads one segment forward: keeps the last bytes it read (at least [`SEGMENT_READ`], in
+/// whole blocks) and reads again only for bytes outside them.
+struct SegmentReader {
     path: PathBuf,
     file: Arc<dyn DiskFile>,
     /// Offset of `buf`'s first byte in the file (a multiple of [`BLOCK`]).
@@ -33,16 +34,17 @@ struct Window {
     buf: Blocks,
 }
 
-/// How much [`Window`] reads at once.
-const WINDOW: usize = 1 << 20;
+/// How much [`SegmentReader`] reads at once, at least. Not the checkpoint's window of records
+/// (`checkpoint/window.rs`, `RECORD_WINDOW`).
+const SEGMENT_READ: usize = 1 << 20;
 
-impl Window {
-    fn open(disk: &dyn Disk, store: &Path, seq: u64) -> Result<Window, StoreError> {
+impl SegmentReader {
+    fn open(disk: &dyn Disk, store: &Path, seq: u64) -> Result<SegmentReader, StoreError> {
         let path = segment_path(store, seq);
         let file = disk
             .open(&path, false)
             .map_err(StoreError::io(&path, "open"))?;
-        Ok(Window {
+        Ok(SegmentReader {
             path,
             file,
             start: 0,
@@ -57,7 +59,9 @@ impl Window {
         let have = off >= self.start && off + len as u64 <= self.start + self.len as u64;
         if !have {
             let start = off - off % BLOCK as u64;
-            let want = ((off - start) as usize + len).max(WINDOW).div_ceil(BLOCK);
+            let want = ((off - start) as usize + len)
+                .max(SEGMENT_READ)
+                .div_ceil(BLOCK);
             let buf = self.buf.bytes(want);
             let mut n = 0;
             while n < buf.len() {
@@ -133,7 +137,7 @@ pub(crate) fn follow(
             }
         }
     };
-    let mut w = Window::open(disk, store, c.seq)?;
+    let mut w = SegmentReader::open(disk, store, c.seq)?;
     while c.lsn <= upto {
         let head = w.get(c.offset, BATCH_HEADER)?;
         let Some(h) = BatchHeader::decode(head, &uuid).filter(|h| h.segment == c.seq) else {
@@ -151,7 +155,7 @@ pub(crate) fn follow(
             if !disk.exists(&segment_path(store, c.seq + 1)) {
                 return Err(missing());
             }
-            let next = Window::open(disk, store, c.seq + 1)?;
+            let next = SegmentReader::open(disk, store, c.seq + 1)?;
             let mut sh = [0u8; SEGMENT_HEADER];
             let n = next
                 .file
