@@ -16,7 +16,7 @@
 #
 # The tests run twice over the two FUSE transports (fuse/src/session.rs): the whole workspace
 # with every mount on /dev/fuse (LANEFS_URING=off), then the mount suites (fuse/tests/mount.rs
-# with pjdfstest, dircache.rs, stress.rs, handoff.rs, guardattack.rs, listattack.rs,
+# with pjdfstest, dircache.rs, stress.rs, handoff.rs, listing_races.rs,
 # cli/tests/{cli,crash,memory,run}.rs) with every mount on
 # io_uring (LANEFS_URING=on: a mount that cannot get io_uring fails). As root on a kernel with
 # FUSE over io_uring (/sys/module/fuse/parameters/enable_uring exists) it turns that on first;
@@ -116,7 +116,7 @@ if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     # engine/tests/{stress,memory}.rs and store/tests/crash.rs, which mount nothing (a few
     # seconds).
     if ! LANEFS_URING=on cargo test --workspace --locked --no-fail-fast --test mount --test dircache \
-        --test stress --test handoff --test guardattack --test listattack --test cli \
+        --test stress --test handoff --test listing_races --test cli \
         --test crash --test memory --test run "$@" 9>&-; then
         failed+=("pass 2 (io_uring)")
     fi

@@ -114,14 +114,13 @@ fn posix_acls() {
 /// Prints its seed; `LANEFS_SEED=<n>` replays one.
 #[test]
 fn randomized_against_the_kernel() {
-    use rand::{Rng, SeedableRng, rngs::StdRng};
-    let seeds: Vec<u64> = match std::env::var("LANEFS_SEED") {
-        Ok(s) => vec![s.parse().expect("LANEFS_SEED is a number")],
-        Err(_) => (0..4).map(|_| rand::random::<u64>()).collect(),
-    };
+    use rand::{Rng, rngs::StdRng};
+    let seeds = common::seed::seeds("randomized_against_the_kernel", common::seed::fresh(4));
     for seed in seeds {
-        eprintln!("randomized_against_the_kernel: seed {seed} (replay with LANEFS_SEED={seed})");
-        let mut rng = StdRng::seed_from_u64(seed);
+        eprintln!(
+            "randomized_against_the_kernel: seed {seed} (LANEFS_SEED={seed} replays it alone)"
+        );
+        let mut rng = common::seed::rng(seed);
         let names = [
             "a", "b", "c", "d", "a/x", "a/y", "a/w", "b/x", "b/a", "b/y", "a/x/z", "c/q", "c/..",
         ];

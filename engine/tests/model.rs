@@ -3,13 +3,16 @@
 //! and every result and errno is compared, under all three locking modes. The filesystem's
 //! invariant checker runs every few hundred operations.
 //!
-//! Each run prints its seed; `LANEFS_SEED=<n>` replays it.
+//! Each run prints its seeds; `LANEFS_SEED=<n>` replays one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use lanefs::{Client, Config, Errno, Filesystem, Locking, OpenOptions};
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::Rng;
+
+#[path = "common/seed.rs"]
+mod seed;
 
 type Ino = u64;
 
@@ -287,7 +290,7 @@ fn join(p: &[&str]) -> String {
 }
 
 fn run(seed: u64, locking: Locking, steps: usize) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = seed::rng(seed);
     let fs = Arc::new(Filesystem::new(Config {
         locking,
         ..Config::default()
@@ -398,12 +401,9 @@ fn run(seed: u64, locking: Locking, steps: usize) {
 
 #[test]
 fn random_operations_match_the_model_in_every_locking_mode() {
-    let seeds: Vec<u64> = match std::env::var("LANEFS_SEED") {
-        Ok(s) => vec![s.parse().expect("LANEFS_SEED is a number")],
-        Err(_) => (0..3).map(|_| rand::random::<u64>()).collect(),
-    };
+    let seeds = seed::seeds("model test", seed::fresh(3));
     for seed in seeds {
-        eprintln!("model test: seed {seed} (replay with LANEFS_SEED={seed})");
+        eprintln!("model test: seed {seed} (LANEFS_SEED={seed} replays it alone)");
         for locking in Locking::ALL {
             run(seed, locking, 6000);
         }

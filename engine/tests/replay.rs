@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use common::dump;
 
 use lanefs::*;
-use rand::{Rng, SeedableRng, rngs::StdRng};
+use rand::{Rng, rngs::StdRng};
 
 /// Keeps every record's bytes, in append order (one lock: appends are serialised in the
 /// order the engine made them, which is what this test checks replays).
@@ -39,13 +39,6 @@ impl Store for Recorder {
     fn durable(&self) -> bool {
         true
     }
-}
-
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
 }
 
 fn cfg() -> Config {
@@ -304,7 +297,7 @@ fn run(threads: u64, ops: usize, seed: u64) -> (Arc<Filesystem>, Arc<Recorder>, 
             .map(|t| {
                 let fs = fs.clone();
                 s.spawn(move || {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t * 0x9E37_79B9));
+                    let mut rng = common::seed::rng(seed ^ (t * 0x9E37_79B9));
                     let c = if t % 3 == 2 {
                         Client::new(fs, Ctx::user(1, 1).with_umask(0o022))
                     } else {
@@ -333,8 +326,7 @@ fn run(threads: u64, ops: usize, seed: u64) -> (Arc<Filesystem>, Arc<Recorder>, 
 
 #[test]
 fn one_thread_replays_exactly_including_times() {
-    let seed = seed();
-    eprintln!("replay seed {seed} (LANEFS_SEED={seed})");
+    let seed = common::seed::seed("one_thread_replays_exactly_including_times");
     let (fs, rec, open) = run(1, 3000, seed);
     let rebuilt = rebuild(&rec);
     open.into_iter().for_each(|fh| fs.release(fh).unwrap());
@@ -343,8 +335,7 @@ fn one_thread_replays_exactly_including_times() {
 
 #[test]
 fn many_threads_replay_to_the_same_tree() {
-    let seed = seed();
-    eprintln!("replay seed {seed} (LANEFS_SEED={seed})");
+    let seed = common::seed::seed("many_threads_replay_to_the_same_tree");
     for round in 0..3 {
         let (fs, rec, open) = run(8, 1500, seed.wrapping_add(round));
         let rebuilt = rebuild(&rec);
@@ -355,7 +346,7 @@ fn many_threads_replay_to_the_same_tree() {
 
 #[test]
 fn a_rebuilt_filesystem_continues_without_reusing_ids_or_cookies() {
-    let seed = seed();
+    let seed = common::seed::seed("a_rebuilt_filesystem_continues_without_reusing_ids_or_cookies");
     let (fs, rec, _open) = run(2, 500, seed);
     let rebuilt = Arc::new(rebuild(&rec));
     let before = dump(&rebuilt, false);

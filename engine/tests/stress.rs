@@ -15,14 +15,7 @@ use lanefs::{
     Client, Config, Ctx, Errno, Filesystem, LockClass, Locking, OpenOptions, RENAME_EXCHANGE,
     RENAME_NOREPLACE, RENAME_WHITEOUT, ROOT_INO,
 };
-use rand::{Rng, SeedableRng, rngs::StdRng};
-
-fn seed() -> u64 {
-    std::env::var("LANEFS_SEED")
-        .ok()
-        .map(|s| s.parse().unwrap())
-        .unwrap_or_else(rand::random)
-}
+use rand::{Rng, rngs::StdRng};
 
 /// Sets a stop flag when dropped, so helper threads end even when the main thread panics
 /// (otherwise the thread scope would wait for them forever).
@@ -59,8 +52,7 @@ fn expected(e: &std::io::Error) -> bool {
 /// between them), then the whole tree must satisfy every invariant.
 #[test]
 fn random_operations_from_many_threads_keep_invariants() {
-    let seed = seed();
-    eprintln!("stress seed {seed} (replay choices with LANEFS_SEED={seed})");
+    let seed = common::seed::seed("random_operations_from_many_threads_keep_invariants");
     for locking in Locking::ALL {
         let fs = fs(locking);
         let root = Client::root(fs.clone());
@@ -72,7 +64,7 @@ fn random_operations_from_many_threads_keep_invariants() {
             for t in 0..24u64 {
                 let (fs, ops) = (fs.clone(), &ops);
                 s.spawn(move || {
-                    let mut rng = StdRng::seed_from_u64(seed ^ (t * 0x9E37_79B9));
+                    let mut rng = common::seed::rng(seed ^ (t * 0x9E37_79B9));
                     let c = Client::root(fs);
                     let name = |rng: &mut StdRng| {
                         let d = rng.random_range(0..4);
@@ -400,7 +392,7 @@ fn rmdir_races_creates_without_losing_entries() {
 /// case that takes the filesystem-wide rename lock): no deadlock, no cycle, no lost subtree.
 #[test]
 fn concurrent_directory_moves_never_form_cycles() {
-    let seed = seed();
+    let seed = common::seed::seed("concurrent_directory_moves_never_form_cycles");
     let fs = fs(Locking::Lanes);
     let c = Client::root(fs.clone());
     let dirs: Vec<String> = (0..8).map(|i| format!("/d{i}")).collect();
@@ -412,7 +404,7 @@ fn concurrent_directory_moves_never_form_cycles() {
             let fs = fs.clone();
             s.spawn(move || {
                 let c = Client::root(fs);
-                let mut rng = StdRng::seed_from_u64(seed ^ t);
+                let mut rng = common::seed::rng(seed ^ t);
                 for _ in 0..3000 {
                     // Walk down a random existing path, then try to move it somewhere random.
                     let pick = |rng: &mut StdRng| {
@@ -501,8 +493,7 @@ fn rename_cost_does_not_grow_with_unrelated_files() {
 /// names, and no entry lives in a removed directory. All three locking modes.
 #[test]
 fn rounds_of_namespace_races_keep_invariants_after_every_round() {
-    let seed = seed();
-    eprintln!("rounds seed {seed} (replay choices with LANEFS_SEED={seed})");
+    let seed = common::seed::seed("rounds_of_namespace_races_keep_invariants_after_every_round");
     for locking in Locking::ALL {
         let fs = fs(locking);
         let root = Client::root(fs.clone());
@@ -516,8 +507,7 @@ fn rounds_of_namespace_races_keep_invariants_after_every_round() {
                 for t in 0..8u64 {
                     let (fs, ok) = (fs.clone(), &ok);
                     s.spawn(move || {
-                        let mut rng =
-                            StdRng::seed_from_u64(seed ^ (round << 32) ^ (t * 0x9E37_79B9));
+                        let mut rng = common::seed::rng(seed ^ (round << 32) ^ (t * 0x9E37_79B9));
                         let c = Client::root(fs.clone());
                         let ctx = Ctx::root();
                         let path = |rng: &mut StdRng| {

@@ -504,17 +504,14 @@ fn pages_whose_write_back_failed_do_not_stay_in_the_cache() {
 /// the engine must agree). Prints its seed; `LANEFS_SEED=<n>` replays it.
 #[test]
 fn data_survives_random_io_like_fsx() {
-    use rand::{Rng, SeedableRng, rngs::StdRng};
+    use rand::{Rng, rngs::StdRng};
     use std::os::unix::fs::FileExt;
     use std::os::unix::io::AsRawFd;
 
     const MAX: usize = 256 * 1024;
     const PAGE: usize = 4096;
-    let seed: u64 = std::env::var("LANEFS_SEED")
-        .map(|s| s.parse().expect("LANEFS_SEED is a number"))
-        .unwrap_or_else(|_| rand::random());
-    eprintln!("fsx seed {seed} (replay with LANEFS_SEED={seed})");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let seed = common::seed::seed("fsx");
+    let mut rng = common::seed::rng(seed);
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let path = m.path().join("fsx");
     let f = std::fs::OpenOptions::new()

@@ -6,10 +6,16 @@
 //! has set its filesystem uid/gid and supplementary groups with per-thread raw system calls,
 //! its own umask (`unshare(CLONE_FS)`), and, for non-root identities, dropped every
 //! capability, so it is a plain user to the kernel.
+//!
+//! Beside it: [`cases`] (the cases both run), [`seed`] (the seeds of every randomised test,
+//! from `LANEFS_SEED`), [`tree`] (a whole filesystem as a map, compared) and
+//! [`linearizability`] (the races of `permission_linearizability.rs` and
+//! `directory_linearizability.rs`).
 
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod linearizability;
 pub mod seed;
 pub mod tree;
 

@@ -1,4 +1,4 @@
-//! Attacks on directory listings and link counts through a real mount, with many threads.
+//! Races of directory listings and link counts through a real mount, with many threads.
 //!
 //! Written from scratch (without reading the other tests) against two fixes: the server drops
 //! a directory's cached listing before it answers a change of its names when the directory was
@@ -7,7 +7,7 @@
 //!
 //! Every test mounts its own lanefs (root and `/dev/fuse` needed; otherwise it says so and
 //! passes) on the transport `LANEFS_URING` selects (`off`: `/dev/fuse`, `on`: io_uring), runs
-//! for `LISTATTACK_SECS` seconds (default 4) and prints its seed (`LISTATTACK_SEED` replays the
+//! for `LISTING_RACES_SECS` seconds (default 4) and prints its seed (`LANEFS_SEED` replays the
 //! thread schedule's random choices, not the schedule itself).
 //!
 //! The model of a listing: each name a mutator owns has a presence sequence (odd while an
@@ -20,7 +20,7 @@
 //! them unspecified; a name removed and made again may show twice).
 //!
 //! A watchdog aborts a test's FUSE connection (fusectl) when its mount has not finished in
-//! `3 * LISTATTACK_SECS + 30` seconds, so a server that stops answering fails the test instead
+//! `3 * LISTING_RACES_SECS + 30` seconds, so a server that stops answering fails the test instead
 //! of leaving its threads (and the test process) blocked for good.
 //!
 //! Each of the two fixes makes tests here fail on the code before it (5159e99), within
@@ -36,7 +36,7 @@
 //! (`lanefs::notify`, `Settled`).
 //!
 //! The `#[ignore]`d test fails on the current code, for the bug its reason names;
-//! `cargo test -p lanefs-fuse --test listattack -- --include-ignored` runs it.
+//! `cargo test -p lanefs-fuse --test listing_races -- --include-ignored` runs it.
 
 use std::collections::HashMap;
 use std::ffi::CString;
@@ -51,29 +51,21 @@ use std::time::{Duration, Instant};
 
 use lanefs::{Client, Config, Filesystem, RENAME_EXCHANGE};
 use lanefs_fuse::{Mount, MountConfig, mount_background};
+use rand::Rng;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+
+#[path = "../../engine/tests/common/seed.rs"]
+mod seed;
 
 // ----- harness --------------------------------------------------------------------------------
 
+/// How long each test's threads run (`LISTING_RACES_SECS`, default 4).
 fn secs() -> Duration {
-    let s = std::env::var("LISTATTACK_SECS")
+    let s = std::env::var("LISTING_RACES_SECS")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(4.0);
     Duration::from_secs_f64(s)
-}
-
-fn base_seed() -> u64 {
-    std::env::var("LISTATTACK_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
 }
 
 /// Failures seen by any thread; the first one stops every thread soon after.
@@ -706,7 +698,7 @@ impl Shared {
 }
 
 fn lister(sh: &Shared, id: usize, seed: u64) {
-    let mut rng = StdRng::seed_from_u64(seed);
+    let mut rng = seed::rng(seed);
     let what = |mode: &str| format!("lister {id} ({mode})");
     while !sh.done() {
         let dir = rng.random_range(0..L_DIRS);
@@ -1321,8 +1313,7 @@ fn listings_show_every_name_stable_across_them() {
     let Some(env) = Env::new("listings_show_every_name_stable_across_them") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("listings_show_every_name_stable_across_them");
     let c = env.client();
     let mut dir_inos = Vec::new();
     let mut static_inos = Vec::new();
@@ -1372,7 +1363,7 @@ fn listings_show_every_name_stable_across_them() {
                     t,
                     via,
                     own: vec![None; L_DIRS * L_K],
-                    rng: StdRng::seed_from_u64(seed.wrapping_add(t as u64)),
+                    rng: seed::rng(seed.wrapping_add(t as u64)),
                 };
                 while !sh.done() {
                     m.step();
@@ -1469,7 +1460,7 @@ const N_LISTERS: usize = 12;
 const N_FILES: usize = 3;
 
 /// Listers that only read the directories (READDIRPLUS from offset 0, READDIR after), and check
-/// the names that never change; with `LISTATTACK_STAT_LISTERS=1` they also lstat every name
+/// the names that never change; with `LISTING_RACES_STAT_LISTERS=1` they also lstat every name
 /// they list (a LOOKUP or GETATTR racing an unlink of another name of the file can make the
 /// kernel count the link count down twice: the limitation lanefs's docs name, any FUSE server
 /// has it, so it is off by default).
@@ -1482,8 +1473,8 @@ fn plain_lister(
     seed: u64,
     listings: &AtomicUsize,
 ) {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let stat_too = std::env::var("LISTATTACK_STAT_LISTERS").is_ok_and(|v| v == "1");
+    let mut rng = seed::rng(seed);
+    let stat_too = std::env::var("LISTING_RACES_STAT_LISTERS").is_ok_and(|v| v == "1");
     while !fails.stopped() && Instant::now() < deadline {
         let d = rng.random_range(0..dirs.len());
         let p = mnt.join(&dirs[d]);
@@ -1783,8 +1774,7 @@ fn link_counts_stay_exact_while_directories_are_listed() {
     let Some(env) = Env::new("link_counts_stay_exact_while_directories_are_listed") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("link_counts_stay_exact_while_directories_are_listed");
     let (dirs, statics) = static_dirs(&env);
     let fails = Fails::default();
     let deadline = Instant::now() + secs();
@@ -1819,7 +1809,7 @@ fn link_counts_stay_exact_while_directories_are_listed() {
                     mnt: &env.mnt,
                     fails,
                     files: (0..N_FILES).map(|_| None).collect(),
-                    rng: StdRng::seed_from_u64(seed.wrapping_add(t as u64)),
+                    rng: seed::rng(seed.wrapping_add(t as u64)),
                     next: 0,
                     ops,
                 };
@@ -1855,8 +1845,7 @@ fn rename_over_a_hard_link_while_listing() {
     let Some(env) = Env::new("rename_over_a_hard_link_while_listing") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("rename_over_a_hard_link_while_listing");
     let (dirs, statics) = static_dirs(&env);
     let fails = Fails::default();
     let deadline = Instant::now() + secs();
@@ -1880,7 +1869,7 @@ fn rename_over_a_hard_link_while_listing() {
         for t in 0..32usize {
             let (fails, rounds, mnt) = (&fails, &rounds, &env.mnt);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(t as u64));
+                let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut n = 0u64;
                 let mut fresh = |rng: &mut StdRng| {
                     n += 1;
@@ -2208,8 +2197,7 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
     else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("directories_moved_between_parents_keep_dotdot_and_link_counts");
     let nw = D_MOUNT_W + D_LIB_W;
     let mut areas = Vec::new();
     for t in 0..nw {
@@ -2228,7 +2216,7 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
         for id in 0..12 {
             let (fails, listings, areas, mnt) = (&fails, &listings, &areas, &env.mnt);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(700 + id));
+                let mut rng = seed::rng(seed.wrapping_add(700 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let t = rng.random_range(0..nw);
                     let size = bufsize(&mut rng);
@@ -2293,7 +2281,7 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
                     area: areas[t].0,
                     parents: areas[t].1,
                     children: [[None; D_CHILD_NAMES]; 2],
-                    rng: StdRng::seed_from_u64(seed.wrapping_add(t as u64)),
+                    rng: seed::rng(seed.wrapping_add(t as u64)),
                 };
                 while !fails.stopped() && Instant::now() < deadline {
                     if w.step() {
@@ -2386,8 +2374,7 @@ fn link_after_unlink_of_another_name_while_listing() {
     let Some(env) = Env::new("link_after_unlink_of_another_name_while_listing") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("link_after_unlink_of_another_name_while_listing");
     for d in ["P", "Q"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
@@ -2398,7 +2385,7 @@ fn link_after_unlink_of_another_name_while_listing() {
         for id in 0..12u64 {
             let (fails, listings, mnt) = (&fails, &listings, &env.mnt);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(900 + id));
+                let mut rng = seed::rng(seed.wrapping_add(900 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let d = ["P", "Q"][rng.random_range(0..2)];
                     if let Err(e) = list_path(&mnt.join(d), 4096) {
@@ -2414,7 +2401,7 @@ fn link_after_unlink_of_another_name_while_listing() {
                 let name = |d: &str| mnt.join(format!("{d}/t{t:02}-moving-file"));
                 let f = std::fs::File::create_new(name("P")).unwrap();
                 let (mut here, mut there) = ("P", "Q");
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(t as u64));
+                let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 while !fails.stopped() && Instant::now() < deadline {
                     // A stat reads the attributes again (the unlink left the ctime invalid),
                     // which would mend a count made wrong; so most rounds go from the unlink
@@ -2473,8 +2460,7 @@ fn library_changes_race(test: &str, racer: Racer) {
     let Some(env) = Env::new(test) else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed(test);
     std::fs::create_dir(env.p("D")).unwrap();
     std::fs::create_dir(env.p("E")).unwrap();
     let fails = Fails::default();
@@ -2487,7 +2473,7 @@ fn library_changes_race(test: &str, racer: Racer) {
         for id in 0..12u64 {
             let (fails, listings, mnt, current) = (&fails, &listings, &env.mnt, &current);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(900 + id));
+                let mut rng = seed::rng(seed.wrapping_add(900 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     match racer {
                         Racer::Listing => {
@@ -2510,7 +2496,7 @@ fn library_changes_race(test: &str, racer: Racer) {
                 (&fails, &rounds, &env, &chmods, &links, &current);
             s.spawn(move || {
                 let c = env.client();
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(t as u64));
+                let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut n = 0u64;
                 while !fails.stopped() && Instant::now() < deadline {
                     n += 1;
@@ -2601,8 +2587,7 @@ fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
     else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("directory_attributes_after_a_change_inside_while_its_parent_is_listed");
     std::fs::create_dir(env.p("P")).unwrap();
     let fails = Fails::default();
     let deadline = Instant::now() + secs();
@@ -2688,8 +2673,7 @@ fn directories_moved_by_the_library_are_found_at_their_new_path() {
     let Some(env) = Env::new("directories_moved_by_the_library_are_found_at_their_new_path") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("directories_moved_by_the_library_are_found_at_their_new_path");
     for d in ["P0", "P1", "C0", "C1"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
@@ -2713,7 +2697,7 @@ fn directories_moved_by_the_library_are_found_at_their_new_path() {
         for id in 0..8u64 {
             let (fails, mnt, at) = (&fails, &env.mnt, &at);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(300 + id));
+                let mut rng = seed::rng(seed.wrapping_add(300 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let t = rng.random_range(0..W);
                     let p = at[t].load(SeqCst);
@@ -2776,8 +2760,7 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
     else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("listings_of_directories_the_library_moves_keep_the_server_alive");
     for d in ["P0", "P1"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
@@ -2790,7 +2773,7 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
         for id in 0..10u64 {
             let (fails, mnt, listings) = (&fails, &env.mnt, &listings);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(100 + id));
+                let mut rng = seed::rng(seed.wrapping_add(100 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let p = rng.random_range(0..2);
                     // ESTALE or ELOOP may come from the kernel's d_splice_alias here; the
@@ -2803,7 +2786,7 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
         for id in 0..8u64 {
             let (fails, mnt, at) = (&fails, &env.mnt, &at);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(300 + id));
+                let mut rng = seed::rng(seed.wrapping_add(300 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let t = rng.random_range(0..W);
                     let p = at[t].load(SeqCst);
@@ -2863,8 +2846,7 @@ fn no_names_listed_in_a_removed_directory() {
     let Some(env) = Env::new("no_names_listed_in_a_removed_directory") else {
         return;
     };
-    let seed = base_seed();
-    eprintln!("seed {seed}");
+    let seed = seed::seed("no_names_listed_in_a_removed_directory");
     std::fs::create_dir(env.p("R")).unwrap();
     std::fs::create_dir(env.p("T")).unwrap();
     let r_ino = lstat(&env.p("R")).unwrap().ino();
@@ -2883,7 +2865,7 @@ fn no_names_listed_in_a_removed_directory() {
         for id in 0..8u64 {
             let (fails, mnt, current, listings) = (&fails, &env.mnt, &current, &listings);
             s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(400 + id));
+                let mut rng = seed::rng(seed.wrapping_add(400 + id));
                 while !fails.stopped() && Instant::now() < deadline {
                     let size = bufsize(&mut rng);
                     if rng.random_bool(0.3) {
@@ -2924,7 +2906,7 @@ fn no_names_listed_in_a_removed_directory() {
                 (&fails, &env, &current, &rounds, &names_of);
             s.spawn(move || {
                 let c = env.client();
-                let mut rng = StdRng::seed_from_u64(seed.wrapping_add(t as u64));
+                let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut round = 0u64;
                 let lib = |rng: &mut StdRng| if rng.random_bool(0.5) { Via::Lib(c.clone()) } else { Via::Mount(&env.mnt) };
                 while !fails.stopped() && Instant::now() < deadline {
