@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::*, fence};
 use std::time::Instant;
 
 use crate::id::{Generation, Ino};
+use crate::record::effect;
 use crate::stats::{LockClass, Stats};
 use crate::time::Timespec;
 
@@ -188,6 +189,8 @@ pub(crate) struct AttrVals {
     pub mtime: Timespec,
     pub ctime: Timespec,
 }
+
+crate::impl_attributes!(AttrVals);
 
 /// `chattr +i`: the inode is immutable (`FS_IMMUTABLE_FL`, as `FS_IOC_GETFLAGS` reports it).
 pub const FS_IMMUTABLE_FL: u32 = 0x10;
@@ -456,8 +459,7 @@ impl AttrCell {
             return;
         }
         let _ = self.update::<(), ()>(stats, |v| {
-            v.mtime = v.mtime.advance(t);
-            v.ctime = v.ctime.advance(t);
+            effect::entries_changed(v, t);
             Ok(())
         });
     }
@@ -465,7 +467,7 @@ impl AttrCell {
     /// Moves ctime to `t` (a status change: link count, rename, xattr; [`Timespec::advance`]).
     pub fn set_c(&self, t: Timespec, stats: &Stats) {
         let _ = self.update::<(), ()>(stats, |v| {
-            v.ctime = v.ctime.advance(t);
+            effect::status_changed(v, t);
             Ok(())
         });
     }

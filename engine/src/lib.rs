@@ -97,7 +97,10 @@ pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};
 pub use path::{At, Client, DirEntryInfo, File, Metadata, OpenOptions};
 pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
-pub use record::{AttrChange, DecodeError, Glance, MemoryStore, NewInode, Record, Store, SyncDone};
+pub use record::{
+    AttrChange, Attributes, DecodeError, MemoryStore, NewInode, Record, RecordSummary, Store,
+    SyncDone, effect,
+};
 pub use stats::{LockClass, LockStat, Op, StatsSnapshot};
 pub use time::Timespec;
 pub use xattr::{XATTR_CREATE, XATTR_REPLACE};

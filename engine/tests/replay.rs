@@ -68,7 +68,7 @@ fn rebuild(rec: &Recorder) -> Filesystem {
             .count()
     };
     let flags = count(|r| matches!(r, Record::SetFlags { .. }));
-    let inherited = count(|r| matches!(r, Record::CreateWithFlags { .. }));
+    let inherited = count(|r| matches!(r, Record::Create { flags, .. } if *flags != 0));
     let whiteouts = count(|r| matches!(r, Record::RenameWhiteout { .. }));
     let tmpfiles = count(|r| matches!(r, Record::Tmpfile { .. }));
     eprintln!(

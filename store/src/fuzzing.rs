@@ -2,9 +2,9 @@
 //! seeds and random mutations of them, so that they build and hold on stable. Not an API.
 //!
 //! - [`decode_record`]: any bytes given to the record decoder either fail to decode or
-//!   decode to a record that encodes and decodes back to itself; never a panic. A glance
-//!   (`Record::glance`) at the same bytes agrees: for the kinds it reads (Create,
-//!   CreateWithFlags, Remove, Free, Rename: docs/RECORDS.md tags 2, 4, 5, 12, 15) it gives
+//!   decode to a record that encodes and decodes back to itself; never a panic. A summary
+//!   (`RecordSummary::decode`) of the same bytes agrees: for the kinds it reads (Create,
+//!   Remove, Free, Rename: docs/RECORDS.md tags 2, 4, 5, 12, 15) it gives
 //!   what decoding gives, or the same error; for the others, nothing.
 //! - [`scan_image`]: any bytes, cut into one to three segment files of a store, either scan
 //!   to an error or to an end from which a writer continues the journal: the records read
@@ -16,7 +16,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use lanefs::{Glance, Record};
+use lanefs::{Record, RecordSummary};
 
 use crate::disk::{Disk, SimDisk};
 use crate::journal::{
@@ -34,11 +34,15 @@ pub fn decode_record(data: &[u8]) {
         let again = r.to_bytes();
         assert_eq!(Record::decode(&again).as_ref(), Ok(r), "{r:?}");
     }
-    let glanced = Record::glance(data);
+    let summary = RecordSummary::decode(data);
     if matches!(data.first(), Some(2 | 4 | 5 | 12 | 15)) {
-        assert_eq!(glanced, decoded.map(|r| Glance::of(&r)), "{data:02x?}");
+        assert_eq!(
+            summary,
+            decoded.map(|r| RecordSummary::of(&r)),
+            "{data:02x?}"
+        );
     } else {
-        assert_eq!(glanced, Ok(Glance::Other), "{data:02x?}");
+        assert_eq!(summary, Ok(RecordSummary::Other), "{data:02x?}");
     }
 }
 

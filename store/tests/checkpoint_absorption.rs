@@ -1559,7 +1559,7 @@ fn ghosts_from_many_lanes() {
 }
 
 /// Directories with a default ACL: ghosts inherit ACLs (xattr keys of their own); directories
-/// with inherited inode flags (CreateWithFlags records).
+/// with inherited inode flags (Creates with flags).
 #[test]
 fn ghosts_with_inherited_acls_and_flags() {
     let mut w = W::new("acl");
@@ -1577,7 +1577,7 @@ fn ghosts_with_inherited_acls_and_flags() {
     );
     let s = w.mkdir(d, "sub");
     w.ghost(s, "gs", 1);
-    // Inherited inode flags: creates in `f` are CreateWithFlags records.
+    // Inherited inode flags: creates in `f` are Creates with flags (tag 15).
     let f = w.mkdir(r, "f");
     w.fs.set_flags(&w.ctx, f, lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL)
         .unwrap();

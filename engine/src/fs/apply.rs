@@ -41,7 +41,7 @@ use crate::dir::{Pending, RenameMap};
 use crate::errno::{Errno, Result};
 use crate::id::InoGen;
 use crate::inode::{Body, DirBody, Fate, Inode};
-use crate::record::{AttrChange, NewInode, Record};
+use crate::record::{AttrChange, NewInode, Record, effect};
 use crate::time::Timespec;
 use crate::xattr::Shard as XattrShard;
 
@@ -55,21 +55,15 @@ impl Filesystem {
         refs: u32,
         g: &'g Guard,
     ) -> Result<&'g Inode> {
-        let (name, cookie, n, inherited) = match *rec {
-            Record::Create {
-                name,
-                cookie,
-                inode,
-                ..
-            } => (name, cookie, inode, 0),
-            Record::CreateWithFlags {
-                name,
-                cookie,
-                inode,
-                flags,
-                ..
-            } => (name, cookie, inode, flags),
-            _ => unreachable!("apply_create of {rec:?}"),
+        let Record::Create {
+            name,
+            cookie,
+            inode: n,
+            flags: inherited,
+            ..
+        } = *rec
+        else {
+            unreachable!("apply_create of {rec:?}")
         };
         let give_back = || {
             if !self.replaying() {
@@ -496,18 +490,10 @@ impl Filesystem {
     /// not advanced ([`Timespec::advance`]): a `SetAttr` carries times chosen under the
     /// seqlock, and loading a checkpoint restores an inode's times with one.
     pub(super) fn apply_attr(v: &mut AttrVals, c: &AttrChange, pages: u64) {
-        if let Some(mode) = c.mode {
-            v.mode = (v.mode & libc::S_IFMT) | (mode & 0o7777);
-        }
-        v.uid = c.uid.unwrap_or(v.uid);
-        v.gid = c.gid.unwrap_or(v.gid);
-        if let Some(size) = c.size {
-            v.size = size;
+        c.apply(v);
+        if c.size.is_some() {
             v.blocks = pages * (PAGE / 512);
         }
-        v.atime = c.atime.unwrap_or(v.atime);
-        v.mtime = c.mtime.unwrap_or(v.mtime);
-        v.ctime = c.ctime.unwrap_or(v.ctime);
     }
 
     /// [`Record::SetAttr`] as recovery applies it (the live path wraps its checks around
@@ -549,8 +535,7 @@ impl Filesystem {
         let Record::SetFlags { flags: f, time, .. } = *rec else {
             unreachable!("apply_flags of {rec:?}")
         };
-        v.flags = (v.flags & !flags::USER) | f;
-        v.ctime = v.ctime.advance(time);
+        effect::flags_set(v, f, time);
     }
 
     /// [`Record::SetFlags`] as recovery applies it.
@@ -574,10 +559,8 @@ impl Filesystem {
         d.write(offset, data, self.page_epochs.label(), &self.page_epochs);
         let pages = d.pages();
         let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            v.size = v.size.max(offset + data.len() as u64);
+            effect::contents_changed(v, time, Some(offset + data.len() as u64));
             v.blocks = pages * (PAGE / 512);
-            v.mtime = time;
-            v.ctime = v.ctime.advance(time);
             Ok(())
         });
     }
@@ -607,12 +590,8 @@ impl Filesystem {
         };
         let pages = d.pages();
         let _ = i.attr.update::<(), ()>(&self.stats, |v| {
-            if let Some(end) = size_to {
-                v.size = v.size.max(end);
-            }
+            effect::contents_changed(v, time, size_to);
             v.blocks = pages * (PAGE / 512);
-            v.mtime = time;
-            v.ctime = v.ctime.advance(time);
             Ok(())
         });
     }
@@ -671,8 +650,7 @@ impl Filesystem {
         } else {
             v.flags |= flags::XATTRS;
         }
-        v.mode = a.mode;
-        v.ctime = v.ctime.advance(a.time);
+        effect::acl_set(v, a.mode, a.time);
         Ok(())
     }
 
@@ -742,7 +720,7 @@ impl Filesystem {
             } else {
                 v.flags &= !flags::XATTRS;
             }
-            v.ctime = v.ctime.advance(time);
+            effect::status_changed(v, time);
             Ok(())
         })
     }

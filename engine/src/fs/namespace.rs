@@ -12,7 +12,7 @@
 //! name (its write permission check fails, EPERM), an append-only one every removed name
 //! (`may_delete`); an immutable or append-only inode is not removed, renamed, replaced or
 //! given another name (`may_delete`, `vfs_link`); a new inode inherits its directory's 'd' and
-//! 'A' (a CreateWithFlags record). A whiteout is made as `shmem_whiteout` makes it, by a
+//! 'A' (a Create record carries them). A whiteout is made as `shmem_whiteout` makes it, by a
 //! `mknod(S_IFCHR, 0)` in the source directory on the caller's behalf, in the rename's own
 //! record, so the source name never names nothing.
 //!
@@ -201,20 +201,12 @@ impl Filesystem {
             default_acl: &default_acl,
         };
         let (dir_id, cookie) = (dir.id(), self.dirents.next_cookie());
-        let rec = match dv.flags & flags::INHERITED {
-            0 => Record::Create {
-                dir: dir_id,
-                name,
-                cookie,
-                inode,
-            },
-            inherited => Record::CreateWithFlags {
-                dir: dir_id,
-                name,
-                cookie,
-                inode,
-                flags: inherited,
-            },
+        let rec = Record::Create {
+            dir: dir_id,
+            name,
+            cookie,
+            inode,
+            flags: dv.flags & flags::INHERITED,
         };
         self.counted_for(ctx, inode.id.ino, |refs| {
             self.apply_create(&rec, (dir, d), extra_refs + refs, g)

@@ -70,7 +70,7 @@ impl Filesystem {
 /// Notes the ids and cookie a replayed record carries, so that fresh ones come after them.
 pub(super) fn observe(fs: &Filesystem, rec: &Record<'_>) {
     match *rec {
-        Record::Create { cookie, inode, .. } | Record::CreateWithFlags { cookie, inode, .. } => {
+        Record::Create { cookie, inode, .. } => {
             fs.ids.observe(inode.id);
             fs.dirents.observe_cookie(cookie);
         }
@@ -145,9 +145,7 @@ impl Recovery {
         // Records built by a store from its own keys have not been through the decoder's
         // checks of cookies (`Record::decode`).
         let cookies = match *rec {
-            Record::Create { cookie, .. }
-            | Record::CreateWithFlags { cookie, .. }
-            | Record::Link { cookie, .. } => [Some(cookie), None],
+            Record::Create { cookie, .. } | Record::Link { cookie, .. } => [Some(cookie), None],
             Record::Rename { cookie, .. } => [(cookie != 0).then_some(cookie), None],
             Record::RenameWhiteout {
                 cookie,
@@ -170,9 +168,6 @@ impl Recovery {
                 fs.apply_root(rec, self.inode(InodeId::ROOT, &g)?)
             }
             Record::Create {
-                dir, name, inode, ..
-            }
-            | Record::CreateWithFlags {
                 dir, name, inode, ..
             } => {
                 let (d, db) = self.dir(dir, &g)?;
@@ -363,6 +358,7 @@ impl Recovery {
             name: NAME,
             cookie,
             inode: *inode,
+            flags: 0,
         })?;
         self.apply(&Record::Remove {
             dir: InodeId::ROOT,

@@ -1,11 +1,13 @@
-//! Applying journal records to the checkpoint's keys (`kv.rs`), one function per record
-//! kind, inside the checkpoint's write transaction.
+//! Applying journal records to the checkpoint's keys (`kv.rs`), inside the checkpoint's
+//! write transaction: [`Tables::apply`] gives each record kind to one function here.
 //!
 //! Each function makes in the keys exactly the change that the engine's apply function for
-//! that record kind makes in memory (engine/src/fs/apply.rs and data.rs: link counts, the
-//! times the record carries, a directory's `..`, page arithmetic of writes, holes, punches
-//! and truncation), so that loading the keys gives the filesystem that replaying the
-//! records would have given. `store/tests/checkpoint.rs` holds the two to that: random
+//! that record kind makes in memory (engine/src/fs/apply.rs and data.rs: link counts, a
+//! directory's `..`, page arithmetic of writes, holes, punches and truncation), so that
+//! loading the keys gives the filesystem that replaying the records would have given. What a
+//! record does to an inode's attributes (its times, size, mode, flags) is not written here
+//! but taken from the engine (`lanefs::effect`, applied to [`kv::InodeVal`]), which applies
+//! the same functions to a live inode. `store/tests/checkpoint.rs` holds the two to that: random
 //! workloads checkpointed and reloaded must dump the same tree, attributes, contents and
 //! xattrs as the live filesystem. A record that does not fit the keys (an inode or entry
 //! that is missing or has another generation) is an error: the checkpoint is abandoned and
@@ -13,7 +15,7 @@
 //! redb's own failure (the host's error underneath) leaves the database to be reopened
 //! (mod.rs), a record that does not fit leaves it as it is.
 
-use lanefs::{Glance, InodeId, Record, Timespec};
+use lanefs::{InodeId, Record, RecordSummary, Timespec, effect};
 use redb::{ReadableTable, Table};
 
 use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
@@ -120,7 +122,7 @@ pub(crate) type PagesAbsorbed = std::collections::HashSet<InodeId, foldhash::fas
 ///
 /// Found as the records are read ([`Absorption::see`]), before any of the window is applied:
 /// a file (not a directory: a directory's entries, `..` and link count would have to be
-/// followed too) that a Create or CreateWithFlags makes and a Free ends, and that no record
+/// followed too) that a Create makes and a Free ends, and that no record
 /// names in any other way than as the subject of its data and attribute records, as the
 /// file a Rename moves when that Rename replaces nothing and exchanges nothing, and as the
 /// victim of a Remove. A Link, a Rename that replaces or exchanges (on either side), a
@@ -232,12 +234,12 @@ impl Absorption {
         s
     }
 
-    /// Takes note of a Create, CreateWithFlags, Remove, Free or plain Rename of the window
+    /// Takes note of a Create, Remove, Free or plain Rename of the window
     /// (module doc of [`Absorption`]); returns the slot of the file it is about if this window
     /// made it (for its [`Absorbable`]).
-    pub(crate) fn see(&mut self, g: &Glance) -> Slot {
+    pub(crate) fn see(&mut self, g: &RecordSummary) -> Slot {
         match *g {
-            Glance::Create { inode, mode, .. } => {
+            RecordSummary::Create { inode, mode, .. } => {
                 if mode & libc::S_IFMT == libc::S_IFDIR {
                     return NO_SLOT;
                 }
@@ -249,13 +251,15 @@ impl Absorption {
                 *st = if *st == 0 { MADE } else { MADE | OTHER };
                 at
             }
-            Glance::Free { inode } => self.mark(inode, FREED),
-            Glance::Remove { inode, .. } | Glance::Rename { inode, .. } => self.slot(inode),
-            Glance::Other => NO_SLOT,
+            RecordSummary::Free { inode } => self.mark(inode, FREED),
+            RecordSummary::Remove { inode, .. } | RecordSummary::Rename { inode, .. } => {
+                self.slot(inode)
+            }
+            RecordSummary::Other => NO_SLOT,
         }
     }
 
-    /// Takes note of a record of another kind ([`Glance::Other`]): one that names a file in
+    /// Takes note of a record of another kind ([`RecordSummary::Other`]): one that names a file in
     /// another way than absorbed files are named makes it an ordinary file.
     pub(crate) fn see_other(&mut self, rec: &Record<'_>) {
         match *rec {
@@ -289,7 +293,6 @@ impl Absorption {
             // by `see`; a Rename comes here only if it replaces or exchanges), and data and
             // attribute records, which do not name files otherwise.
             Record::Create { .. }
-            | Record::CreateWithFlags { .. }
             | Record::Remove { .. }
             | Record::Free { .. }
             | Record::SetAttr { .. }
@@ -363,7 +366,7 @@ impl Absorption {
 pub(crate) struct Absorbable {
     /// Where the file's state is in [`Absorption`].
     slot: Slot,
-    /// A Create's or CreateWithFlags' generation (the highest given yet); 0 otherwise (the
+    /// A Create's generation (the highest given yet); 0 otherwise (the
     /// root's, never absorbed).
     made: u64,
     /// The directory (number 0: none, a Free), its new time, and the new entry's cookie (0:
@@ -377,10 +380,10 @@ pub(crate) struct Absorbable {
 }
 
 impl Absorbable {
-    /// What absorption needs of a Create, CreateWithFlags, Remove or Free of a file whose
+    /// What absorption needs of a Create, Remove or Free of a file whose
     /// state is at `slot` ([`Absorption::see`]); `None` for other records and files with no
     /// slot (they are not absorbed).
-    pub(crate) fn of(g: &Glance, slot: Slot) -> Option<Absorbable> {
+    pub(crate) fn of(g: &RecordSummary, slot: Slot) -> Option<Absorbable> {
         if slot == NO_SLOT {
             return None;
         }
@@ -389,23 +392,23 @@ impl Absorbable {
             generation: lanefs::Generation(0),
         };
         let (made, dir, time, cookie, to) = match *g {
-            Glance::Create {
+            RecordSummary::Create {
                 dir,
                 cookie,
                 inode,
                 time,
                 ..
             } => (inode.generation.0, dir, time, cookie, none),
-            Glance::Remove { dir, time, .. } => (0, dir, time, 0, none),
-            Glance::Rename {
+            RecordSummary::Remove { dir, time, .. } => (0, dir, time, 0, none),
+            RecordSummary::Rename {
                 from,
                 to,
                 cookie,
                 time,
                 ..
             } => (0, from, time, cookie, if to == from { none } else { to }),
-            Glance::Free { .. } => (0, none, Timespec::new(0, 0), 0, none),
-            Glance::Other => return None,
+            RecordSummary::Free { .. } => (0, none, Timespec::new(0, 0), 0, none),
+            RecordSummary::Other => return None,
         };
         Some(Absorbable {
             slot,
@@ -575,15 +578,12 @@ impl Tables<'_> {
     /// engine's do ([`Timespec::advance`]), so that a checkpoint holds the times the live
     /// filesystem had whatever the order of changes that shared no lock.
     fn set_mc(&mut self, dir: InodeId, t: Timespec) -> R<()> {
-        self.update(dir, |v| {
-            v.mtime = v.mtime.advance(t);
-            v.ctime = v.ctime.advance(t);
-        })
+        self.update(dir, |v| effect::entries_changed(v, t))
     }
 
     /// A status change at `t`: ctime advances to it ([`Timespec::advance`]).
     fn set_c(&mut self, id: InodeId, t: Timespec) -> R<()> {
-        self.update(id, |v| v.ctime = v.ctime.advance(t))
+        self.update(id, |v| effect::status_changed(v, t))
     }
 
     fn set_xattr(&mut self, ino: u64, name: &[u8], value: Option<&[u8]>) -> R<()> {
@@ -693,8 +693,7 @@ impl Tables<'_> {
             if is_dir {
                 v.nlink += 1;
             }
-            v.mtime = v.mtime.advance(n.time);
-            v.ctime = v.ctime.advance(n.time);
+            effect::entries_changed(v, n.time);
         })
     }
 
@@ -1011,7 +1010,7 @@ impl Tables<'_> {
             return None;
         }
         let id = match *rec {
-            Record::Create { inode, .. } | Record::CreateWithFlags { inode, .. } => inode.id,
+            Record::Create { inode, .. } => inode.id,
             Record::Remove { inode, .. }
             | Record::Free { inode }
             | Record::Rename {
@@ -1034,7 +1033,7 @@ impl Tables<'_> {
         if !self.absorption.is_absorbed(slot) {
             return None;
         }
-        match Absorbable::of(&Glance::of(rec), slot) {
+        match Absorbable::of(&RecordSummary::of(rec), slot) {
             Some(g) => self.absorb(&g),
             None => Some(Ok(())),
         }
@@ -1077,21 +1076,8 @@ impl Tables<'_> {
             self.finish()?;
         }
         match *rec {
-            Record::Root { inode: n } => {
-                let nlink = match self.inode_val(1)? {
-                    Some(v) => v.nlink,
-                    None => 2,
-                };
-                self.new_inode(&n, 0, 1)?;
-                self.update(n.id, |v| v.nlink = nlink)
-            }
+            Record::Root { inode } => self.root(&inode),
             Record::Create {
-                dir,
-                name,
-                cookie,
-                inode,
-            } => self.create(dir, name, cookie, &inode, 0),
-            Record::CreateWithFlags {
                 dir,
                 name,
                 cookie,
@@ -1104,34 +1090,13 @@ impl Tables<'_> {
                 cookie,
                 inode,
                 time,
-            } => {
-                self.inode(dir)?;
-                self.saw_cookie(cookie)?;
-                self.put_entry(
-                    dir,
-                    name,
-                    EntryVal {
-                        target: inode,
-                        cookie,
-                    },
-                )?;
-                self.update(inode, |v| {
-                    v.nlink += 1;
-                    v.ctime = v.ctime.advance(time);
-                })?;
-                self.set_mc(dir, time)
-            }
+            } => self.link(dir, name, cookie, inode, time),
             Record::Remove {
                 dir,
                 name,
                 inode,
                 time,
-            } => {
-                self.del_entry(dir, name)?;
-                self.drop_name(dir, inode)?;
-                self.set_c(inode, time)?;
-                self.set_mc(dir, time)
-            }
+            } => self.remove(dir, name, inode, time),
             Record::Rename {
                 from,
                 from_name,
@@ -1151,123 +1116,32 @@ impl Tables<'_> {
                 cookie,
                 time,
             ),
-            Record::RenameWhiteout {
-                from,
-                from_name,
-                to,
-                to_name,
-                inode,
-                replaced,
-                cookie,
-                time,
-                whiteout,
-                whiteout_cookie,
-                whiteout_flags,
-            } => {
-                self.new_inode(&whiteout, whiteout_flags, 0)?;
-                self.saw_cookie(cookie)?;
-                self.saw_cookie(whiteout_cookie)?;
-                self.rename(
-                    (from, from_name),
-                    (to, to_name),
-                    inode,
-                    replaced,
-                    false,
-                    cookie,
-                    time,
-                )?;
-                self.put_entry(
-                    from,
-                    from_name,
-                    EntryVal {
-                        target: whiteout.id,
-                        cookie: whiteout_cookie,
-                    },
-                )
-            }
-            Record::Tmpfile { inode, flags } => {
-                if inode.mode & libc::S_IFMT != libc::S_IFREG {
-                    return Err(format!("tmpfile {} is not a regular file", inode.id).into());
-                }
-                self.new_inode(&inode, flags, 0)?;
-                // No name: an orphan (`update` keeps the mark in step) until a Link names it
-                // or a Free ends it.
-                self.update(inode.id, |v| v.nlink = 0)
-            }
-            Record::SetAttr { inode, change } => {
-                let v = self.inode(inode)?;
-                if let Some(size) = change.size {
-                    if !v.is_file() {
-                        return Err(format!("size set on inode {inode}, not a file").into());
-                    }
-                    // As `FileData::truncate`: only a shrink cuts pages (a growth keeps
-                    // those allocated past the old end).
-                    if size < v.size {
-                        self.truncate(inode.ino.0, size)?;
-                    }
-                }
-                self.update(inode, |v| {
-                    if let Some(mode) = change.mode {
-                        v.mode = (v.mode & libc::S_IFMT) | (mode & 0o7777);
-                    }
-                    v.uid = change.uid.unwrap_or(v.uid);
-                    v.gid = change.gid.unwrap_or(v.gid);
-                    v.size = change.size.unwrap_or(v.size);
-                    v.atime = change.atime.unwrap_or(v.atime);
-                    v.mtime = change.mtime.unwrap_or(v.mtime);
-                    v.ctime = change.ctime.unwrap_or(v.ctime);
-                })
-            }
+            Record::RenameWhiteout { .. } => self.rename_whiteout(rec),
+            Record::Tmpfile { inode, flags } => self.tmpfile(&inode, flags),
+            Record::SetAttr { inode, change } => self.set_attr(inode, &change),
             Record::Write {
                 inode,
                 offset,
                 data,
                 time,
-            } => {
-                self.file(inode)?;
-                if !self.absorbs_pages(inode) {
-                    self.write(inode.ino.0, offset, data)?;
-                }
-                self.update(inode, |v| {
-                    v.size = v.size.max(offset + data.len() as u64);
-                    v.mtime = time;
-                    v.ctime = v.ctime.advance(time);
-                })
-            }
+            } => self.data_changed(inode, time, Some(offset + data.len() as u64), |t| {
+                t.write(inode.ino.0, offset, data)
+            }),
             Record::Allocate {
                 inode,
                 offset,
                 len,
                 keep_size,
                 time,
-            } => {
-                self.file(inode)?;
-                if !self.absorbs_pages(inode) {
-                    self.allocate(inode.ino.0, offset, len)?;
-                }
-                self.update(inode, |v| {
-                    if !keep_size {
-                        v.size = v.size.max(offset + len);
-                    }
-                    v.mtime = time;
-                    v.ctime = v.ctime.advance(time);
-                })
-            }
+            } => self.data_changed(inode, time, (!keep_size).then_some(offset + len), |t| {
+                t.allocate(inode.ino.0, offset, len)
+            }),
             Record::Punch {
                 inode,
                 offset,
                 len,
                 time,
-            } => {
-                self.file(inode)?;
-                if !self.absorbs_pages(inode) {
-                    self.punch(inode.ino.0, offset, len)?;
-                }
-                self.update(inode, |v| {
-                    v.mtime = time;
-                    v.ctime = v.ctime.advance(time);
-                })
-            }
+            } => self.data_changed(inode, time, None, |t| t.punch(inode.ino.0, offset, len)),
             Record::SetXattr {
                 inode,
                 name,
@@ -1290,30 +1164,154 @@ impl Tables<'_> {
             } => {
                 let name = if default { ACL_DEFAULT } else { ACL_ACCESS };
                 self.set_xattr(inode.ino.0, name, Some(acl).filter(|a| !a.is_empty()))?;
-                self.update(inode, |v| {
-                    v.mode = mode;
-                    v.ctime = v.ctime.advance(time);
-                })
+                self.update(inode, |v| effect::acl_set(v, mode, time))
             }
-            Record::SetFlags { inode, flags, time } => self.update(inode, |v| {
-                v.flags = flags & USER_FLAGS;
-                v.ctime = v.ctime.advance(time);
-            }),
-            Record::Free { inode } => {
-                let v = self.inode(inode)?;
-                if v.nlink != 0 {
-                    return Err(
-                        format!("free of inode {inode}, which has {} links", v.nlink).into(),
-                    );
-                }
-                let ino = inode.ino.0;
-                self.drop_inode(ino)?;
-                self.del(&kv::ino_key(kv::ORPHAN, ino))?;
-                let (a, b) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
-                Self::clear(&mut self.meta, &a, &b)?;
-                self.drop_pages(ino, 0)
+            Record::SetFlags { inode, flags, time } => {
+                self.update(inode, |v| effect::flags_set(v, flags, time))
+            }
+            Record::Free { inode } => self.free(inode),
+        }
+    }
+
+    /// A Root: the root's attributes, its link count kept (the tree below it may be loaded
+    /// already).
+    fn root(&mut self, n: &lanefs::NewInode<'_>) -> R<()> {
+        let nlink = match self.inode_val(1)? {
+            Some(v) => v.nlink,
+            None => 2,
+        };
+        self.new_inode(n, 0, 1)?;
+        self.update(n.id, |v| v.nlink = nlink)
+    }
+
+    /// A Link: the entry, a link more and the inode's ctime, the directory's times.
+    fn link(
+        &mut self,
+        dir: InodeId,
+        name: &[u8],
+        cookie: u64,
+        inode: InodeId,
+        time: Timespec,
+    ) -> R<()> {
+        self.inode(dir)?;
+        self.saw_cookie(cookie)?;
+        self.put_entry(
+            dir,
+            name,
+            EntryVal {
+                target: inode,
+                cookie,
+            },
+        )?;
+        self.update(inode, |v| {
+            v.nlink += 1;
+            effect::status_changed(v, time);
+        })?;
+        self.set_mc(dir, time)
+    }
+
+    /// A Remove: the entry, a link of the inode and its ctime, the directory's times.
+    fn remove(&mut self, dir: InodeId, name: &[u8], inode: InodeId, time: Timespec) -> R<()> {
+        self.del_entry(dir, name)?;
+        self.drop_name(dir, inode)?;
+        self.set_c(inode, time)?;
+        self.set_mc(dir, time)
+    }
+
+    /// A RenameWhiteout: the whiteout made, the rename (never an exchange), and the source
+    /// name naming the whiteout with its cookie.
+    fn rename_whiteout(&mut self, rec: &Record<'_>) -> R<()> {
+        let Record::RenameWhiteout {
+            from,
+            from_name,
+            to,
+            to_name,
+            inode,
+            replaced,
+            cookie,
+            time,
+            whiteout,
+            whiteout_cookie,
+            whiteout_flags,
+        } = *rec
+        else {
+            unreachable!("rename_whiteout of {rec:?}")
+        };
+        self.new_inode(&whiteout, whiteout_flags, 0)?;
+        self.saw_cookie(cookie)?;
+        self.saw_cookie(whiteout_cookie)?;
+        self.rename(
+            (from, from_name),
+            (to, to_name),
+            inode,
+            replaced,
+            false,
+            cookie,
+            time,
+        )?;
+        self.put_entry(
+            from,
+            from_name,
+            EntryVal {
+                target: whiteout.id,
+                cookie: whiteout_cookie,
+            },
+        )
+    }
+
+    /// A Tmpfile: a regular file with no name, an orphan (`update` keeps the mark in step)
+    /// until a Link names it or a Free ends it.
+    fn tmpfile(&mut self, inode: &lanefs::NewInode<'_>, flags: u32) -> R<()> {
+        if inode.mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(format!("tmpfile {} is not a regular file", inode.id).into());
+        }
+        self.new_inode(inode, flags, 0)?;
+        self.update(inode.id, |v| v.nlink = 0)
+    }
+
+    /// A SetAttr: a shrink cuts the pages beyond the new size (as `FileData::truncate`; a
+    /// growth keeps those allocated past the old end); then the attributes.
+    fn set_attr(&mut self, inode: InodeId, change: &lanefs::AttrChange) -> R<()> {
+        let v = self.inode(inode)?;
+        if let Some(size) = change.size {
+            if !v.is_file() {
+                return Err(format!("size set on inode {inode}, not a file").into());
+            }
+            if size < v.size {
+                self.truncate(inode.ino.0, size)?;
             }
         }
+        self.update(inode, |v| change.apply(v))
+    }
+
+    /// A Write, Allocate or Punch of file `inode`: `pages` changes its pages (unless the
+    /// file's pages are absorbed), then its size and times ([`effect::contents_changed`]).
+    fn data_changed(
+        &mut self,
+        inode: InodeId,
+        time: Timespec,
+        end: Option<u64>,
+        pages: impl FnOnce(&mut Self) -> R<()>,
+    ) -> R<()> {
+        self.file(inode)?;
+        if !self.absorbs_pages(inode) {
+            pages(self)?;
+        }
+        self.update(inode, |v| effect::contents_changed(v, time, end))
+    }
+
+    /// A Free: the inode, which must have no link left, its orphan mark, xattrs and pages.
+    fn free(&mut self, inode: InodeId) -> R<()> {
+        let v = self.inode(inode)?;
+        if v.nlink != 0 {
+            return Err(format!("free of inode {inode}, which has {} links", v.nlink).into());
+        }
+        let ino = inode.ino.0;
+        self.drop_inode(ino)?;
+        self.del(&kv::ino_key(kv::ORPHAN, ino))?;
+        let (a, b) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
+        Self::clear(&mut self.meta, &a, &b)?;
+        self.drop_pages(ino, 0)
     }
 
     fn file(&self, id: InodeId) -> R<()> {

@@ -352,6 +352,10 @@ fn put_time(b: &mut Vec<u8>, t: Timespec) {
     b.extend_from_slice(&t.nsec.to_le_bytes());
 }
 
+// What records do to an inode's attributes is the engine's (`lanefs::effect`), applied to
+// this value as to a live inode's.
+lanefs::impl_attributes!(InodeVal);
+
 impl InodeVal {
     pub(crate) fn id(&self, ino: u64) -> InodeId {
         InodeId {

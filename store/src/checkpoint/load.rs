@@ -136,6 +136,8 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
                             name,
                             cookie: n.entry.cookie,
                             inode: new_inode(n.entry.target, v),
+                            // Step 3's SetFlags gives the inode its flags.
+                            flags: 0,
                         }),
                         None => rec.apply(&Record::Link {
                             dir: n.dir,

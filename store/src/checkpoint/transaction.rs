@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use lanefs::{Glance, Record};
+use lanefs::RecordSummary;
 
 use super::kv::{self, Superblock};
 use super::window::RECORD_WINDOW;
@@ -307,7 +307,7 @@ impl Checkpoint {
                 }
                 for r in recs {
                     // A record that does not decode is reported by the reading that applies.
-                    if let Ok(Glance::Free { inode }) = Record::glance(r) {
+                    if let Ok(RecordSummary::Free { inode }) = RecordSummary::decode(r) {
                         pages_absorbed.insert(inode);
                     }
                 }

@@ -1,7 +1,7 @@
 //! The records a checkpoint has read from the journal and not yet applied, a window of
 //! about [`RECORD_WINDOW`] bytes at a time.
 
-use lanefs::{Glance, Record};
+use lanefs::{Record, RecordSummary};
 
 use super::apply;
 use super::transaction::Abandoned;
@@ -51,19 +51,19 @@ impl RecordWindow {
             let at = base + (r.as_ptr() as usize - start);
             // A Create, Remove, Free or plain Rename is decoded only as far as absorption
             // needs (every field is checked all the same); a record of another kind whole.
-            let glance = match Record::glance(r) {
-                Ok(Glance::Other) => match Record::decode(r) {
+            let summary = match RecordSummary::decode(r) {
+                Ok(RecordSummary::Other) => match Record::decode(r) {
                     Ok(rec) => {
                         absorption.see_other(&rec);
-                        Glance::Other
+                        RecordSummary::Other
                     }
                     Err(e) => return Err((k, e.to_string())),
                 },
                 Ok(g) => g,
                 Err(e) => return Err((k, e.to_string())),
             };
-            let slot = absorption.see(&glance);
-            let g = match apply::Absorbable::of(&glance, slot) {
+            let slot = absorption.see(&summary);
+            let g = match apply::Absorbable::of(&summary, slot) {
                 Some(g) => {
                     self.absorbables.push(g);
                     (self.absorbables.len() - 1) as u32
