@@ -113,8 +113,7 @@ if [ -e "$uring_param" ] && [ "$(cat "$uring_param")" = Y ]; then
     # `--workspace` with test names, not `-p lanefs-fuse -p lanefs-cli`: selecting
     # packages resolves the dependencies' features anew and rebuilds them (about two
     # minutes on two CPUs); the workspace reuses pass 1's binaries. The names also pick
-    # engine/tests/{stress,memory}.rs and store/tests/crash.rs, which mount nothing (a few
-    # seconds).
+    # engine/tests/{stress,memory}.rs, which mount nothing (a few seconds).
     if ! LANEFS_URING=on cargo test --workspace --locked --no-fail-fast --test mount --test dircache \
         --test stress --test handoff --test listing_races --test cli \
         --test crash --test memory --test run "$@" 9>&-; then

@@ -88,7 +88,7 @@ fn tmp() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
     if shm.is_dir()
         && let Ok(d) = tempfile::Builder::new()
-            .prefix("checkpoint_ghosts")
+            .prefix("checkpoint_absorbed_renames")
             .tempdir_in(shm)
     {
         return d;
@@ -1632,12 +1632,12 @@ fn threads_race_background_checkpoints() {
                 let ck = s.spawn(move || {
                     while !done.load(Ordering::SeqCst) {
                         let t = Instant::now();
-                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_ABSORBED_RENAMES_VERBOSE").is_ok() {
                             store.sync().expect("sync");
                             eprintln!("    sync {:?}", t.elapsed());
                         }
                         let r = store.checkpoint();
-                        if std::env::var("CHECKPOINT_GHOSTS_VERBOSE").is_ok() {
+                        if std::env::var("CHECKPOINT_ABSORBED_RENAMES_VERBOSE").is_ok() {
                             eprintln!("    checkpoint {:?} {:?}", r, t.elapsed());
                         }
                         if let Err(e) = r {
