@@ -48,8 +48,8 @@ use std::fmt::{self, Write as _};
 
 use crate::attr::AttrVals;
 use crate::errno::{Errno, Result};
+use crate::limits::XATTR_SIZE_MAX;
 use crate::perm::Ctx;
-use crate::xattr::XATTR_SIZE_MAX;
 
 /// Name of the access ACL attribute.
 pub(crate) const ACL_ACCESS_NAME: &[u8] = b"system.posix_acl_access";

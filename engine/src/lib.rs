@@ -67,6 +67,7 @@ mod fs;
 mod handle;
 mod id;
 mod inode;
+mod limits;
 pub mod locking;
 pub mod notify;
 mod path;

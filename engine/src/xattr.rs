@@ -21,10 +21,7 @@ use crate::errno::{Errno, Result};
 use crate::id::Ino;
 use crate::stats::{LockClass, Stats};
 
-/// Longest attribute name, prefix included (`XATTR_NAME_MAX`).
-pub const XATTR_NAME_MAX: usize = 255;
-/// Largest attribute value (`XATTR_SIZE_MAX`).
-pub const XATTR_SIZE_MAX: usize = 65536;
+use crate::limits::{XATTR_NAME_MAX, XATTR_SIZE_MAX};
 
 /// `setxattr` flag: fail with EEXIST if the attribute exists.
 pub const XATTR_CREATE: i32 = libc::XATTR_CREATE;

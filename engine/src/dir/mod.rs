@@ -48,6 +48,7 @@
 //! therefore ends, and returns each entry present throughout exactly once (what tmpfs does
 //! by recording the directory's end offset at the start of the read).
 
+mod body;
 mod index;
 pub(crate) mod life;
 mod node;
@@ -63,10 +64,10 @@ use smallvec::SmallVec;
 
 use crate::errno::Result;
 use crate::id::InoGen;
-use crate::inode::DirBody;
 use crate::slots::{NSLOTS, PerSlot, current};
 use crate::stats::{LockClass, Stats};
 
+pub(crate) use body::DirBody;
 pub(crate) use index::{RunSet, Runs};
 pub(crate) use life::{Found, Removal};
 pub use node::NAME_MAX;

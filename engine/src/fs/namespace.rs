@@ -28,17 +28,17 @@ use parking_lot::MutexGuard;
 use super::{Filesystem, InodeRef, check_name, is_dot_or_dotdot};
 use crate::acl;
 use crate::attr::{Attr, AttrVals, FileType, flags};
+use crate::dir::DirBody;
 use crate::errno::{Errno, Result};
 use crate::id::{Ino, MAX_INO};
-use crate::inode::{DirBody, Fate, Inode};
+use crate::inode::{Fate, Inode};
 use crate::perm::{self, Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
 use crate::record::{NewInode, Record};
 use crate::revoke::Counted;
 use crate::stats::{LockClass, Op};
 use crate::time::Timespec;
 
-/// Longest symlink target (`PATH_MAX` less the NUL).
-pub const SYMLINK_MAX: usize = 4095;
+pub use crate::limits::SYMLINK_MAX;
 
 /// `rename` flag: fail with EEXIST if the target exists.
 pub const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;

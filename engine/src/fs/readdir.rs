@@ -9,11 +9,12 @@ use crossbeam_epoch::{self as epoch, Guard};
 
 use super::{Filesystem, InodeRef};
 use crate::attr::{Attr, FileType};
+use crate::dir::DirBody;
 use crate::dir::{Name, ReadEnd};
 use crate::errno::{Errno, Result};
 use crate::handle::{Fh, Handle};
 use crate::id::Ino;
-use crate::inode::{DirBody, Inode};
+use crate::inode::Inode;
 use crate::perm::{Ctx, MAY_READ};
 use crate::stats::Op;
 

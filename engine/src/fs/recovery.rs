@@ -21,9 +21,10 @@ use crossbeam_epoch as epoch;
 
 use super::Filesystem;
 use super::apply::new_root;
+use crate::dir::DirBody;
 use crate::dir::valid_cookie;
 use crate::id::{Generation, Ino, InodeId};
-use crate::inode::{DirBody, Inode};
+use crate::inode::Inode;
 use crate::record::{NewInode, Record, Store};
 use crate::time::Timespec;
 

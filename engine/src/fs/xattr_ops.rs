@@ -19,11 +19,12 @@ use crate::attr::{AttrVals, flags};
 use crate::errno::{Errno, Result};
 use crate::id::Ino;
 use crate::inode::Inode;
+use crate::limits::XATTR_SIZE_MAX;
 use crate::perm::{self, Ctx, MAY_READ, MAY_WRITE, Via};
 use crate::record::Record;
 use crate::stats::Op;
 use crate::time::Timespec;
-use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, XATTR_SIZE_MAX, Xattrs, namespace};
+use crate::xattr::{Namespace, XATTR_CREATE, XATTR_REPLACE, Xattrs, namespace};
 
 /// The rules of `xattr_permission` for reading or writing (`write`) attribute `name` of an
 /// inode whose attributes are `v`; `perm(v, mask)` is the inode's permission check.

@@ -7,6 +7,8 @@ use super::{AttrChange, NewInode, Record, RecordSummary};
 use crate::attr::flags;
 use crate::dir::{FIRST_COOKIE, NAME_MAX};
 use crate::id::{Generation, Ino, InodeId};
+// The largest symlink target, xattr name and value a record may carry are the calls' own.
+use crate::limits::{SYMLINK_MAX as TARGET_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX as XATTR_VALUE_MAX};
 use crate::time::Timespec;
 
 /// Why a byte string is not a record.
@@ -46,11 +48,6 @@ mod tag {
     pub const RENAME_WHITEOUT: u8 = 16;
     pub const TMPFILE: u8 = 17;
 }
-
-/// Largest symlink target, xattr name and value a record may carry.
-const TARGET_MAX: usize = 4095;
-const XATTR_NAME_MAX: usize = 255;
-const XATTR_VALUE_MAX: usize = 65536;
 
 struct Enc<'o>(&'o mut Vec<u8>);
 

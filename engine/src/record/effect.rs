@@ -12,7 +12,7 @@
 //! ctime of a status change, a directory's mtime and ctime when its entries change).
 
 use super::AttrChange;
-use crate::attr::flags;
+use crate::attr::flag_bits::flags;
 use crate::time::Timespec;
 
 /// An inode's attributes as records change them: implemented by the engine's live values

@@ -131,6 +131,7 @@
 //! - `load.rs`: the keys loaded into a filesystem being opened;
 //! - `pages.rs`: file pages read back for the engine; `backend.rs`: redb's storage.
 
+mod abandoned;
 pub(crate) mod apply;
 mod backend;
 mod backoff;

@@ -3,8 +3,8 @@
 
 use lanefs::{Record, RecordSummary};
 
+use super::abandoned::Abandoned;
 use super::apply;
-use super::transaction::Abandoned;
 use crate::error::CheckpointError;
 
 /// Bytes of records a checkpoint reads before it applies them ([`RecordWindow`]). Not the

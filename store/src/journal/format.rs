@@ -1,6 +1,7 @@
 //! The journal's bytes (docs/STORE.md, "Segments" and "Batches"): a segment's header, a
 //! batch's header, and a batch's payload of length-prefixed records.
 
+use super::blocks::Blocks;
 use crate::layout::{U32, put, store_id_at, u32_at, u64_at};
 
 /// Magic bytes of a segment header.
@@ -223,5 +224,19 @@ pub(crate) fn encode_segment(
     };
     b.extend_from_slice(&h.encode(&uuid));
     b.extend_from_slice(&payload);
+    b
+}
+
+/// The first block of a spare made from a recycled segment: a spare header (first LSN 0)
+/// of number `seq`, then zeros.
+pub(super) fn spare_block(uuid: [u8; 16], seq: u64) -> Blocks {
+    let mut b = Blocks::default();
+    let header = SegmentHeader {
+        uuid,
+        seq,
+        first_lsn: 0,
+    }
+    .encode();
+    b.bytes(1)[..SEGMENT_HEADER].copy_from_slice(&header);
     b
 }

@@ -15,9 +15,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::format::SegmentHeader;
+use super::format::{SegmentHeader, spare_block};
 use super::segments::{dir, head, listing, segment_path};
-use super::spare::spare_block;
 use crate::disk::{Disk, DiskFile};
 use crate::error::StoreError;
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::blocks::Blocks;
-use super::format::{SEGMENT_HEADER, SegmentHeader};
+use super::format::{SegmentHeader, spare_block};
 use super::recycle::recycle_segment;
 use super::segments::{dir, head, segment_path};
 use crate::disk::{BLOCK, Disk, DiskFile};
@@ -29,20 +29,6 @@ pub(crate) enum Spare {
 
 /// A new segment is zero-filled in writes of this size.
 const ZERO_FILL: usize = 1 << 20;
-
-/// The first block of a spare made from a recycled segment: a spare header (first LSN 0)
-/// of number `seq`, then zeros.
-pub(super) fn spare_block(uuid: [u8; 16], seq: u64) -> Blocks {
-    let mut b = Blocks::default();
-    let header = SegmentHeader {
-        uuid,
-        seq,
-        first_lsn: 0,
-    }
-    .encode();
-    b.bytes(1)[..SEGMENT_HEADER].copy_from_slice(&header);
-    b
-}
 
 /// Makes segment `seq`: recycled from a segment kept for reuse if there is one, else `size`
 /// bytes allocated, a spare header and zeros written, flushed, its name flushed. A segment

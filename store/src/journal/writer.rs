@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use super::blocks::Blocks;
 use super::format::{
-    BATCH_HEADER, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, push_record,
+    BATCH_HEADER, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, push_record, spare_block,
 };
 use super::recycle::tidy_free;
 use super::room::RoomHold;
 use super::scan::End;
 use super::segments::segment_path;
-use super::spare::{Spare, SpareJob, make_segment, spare_block};
+use super::spare::{Spare, SpareJob, make_segment};
 use crate::disk::{BLOCK, Disk, DiskFile};
 use crate::error::StoreError;
 use crate::layout::u32_at;
