@@ -3,11 +3,13 @@
 //! line of stderr rewritten in place and cleared at the end; and adds nothing where stderr is
 //! not a terminal.
 
+mod common;
+
+use common::BIN;
+
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Command, Stdio};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 
 /// A short run: one cell of crunl, and one of share-nothing.
 const ARGS: [&str; 8] = [

@@ -5,52 +5,16 @@
 //! through `mount(8)` and `mount.fuse3` (`scripts/test.sh` installs fuse3). As another user
 //! they mount through `fusermount3`, and the tests that need root say so and skip.
 
+mod common;
+
+use common::{BIN, can_mount, is_root, lanefs, needs_root};
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
-
-fn lanefs(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run lanefs")
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether this test can run: as root always; otherwise it says why it skips.
-fn needs_root(test: &str) -> bool {
-    if !is_root() {
-        eprintln!("{test}: SKIPPED: needs root (run the tests as root: scripts/test.sh)");
-    }
-    is_root()
-}
-
-/// Whether this process can mount at all (root, or fusermount3 and a usable /dev/fuse);
-/// otherwise the test says why it skips.
-fn can_mount(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    let fusermount = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
-    let dev = CString::new("/dev/fuse").unwrap();
-    // SAFETY: a valid C string; access(2) has no other preconditions.
-    let dev_ok = unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
-    if !(fusermount && dev_ok) {
-        eprintln!(
-            "{test}: SKIPPED: not root, and fusermount3 is missing or /dev/fuse is not \
-             readable and writable"
-        );
-        return false;
-    }
-    true
-}
 
 /// `/proc/PID/mountinfo`'s line for the topmost mount at `p` (PID `self` for this process).
 fn mountinfo_line(pid: &str, p: &Path) -> Option<String> {

@@ -2,6 +2,10 @@
 //! many-threaded workload with fsyncs, then checked (`lanefs fsck`) and mounted again: every
 //! file whose fsync returned is there with its contents.
 
+mod common;
+
+use common::{BIN, is_root};
+
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::io::Write;
@@ -11,13 +15,6 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 fn mounted(p: &Path) -> bool {
     let canon = std::fs::canonicalize(p).unwrap();

@@ -3,44 +3,17 @@
 //! server is measured while nothing else runs in it, and the other mount tests (cli.rs) do not
 //! write gigabytes beside it. Mounting needs /dev/fuse and root or fusermount3, as in cli.rs.
 
+mod common;
+
+use common::{can_mount, is_root, lanefs};
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 const MIB: u64 = 1 << 20;
-
-fn lanefs(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run lanefs")
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether this process can mount (root, or fusermount3 and a usable /dev/fuse); otherwise
-/// the test says why it skips.
-fn can_mount(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    let fusermount = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
-    let dev = CString::new("/dev/fuse").unwrap();
-    // SAFETY: a valid C string; access(2) has no other preconditions.
-    let dev_ok = unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
-    if !(fusermount && dev_ok) {
-        eprintln!(
-            "{test}: SKIPPED: not root, and fusermount3 is missing or /dev/fuse is not \
-             readable and writable"
-        );
-        return false;
-    }
-    true
-}
 
 /// A mount made by the test, unmounted when it ends, passed or failed (lazily, so that a
 /// failure leaves no mount behind; the server then exits).

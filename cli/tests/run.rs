@@ -9,6 +9,10 @@
 #[path = "../../fuse/tests/pjdfstest/mod.rs"]
 mod pjdfstest;
 
+mod common;
+
+use common::{BIN, needs_root};
+
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
 use std::io::{BufRead, BufReader, Write};
@@ -18,20 +22,6 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn needs_root(test: &str) -> bool {
-    if !is_root() {
-        eprintln!("{test}: SKIPPED: needs root (run the tests as root: scripts/test.sh)");
-    }
-    is_root()
-}
 
 fn has(program: &str) -> bool {
     Command::new("sh")

@@ -14,48 +14,21 @@
 //! Its own test binary: the servers are measured while nothing else in this process writes
 //! beside them. Mounting needs /dev/fuse and root or fusermount3, as in cli.rs.
 
+mod common;
+
+use common::{can_mount, is_root, lanefs};
+
 use std::ffi::CString;
 use std::fs::File;
 use std::io::{Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn lanefs(args: &[&str]) -> Output {
-    Command::new(BIN).args(args).output().expect("run lanefs")
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Whether this process can mount (root, or fusermount3 and a usable /dev/fuse); otherwise
-/// the test says why it skips.
-fn can_mount(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    let fusermount = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("fusermount3").exists()));
-    let dev = CString::new("/dev/fuse").unwrap();
-    // SAFETY: a valid C string; access(2) has no other preconditions.
-    let dev_ok = unsafe { libc::access(dev.as_ptr(), libc::R_OK | libc::W_OK) } == 0;
-    if !(fusermount && dev_ok) {
-        eprintln!(
-            "{test}: SKIPPED: not root, and fusermount3 is missing or /dev/fuse is not \
-             readable and writable"
-        );
-        return false;
-    }
-    true
-}
 
 /// A mount made by the test, with its server's pid: unmounted when it drops (lazily, so
 /// that a failure leaves no mount behind), or by [`Mounted::unmount`], which waits for the

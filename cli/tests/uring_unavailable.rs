@@ -25,6 +25,10 @@
 //! whose setting is not this run's to change) nothing is written to it: a test that would
 //! have to change it skips with a message, and one that needs the value it already has runs.
 
+mod common;
+
+use common::{BIN, is_root};
+
 use std::collections::HashSet;
 use std::ffi::CString;
 use std::fs::File;
@@ -39,7 +43,6 @@ use std::time::{Duration, Instant};
 
 use lanefs_fuse::{MountConfig, Uring};
 
-const BIN: &str = env!("CARGO_BIN_EXE_lanefs");
 /// The kernel's switch for FUSE over io_uring (Linux 6.14 on, `CONFIG_FUSE_IO_URING`).
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 /// Taken exclusively while the setting is changed; scripts/test.sh takes it shared for its
@@ -54,11 +57,6 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// `LANEFS_KEEP_ENABLE_URING` says to leave `fuse.enable_uring` as it is (module doc).

@@ -8,64 +8,18 @@
 //! The heap is measured with a counting allocator, so this test binary holds this one test
 //! (tests running beside it would move the count).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
 use lanefs::*;
 
-/// The system allocator, counting the bytes live in it.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call goes to `System` with the caller's arguments; the counter is a side note.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is `System`'s.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        // SAFETY: as in `alloc`.
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Relaxed);
-            LIVE.fetch_add(new, Relaxed);
-        }
-        q
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const PAGE: u64 = 4096;
-
-fn live() -> u64 {
-    LIVE.load(Relaxed) as u64
-}
 
 /// Heap bytes `f` leaves allocated.
 fn held_by(f: impl FnOnce()) -> u64 {
@@ -177,3 +131,5 @@ fn memory_does_not_grow_with_the_length_allocated() {
     fs.release(fh).unwrap();
     fs.check_invariants().unwrap();
 }
+
+use counting_alloc::live;

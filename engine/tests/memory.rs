@@ -8,64 +8,19 @@
 //! purges it (cli/src/main.rs, `start_purging`; cli/tests/memory.rs measures the server's
 //! resident set).
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use lanefs::*;
 
-/// The system allocator, counting the bytes live in it.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call goes to `System` with the caller's arguments; the counter is a side note.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is `System`'s.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        // SAFETY: as in `alloc`.
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Relaxed);
-            LIVE.fetch_add(new, Relaxed);
-        }
-        q
-    }
-}
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const MIB: usize = 1 << 20;
 /// Data per file: large against anything else the engine allocates meanwhile.
 const SIZE: usize = 64 * MIB;
-
-fn live() -> usize {
-    LIVE.load(Relaxed)
-}
 
 /// Writes `SIZE` bytes to a new `/name`; returns the handle, still open.
 fn write_file<'c>(c: &'c Client, name: &str) -> File<'c> {
@@ -131,4 +86,8 @@ fn freed_file_data_goes_back_to_the_allocator_at_once() {
     assert_freed(before, "forget");
 
     fs.check_invariants().unwrap();
+}
+
+fn live() -> usize {
+    counting_alloc::live() as usize
 }

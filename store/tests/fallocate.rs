@@ -9,65 +9,21 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use common::{host_opts, on_demand};
 use lanefs::{Config, Ctx, FALLOC_FL_KEEP_SIZE, Filesystem, ROOT_INO};
 use lanefs_store::{Options, open};
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call goes to `System` with the caller's arguments; the counter is a side note.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is `System`'s.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            LIVE.fetch_add(l.size(), Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Relaxed);
-        // SAFETY: as in `alloc`.
-        unsafe { System.dealloc(p, l) }
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        // SAFETY: as in `alloc`.
-        let q = unsafe { System.realloc(p, l, new) };
-        if !q.is_null() {
-            LIVE.fetch_sub(l.size(), Relaxed);
-            LIVE.fetch_add(new, Relaxed);
-        }
-        q
-    }
-}
+#[path = "../../engine/tests/common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: counting_alloc::Counting = counting_alloc::Counting;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const PAGE: u64 = 4096;
-
-fn live() -> u64 {
-    LIVE.load(Relaxed) as u64
-}
 
 /// A store on the host whose checkpoints the test takes, with a small cache for them.
 fn opts() -> Options {
@@ -208,3 +164,5 @@ fn fallocated_space_costs_no_pages_live_in_the_checkpoint_or_at_open() {
     drop(fs);
     store.close().unwrap();
 }
+
+use counting_alloc::live;
