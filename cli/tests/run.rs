@@ -983,3 +983,288 @@ fn statx_under_lanefs_run_agrees_with_the_kernel() {
     // Again through the kernel, after the channel's calls: nothing moved.
     assert_eq!(statx_lines(p, &NAMES), kernel);
 }
+
+/// The child part of [`late_calls_raw_forks_and_statx_arguments_under_lanefs_run`], run
+/// under `lanefs run` in `dir`: its libc calls reach the preloaded client.
+fn late_calls_child(dir: &Path) {
+    let c = |s: &str| CString::new(dir.join(s).as_os_str().as_bytes()).unwrap();
+    // A first call over the channel, so that the thread has one when it forks.
+    // SAFETY: valid C strings; plain system call wrappers.
+    unsafe {
+        let fd = libc::open(c("made").as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+        assert!(fd >= 0, "create: {}", std::io::Error::last_os_error());
+        libc::close(fd);
+    }
+    // A fork that runs no pthread_atfork handler (as glibc's _Fork, or a raw fork): the
+    // child's calls must not touch the parent's channel, which it does not have.
+    // SAFETY: a fork by clone(SIGCHLD); the child makes one call and exits at once.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+    if pid == 0 {
+        // SAFETY: as above.
+        let r = unsafe { libc::mkdir(c("by-raw-fork").as_ptr(), 0o755) };
+        // SAFETY: leaving the child at once.
+        unsafe { libc::_exit(if r == 0 { 0 } else { 3 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    println!("\nraw fork status {status}");
+    // statx arguments the kernel refuses, refused the same way over the channel.
+    // SAFETY: statx is plain old data; all-zero is valid.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    let sync = libc::AT_STATX_FORCE_SYNC | libc::AT_STATX_DONT_SYNC;
+    for (flags, mask) in [(0, 0x8000_0000u32), (sync, libc::STATX_BASIC_STATS)] {
+        // SAFETY: a valid C string and a writable struct statx.
+        let r = unsafe { libc::statx(libc::AT_FDCWD, c("made").as_ptr(), flags, mask, &mut sx) };
+        let e = std::io::Error::last_os_error().raw_os_error();
+        println!("\nstatx {flags:#x} {mask:#x}: {r} {e:?}");
+    }
+    // A call from an atexit handler, which runs after this thread's thread-locals (the
+    // client's channels among them) are gone: through the kernel, not an abort.
+    extern "C" fn at_exit() {
+        let p = std::env::var("LANEFS_TEST_LATE").unwrap() + "/made";
+        let p = CString::new(p).unwrap();
+        // SAFETY: a valid C string.
+        unsafe { libc::unlink(p.as_ptr()) };
+    }
+    // SAFETY: registering a function that only unlinks a file.
+    unsafe { libc::atexit(at_exit) };
+}
+
+/// A call made from an `atexit` handler (after the thread's channels were dropped: `git gc`
+/// aborted there), a fork that runs no `pthread_atfork` handler (a raw `fork`, glibc's
+/// `_Fork`; its child crashed on the parent's channel), and `statx` arguments the kernel
+/// refuses (EINVAL over the channel as through the kernel).
+#[test]
+fn late_calls_raw_forks_and_statx_arguments_under_lanefs_run() {
+    if let Ok(dir) = std::env::var("LANEFS_TEST_LATE") {
+        late_calls_child(Path::new(&dir));
+        return;
+    }
+    if !needs_root("late_calls_raw_forks_and_statx_arguments_under_lanefs_run") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let out = under_run(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "late_calls_raw_forks_and_statx_arguments_under_lanefs_run",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LANEFS_TEST_LATE", p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{text}{err}", out.status);
+    assert!(
+        text.contains("raw fork status 0"),
+        "the raw fork's child: {text}{err}"
+    );
+    assert!(p.join("by-raw-fork").is_dir());
+    let einval = Some(libc::EINVAL);
+    assert!(
+        text.contains(&format!("statx 0x0 0x80000000: -1 {einval:?}")),
+        "{text}"
+    );
+    let sync = libc::AT_STATX_FORCE_SYNC | libc::AT_STATX_DONT_SYNC;
+    assert!(
+        text.contains(&format!("statx {sync:#x} 0x7ff: -1 {einval:?}")),
+        "{text}"
+    );
+    assert!(!p.join("made").exists(), "the atexit handler's unlink");
+}
+
+/// What the mount table says beyond the filesystem: a read-only or `nosymfollow` bind mount
+/// of a lanefs mount is enforced under `lanefs run` as through the kernel, and a lanefs
+/// mount covered by a later mount on a directory above it is not reached.
+#[test]
+fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
+    if !needs_root("bind_mount_flags_and_covered_mounts_under_lanefs_run") {
+        return;
+    }
+    let m = Mnt::new("");
+    let outer = tempfile::tempdir().unwrap();
+    let (ro, nosym, anc) = (
+        outer.path().join("ro"),
+        outer.path().join("nosym"),
+        outer.path().join("anc"),
+    );
+    let sh = |script: &str| {
+        under_run("sh")
+            .arg("-c")
+            .arg(script)
+            .env("M", m.path())
+            .env("RO", &ro)
+            .env("NOSYM", &nosym)
+            .env("ANC", &anc)
+            .output()
+            .unwrap()
+    };
+    let set_up = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "set -e; mkdir \"$RO\" \"$NOSYM\" \"$ANC\" \"$ANC/m\" \"$M/dir\"; \
+             ln -s dir \"$M/link\"; touch \"$M/dir/f\"; \
+             mount --bind \"$M\" \"$RO\"; mount -o remount,bind,ro \"$RO\"; \
+             mount --bind \"$M\" \"$NOSYM\"; mount -o remount,bind,nosymfollow \"$NOSYM\"",
+        )
+        .env("M", m.path())
+        .env("RO", &ro)
+        .env("NOSYM", &nosym)
+        .env("ANC", &anc)
+        .output()
+        .unwrap();
+    let undo = || {
+        for d in [&anc.join("m"), &anc, &ro, &nosym] {
+            let c = CString::new(d.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid C string.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    };
+    if !set_up.status.success() {
+        undo();
+        panic!("set-up: {}", String::from_utf8_lossy(&set_up.stderr));
+    }
+    let out = sh(
+        "touch \"$RO/new\" 2>&1; mkdir \"$RO/d\" 2>&1; rm \"$RO/dir/f\" 2>&1; \
+         stat -c %n \"$NOSYM/link/f\" 2>&1; touch \"$NOSYM/link/g\" 2>&1; true",
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // A lanefs mount at ANC/m, then a tmpfs over ANC: the lanefs mount is hidden.
+    let hidden = Command::new(BIN)
+        .args(["mount", "--background"])
+        .arg(anc.join("m"))
+        .status()
+        .unwrap();
+    let covered = hidden.success()
+        && Command::new("sh")
+            .arg("-c")
+            .arg("touch \"$ANC/m/under\" && mount -t tmpfs tmpfs \"$ANC\"")
+            .env("ANC", &anc)
+            .status()
+            .unwrap()
+            .success();
+    let hidden_text = covered.then(|| {
+        let o = sh("stat -c %n \"$ANC/m/under\" 2>&1; mkdir \"$ANC/m/new\" 2>&1; true");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    });
+    // Taken down in order: the tmpfs first, then the lanefs mount it hid.
+    let c = CString::new(anc.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    undo();
+    assert_eq!(
+        text.matches("Read-only file system").count(),
+        3,
+        "touch, mkdir and rm through the read-only bind mount: {text}"
+    );
+    assert!(!m.path().join("new").exists() && m.path().join("dir/f").exists());
+    assert_eq!(
+        text.matches("Too many levels of symbolic links").count(),
+        2,
+        "stat and touch through a symlink on the nosymfollow mount: {text}"
+    );
+    assert!(!m.path().join("dir/g").exists());
+    let hidden_text = hidden_text.expect("the covered mount was set up");
+    assert_eq!(
+        hidden_text.matches("No such file or directory").count(),
+        2,
+        "stat and mkdir in a lanefs mount a tmpfs covers: {hidden_text}"
+    );
+}
+
+/// A directory renamed under `lanefs run` while a process works inside it: the kernel
+/// moves it (the channel could only drop its cached name), so the process's working
+/// directory keeps a path, and its relative creates land where it is, in the renamed
+/// directory, not in a new directory made at the old path.
+#[test]
+fn a_directory_renamed_under_a_working_directory_keeps_its_path() {
+    if !needs_root("a_directory_renamed_under_a_working_directory_keeps_its_path") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    std::fs::create_dir_all(p.join("w/a/b")).unwrap();
+    let out = under_run("sh")
+        .arg("-c")
+        .arg(
+            "cd \"$M/w/a/b\" && mv \"$M/w/a\" \"$M/w/a2\" && mkdir -p \"$M/w/a/b\" && \
+             touch new && mkdir newdir && pwd -P",
+        )
+        .env("M", p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.trim(), p.join("w/a2/b").to_str().unwrap());
+    assert!(p.join("w/a2/b/new").is_file() && p.join("w/a2/b/newdir").is_dir());
+    assert_eq!(names(&p.join("w/a/b")), Vec::<String>::new());
+}
+
+/// A root that dropped capabilities is refused what the kernel refuses it (the server
+/// serves a caller over the channel only if its capabilities are its uid's), and a create
+/// whose open then fails leaves no file (the kernel's `open(O_CREAT)` makes none).
+#[test]
+fn dropped_capabilities_and_failed_creates_under_lanefs_run() {
+    if !needs_root("dropped_capabilities_and_failed_creates_under_lanefs_run")
+        || !has("setpriv")
+        || !has("python3")
+    {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    std::fs::create_dir(p.join("other")).unwrap();
+    std::fs::set_permissions(p.join("other"), PermissionsExt::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(p.join("other"), Some(65534), Some(65534)).unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--bounding-set=-dac_override,-dac_read_search,-fowner",
+            "--inh-caps=-all",
+        ])
+        .arg(BIN)
+        .args(["run", "--", "sh", "-c"])
+        .arg("mkdir \"$M/other/x\" 2>&1; true")
+        .env("M", p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Permission denied"), "{text}{out:?}");
+    assert!(!p.join("other/x").exists());
+    let script = r#"
+import os, resource, sys
+M = sys.argv[1]
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+held = []
+try:
+    while True:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+try:
+    os.open(f"{M}/no-fd-left", os.O_CREAT | os.O_WRONLY, 0o644)
+    print("created")
+except OSError as e:
+    print(e.errno)
+"#;
+    let out = under_run("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.trim(), libc::EMFILE.to_string(), "{out:?}");
+    assert!(
+        !p.join("no-fd-left").exists(),
+        "the failed create left its file"
+    );
+}

@@ -321,8 +321,13 @@ pub unsafe extern "C" fn statx(
     buf: *mut libc::statx,
 ) -> c_int {
     // The sync flags ask the kernel about its cache; the server's answer is always fresh.
+    // Both at once, or the reserved mask bit, are EINVAL, and the unique mount id is the
+    // kernel's: those go to the kernel, which answers them.
     let sync = libc::AT_STATX_FORCE_SYNC | libc::AT_STATX_DONT_SYNC;
-    if stat_flags_ok(flags & !sync) {
+    const STATX_RESERVED: c_uint = 0x8000_0000;
+    const STATX_MNT_ID_UNIQUE: c_uint = 0x4000;
+    let served = flags & sync != sync && mask & (STATX_RESERVED | STATX_MNT_ID_UNIQUE) == 0;
+    if served && stat_flags_ok(flags & !sync) {
         let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
         // SAFETY: the C function's contract.
         if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow) } {
@@ -1111,11 +1116,39 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     };
     // SAFETY: the C library's own `openat` with the caller's path.
     let fd = unsafe { real!(c"openat", OpenAtFn)(dirfd, path, kernel_flags, 0) };
-    if fd >= 0 || crate::real::errno() != libc::ENOENT {
+    let e = crate::real::errno();
+    if fd >= 0 {
         return Some(fd);
+    }
+    if e != libc::ENOENT {
+        // The kernel's `open(O_CREAT)` leaves no file when it fails: the one made here goes
+        // again (if the name still names it).
+        // SAFETY: the caller's contract.
+        unsafe { undo_create(dirfd, path, out.attr.ino) };
+        if e != libc::EACCES {
+            set_errno(e);
+            return Some(-1);
+        }
+        // EACCES: a mode the umask check let through, but a default ACL made the new file's
+        // owner bits withhold the access asked for; the kernel's create-and-open is exempt
+        // from that check, its open after a create is not. Made again through the kernel.
     }
     // Gone again before the open (another process removed it): as asked, through the kernel.
     None
+}
+
+/// Removes the file `open_create` made at `path` if the name still names inode `ino`.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn undo_create(dirfd: c_int, path: CPath, ino: u64) {
+    // SAFETY: the caller's contract.
+    if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true) } {
+        if a.ino == ino {
+            // SAFETY: as above.
+            let _ = unsafe { one(dirfd, path, OP_UNLINK, &[], None, &mut []) };
+        }
+    }
 }
 
 type OpenFn = unsafe extern "C" fn(CPath, c_int, ...) -> c_int;
@@ -1236,3 +1269,4 @@ export_setid!(setresgid, c"setresgid", (r: libc::gid_t, e: libc::gid_t, s: libc:
 export_setid!(setfsuid, c"setfsuid", (u: libc::uid_t));
 export_setid!(setfsgid, c"setfsgid", (g: libc::gid_t));
 export_setid!(setgroups, c"setgroups", (n: usize, l: *const libc::gid_t));
+export_setid!(capset, c"capset", (h: *mut libc::c_void, d: *const libc::c_void));

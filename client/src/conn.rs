@@ -3,11 +3,23 @@
 //!
 //! **What invalidates a channel.** A channel carries the credentials its process had when
 //! it connected (the server read them from the socket), so a change of credentials
-//! (`setuid` and its family, `setgroups`, which this library wraps and counts in
-//! [`CRED_GEN`]) makes every thread connect again before its next call. A forked child
+//! (`setuid` and its family, `setgroups`, `capset`, which this library wraps and counts in
+//! [`CRED_GEN`]) makes every thread connect again before its next call. A thread that
+//! connected with privileges (a uid of 0 among its real, effective and saved ones, or any
+//! capability) also compares its ids and effective capabilities with those it connected
+//! with before each call ([`Privileges`], three system calls), so that privileges dropped
+//! by a raw system call, or by a library that makes its own (`libcap`), are not kept over
+//! the channel; the server, which re-reads them at the new connection, serves only callers
+//! whose capabilities are their uid's, and the others' calls go through the kernel. A forked child
 //! shares no channel with its parent: the mapping is not inherited (`MADV_DONTFORK`) and a
 //! `pthread_atfork` handler counts the fork in [`FORK_GEN`], so the child connects anew
-//! (its credentials are its own: the parent's may change meanwhile).
+//! (its credentials are its own: the parent's may change meanwhile). A fork that runs no
+//! `pthread_atfork` handler (glibc's `_Fork`, a raw `fork` system call) is seen at the
+//! child's next call: a page of this library's is wiped in a child (`MADV_WIPEONFORK`),
+//! and a call that finds its mark gone counts the fork then ([`check_fork`]).
+//!
+//! **Late calls.** A call made after this thread's channels were dropped (an `atexit`
+//! handler, a thread-local destructor of the program's) goes through the kernel.
 //!
 //! **Re-entry.** A signal handler that makes a call while its thread is inside a call of
 //! this library finds the thread's channels busy and goes through the kernel ([`Busy`]).
@@ -18,7 +30,7 @@
 
 use std::cell::{Cell, UnsafeCell};
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use lanefs_channel::{
@@ -53,6 +65,53 @@ extern "C" fn after_fork_in_child() {
     crate::real::forget_pid();
     crate::mounts::forget_watch();
     FORK_GEN.fetch_add(1, SeqCst);
+    if let Some(m) = fork_mark() {
+        m.store(1, SeqCst);
+    }
+}
+
+/// A byte on a page of its own that a forked child sees as 0 (`MADV_WIPEONFORK`, Linux
+/// 4.14); 1 in the process that set it up. None where the page could not be had.
+fn fork_mark() -> Option<&'static AtomicU8> {
+    static MARK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let p = *MARK.get_or_init(|| {
+        // SAFETY: a fresh private anonymous page; checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return 0;
+        }
+        // SAFETY: advice on the page just mapped.
+        if unsafe { libc::madvise(p, 4096, libc::MADV_WIPEONFORK) } != 0 {
+            // SAFETY: unmapping the page just mapped, which nothing else refers to.
+            unsafe { libc::munmap(p, 4096) };
+            return 0;
+        }
+        // SAFETY: the page is mapped, writable and ours; an AtomicU8 has no alignment
+        // requirement beyond a byte's.
+        unsafe { (*(p as *const AtomicU8)).store(1, SeqCst) };
+        p as usize
+    });
+    // SAFETY: the page stays mapped for the life of the process (a child's is wiped, not
+    // unmapped).
+    (p != 0).then(|| unsafe { &*(p as *const AtomicU8) })
+}
+
+/// Counts a fork that ran no `pthread_atfork` handler, if this is the child of one.
+pub(crate) fn check_fork() {
+    if let Some(m) = fork_mark() {
+        if m.load(Relaxed) == 0 && m.swap(1, SeqCst) == 0 {
+            after_fork_in_child();
+        }
+    }
 }
 
 /// One connection to one mount's server.
@@ -66,6 +125,46 @@ struct Chan {
     dev: (u32, u32),
     cred_gen: u64,
     fork_gen: u64,
+    /// What the thread's privileges were at connection, if it had any.
+    privileged: Option<Privileges>,
+}
+
+/// A thread's ids and effective capabilities, as the kernel tells them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Privileges {
+    uids: [libc::uid_t; 3],
+    gids: [libc::gid_t; 3],
+    caps: u64,
+}
+
+impl Privileges {
+    /// This thread's, by system calls of this library's own.
+    fn now() -> Privileges {
+        let (mut uids, mut gids) = ([0; 3], [0; 3]);
+        // SAFETY: each call writes three ids into our arrays.
+        unsafe {
+            let [r, e, s] = &mut uids;
+            libc::syscall(libc::SYS_getresuid, r as *mut _, e as *mut _, s as *mut _);
+            let [r, e, s] = &mut gids;
+            libc::syscall(libc::SYS_getresgid, r as *mut _, e as *mut _, s as *mut _);
+        }
+        // _LINUX_CAPABILITY_VERSION_3: two 32-bit halves.
+        let mut hdr = [0x2008_0522u32, 0];
+        let mut data = [[0u32; 3]; 2];
+        // SAFETY: capget of this thread (pid 0) into two data structs, as version 3 asks.
+        let r = unsafe { libc::syscall(libc::SYS_capget, hdr.as_mut_ptr(), data.as_mut_ptr()) };
+        // A failed read counts as "some": the thread is then watched.
+        let caps = if r == 0 {
+            u64::from(data[0][0]) | u64::from(data[1][0]) << 32
+        } else {
+            u64::MAX
+        };
+        Privileges { uids, gids, caps }
+    }
+
+    fn any(&self) -> bool {
+        self.uids.contains(&0) || self.caps != 0
+    }
 }
 
 impl Chan {
@@ -80,7 +179,9 @@ impl Chan {
     }
 
     fn current(&self) -> bool {
-        self.cred_gen == CRED_GEN.load(Relaxed) && self.fork_gen == FORK_GEN.load(Relaxed)
+        self.cred_gen == CRED_GEN.load(Relaxed)
+            && self.fork_gen == FORK_GEN.load(Relaxed)
+            && self.privileged.is_none_or(|p| p == Privileges::now())
     }
 
     /// Lets the channel go: unmaps it and closes the socket if it is still ours. In a
@@ -121,6 +222,7 @@ pub(crate) struct Busy(());
 impl Busy {
     /// None if the thread is busy already.
     pub(crate) fn enter() -> Option<Busy> {
+        check_fork();
         BUSY.with(|b| (!b.replace(true)).then_some(Busy(())))
     }
 }
@@ -155,7 +257,8 @@ pub(crate) fn call(
     if len > BUF_LEN {
         return Outcome::Kernel;
     }
-    CHANS.with(|c| {
+    // Err: the thread's channels are gone (the thread, or the process, is ending).
+    let r = CHANS.try_with(|c| {
         // SAFETY: only this thread touches its channels, and not re-entrantly (Busy).
         let chans = unsafe { &mut *c.get() };
         let Some(ch) = channel(chans, m) else {
@@ -212,7 +315,8 @@ pub(crate) fn call(
         // SAFETY: `body` bytes after the out header, within the buffer and `reply`.
         unsafe { std::ptr::copy_nonoverlapping(ch.buf().add(hb.len()), reply.as_mut_ptr(), body) };
         Outcome::Done(Ok(body))
-    })
+    });
+    r.unwrap_or(Outcome::Kernel)
 }
 
 /// Waits for the reply: spins for `spin` nanoseconds (the server's `spin_ns`; yielding the
@@ -327,8 +431,11 @@ fn socket_paths(m: &Mount) -> Vec<CString> {
 fn connect(m: &Mount) -> Option<Chan> {
     let cred_gen = CRED_GEN.load(SeqCst);
     let fork_gen = FORK_GEN.load(SeqCst);
+    // Read before connecting: a change after it is caught at the next call.
+    let privileges = Privileges::now();
     for path in socket_paths(m) {
-        if let Some(c) = connect_at(m, &path, cred_gen, fork_gen) {
+        if let Some(mut c) = connect_at(m, &path, cred_gen, fork_gen) {
+            c.privileged = privileges.any().then_some(privileges);
             return Some(c);
         }
     }
@@ -340,7 +447,9 @@ fn connect(m: &Mount) -> Option<Chan> {
 pub(crate) fn register_fork_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: registering a child handler that only increments an atomic.
+        // Set up before any fork: a child tells it was forked from its wiped mark.
+        let _ = fork_mark();
+        // SAFETY: registering a child handler that only resets this library's caches.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     });
 }
@@ -437,6 +546,7 @@ fn connect_at(m: &Mount, path: &CString, cred_gen: u64, fork_gen: u64) -> Option
         dev: m.dev,
         cred_gen,
         fork_gen,
+        privileged: None,
     };
     if ch.shared().magic != MAGIC {
         ch.close();

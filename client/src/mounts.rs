@@ -4,8 +4,12 @@
 //! A mount is served over the channel when its filesystem type is `fuse.lanefs`, its root
 //! is the filesystem's root, no other mount lies inside it (the server cannot see one, so a
 //! path walked there would be resolved in lanefs where the kernel would cross into the
-//! other filesystem), and `LANEFS_RUN_MOUNTS` (a `:`-separated list of mountpoints set by
-//! `lanefs run --mount`), when set, names it. Anything else goes through the kernel.
+//! other filesystem), no mount covers it (one made later on its mountpoint or on a
+//! directory above it, which hides it from path walks), the mount itself is neither
+//! read-only nor `nosymfollow` (flags of the mount, not of the filesystem, which the server
+//! never sees: a read-only bind mount of a writable lanefs is enforced by the kernel alone),
+//! and `LANEFS_RUN_MOUNTS` (a `:`-separated list of mountpoints set by `lanefs run
+//! --mount`), when set, names it. Anything else goes through the kernel.
 //!
 //! The table is read at the first call that needs it, and again whenever the mount
 //! namespace changed (a descriptor of `mountinfo` kept open reports each change to `poll`:
@@ -252,7 +256,10 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
         point: Vec<u8>,
         dev: (u32, u32),
         mnt_id: u64,
+        parent: u64,
         lanefs: bool,
+        /// Read-only or `nosymfollow` as a mount (field 6): the kernel's to enforce.
+        restricted: bool,
         owner: u32,
     }
     let mut lines = Vec::new();
@@ -269,7 +276,12 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
                 .ok()
                 .and_then(|s| s.parse::<u64>().ok())
         };
-        let Some(mnt_id) = num(f[0]) else { continue };
+        let (Some(mnt_id), Some(parent)) = (num(f[0]), num(f[1])) else {
+            continue;
+        };
+        let restricted = f[5]
+            .split(|&b| b == b',')
+            .any(|o| o == b"ro" || o == b"nosymfollow");
         let mut dev = f[2].split(|&b| b == b':');
         let (Some(major), Some(minor)) = (dev.next().and_then(num), dev.next().and_then(num))
         else {
@@ -288,7 +300,9 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
             point,
             dev: (major as u32, minor as u32),
             mnt_id,
+            parent,
             lanefs: f[sep + 1] == b"fuse.lanefs" && f[3] == b"/",
+            restricted,
             owner: owner as u32,
         });
     }
@@ -304,15 +318,33 @@ pub(crate) fn parse(text: &[u8], only: Option<&std::ffi::OsStr>) -> Table {
     let inside = |outer: &[u8], p: &[u8]| {
         p.len() > outer.len() && p.starts_with(outer) && p[outer.len()] == b'/'
     };
+    // The mounts `m` is mounted on, up to the root of the table.
+    let ancestors = |m: &Line| {
+        let mut ids = Vec::new();
+        let mut at = m.parent;
+        while let Some(p) = lines.iter().find(|l| l.mnt_id == at) {
+            if ids.contains(&p.mnt_id) {
+                break;
+            }
+            ids.push(p.mnt_id);
+            at = p.parent;
+        }
+        ids
+    };
     let mut mounts = Vec::new();
-    for m in lines.iter().filter(|m| m.lanefs && m.point != b"/") {
-        // A later mount over the same point hides this one; one inside it is invisible to
-        // its server.
-        let hidden_or_nested = lines.iter().any(|o| {
+    for m in lines
+        .iter()
+        .filter(|m| m.lanefs && !m.restricted && m.point != b"/")
+    {
+        // A mount on this one's point or on a directory above it that this one is not
+        // mounted on covers it (it came later); one inside it is invisible to its server.
+        let above = ancestors(m);
+        let covered_or_nested = lines.iter().any(|o| {
+            let over = o.point == m.point || o.point == b"/" || inside(&o.point, &m.point);
             !std::ptr::eq(o, m)
-                && (inside(&m.point, &o.point) || o.point == m.point && o.mnt_id > m.mnt_id)
+                && (inside(&m.point, &o.point) || over && !above.contains(&o.mnt_id))
         });
-        if hidden_or_nested || !allowed(&m.point) {
+        if covered_or_nested || !allowed(&m.point) {
             continue;
         }
         mounts.push(Mount {
@@ -369,13 +401,23 @@ mod tests {
         42 22 0:42 / /mnt/outer rw - fuse.lanefs memory rw,user_id=0\n\
         43 42 0:43 / /mnt/outer/inner rw - tmpfs tmpfs rw\n\
         44 22 0:44 /sub /mnt/bind rw - fuse.lanefs memory rw,user_id=0\n\
-        45 22 0:45 / /mnt/other rw - fuse.sshfs host: rw,user_id=0\n";
+        45 22 0:45 / /mnt/other rw - fuse.sshfs host: rw,user_id=0\n\
+        46 22 0:40 / /mnt/ro-bind ro,relatime - fuse.lanefs memory rw,user_id=0,group_id=0\n\
+        47 22 0:40 / /mnt/nosym rw,nosymfollow - fuse.lanefs memory rw,user_id=0\n\
+        48 22 0:48 / /x/anc/m rw - fuse.lanefs memory rw,user_id=0\n\
+        49 22 0:49 / /x/anc rw - tmpfs tmpfs rw\n\
+        50 22 0:50 / /y/m rw - fuse.lanefs memory rw,user_id=0\n\
+        51 50 0:51 / /y/m rw - fuse.lanefs memory rw,user_id=0\n";
 
     #[test]
     fn lanefs_mounts_are_found_and_the_unservable_left_out() {
         let t = parse(INFO, None);
         let points: Vec<&[u8]> = t.mounts.iter().map(|m| m.point.as_slice()).collect();
-        assert_eq!(points, vec![&b"/mnt/l"[..], b"/mnt/with space"]);
+        // Not: a read-only or nosymfollow bind mount (the kernel enforces those), a lanefs
+        // covered by a later mount on a directory above it (/x/anc/m) or on its own point
+        // (the first /y/m, under the second, which is mounted on it and so is served).
+        assert_eq!(points, vec![&b"/mnt/l"[..], b"/mnt/with space", b"/y/m"]);
+        assert_eq!(t.mounts[2].mnt_id, 51);
         assert_eq!(t.mounts[1].owner, 1000);
         assert_eq!(t.mounts[0].dev, (0, 40));
         let (m, rest) = t.find(b"/mnt/l/a/b").unwrap();

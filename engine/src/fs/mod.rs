@@ -386,6 +386,13 @@ impl Filesystem {
         self.watch.set(sink);
     }
 
+    /// Whether a kernel caller (`Via::Kernel`) holds a lookup reference on `ino`: the
+    /// kernel has a dentry of it (a name it looked up and still caches, someone's working
+    /// directory, an open descriptor), as far as the FORGETs it sent tell.
+    pub fn held_by_kernel(&self, ino: Ino) -> bool {
+        self.watch.held.holds(ino)
+    }
+
     /// Waits `max`, or less while a library change's report waits for a FORGET: the FUSE
     /// transport that reads the kernel's FORGETs pauses here after each, so that those the
     /// kernel queues meanwhile come as one BATCH_FORGET, without holding back a report that

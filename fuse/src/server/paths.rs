@@ -51,6 +51,18 @@ impl Server {
             OP_RENAME => {
                 let r: RenameIn = req.arg()?;
                 let (to, _) = cstr(rest)?;
+                let moved = |p: &[u8]| {
+                    at.stat(p, false).is_ok_and(|a| {
+                        a.mode & libc::S_IFMT == libc::S_IFDIR && self.fs.held_by_kernel(a.ino)
+                    })
+                };
+                // A directory the kernel holds is moved by the kernel, which moves its dentry:
+                // over the channel its dentry could only be dropped, and a working directory
+                // or descriptor in it would then have no path (`getcwd` fails, `/proc` shows
+                // it deleted) or an old one. EXDEV: the client renames through the kernel.
+                if moved(path) || r.flags & libc::RENAME_EXCHANGE != 0 && moved(to) {
+                    return Err(Errno::EXDEV);
+                }
                 done(at.rename(path, &at, to, r.flags))
             }
             OP_LINK => {
