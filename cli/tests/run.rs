@@ -1208,9 +1208,11 @@ fn a_directory_renamed_under_a_working_directory_keeps_its_path() {
     assert_eq!(names(&p.join("w/a/b")), Vec::<String>::new());
 }
 
-/// A root that dropped capabilities is refused what the kernel refuses it (the server
-/// serves a caller over the channel only if its capabilities are its uid's), and a create
-/// whose open then fails leaves no file (the kernel's `open(O_CREAT)` makes none).
+/// Capabilities, not the uid, decide, as in the kernel: a root that dropped
+/// `CAP_DAC_OVERRIDE` is refused what the kernel refuses it under `lanefs run`, and a user
+/// granted it (and `CAP_FOWNER`) may, under `lanefs run` and through the mount alike, what
+/// the kernel lets it (the engine checks again after the kernel, and refused it). And a
+/// create whose open then fails leaves no file (the kernel's `open(O_CREAT)` makes none).
 #[test]
 fn dropped_capabilities_and_failed_creates_under_lanefs_run() {
     if !needs_root("dropped_capabilities_and_failed_creates_under_lanefs_run")
@@ -1238,6 +1240,31 @@ fn dropped_capabilities_and_failed_creates_under_lanefs_run() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("Permission denied"), "{text}{out:?}");
     assert!(!p.join("other/x").exists());
+    std::fs::write(p.join("roots"), b"").unwrap();
+    for (i, client) in [false, true].into_iter().enumerate() {
+        let mut cmd = Command::new("setpriv");
+        cmd.args([
+            "--reuid=1000",
+            "--regid=1000",
+            "--clear-groups",
+            "--inh-caps=+dac_override,+fowner",
+            "--ambient-caps=+dac_override,+fowner",
+        ]);
+        if client {
+            cmd.arg(BIN).args(["run", "--"]);
+        }
+        let out = cmd
+            .args(["sh", "-c"])
+            .arg(format!(
+                "mkdir \"$M/other/by-cap{i}\" && chmod 604 \"$M/roots\" && echo done"
+            ))
+            .env("M", p)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim(), "done", "client {client}: {out:?}");
+        assert!(p.join(format!("other/by-cap{i}")).is_dir());
+    }
     let script = r#"
 import os, resource, sys
 M = sys.argv[1]

@@ -442,7 +442,7 @@ pub(crate) fn set_xattr(
             None => Ok(SetOutcome::Nothing),
         };
     }
-    if !ctx.is_root() && ctx.uid != a.uid {
+    if !crate::perm::owner_or_root(ctx, a) {
         return Err(Errno::EPERM);
     }
     let acl = entries.map(|e| Acl::from_entries(&e)).transpose()?;
@@ -453,7 +453,7 @@ pub(crate) fn set_xattr(
     if let Some(acl) = &acl {
         mode = (mode & !0o777) | acl.mode_bits();
     }
-    if !ctx.is_root() && !ctx.in_group(a.gid) {
+    if !crate::perm::in_group_or_fsetid(ctx, a.gid) {
         mode &= !libc::S_ISGID;
     }
     Ok(SetOutcome::Apply {

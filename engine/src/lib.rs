@@ -97,7 +97,7 @@ pub use fs::{
 pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};
 pub use path::{At, Client, DirEntryInfo, File, Metadata, OpenOptions};
-pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via};
+pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via, caps};
 pub use record::{
     AttrChange, Attributes, DecodeError, MemoryStore, NewInode, Record, RecordSummary, Store,
     SyncDone, effect,

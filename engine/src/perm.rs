@@ -42,6 +42,41 @@ pub enum Via {
     Kernel,
 }
 
+/// The capabilities (`capabilities(7)`) that decide what a caller may do to files, at
+/// their bits in `/proc/PID/status`'s `CapEff`. A [`Ctx`] made for a uid has all of them
+/// for root and none otherwise; [`Ctx::with_caps`] sets them as a process has them (a root
+/// that dropped some, a user granted some).
+pub mod caps {
+    /// Change any file's owner and group (`chown`).
+    pub const CHOWN: u64 = 1 << 0;
+    /// Read, write and search any inode (execute one with an x bit somewhere).
+    pub const DAC_OVERRIDE: u64 = 1 << 1;
+    /// Read any file, read and search any directory.
+    pub const DAC_READ_SEARCH: u64 = 1 << 2;
+    /// What only an owner may (chmod, utimes, ACLs, `chattr`, a sticky directory's entries).
+    pub const FOWNER: u64 = 1 << 3;
+    /// Keep set-user-ID and set-group-ID bits the change would take away.
+    pub const FSETID: u64 = 1 << 4;
+    /// Set and clear the immutable and append-only flags.
+    pub const LINUX_IMMUTABLE: u64 = 1 << 9;
+    /// `trusted.*` and `security.*` extended attributes.
+    pub const SYS_ADMIN: u64 = 1 << 21;
+    /// Make device nodes.
+    pub const MKNOD: u64 = 1 << 27;
+    /// Set file capabilities (`security.capability`).
+    pub const SETFCAP: u64 = 1 << 31;
+    /// All of the above: root's.
+    pub const ALL: u64 = CHOWN
+        | DAC_OVERRIDE
+        | DAC_READ_SEARCH
+        | FOWNER
+        | FSETID
+        | LINUX_IMMUTABLE
+        | SYS_ADMIN
+        | MKNOD
+        | SETFCAP;
+}
+
 /// Who is calling: the credentials a process would present to the kernel.
 #[derive(Clone, Debug)]
 pub struct Ctx {
@@ -57,6 +92,8 @@ pub struct Ctx {
     /// How the caller reaches the engine.
     pub via: Via,
     groups: SmallVec<[u32; 8]>,
+    /// Its [`caps`].
+    caps: u64,
 }
 
 impl Ctx {
@@ -74,7 +111,22 @@ impl Ctx {
             keeps_setid: uid == 0,
             via: Via::Library,
             groups: SmallVec::new(),
+            caps: if uid == 0 { caps::ALL } else { 0 },
         }
+    }
+
+    /// Sets the capabilities ([`caps`] bits; others are ignored), as the process has them:
+    /// `CapEff` of `/proc/PID/status`. `keeps_setid` follows `CAP_FSETID`.
+    pub fn with_caps(mut self, caps: u64) -> Self {
+        self.caps = caps & caps::ALL;
+        self.keeps_setid = caps & caps::FSETID != 0;
+        self
+    }
+
+    /// Whether the caller has capability `cap` (a [`caps`] bit).
+    #[inline]
+    pub fn has(&self, cap: u64) -> bool {
+        self.caps & cap != 0
     }
 
     /// Sets the supplementary groups.
@@ -95,10 +147,10 @@ impl Ctx {
         self
     }
 
-    /// Whether the caller is root (has every capability).
+    /// Whether the caller has every capability of [`caps`] (root, unless it dropped some).
     #[inline]
     pub fn is_root(&self) -> bool {
-        self.uid == 0
+        self.caps & caps::ALL == caps::ALL
     }
 
     /// Whether returned inodes carry a lookup reference ([`Via::Kernel`]).
@@ -118,14 +170,23 @@ impl Ctx {
     }
 }
 
+/// Whether `ctx`'s capabilities grant `mask` on an inode with attributes `a` whatever its
+/// mode and ACL say (`generic_permission`'s last step): `CAP_DAC_READ_SEARCH` reading a
+/// file or reading and searching a directory, `CAP_DAC_OVERRIDE` anything but executing a
+/// non-directory with no x bit at all.
+pub(crate) fn overrides(ctx: &Ctx, a: &AttrVals, mask: u32) -> bool {
+    let mask = mask & (MAY_READ | MAY_WRITE | MAY_EXEC);
+    if a.mode & libc::S_IFMT == libc::S_IFDIR {
+        return mask & MAY_WRITE == 0 && ctx.has(caps::DAC_READ_SEARCH)
+            || ctx.has(caps::DAC_OVERRIDE);
+    }
+    mask == MAY_READ && ctx.has(caps::DAC_READ_SEARCH)
+        || (mask & MAY_EXEC == 0 || a.mode & 0o111 != 0) && ctx.has(caps::DAC_OVERRIDE)
+}
+
 /// `generic_permission`: may `ctx` access an inode with attributes `a` for `mask`?
 pub(crate) fn check(ctx: &Ctx, a: &AttrVals, mask: u32) -> Result<()> {
-    if ctx.is_root() {
-        // CAP_DAC_OVERRIDE: anything, except executing a non-directory with no x bit at all.
-        let is_dir = a.mode & libc::S_IFMT == libc::S_IFDIR;
-        if mask & MAY_EXEC != 0 && !is_dir && a.mode & 0o111 == 0 {
-            return Err(Errno::EACCES);
-        }
+    if overrides(ctx, a, mask) {
         return Ok(());
     }
     let bits = if ctx.uid == a.uid {
@@ -142,16 +203,22 @@ pub(crate) fn check(ctx: &Ctx, a: &AttrVals, mask: u32) -> Result<()> {
     }
 }
 
-/// Whether `ctx` is the owner or root (`inode_owner_or_capable`).
+/// Whether `ctx` is the owner or has `CAP_FOWNER` (`inode_owner_or_capable`).
 pub(crate) fn owner_or_root(ctx: &Ctx, a: &AttrVals) -> bool {
-    ctx.is_root() || ctx.uid == a.uid
+    ctx.uid == a.uid || ctx.has(caps::FOWNER)
+}
+
+/// Whether `ctx` is in group `gid` or has `CAP_FSETID` (`in_group_or_capable`): whether a
+/// set-group-ID bit it sets or keeps stays.
+pub(crate) fn in_group_or_fsetid(ctx: &Ctx, gid: u32) -> bool {
+    ctx.in_group(gid) || ctx.has(caps::FSETID)
 }
 
 /// The sticky-directory rule: in a sticky directory, only the owner of an entry, the owner of
 /// the directory or root may remove or rename it.
 pub(crate) fn check_sticky(ctx: &Ctx, dir: &AttrVals, victim: &AttrVals) -> Result<()> {
     if dir.mode & libc::S_ISVTX != 0
-        && !ctx.is_root()
+        && !ctx.has(caps::FOWNER)
         && ctx.uid != victim.uid
         && ctx.uid != dir.uid
     {
@@ -203,6 +270,30 @@ mod tests {
         assert!(check(&Ctx::root(), &fx, MAY_EXEC).is_ok());
         let d = attr(libc::S_IFDIR, 10, 20);
         assert!(check(&Ctx::root(), &d, MAY_EXEC).is_ok());
+    }
+
+    #[test]
+    fn capabilities_decide_not_the_uid() {
+        let f = attr(libc::S_IFREG | 0o600, 10, 20);
+        let d = attr(libc::S_IFDIR | 0o700, 10, 20);
+        let user = |c| Ctx::user(500, 500).with_caps(c);
+        // A user granted CAP_DAC_OVERRIDE reads and writes someone else's file.
+        assert!(check(&user(caps::DAC_OVERRIDE), &f, MAY_READ | MAY_WRITE).is_ok());
+        assert!(check(&user(caps::DAC_OVERRIDE), &d, MAY_WRITE | MAY_EXEC).is_ok());
+        // CAP_DAC_READ_SEARCH: read a file, read and search a directory, nothing else.
+        let rs = user(caps::DAC_READ_SEARCH);
+        assert!(check(&rs, &f, MAY_READ).is_ok());
+        assert_eq!(check(&rs, &f, MAY_WRITE), Err(Errno::EACCES));
+        assert!(check(&rs, &d, MAY_READ | MAY_EXEC).is_ok());
+        assert_eq!(check(&rs, &d, MAY_WRITE | MAY_EXEC), Err(Errno::EACCES));
+        // Root that dropped them is an ordinary user of another's file.
+        let root = Ctx::root().with_caps(caps::ALL & !(caps::DAC_OVERRIDE | caps::DAC_READ_SEARCH));
+        assert_eq!(check(&root, &f, MAY_READ), Err(Errno::EACCES));
+        assert!(!root.is_root());
+        assert!(owner_or_root(&user(caps::FOWNER), &f));
+        assert!(!owner_or_root(&Ctx::root().with_caps(0), &f));
+        assert!(!Ctx::root().with_caps(0).keeps_setid);
+        assert!(in_group_or_fsetid(&user(caps::FSETID), 20));
     }
 
     #[test]

@@ -3,14 +3,13 @@
 //!
 //! A mount's server listens on a Unix socket named after the mount's device number. Each
 //! connection is one client thread: this module learns its caller from the socket
-//! (`SO_PEERCRED`, `/proc/PID/status` for the fs ids, groups and capabilities, checked
-//! against the peer's pidfd so that a recycled pid cannot lend its credentials), refuses a
-//! user the mount does not serve (without `allow_other`, anyone but the mounting user, as
-//! the kernel does) and a caller whose privileges are not its uid's
-//! ([`fs_caps_are_the_uids`]: the engine knows root by its uid, the kernel by capabilities),
-//! hands the client a sealed memfd, and serves the connection from a thread of its own:
-//! wait for a request, copy it out of shared memory, hand it to the dispatcher with the
-//! caller's credentials ([`Caller::Known`]), copy the reply back, wake the client.
+//! (`SO_PEERCRED`, `/proc/PID/status` for the fs ids, groups and effective capabilities,
+//! checked against the peer's pidfd so that a recycled pid cannot lend its credentials),
+//! refuses a user the mount does not serve (without `allow_other`, anyone but the mounting
+//! user, as the kernel does), hands the client a sealed memfd, and serves the connection
+//! from a thread of its own: wait for a request, copy it out of shared memory, hand it to
+//! the dispatcher with the caller's credentials ([`Caller::Known`]), copy the reply back,
+//! wake the client.
 //!
 //! A thread per connection keeps a call to one round trip between two threads. Each spins
 //! briefly for the other before it sleeps on the futex, but only while the busy channels'
@@ -294,10 +293,9 @@ fn accept_loop(
     }
 }
 
-/// The caller on the other end of `sock`: its fs uid and gid, its groups and whether its
-/// capabilities are its uid's, read from `/proc` while its pidfd shows that the pid still
-/// names it.
-fn caller(sock: &OwnedFd) -> Option<Peer> {
+/// The caller on the other end of `sock`: its fs uid and gid, its groups and its effective
+/// capabilities, read from `/proc` while its pidfd shows that the pid still names it.
+fn caller(sock: &OwnedFd) -> Option<Ctx> {
     // SAFETY: a zeroed ucred is a valid out-buffer of the size given.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
@@ -340,54 +338,7 @@ fn caller(sock: &OwnedFd) -> Option<Peer> {
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())?;
-    Some(Peer {
-        ctx: Ctx::user(uid, gid).with_groups(&groups),
-        plain: fs_caps_are_the_uids(uid, caps),
-    })
-}
-
-/// A caller as its socket and `/proc` show it.
-struct Peer {
-    ctx: Ctx,
-    /// Its privileges are what the engine gives its uid ([`fs_caps_are_the_uids`]).
-    plain: bool,
-}
-
-/// The capabilities that decide the calls the channel serves (`capabilities(7)`): owner,
-/// permission and set-id checks, device nodes. (Inode flags, xattrs and file capabilities,
-/// which `CAP_LINUX_IMMUTABLE`, `CAP_SYS_ADMIN` and `CAP_SETFCAP` guard, are not set over
-/// the channel.)
-const FS_CAPS: u64 =
-    cap::CHOWN | cap::DAC_OVERRIDE | cap::DAC_READ_SEARCH | cap::FOWNER | cap::FSETID | cap::MKNOD;
-
-/// What root must have of [`FS_CAPS`] to be served as root: all but `CAP_DAC_READ_SEARCH`,
-/// which `CAP_DAC_OVERRIDE` includes for everything the channel does (a container's root
-/// lacks it by default).
-const ROOT_CAPS: u64 = FS_CAPS & !cap::DAC_READ_SEARCH;
-
-/// Capability bits (`linux/capability.h`; the libc crate has no names for them).
-mod cap {
-    pub const CHOWN: u64 = 1 << 0;
-    pub const DAC_OVERRIDE: u64 = 1 << 1;
-    pub const DAC_READ_SEARCH: u64 = 1 << 2;
-    pub const FOWNER: u64 = 1 << 3;
-    pub const FSETID: u64 = 1 << 4;
-    pub const MKNOD: u64 = 1 << 27;
-}
-
-/// Whether a caller with fs uid `uid` and effective capabilities `caps` has exactly the
-/// privileges the engine gives that uid for what the channel serves: [`ROOT_CAPS`] for
-/// root, none of [`FS_CAPS`] for anyone else. The engine, like a filesystem before
-/// capabilities, knows the privileged caller by its uid; the kernel checks capabilities. A
-/// root that dropped some (`capset`) or a user granted some (file capabilities, ambient
-/// ones) is refused the channel, and its client makes its calls through the kernel, which
-/// checks them as it does for any program.
-fn fs_caps_are_the_uids(uid: u32, caps: u64) -> bool {
-    if uid == 0 {
-        caps & ROOT_CAPS == ROOT_CAPS
-    } else {
-        caps & FS_CAPS == 0
-    }
+    Some(Ctx::user(uid, gid).with_groups(&groups).with_caps(caps))
 }
 
 /// The peer's pidfd (`SO_PEERPIDFD`, Linux 6.5), where the kernel has it.
@@ -428,12 +379,7 @@ fn greet(
         padding: 0,
     };
     let ctx = match caller(sock) {
-        Some(c) if !c.plain => {
-            hello.error = libc::EPERM;
-            send(sock, &hello, None);
-            return None;
-        }
-        Some(c) if allow_other || c.ctx.uid == owner => c.ctx,
+        Some(c) if allow_other || c.uid == owner => c,
         Some(_) => {
             hello.error = libc::EACCES;
             send(sock, &hello, None);
@@ -644,25 +590,4 @@ fn answer(req: &[u8], reply: &mut [u8], ctx: &Ctx, dispatch: &dyn Dispatch) -> u
     let h = out_header(unique, errno, body);
     reply[..hlen].copy_from_slice(h.as_bytes());
     h.len as usize
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_callers_whose_capabilities_are_their_uids_are_served() {
-        let all = u64::MAX >> 23; // CapEff of a root shell: 41 capabilities
-        assert!(fs_caps_are_the_uids(0, all));
-        assert!(!fs_caps_are_the_uids(0, 0), "root without capabilities");
-        assert!(!fs_caps_are_the_uids(0, all & !cap::DAC_OVERRIDE));
-        // Docker's default set: no CAP_DAC_READ_SEARCH, CAP_SYS_ADMIN or CAP_LINUX_IMMUTABLE.
-        assert!(fs_caps_are_the_uids(0, 0xa80425fb));
-        assert!(fs_caps_are_the_uids(1000, 0));
-        assert!(
-            fs_caps_are_the_uids(1000, 1 << 10),
-            "CAP_NET_BIND_SERVICE is no file power"
-        );
-        assert!(!fs_caps_are_the_uids(1000, cap::CHOWN));
-    }
 }

@@ -1,10 +1,11 @@
 //! The credentials of a request's caller.
 //!
-//! A FUSE request carries the caller's uid, gid and pid, not its supplementary groups, which
-//! the engine's permission checks need (the kernel checks permissions too, with the full
-//! list, `default_permissions`; lanefs checks again so that the library is safe on its own,
-//! and the two must agree). The groups are read from `/proc/PID/status` here, before the
-//! engine is called, so no engine lock is ever held across file I/O.
+//! A FUSE request carries the caller's uid, gid and pid, not its supplementary groups or its
+//! capabilities, which the engine's permission checks need (the kernel checks permissions
+//! too, with the full list and the capabilities, `default_permissions`; lanefs checks again
+//! so that the library is safe on its own, and the two must agree: a user granted
+//! `CAP_DAC_OVERRIDE` writes where its uid may not). Both are read from `/proc/PID/status`
+//! here, before the engine is called, so no engine lock is ever held across file I/O.
 //!
 //! Reading `/proc` costs several microseconds, more than most requests, so each request
 //! thread keeps the groups of the last processes it served, keyed by (pid, uid, gid), for
@@ -25,26 +26,39 @@ const TTL: Duration = Duration::from_secs(1);
 /// Processes a thread remembers.
 const ENTRIES_MAX: usize = 64;
 
+/// What `/proc/PID/status` says of a caller: its groups and effective capabilities (None:
+/// unreadable, and the engine goes by the uid).
+#[derive(Clone)]
+struct Status {
+    groups: Groups,
+    caps: Option<u64>,
+}
+
 struct Cached {
     key: (u32, u32, u32),
     read_at: Instant,
-    groups: Groups,
+    status: Status,
 }
 
 thread_local! {
     static CACHE: RefCell<Vec<Cached>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Supplementary groups of process `pid` from `/proc/PID/status` (empty if unreadable: the
-/// process is gone, or pid 0 for the kernel itself).
-fn read_groups(pid: u32) -> Groups {
+/// Supplementary groups and effective capabilities of process `pid` from
+/// `/proc/PID/status` (no groups and no word on capabilities if unreadable: the process is
+/// gone, or pid 0 for the kernel itself).
+fn read_status(pid: u32) -> Status {
+    let none = Status {
+        groups: Groups::new(),
+        caps: None,
+    };
     if pid == 0 {
-        return Groups::new();
+        return none;
     }
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return Groups::new();
+        return none;
     };
-    status
+    let groups = status
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .map(|g| {
@@ -52,21 +66,26 @@ fn read_groups(pid: u32) -> Groups {
                 .filter_map(|x| x.parse().ok())
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let caps = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
+    Status { groups, caps }
 }
 
-/// The groups of the caller `(pid, uid, gid)`, from this thread's cache or `/proc`.
-fn groups(pid: u32, uid: u32, gid: u32) -> Groups {
+/// What `/proc` says of the caller `(pid, uid, gid)`, from this thread's cache or `/proc`.
+fn status(pid: u32, uid: u32, gid: u32) -> Status {
     let key = (pid, uid, gid);
     let now = Instant::now();
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
         if let Some(e) = c.iter().find(|e| e.key == key) {
             if now.duration_since(e.read_at) < TTL {
-                return e.groups.clone();
+                return e.status.clone();
             }
         }
-        let groups = read_groups(pid);
+        let status = read_status(pid);
         c.retain(|e| e.key != key && now.duration_since(e.read_at) < TTL);
         if c.len() >= ENTRIES_MAX {
             c.remove(0);
@@ -74,9 +93,9 @@ fn groups(pid: u32, uid: u32, gid: u32) -> Groups {
         c.push(Cached {
             key,
             read_at: now,
-            groups: groups.clone(),
+            status: status.clone(),
         });
-        groups
+        status
     })
 }
 
@@ -85,9 +104,12 @@ fn groups(pid: u32, uid: u32, gid: u32) -> Groups {
 /// the request carries (`FUSE_DONT_MASK`: the engine applies it, or the parent's default ACL
 /// instead).
 pub(crate) fn ctx(uid: u32, gid: u32, pid: u32) -> Ctx {
-    Ctx::user(uid, gid)
-        .with_groups(&groups(pid, uid, gid))
-        .via_kernel()
+    let s = status(pid, uid, gid);
+    let c = Ctx::user(uid, gid).with_groups(&s.groups).via_kernel();
+    match s.caps {
+        Some(caps) => c.with_caps(caps),
+        None => c,
+    }
 }
 
 #[cfg(test)]
@@ -102,13 +124,13 @@ mod tests {
         // SAFETY: `want` has room for `n` entries.
         let n = unsafe { libc::getgroups(n, want.as_mut_ptr()) };
         want.truncate(n.max(0) as usize);
-        let mut got = groups(std::process::id(), 1000, 1000).to_vec();
+        let mut got = status(std::process::id(), 1000, 1000).groups.to_vec();
         got.sort();
         want.sort();
         want.dedup();
         got.dedup();
         assert_eq!(got, want);
-        assert!(read_groups(0).is_empty(), "the kernel itself");
+        assert!(read_status(0).groups.is_empty(), "the kernel itself");
         let c = ctx(5, 6, 0);
         assert_eq!((c.uid, c.gid, c.via), (5, 6, lanefs::Via::Kernel));
         assert!(!c.keeps_setid);

@@ -637,7 +637,7 @@ impl Filesystem {
         // the ACL is the one the change sees. An ACL that appears after the flag was read
         // here is seen inside the seqlock, and the change starts again with the shard held.
         let acl_matters = set.mode.is_some()
-            || !ctx.is_root()
+            || !ctx.has(perm::caps::DAC_OVERRIDE)
                 && (matches!(set.atime, Some(TimeSet::Now))
                     || matches!(set.mtime, Some(TimeSet::Now)));
         loop {
@@ -962,12 +962,13 @@ fn attr_change(
         return Err(Errno::EPERM);
     }
     if let Some(uid) = set.uid {
-        if !(ctx.is_root() || ctx.uid == v.uid && uid == v.uid) {
+        if !(ctx.has(perm::caps::CHOWN) || ctx.uid == v.uid && uid == v.uid) {
             return Err(Errno::EPERM);
         }
     }
     if let Some(gid) = set.gid {
-        if !(ctx.is_root() || ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid))) {
+        if !(ctx.has(perm::caps::CHOWN) || ctx.uid == v.uid && (gid == v.gid || ctx.in_group(gid)))
+        {
             return Err(Errno::EPERM);
         }
     }
@@ -990,7 +991,7 @@ fn attr_change(
     let mut mode = v.mode;
     if let Some(m) = set.mode {
         let mut m = m & 0o7777;
-        if !ctx.is_root() && !ctx.in_group(set.gid.unwrap_or(v.gid)) {
+        if !perm::in_group_or_fsetid(ctx, set.gid.unwrap_or(v.gid)) {
             m &= !libc::S_ISGID;
         }
         mode = (v.mode & libc::S_IFMT) | m;
@@ -1001,7 +1002,7 @@ fn attr_change(
         mode &= !libc::S_ISUID;
         let sgid = mode & libc::S_ISGID != 0;
         let gx = mode & libc::S_IXGRP != 0;
-        if sgid && (gx || !ctx.is_root() && !ctx.in_group(v.gid)) {
+        if sgid && (gx || !perm::in_group_or_fsetid(ctx, v.gid)) {
             mode &= !libc::S_ISGID;
         }
         // Linux turns the bits a chown takes into a mode change, which only the owner may

@@ -60,7 +60,7 @@ impl Filesystem {
                 if !perm::owner_or_root(ctx, v) {
                     return Err(Errno::EPERM);
                 }
-                if (new ^ v.flags) & flags::FROZEN != 0 && !ctx.is_root() {
+                if (new ^ v.flags) & flags::FROZEN != 0 && !ctx.has(perm::caps::LINUX_IMMUTABLE) {
                     return Err(Errno::EPERM);
                 }
                 if new & !flags::USER != 0 {

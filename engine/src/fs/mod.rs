@@ -674,12 +674,13 @@ impl Filesystem {
         self.child(dir, d, name, false, g)
     }
 
-    /// Whether `ctx` may search directory `dir`: root always may (no attribute read), anyone
-    /// else by mode, owner, group and access ACL.
+    /// Whether `ctx` may search directory `dir`: a caller with `CAP_DAC_OVERRIDE` or
+    /// `CAP_DAC_READ_SEARCH` (root) always may (no attribute read), anyone else by mode,
+    /// owner, group and access ACL.
     #[inline]
     pub(crate) fn may_search(&self, ctx: &Ctx, dir: &Inode) -> Result<()> {
         debug_assert!(dir.is_dir());
-        if ctx.is_root() {
+        if ctx.has(perm::caps::DAC_OVERRIDE | perm::caps::DAC_READ_SEARCH) {
             return Ok(());
         }
         self.permission(ctx, dir, &dir.attr.access_view(), MAY_EXEC)
@@ -699,7 +700,7 @@ impl Filesystem {
     /// `v` without the flag is a state of its own (the mode of an inode with no ACL), and is
     /// decided alone (the common case: no lock taken).
     pub(crate) fn permission(&self, ctx: &Ctx, i: &Inode, v: &AttrVals, mask: u32) -> Result<()> {
-        if ctx.is_root() || v.flags & flags::ACL == 0 {
+        if v.flags & flags::ACL == 0 || perm::overrides(ctx, v, mask) {
             return permission_with(ctx, v, None, mask);
         }
         let shard = self.xattrs.lock(i.ino, &self.stats);
@@ -957,7 +958,7 @@ pub(crate) fn permission_with(ctx: &Ctx, v: &AttrVals, acl: Option<&Acl>, mask: 
         return Err(Errno::EPERM);
     }
     match acl {
-        Some(a) if !ctx.is_root() => crate::acl::check(ctx, v, a, mask),
+        Some(a) if !perm::overrides(ctx, v, mask) => crate::acl::check(ctx, v, a, mask),
         _ => perm::check(ctx, v, mask),
     }
 }

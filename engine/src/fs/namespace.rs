@@ -114,11 +114,7 @@ fn new_owner(
         bits |= libc::S_ISGID;
     }
     let sgid_gx = libc::S_ISGID | libc::S_IXGRP;
-    if parent_sgid
-        && !is_dir
-        && bits & sgid_gx == sgid_gx
-        && !ctx.is_root()
-        && !ctx.in_group(dv.gid)
+    if parent_sgid && !is_dir && bits & sgid_gx == sgid_gx && !perm::in_group_or_fsetid(ctx, dv.gid)
     {
         bits &= !libc::S_ISGID;
     }
@@ -176,7 +172,7 @@ impl Filesystem {
                 let whiteout = t == FileType::CharDevice && rdev == WHITEOUT_DEV;
                 if matches!(t, FileType::CharDevice | FileType::BlockDevice)
                     && !whiteout
-                    && !ctx.is_root()
+                    && !ctx.has(perm::caps::MKNOD)
                 {
                     return Err(Errno::EPERM);
                 }

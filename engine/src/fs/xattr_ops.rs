@@ -45,13 +45,18 @@ fn xattr_rules(
             // Through a mount the kernel has checked already (CAP_SETFCAP for file
             // capabilities, CAP_SYS_ADMIN for the rest), and removes a file's
             // capabilities on the writer's credentials when a write takes them away.
-            if write && !ctx.is_root() && ctx.via != Via::Kernel {
+            let cap = if name == b"security.capability" {
+                perm::caps::SETFCAP
+            } else {
+                perm::caps::SYS_ADMIN
+            };
+            if write && !ctx.has(cap) && ctx.via != Via::Kernel {
                 return Err(Errno::EPERM);
             }
             Ok(())
         }
         Namespace::Trusted => {
-            if ctx.is_root() {
+            if ctx.has(perm::caps::SYS_ADMIN) {
                 Ok(())
             } else {
                 Err(denied)
@@ -82,7 +87,7 @@ fn xattr_rules(
 /// access ACL among them).
 fn may_change_xattr(ctx: &Ctx, v: &AttrVals, x: Option<&Xattrs>, name: &[u8]) -> Result<()> {
     xattr_rules(ctx, v, name, true, |v, mask| {
-        let acl = (!ctx.is_root() && v.flags & flags::ACL != 0)
+        let acl = (v.flags & flags::ACL != 0 && !perm::overrides(ctx, v, mask))
             .then(|| x.and_then(|x| x.get(acl::ACL_ACCESS_NAME)))
             .flatten()
             .map(|bytes| acl::Acl::parse(bytes).expect("stored ACLs are valid"));
@@ -233,7 +238,7 @@ impl Filesystem {
             return Err(Errno::ESTALE);
         }
         Ok(shard.get(&i.ino).map_or_else(Vec::new, |x| {
-            x.list(|n| ctx.is_root() || !n.starts_with(b"trusted."))
+            x.list(|n| ctx.has(perm::caps::SYS_ADMIN) || !n.starts_with(b"trusted."))
         }))
     }
 
