@@ -9,8 +9,7 @@
 //! capability) also compares its ids and effective capabilities with those it connected
 //! with before each call ([`Privileges`], three system calls), so that privileges dropped
 //! by a raw system call, or by a library that makes its own (`libcap`), are not kept over
-//! the channel; the server, which re-reads them at the new connection, serves only callers
-//! whose capabilities are their uid's, and the others' calls go through the kernel. A forked child
+//! the channel: the server reads them again, capabilities included, at the new connection. A forked child
 //! shares no channel with its parent: the mapping is not inherited (`MADV_DONTFORK`) and a
 //! `pthread_atfork` handler counts the fork in [`FORK_GEN`], so the child connects anew
 //! (its credentials are its own: the parent's may change meanwhile). A fork that runs no
