@@ -2,10 +2,11 @@
 //! among them) while the filesystem is mounted: [`EngineSink`], which tells the kernel's
 //! caches through the session's notifier (`notify.rs`, [`KernelCache`]).
 //!
-//! A changed name's dentry is invalidated, then its directory's attributes, and with them
-//! its cached listing (its pages) only when one was read since it was last dropped
-//! ([`drop_if_listed`], as a change through the kernel does, `Server::names_changed`): the
-//! entry invalidation comes first, and the
+//! A changed name's dentry is invalidated (which drops its directory's attributes too when
+//! the kernel had the dentry), then, when the kernel had none, the directory's attributes,
+//! and with them its cached listing (its pages) only when one was read since it was last
+//! dropped ([`drop_if_listed`], as a change through the kernel does,
+//! `Server::names_changed`): the entry invalidation comes first, and the
 //! kernel handles it with the directory's `i_rwsem` held exclusively, which every
 //! `getdents` holds shared until its reply is in the cache, so when it returns every read
 //! that could leave a listing from before the change has been counted as one.
@@ -38,11 +39,12 @@ impl Server {
 
 impl Invalidate for EngineSink {
     fn entry(&self, parent: Ino, name: &[u8]) -> bool {
-        // Answers ENOENT when the kernel has no dentry for the name (then it leaves the
-        // parent alone), so the parent's attributes are dropped apart: with its listing
-        // when one was read, alone (no page to drop) otherwise.
-        let _ = self.kc.0.inval_entry(parent.get(), name);
-        if drop_if_listed(&self.read_ends, &self.kc, parent.get()) {
+        // With a dentry for the name, the kernel drops the parent's attributes with it
+        // (`fuse_dir_changed`); it answers ENOENT when it has none, and then leaves the
+        // parent alone, whose attributes are dropped apart. The listing, when one was read,
+        // goes either way.
+        let had_dentry = self.kc.0.inval_entry(parent.get(), name).is_ok();
+        if drop_if_listed(&self.read_ends, &self.kc, parent.get()) || had_dentry {
             return true;
         }
         self.kc.inode(parent, None)
