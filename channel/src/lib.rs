@@ -9,10 +9,15 @@
 //! ## Connecting
 //! The server of a mount listens on a Unix socket (`SOCK_SEQPACKET`) named after the mount's
 //! device number ([`socket_name`]), in `/run/lanefs/` for a mount made by root, else in the
-//! mounting user's runtime directory. One connection serves one client thread. On accept
-//! the server learns the caller from the socket itself (`SO_PEERCRED`, and `/proc` for the
-//! groups, checked against the peer's pidfd), never from anything the client writes; it
-//! refuses users the mount does not serve (no `allow_other`: only its owner), makes a
+//! mounting user's runtime directory. One connection serves one client thread, which first
+//! sends its thread id (a `u32`): credentials are a thread's own (`setfsuid`, raw
+//! `setresuid`). On accept the server learns the caller from the socket itself
+//! (`SO_PEERCRED`'s process, and `/proc/PID/task/TID` of it for the thread's ids, groups,
+//! capabilities and user namespace, checked against the peer's pidfd), never from anything
+//! else the client writes (a thread id names only a thread of the connecting process, whose
+//! credentials that process has anyway); it refuses a caller in another user namespace than
+//! the server's (its ids and capabilities are not the server's to map) and users the mount
+//! does not serve (no `allow_other`: only its owner), makes a
 //! sealed memfd of [`MAP_LEN`] bytes (the client can neither shrink nor grow it, so nothing
 //! it does makes the server fault), and sends a [`Hello`] with the memfd attached
 //! (`SCM_RIGHTS`), or a [`Hello`] carrying an errno. The client maps it (`MAP_SHARED`),
@@ -65,7 +70,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// [`Hello::magic`] and [`Shared::magic`]: "LFCH".
 pub const MAGIC: u32 = 0x4C46_4348;
 /// The protocol's version; a client and a server of different versions do not connect.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// Where the request and reply buffer starts in the mapping (the header has a page).
 pub const BUF_OFFSET: usize = 4096;

@@ -623,6 +623,11 @@ impl Raw {
         // SAFETY: a valid address.
         let r = unsafe { libc::connect(fd, (&raw const a).cast(), len) };
         assert_eq!(r, 0, "connect {}", socket.display());
+        // First the thread id (the protocol: the server reads this thread's credentials).
+        // SAFETY: gettid has no preconditions; send of 4 bytes of ours.
+        let tid = (unsafe { libc::syscall(libc::SYS_gettid) } as u32).to_ne_bytes();
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::send(fd, tid.as_ptr().cast(), 4, 0) }, 4);
         let mut hello = Hello::default();
         let mut iov = libc::iovec {
             iov_base: (&raw mut hello).cast(),
@@ -1294,4 +1299,169 @@ except OSError as e:
         !p.join("no-fd-left").exists(),
         "the failed create left its file"
     );
+}
+
+/// The child part of [`threads_own_credentials_namespaces_and_signals_under_lanefs_run`],
+/// run under `lanefs run` in `dir` as root.
+fn own_credentials_child(dir: &Path) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let c = |s: &str| CString::new(dir.join(s).as_os_str().as_bytes()).unwrap();
+    let errno = || std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    // 1. A signal handler's calls, while the interrupted call is in flight, go through the
+    // kernel: never into the interrupted call's channel (whose reply one then got).
+    static LINK: std::sync::OnceLock<CString> = std::sync::OnceLock::new();
+    LINK.set(c("lnk")).unwrap();
+    // SAFETY: valid C strings.
+    unsafe { libc::symlink(c"target".as_ptr(), c("lnk").as_ptr()) };
+    extern "C" fn on_alarm(_: libc::c_int) {
+        let mut b = [0u8; 64];
+        let p = LINK.get().unwrap();
+        // SAFETY: readlink into our buffer; async-signal-safe.
+        unsafe {
+            libc::readlink(p.as_ptr(), b.as_mut_ptr().cast(), b.len());
+            libc::readlink(p.as_ptr(), b.as_mut_ptr().cast(), b.len());
+        }
+    }
+    let wrong = AtomicU64::new(0);
+    // SAFETY: installing a handler that makes only async-signal-safe calls; a 200 µs timer.
+    unsafe {
+        libc::signal(libc::SIGALRM, on_alarm as *const () as libc::sighandler_t);
+        let t = libc::timeval {
+            tv_sec: 0,
+            tv_usec: 200,
+        };
+        let it = libc::itimerval {
+            it_interval: t,
+            it_value: t,
+        };
+        libc::setitimer(libc::ITIMER_REAL, &it, std::ptr::null_mut());
+    }
+    let d = c("d");
+    for _ in 0..3000 {
+        // SAFETY: valid C strings, a writable stat.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::mkdir(d.as_ptr(), 0o755) == 0
+                && (libc::lstat(d.as_ptr(), &mut st) != 0
+                    || st.st_mode & libc::S_IFMT != libc::S_IFDIR)
+            {
+                wrong.fetch_add(1, Relaxed);
+            }
+            if libc::rmdir(d.as_ptr()) != 0 && errno() != libc::EINTR {
+                wrong.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    // SAFETY: stopping the timer.
+    unsafe {
+        let zero: libc::itimerval = std::mem::zeroed();
+        libc::setitimer(libc::ITIMER_REAL, &zero, std::ptr::null_mut());
+    }
+    println!("\nsignal anomalies {}", wrong.load(Relaxed));
+    // 2. A thread's own credentials: a raw setresuid in one thread, setfsuid in another.
+    let r = c("r/by-thread");
+    let raw = std::thread::spawn(move || {
+        // SAFETY: a raw system call on this thread's credentials alone.
+        unsafe { libc::syscall(libc::SYS_setresuid, 1000, 1000, 1000) };
+        // SAFETY: a valid C string.
+        let ok = unsafe { libc::mkdir(r.as_ptr(), 0o755) } == 0;
+        if ok { 0 } else { errno() }
+    });
+    println!("\nraw thread mkdir {}", raw.join().unwrap());
+    let f = c("open/fs");
+    let fs = std::thread::spawn(move || {
+        // SAFETY: this thread's fs uid alone.
+        unsafe { libc::setfsuid(1000) };
+        // SAFETY: a valid C string.
+        unsafe { libc::mkdir(f.as_ptr(), 0o755) }
+    });
+    println!("\nsetfsuid thread mkdir {}", fs.join().unwrap());
+    // 3. A switch among a process's own ids by raw system calls, in a child.
+    // SAFETY: fork; the child makes calls and exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: raw system calls on the child's credentials; valid C strings.
+        let code = unsafe {
+            libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+            libc::syscall(libc::SYS_setresgid, 1000, 1000, 1000);
+            libc::syscall(libc::SYS_setresuid, 1000, 65534, 65534);
+            libc::mkdir(c("open/as-65534").as_ptr(), 0o755);
+            libc::syscall(libc::SYS_setresuid, 1000, 1000, 1000);
+            if libc::mkdir(c("priv/x").as_ptr(), 0o755) == 0 {
+                0
+            } else {
+                errno()
+            }
+        };
+        // SAFETY: leaving the child.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    println!("\nswitched ids mkdir {}", libc::WEXITSTATUS(status));
+}
+
+/// Credentials are a thread's own and the kernel's user namespace maps them: under `lanefs
+/// run`, a thread that made a raw `setresuid` or a `setfsuid` is served with its own ids;
+/// a process that switched among its ids by raw system calls is served with the new ones;
+/// a process in another user namespace (`unshare -r`) is refused the channel, and the
+/// kernel maps it. And a signal handler's calls never take the reply of the call they
+/// interrupted.
+#[test]
+fn threads_own_credentials_namespaces_and_signals_under_lanefs_run() {
+    let test = "threads_own_credentials_namespaces_and_signals_under_lanefs_run";
+    if let Ok(dir) = std::env::var("LANEFS_TEST_CREDS") {
+        own_credentials_child(Path::new(&dir));
+        return;
+    }
+    if !needs_root(test) {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let dirs = [
+        ("r", 0o755, 0),
+        ("open", 0o1777, 0),
+        ("priv", 0o700, 65534),
+        ("u", 0o755, 1000),
+    ];
+    for (d, mode, owner) in dirs {
+        std::fs::create_dir(p.join(d)).unwrap();
+        std::fs::set_permissions(p.join(d), PermissionsExt::from_mode(mode)).unwrap();
+        std::os::unix::fs::chown(p.join(d), Some(owner), Some(owner)).unwrap();
+    }
+    let out = under_run(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("LANEFS_TEST_CREDS", p)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}{err}");
+    let eacces = libc::EACCES;
+    for want in [
+        "signal anomalies 0".to_string(),
+        format!("raw thread mkdir {eacces}"),
+        "setfsuid thread mkdir 0".to_string(),
+        format!("switched ids mkdir {eacces}"),
+    ] {
+        assert!(text.contains(&want), "{want}: {text}{err}");
+    }
+    assert!(!p.join("r/by-thread").exists() && !p.join("priv/x").exists());
+    assert_eq!(std::fs::metadata(p.join("open/fs")).unwrap().uid(), 1000);
+    if has("unshare") {
+        // Root mapped to root in a new user namespace has no capability over the mount's
+        // files, so another user's directory refuses it (EACCES).
+        let out = under_run("unshare")
+            .args(["-r", "sh", "-c", "mkdir \"$M/u/ns\" 2>&1; true"])
+            .env("M", p)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !text.contains("unshare failed") {
+            assert!(text.contains("Permission denied"), "{text}{out:?}");
+            assert!(!p.join("u/ns").exists());
+        }
+    }
 }

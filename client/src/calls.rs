@@ -69,6 +69,12 @@ unsafe fn one(
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
+    if op != OP_STAT && op != OP_READLINK && op != OP_SETATTR && at.rel == b"." {
+        return None; // the mountpoint: EBUSY, EXDEV at its edge, are the kernel's to say
+    }
+    if matches!(op, OP_SYMLINK | OP_MKNOD) && p.ends_with(b"/") {
+        return None; // EEXIST where something exists, which a walk for a directory misses
+    }
     let o = match before {
         None => call(at.mount, op, arg, &[at.rel], reply, &busy),
         Some(b) => call(at.mount, op, arg, &[b, at.rel], reply, &busy),
@@ -96,7 +102,11 @@ unsafe fn two(
     );
     let x = locate(d1, a, &mut buf1)?;
     let y = locate(d2, b, &mut buf2)?;
-    if !std::ptr::eq::<Mount>(x.mount, y.mount) {
+    // Not across mounts, not of or onto a mountpoint (EBUSY, EXDEV: the kernel's), and not
+    // a new name with a trailing slash (EEXIST where something exists: the kernel's).
+    let mountpoint = x.rel == b"." || y.rel == b".";
+    if !std::ptr::eq::<Mount>(x.mount, y.mount) || mountpoint || op == OP_LINK && b.ends_with(b"/")
+    {
         return None;
     }
     let o = call(x.mount, op, arg, &[x.rel, y.rel], reply, &busy);
@@ -1120,20 +1130,19 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     if fd >= 0 {
         return Some(fd);
     }
-    if e != libc::ENOENT {
-        // The kernel's `open(O_CREAT)` leaves no file when it fails: the one made here goes
-        // again (if the name still names it).
-        // SAFETY: the caller's contract.
-        unsafe { undo_create(dirfd, path, out.attr.ino) };
-        if e != libc::EACCES {
-            set_errno(e);
-            return Some(-1);
-        }
-        // EACCES: a mode the umask check let through, but a default ACL made the new file's
-        // owner bits withhold the access asked for; the kernel's create-and-open is exempt
-        // from that check, its open after a create is not. Made again through the kernel.
+    // The kernel's `open(O_CREAT)` leaves no file when it fails: the one made here goes again
+    // (if the name still names it).
+    // SAFETY: the caller's contract.
+    unsafe { undo_create(dirfd, path, out.attr.ino) };
+    if e != libc::EACCES && e != libc::ENOENT {
+        set_errno(e);
+        return Some(-1);
     }
-    // Gone again before the open (another process removed it): as asked, through the kernel.
+    // ENOENT: gone again before the open (another process removed it), or the kernel sees
+    // another file at the path than the channel did. EACCES: a mode the umask check let
+    // through, but a default ACL made the new file's owner bits withhold the access asked
+    // for; the kernel's create-and-open is exempt from that check, its open after a create
+    // is not. Either way: as asked, through the kernel.
     None
 }
 
@@ -1270,3 +1279,27 @@ export_setid!(setfsuid, c"setfsuid", (u: libc::uid_t));
 export_setid!(setfsgid, c"setfsgid", (g: libc::gid_t));
 export_setid!(setgroups, c"setgroups", (n: usize, l: *const libc::gid_t));
 export_setid!(capset, c"capset", (h: *mut libc::c_void, d: *const libc::c_void));
+
+macro_rules! export_isolating {
+    ($name:ident, $sym:literal, ($($a:ident: $t:ty),*), $when:expr) => {
+        /// Interposed: the process's root or mount namespace may change; if it did, every
+        /// call goes through the kernel from then on (`mounts.rs`).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            type F = unsafe extern "C" fn($($t),*) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            let r = unsafe { real!($sym, F)($($a),*) };
+            if r == 0 && $when {
+                crate::mounts::isolate();
+                note_cred_change();
+            }
+            r
+        }
+    };
+}
+export_isolating!(chroot, c"chroot", (p: CPath), true);
+export_isolating!(unshare, c"unshare", (flags: c_int), flags & (libc::CLONE_NEWNS | libc::CLONE_NEWUSER) != 0);
+export_isolating!(setns, c"setns", (fd: c_int, nstype: c_int), true);

@@ -5,11 +5,13 @@
 //! it connected (the server read them from the socket), so a change of credentials
 //! (`setuid` and its family, `setgroups`, `capset`, which this library wraps and counts in
 //! [`CRED_GEN`]) makes every thread connect again before its next call. A thread that
-//! connected with privileges (a uid of 0 among its real, effective and saved ones, or any
-//! capability) also compares its ids and effective capabilities with those it connected
-//! with before each call ([`Privileges`], three system calls), so that privileges dropped
-//! by a raw system call, or by a library that makes its own (`libcap`), are not kept over
-//! the channel: the server reads them again, capabilities included, at the new connection. A forked child
+//! connected able to change its credentials (a uid of 0 among its real, effective and saved
+//! ones, any capability, or ids among which it may switch) also compares its ids, groups
+//! and effective capabilities with those it connected with before each call
+//! ([`Privileges`], four system calls), so that credentials changed by a raw system call,
+//! or by a library that makes its own (`libcap`), are not kept over the channel: the server
+//! reads them again, the connecting thread's own, at the new connection. (A thread that
+//! cannot change them pays nothing.) A forked child
 //! shares no channel with its parent: the mapping is not inherited (`MADV_DONTFORK`) and a
 //! `pthread_atfork` handler counts the fork in [`FORK_GEN`], so the child connects anew
 //! (its credentials are its own: the parent's may change meanwhile). A fork that runs no
@@ -128,12 +130,14 @@ struct Chan {
     privileged: Option<Privileges>,
 }
 
-/// A thread's ids and effective capabilities, as the kernel tells them.
+/// A thread's ids, groups and effective capabilities, as the kernel tells them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Privileges {
     uids: [libc::uid_t; 3],
     gids: [libc::gid_t; 3],
     caps: u64,
+    /// The supplementary groups: how many, and a hash of them.
+    groups: (i64, u64),
 }
 
 impl Privileges {
@@ -158,11 +162,27 @@ impl Privileges {
         } else {
             u64::MAX
         };
-        Privileges { uids, gids, caps }
+        let mut list = [0 as libc::gid_t; 64];
+        // SAFETY: getgroups writes at most 64 ids into `list` (more: EINVAL, -1).
+        let n = unsafe { libc::syscall(libc::SYS_getgroups, list.len(), list.as_mut_ptr()) };
+        let hash = list[..n.clamp(0, 64) as usize]
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &g| {
+                (h ^ u64::from(g)).wrapping_mul(0x100_0000_01b3)
+            });
+        Privileges {
+            uids,
+            gids,
+            caps,
+            groups: (n, hash),
+        }
     }
 
-    fn any(&self) -> bool {
-        self.uids.contains(&0) || self.caps != 0
+    /// Whether the thread can change its credentials (by a raw system call, unseen): it has
+    /// a capability, a uid of 0, or ids among which it may switch.
+    fn can_change(&self) -> bool {
+        let mixed = |ids: &[u32; 3]| ids.iter().any(|&i| i != ids[0]);
+        self.uids.contains(&0) || self.caps != 0 || mixed(&self.uids) || mixed(&self.gids)
     }
 }
 
@@ -222,7 +242,9 @@ impl Busy {
     /// None if the thread is busy already.
     pub(crate) fn enter() -> Option<Busy> {
         check_fork();
-        BUSY.with(|b| (!b.replace(true)).then_some(Busy(())))
+        // `then`, not `then_some`: a Busy made and dropped for a thread already busy would
+        // mark it idle while its interrupted call is still in flight.
+        BUSY.with(|b| (!b.replace(true)).then(|| Busy(())))
     }
 }
 
@@ -256,6 +278,8 @@ pub(crate) fn call(
     if len > BUF_LEN {
         return Outcome::Kernel;
     }
+    // A call that succeeds leaves errno as it was (a connection's tries may set it).
+    let saved = crate::real::errno();
     // Err: the thread's channels are gone (the thread, or the process, is ending).
     let r = CHANS.try_with(|c| {
         // SAFETY: only this thread touches its channels, and not re-entrantly (Busy).
@@ -315,7 +339,11 @@ pub(crate) fn call(
         unsafe { std::ptr::copy_nonoverlapping(ch.buf().add(hb.len()), reply.as_mut_ptr(), body) };
         Outcome::Done(Ok(body))
     });
-    r.unwrap_or(Outcome::Kernel)
+    let o = r.unwrap_or(Outcome::Kernel);
+    if !matches!(o, Outcome::Done(Err(_))) {
+        crate::real::set_errno(saved);
+    }
+    o
 }
 
 /// Waits for the reply: spins for `spin` nanoseconds (the server's `spin_ns`; yielding the
@@ -434,7 +462,7 @@ fn connect(m: &Mount) -> Option<Chan> {
     let privileges = Privileges::now();
     for path in socket_paths(m) {
         if let Some(mut c) = connect_at(m, &path, cred_gen, fork_gen) {
-            c.privileged = privileges.any().then_some(privileges);
+            c.privileged = privileges.can_change().then_some(privileges);
             return Some(c);
         }
     }
@@ -485,6 +513,14 @@ fn connect_at(m: &Mount, path: &CString, cred_gen: u64, fork_gen: u64) -> Option
     let alen = std::mem::offset_of!(libc::sockaddr_un, sun_path) + bytes.len() + 1;
     // SAFETY: connect with a valid address of `alen` bytes.
     if unsafe { libc::connect(sock, (&raw const addr).cast(), alen as libc::socklen_t) } != 0 {
+        return fail(sock);
+    }
+    // This thread's id: the server reads its credentials, which are a thread's own.
+    // SAFETY: gettid has no preconditions; send of 4 bytes of ours.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    let b = tid.to_ne_bytes();
+    // SAFETY: as above.
+    if unsafe { libc::send(sock, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) } != 4 {
         return fail(sock);
     }
     // The server must be the mount's owner (or root): a socket planted by someone else is
@@ -584,4 +620,23 @@ fn receive_hello(sock: i32) -> Option<(Hello, i32)> {
         }
     }
     Some((hello, fd))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call re-entered from a signal handler finds the thread busy, and stays refused as
+    /// long as the interrupted call is in flight, however many times it asks.
+    #[test]
+    fn a_busy_thread_stays_busy_until_its_call_ends() {
+        let outer = Busy::enter().expect("idle at first");
+        assert!(Busy::enter().is_none());
+        assert!(
+            Busy::enter().is_none(),
+            "a refused entry does not free the thread"
+        );
+        drop(outer);
+        assert!(Busy::enter().is_some());
+    }
 }

@@ -49,6 +49,22 @@ pub(crate) struct Table {
 }
 
 static TABLE: AtomicPtr<Table> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Set once the process changed its root or its mount namespace (`chroot`, `unshare`,
+/// `setns`): its paths no longer mean what the table it read says, and every call goes
+/// through the kernel for the rest of its life (a program it execs reads its own table).
+static ISOLATED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// No lanefs mount: the table of an isolated process.
+static NONE: Table = Table {
+    mounts: Vec::new(),
+    devs: Vec::new(),
+};
+
+/// The process changed its root or mount namespace ([`ISOLATED`]).
+pub(crate) fn isolate() {
+    ISOLATED.store(true, SeqCst);
+}
 static LOADED_AT: AtomicI64 = AtomicI64::new(i64::MIN);
 
 /// Monotonic clock, nanoseconds.
@@ -70,6 +86,9 @@ static WATCH_INO: AtomicU64 = AtomicU64::new(0);
 
 /// The current table: read at the first call, and again whenever the mounts changed.
 pub(crate) fn table() -> &'static Table {
+    if ISOLATED.load(Relaxed) {
+        return &NONE;
+    }
     let p = TABLE.load(Acquire);
     if !p.is_null() && !mounts_changed() {
         POLLED_AT.store(now_ns(), Relaxed);
@@ -96,6 +115,9 @@ const OUTSIDE_POLL_NS: i64 = 50_000_000;
 /// never missed. Calls outside every lanefs mount then cost a prefix check and a read of
 /// the clock (vDSO), no system call.
 pub(crate) fn table_outside() -> &'static Table {
+    if ISOLATED.load(Relaxed) {
+        return &NONE;
+    }
     let p = TABLE.load(Acquire);
     if !p.is_null() && now_ns().saturating_sub(POLLED_AT.load(Relaxed)) < OUTSIDE_POLL_NS {
         // SAFETY: published tables are leaked, never freed.

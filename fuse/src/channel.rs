@@ -25,6 +25,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex};
@@ -294,8 +295,11 @@ fn accept_loop(
 }
 
 /// The caller on the other end of `sock`: its fs uid and gid, its groups and its effective
-/// capabilities, read from `/proc` while its pidfd shows that the pid still names it.
-fn caller(sock: &OwnedFd) -> Option<Ctx> {
+/// capabilities, read from `/proc` while its pidfd shows that the pid still names it: those
+/// of its thread `tid` (the client sends it first; `/proc/PID/task/TID` exists only for a
+/// thread of process PID). `Err(EPERM)`: a caller in another user namespace than this
+/// server's. `Err(0)`: none to be had (the caller went, or said nothing).
+fn caller(sock: &OwnedFd) -> Result<Ctx, i32> {
     // SAFETY: a zeroed ucred is a valid out-buffer of the size given.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = size_of::<libc::ucred>() as libc::socklen_t;
@@ -310,18 +314,28 @@ fn caller(sock: &OwnedFd) -> Option<Ctx> {
         )
     };
     if r != 0 {
-        return None;
+        return Err(0);
     }
+    let tid = client_tid(sock).ok_or(0)?;
     let pidfd = peer_pidfd(sock);
-    let status = std::fs::read_to_string(format!("/proc/{}/status", cred.pid)).ok()?;
+    let task = format!("/proc/{}/task/{tid}", cred.pid);
+    let status = std::fs::read_to_string(format!("{task}/status")).map_err(|_| 0)?;
+    let userns = |path: &str| std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+    let same_userns = userns(&format!("{task}/ns/user")).ok_or(0)?;
     if let Some(p) = &pidfd {
         // The pid still names the process that connected: the status read was its.
         // SAFETY: signal 0 checks liveness only; `p` is a pidfd we own.
         let alive =
             unsafe { libc::syscall(libc::SYS_pidfd_send_signal, p.as_raw_fd(), 0, 0usize, 0u32) };
         if alive != 0 {
-            return None;
+            return Err(0);
         }
+    }
+    if userns("/proc/self/ns/user") != Some(same_userns) {
+        return Err(libc::EPERM);
+    }
+    fn none<T>(o: Option<T>) -> Result<T, i32> {
+        o.ok_or(0)
     }
     let ids = |key: &str| -> Option<Vec<u32>> {
         let line = status.lines().find_map(|l| l.strip_prefix(key))?;
@@ -332,13 +346,39 @@ fn caller(sock: &OwnedFd) -> Option<Ctx> {
         )
     };
     // Uid: real, effective, saved, filesystem; the filesystem ids decide access.
-    let (uid, gid) = (*ids("Uid:")?.get(3)?, *ids("Gid:")?.get(3)?);
+    let uid = *none(ids("Uid:").as_ref().and_then(|v| v.get(3)))?;
+    let gid = *none(ids("Gid:").as_ref().and_then(|v| v.get(3)))?;
     let groups = ids("Groups:").unwrap_or_default();
-    let caps = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())?;
-    Some(Ctx::user(uid, gid).with_groups(&groups).with_caps(caps))
+    let caps = none(
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok()),
+    )?;
+    Ok(Ctx::user(uid, gid).with_groups(&groups).with_caps(caps))
+}
+
+/// The thread id the client sends first (module doc of `lanefs-channel`), waited for at
+/// most a second.
+fn client_tid(sock: &OwnedFd) -> Option<u32> {
+    let limit = libc::timeval {
+        tv_sec: 1,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt with a timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&raw const limit).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let mut b = [0u8; 4];
+    // SAFETY: recv into `b`, 4 bytes.
+    let n = unsafe { libc::recv(sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
+    (n == 4).then(|| u32::from_ne_bytes(b)).filter(|&t| t != 0)
 }
 
 /// The peer's pidfd (`SO_PEERPIDFD`, Linux 6.5), where the kernel has it.
@@ -379,13 +419,18 @@ fn greet(
         padding: 0,
     };
     let ctx = match caller(sock) {
-        Some(c) if allow_other || c.uid == owner => c,
-        Some(_) => {
+        Ok(c) if allow_other || c.uid == owner => c,
+        Ok(_) => {
             hello.error = libc::EACCES;
             send(sock, &hello, None);
             return None;
         }
-        None => return None,
+        Err(0) => return None,
+        Err(e) => {
+            hello.error = e;
+            send(sock, &hello, None);
+            return None;
+        }
     };
     let (memfd, map) = make_channel().ok()?;
     if !send(sock, &hello, Some(memfd.as_raw_fd())) {
