@@ -507,6 +507,7 @@ impl Client {
             match self.fs.step(&self.ctx, dir, name, &g) {
                 Ok(i) => match self.fs.symlink_target(i) {
                     Some(target) if !opts.nofollow && !opts.create_new => {
+                        self.fs.may_follow(&self.ctx, dir, i)?;
                         links += 1;
                         if links > MAX_SYMLINKS {
                             return Err(Errno::ELOOP.into());
@@ -694,6 +695,7 @@ impl<'a> At<'a> {
             let last = comps.is_done();
             cur = match self.fs.symlink_target(next) {
                 Some(target) if !last || follow_last => {
+                    self.fs.may_follow(self.ctx, dir, next)?;
                     *links += 1;
                     if *links > MAX_SYMLINKS {
                         return Err(Errno::ELOOP);

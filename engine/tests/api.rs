@@ -1153,3 +1153,41 @@ fn a_confined_resolution_hands_back_what_leaves_the_filesystem() {
     in_b.link(b"f", false, &root, b"hard").unwrap();
     assert_eq!(root.stat(b"hard", true).unwrap().nlink, 2);
 }
+
+/// `fs.protected_symlinks` for library callers (the channel of `lanefs run` among them): in
+/// a sticky, world-writable directory a symlink is followed only by its owner or when the
+/// directory's owner owns it too, root included (`may_follow_link`); elsewhere, and with
+/// the rule off, by anyone.
+#[test]
+fn protected_symlinks_are_followed_only_by_their_owners() {
+    for protect in [true, false] {
+        let fs = Filesystem::new(Config {
+            protected_symlinks: protect,
+            ..Config::default()
+        });
+        let root = Ctx::root();
+        let d = fs.mkdir(&root, ROOT_INO, b"tmp", 0o1777).unwrap().ino;
+        fs.mkdir(&root, ROOT_INO, b"plain", 0o777).unwrap();
+        let user = Ctx::user(1000, 1000);
+        let other = Ctx::user(2000, 2000);
+        fs.symlink(&user, d, b"l", b"/tmp").unwrap();
+        let plain = fs.lookup(&root, ROOT_INO, b"plain").unwrap().ino;
+        fs.symlink(&user, plain, b"l", b"/tmp").unwrap();
+        let follow = |ctx: &Ctx, path: &[u8]| {
+            lanefs::At::new(&fs, ctx, ROOT_INO)
+                .stat(path, true)
+                .map(|_| ())
+        };
+        assert_eq!(follow(&user, b"/tmp/l"), Ok(()), "its owner");
+        let refused = if protect { Err(Errno::EACCES) } else { Ok(()) };
+        assert_eq!(follow(&other, b"/tmp/l"), refused, "protect {protect}");
+        assert_eq!(follow(&root, b"/tmp/l/"), refused, "root too");
+        assert_eq!(follow(&other, b"/plain/l"), Ok(()), "not sticky");
+        // Not followed: nothing to refuse.
+        assert!(
+            lanefs::At::new(&fs, &other, ROOT_INO)
+                .stat(b"/tmp/l", false)
+                .is_ok()
+        );
+    }
+}

@@ -166,6 +166,12 @@ pub struct Config {
     /// running kernel's setting (`/proc/sys/fs/protected_hardlinks`; on if unreadable).
     /// Through a mount the kernel applies its own setting and lanefs does not check again.
     pub protected_hardlinks: bool,
+    /// Apply the `fs.protected_symlinks` rule to library callers: a symlink in a sticky,
+    /// world-writable directory is followed only by its owner, or when the directory's owner
+    /// owns it too (EACCES otherwise, root included). Defaults to the running kernel's
+    /// setting (`/proc/sys/fs/protected_symlinks`; on if unreadable). Through a mount the
+    /// kernel applies its own setting and follows symlinks itself.
+    pub protected_symlinks: bool,
     /// File data kept in memory beyond what changed since the store's last checkpoint, with
     /// a store that holds pages (`fs/cache.rs`); `None`: a sixteenth of physical memory, at
     /// least 64 MiB. Ignored by the memory store, where every page lives in memory.
@@ -179,7 +185,12 @@ pub struct Config {
 
 /// The running kernel's `fs.protected_hardlinks`, on if it cannot be read.
 fn kernel_protects_hardlinks() -> bool {
-    std::fs::read_to_string("/proc/sys/fs/protected_hardlinks")
+    kernel_protects("/proc/sys/fs/protected_hardlinks")
+}
+
+/// A `fs.protected_*` setting of the running kernel, on if it cannot be read.
+fn kernel_protects(path: &str) -> bool {
+    std::fs::read_to_string(path)
         .map(|s| s.trim() != "0")
         .unwrap_or(true)
 }
@@ -204,6 +215,7 @@ impl Default for Config {
             root_uid: 0,
             root_gid: 0,
             protected_hardlinks: kernel_protects_hardlinks(),
+            protected_symlinks: kernel_protects("/proc/sys/fs/protected_symlinks"),
             cache_bytes: None,
             atime: Atime::Relative,
             no_dir_atime: false,
@@ -726,6 +738,22 @@ impl Filesystem {
             Body::Symlink(t) => Some(t),
             _ => None,
         }
+    }
+
+    /// `fs.protected_symlinks` (`may_follow_link`): may `ctx` follow symlink `link`, found
+    /// in directory `dir`? Yes unless the rule is on ([`Config::protected_symlinks`]), `dir`
+    /// is sticky and world-writable, and neither the follower nor `dir`'s owner owns the
+    /// link. A kernel caller's walks are the kernel's, which applied its own setting.
+    pub(crate) fn may_follow(&self, ctx: &Ctx, dir: &Inode, link: &Inode) -> Result<()> {
+        if !self.cfg.protected_symlinks || ctx.via == crate::Via::Kernel {
+            return Ok(());
+        }
+        let (d, l) = (dir.attr.access_view(), link.attr.access_view());
+        let shared = libc::S_ISVTX | libc::S_IWOTH;
+        if l.uid == ctx.uid || d.mode & shared != shared || d.uid == l.uid {
+            return Ok(());
+        }
+        Err(Errno::EACCES)
     }
 
     /// Whether the filesystem's store keeps its changes (false: the memory store, where an
