@@ -112,6 +112,16 @@ fn under_run(program: impl AsRef<OsStr>) -> Command {
     c
 }
 
+/// Runs this test binary's test `test` alone under `lanefs run`, with `var` naming `dir`:
+/// the test's child part, which then makes its libc calls through the preloaded client.
+fn child_under_run(test: &str, var: &str, dir: &Path) -> std::process::Output {
+    under_run(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, dir)
+        .output()
+        .unwrap()
+}
+
 /// What a tree holds, path by path: type, permission bits, size, link count (files), a
 /// symlink's target, and a file's contents.
 fn snapshot(root: &Path) -> BTreeMap<PathBuf, String> {
@@ -957,16 +967,11 @@ fn statx_under_lanefs_run_agrees_with_the_kernel() {
     assert!(out.status.success(), "{out:?}");
     let kernel = statx_lines(p, &NAMES);
     let before = m.channel_requests();
-    let out = under_run(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "statx_under_lanefs_run_agrees_with_the_kernel",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LANEFS_TEST_STATX", p)
-        .output()
-        .unwrap();
+    let out = child_under_run(
+        "statx_under_lanefs_run_agrees_with_the_kernel",
+        "LANEFS_TEST_STATX",
+        p,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1051,16 +1056,11 @@ fn late_calls_raw_forks_and_statx_arguments_under_lanefs_run() {
     }
     let m = Mnt::new("");
     let p = m.path();
-    let out = under_run(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "late_calls_raw_forks_and_statx_arguments_under_lanefs_run",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LANEFS_TEST_LATE", p)
-        .output()
-        .unwrap();
+    let out = child_under_run(
+        "late_calls_raw_forks_and_statx_arguments_under_lanefs_run",
+        "LANEFS_TEST_LATE",
+        p,
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}\n{text}{err}", out.status);
@@ -1431,11 +1431,7 @@ fn threads_own_credentials_namespaces_and_signals_under_lanefs_run() {
         std::fs::set_permissions(p.join(d), PermissionsExt::from_mode(mode)).unwrap();
         std::os::unix::fs::chown(p.join(d), Some(owner), Some(owner)).unwrap();
     }
-    let out = under_run(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("LANEFS_TEST_CREDS", p)
-        .output()
-        .unwrap();
+    let out = child_under_run(test, "LANEFS_TEST_CREDS", p);
     let text = String::from_utf8_lossy(&out.stdout);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}{err}");
