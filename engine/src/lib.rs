@@ -15,7 +15,8 @@
 //! and names it by number, until its FORGET), and an inode is freed only once those are gone
 //! too; a readdirplus leaves out the attributes of a file that has had several names (the
 //! kernel would count its links down twice); the checks the kernel makes before it sends a
-//! request are left to it (`fs.protected_hardlinks`, writing `security.*` attributes, the
+//! request are left to it (`fs.protected_hardlinks` and `fs.protected_symlinks`, writing
+//! `security.*` attributes, the
 //! removal of set-id bits before a write); and its changes are not reported to the
 //! invalidation sink ([`notify`]), since the kernel made them. [`Via`] lists each;
 //! docs/DESIGN.md §2.2 says why.

@@ -34,7 +34,8 @@ pub enum Via {
     /// - changes are not reported to the invalidation sink ([`crate::notify`]: the kernel
     ///   made them and updates its own caches);
     /// - the checks the kernel applies by its own policy before it sends a request are left
-    ///   to it: `fs.protected_hardlinks`, and the capabilities that writing `security.*`
+    ///   to it: `fs.protected_hardlinks`, `fs.protected_symlinks` (the kernel walks paths
+    ///   itself), and the capabilities that writing `security.*`
     ///   attributes needs (the kernel itself sends the removal of a file's capabilities, on
     ///   the credentials of the writer whose change takes them away); and a SETATTR that
     ///   changes nothing, which the kernel sends to take set-id bits away before a write, is
