@@ -32,8 +32,8 @@ pub trait Attributes {
     fn mtime(&mut self) -> &mut Timespec;
     /// Change time.
     fn ctime(&mut self) -> &mut Timespec;
-    /// Inode flags: the user's (`FS_IMMUTABLE_FL` and the other `chattr` flags) and any the implementation keeps beside
-    /// them, which records leave alone.
+    /// Inode flags: the user's (`FS_IMMUTABLE_FL` and the other `chattr` flags) and any the
+    /// implementation keeps beside them, which records leave alone.
     fn flags(&mut self) -> &mut u32;
 }
 
