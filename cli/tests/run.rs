@@ -1114,7 +1114,7 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
             "set -e; mkdir \"$RO\" \"$NOSYM\" \"$ANC\" \"$ANC/m\" \"$M/dir\"; \
              ln -s dir \"$M/link\"; touch \"$M/dir/f\"; \
              mount --bind \"$M\" \"$RO\"; mount -o remount,bind,ro \"$RO\"; \
-             mount --bind \"$M\" \"$NOSYM\"; mount -o remount,bind,nosymfollow \"$NOSYM\"",
+             mount --bind \"$M\" \"$NOSYM\"",
         )
         .env("M", m.path())
         .env("RO", &ro)
@@ -1133,6 +1133,13 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         undo();
         panic!("set-up: {}", String::from_utf8_lossy(&set_up.stderr));
     }
+    // `nosymfollow` needs Linux 5.10 and a mount(8) that knows it (util-linux 2.36).
+    let nosymfollow = Command::new("mount")
+        .args(["-o", "remount,bind,nosymfollow"])
+        .arg(&nosym)
+        .status()
+        .unwrap()
+        .success();
     let out = sh(
         "touch \"$RO/new\" 2>&1; mkdir \"$RO/d\" 2>&1; rm \"$RO/dir/f\" 2>&1; \
          stat -c %n \"$NOSYM/link/f\" 2>&1; touch \"$NOSYM/link/g\" 2>&1; true",
@@ -1167,12 +1174,16 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         "touch, mkdir and rm through the read-only bind mount: {text}"
     );
     assert!(!m.path().join("new").exists() && m.path().join("dir/f").exists());
-    assert_eq!(
-        text.matches("Too many levels of symbolic links").count(),
-        2,
-        "stat and touch through a symlink on the nosymfollow mount: {text}"
-    );
-    assert!(!m.path().join("dir/g").exists());
+    if nosymfollow {
+        assert_eq!(
+            text.matches("Too many levels of symbolic links").count(),
+            2,
+            "stat and touch through a symlink on the nosymfollow mount: {text}"
+        );
+        assert!(!m.path().join("dir/g").exists());
+    } else {
+        eprintln!("no nosymfollow mounts here: that part is not checked");
+    }
     let hidden_text = hidden_text.expect("the covered mount was set up");
     assert_eq!(
         hidden_text.matches("No such file or directory").count(),
@@ -1455,9 +1466,13 @@ fn threads_own_credentials_namespaces_and_signals_under_lanefs_run() {
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
-        if !text.contains("unshare failed") {
+        // Where user namespaces are not allowed, unshare itself fails (on its stderr): the
+        // case cannot arise there.
+        if out.status.success() {
             assert!(text.contains("Permission denied"), "{text}{out:?}");
             assert!(!p.join("u/ns").exists());
+        } else {
+            eprintln!("{test}: no user namespace here: {out:?}");
         }
     }
 }
