@@ -334,28 +334,9 @@ fn caller(sock: &OwnedFd) -> Result<Ctx, i32> {
     if userns("/proc/self/ns/user") != Some(same_userns) {
         return Err(libc::EPERM);
     }
-    fn none<T>(o: Option<T>) -> Result<T, i32> {
-        o.ok_or(0)
-    }
-    let ids = |key: &str| -> Option<Vec<u32>> {
-        let line = status.lines().find_map(|l| l.strip_prefix(key))?;
-        Some(
-            line.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect(),
-        )
-    };
-    // Uid: real, effective, saved, filesystem; the filesystem ids decide access.
-    let uid = *none(ids("Uid:").as_ref().and_then(|v| v.get(3)))?;
-    let gid = *none(ids("Gid:").as_ref().and_then(|v| v.get(3)))?;
-    let groups = ids("Groups:").unwrap_or_default();
-    let caps = none(
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("CapEff:"))
-            .and_then(|h| u64::from_str_radix(h.trim(), 16).ok()),
-    )?;
-    Ok(Ctx::user(uid, gid).with_groups(&groups).with_caps(caps))
+    let s = crate::creds::parse_status(&status);
+    let ((uid, gid), caps) = s.fs_ids.zip(s.caps).ok_or(0)?;
+    Ok(Ctx::user(uid, gid).with_groups(&s.groups).with_caps(caps))
 }
 
 /// The thread id the client sends first (module doc of `lanefs-channel`), waited for at

@@ -58,20 +58,42 @@ fn read_status(pid: u32) -> Status {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return none;
     };
-    let groups = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .map(|g| {
-            g.split_whitespace()
-                .filter_map(|x| x.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    let caps = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok());
-    Status { groups, caps }
+    let s = parse_status(&status);
+    Status {
+        groups: s.groups,
+        caps: s.caps,
+    }
+}
+
+/// What the engine's checks need of a `/proc/PID/status` (or `/proc/PID/task/TID/status`)
+/// text; None for a field it lacks.
+pub(crate) struct ProcStatus {
+    /// The filesystem user and group ids (the fourth of `Uid:` and `Gid:`).
+    pub fs_ids: Option<(u32, u32)>,
+    /// The supplementary groups (`Groups:`).
+    pub groups: Groups,
+    /// The effective capabilities (`CapEff:`).
+    pub caps: Option<u64>,
+}
+
+pub(crate) fn parse_status(status: &str) -> ProcStatus {
+    let field = |key: &str| status.lines().find_map(|l| l.strip_prefix(key));
+    let ids = |key: &str| -> Groups {
+        field(key)
+            .map(|l| {
+                l.split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Real, effective, saved, filesystem: the filesystem ids decide access.
+    let fs_ids = ids("Uid:").get(3).copied().zip(ids("Gid:").get(3).copied());
+    ProcStatus {
+        fs_ids,
+        groups: ids("Groups:"),
+        caps: field("CapEff:").and_then(|h| u64::from_str_radix(h.trim(), 16).ok()),
+    }
 }
 
 /// What `/proc` says of the caller `(pid, uid, gid)`, from this thread's cache or `/proc`.
