@@ -53,7 +53,11 @@
 //!   (`fs/unlinked.rs`) with no other lock held (the `coarse` one in that mode), after it
 //!   asked the kernel through the invalidation sink, with no lock held at all; the
 //!   **unlinked set** there (64 shards, each a leaf mutex) is touched by a transition's
-//!   caller with no engine lock held but those `free_inode` may be called under;
+//!   caller with no engine lock held but those `free_inode` may be called under, and by a
+//!   FORGET of a noted file (its start and end); its **wait lock** (1 per filesystem) is
+//!   taken by an asker waiting for a FORGET or a freeing under way, with no engine lock
+//!   held, and by whoever changed an entry, after releasing its shard, to wake it: the
+//!   waiter takes a shard inside it, nothing else;
 //! - a directory's **life** (ALIVE, DYING, DEAD; `dir/life.rs`): named transitions, made
 //!   only by a thread holding the stripe of the directory's own name (rmdir, or a rename
 //!   over it); see the removal protocol below;

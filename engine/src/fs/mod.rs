@@ -793,9 +793,9 @@ impl Filesystem {
     /// went before (`unlinked.rs`, which did all but take it out of the table).
     fn free_inode(&self, i: &Inode, g: &Guard, announce: bool) {
         debug_assert!(i.is_dead());
-        self.unlinked.forget(i);
         if i.is_emptied() {
             self.table.remove(i, g);
+            self.unlinked.forget(i);
             if !self.replaying() {
                 self.ids.free(i.ino, &self.stats);
             }
@@ -819,6 +819,9 @@ impl Filesystem {
         }
         self.inode_quota.give(1);
         self.table.remove(i, g);
+        // After everything given back, before the number can be used again: an asker of
+        // `reap_unlinked` waits for this (`unlinked.rs`).
+        self.unlinked.forget(i);
         if !self.replaying() {
             self.ids.free(i.ino, &self.stats);
         }
@@ -894,6 +897,8 @@ impl Filesystem {
     pub fn forget(&self, ino: Ino, n: u64) {
         let _c = self.begin(Op::Forget);
         let g = epoch::pin();
+        // Marked before the kernel's count drops, for `reap_unlinked` (`unlinked.rs`).
+        let noted = self.unlinked.begin_forget(ino);
         self.watch.held.sub(ino, n);
         if let Some(i) = self.table.get(ino, &g) {
             let (fate, short) = i.put_refs_at_most(n);
@@ -909,6 +914,9 @@ impl Filesystem {
                 );
             }
             self.settle(i, fate, &g);
+        }
+        if noted {
+            self.unlinked.end_forget(ino);
         }
     }
 
