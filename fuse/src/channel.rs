@@ -22,9 +22,8 @@
 //!
 //! Locks: the list of connections (`Conns`, a leaf, taken on connect, on a connection's end
 //! and at stop); nothing else of this module's is shared between threads. Between
-//! processes, the socket directory's `flock` ([`dir_lock`], taken alone, never with `Conns`)
-//! makes putting a socket under a name, and removing it only if it is still this server's,
-//! one step each.
+//! processes, the socket directory's lock (`named_socket.rs`, never taken with `Conns`)
+//! keeps a stopping server from removing the next mount's socket.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -44,6 +43,7 @@ use zerocopy::IntoBytes;
 use crate::abi::fuse_out_header;
 use crate::dispatch::{Caller, Dispatch};
 use crate::info::SessionInfo;
+use crate::named_socket::Placed;
 use crate::wire::{Answer, Out, Pending, Request, out_header};
 
 /// How long a side spins for the other before it sleeps, while the busy channels' clients
@@ -118,12 +118,12 @@ type Conns = Mutex<Vec<Arc<Conn>>>;
 
 /// The channel of one mount, served until dropped.
 pub(crate) struct ChannelServer {
-    path: PathBuf,
-    /// The socket file this server put at `path`.
-    bound: Option<FileId>,
     listener: OwnedFd,
     stop: Arc<AtomicBool>,
     conns: Arc<Conns>,
+    /// The socket's name, removed (if still this server's) after `drop` has shut the
+    /// listener down.
+    _placed: Placed,
 }
 
 impl Drop for ChannelServer {
@@ -138,55 +138,6 @@ impl Drop for ChannelServer {
             // Either side may be asleep on `state`: wake both.
             futex_wake(&s.state);
             futex_wake(&s.state);
-        }
-        // Only if the name is still this server's socket: after a lazy unmount the device
-        // number can go to a new mount while this server is still stopping, and that
-        // mount's server has then put its own socket under the same name. The look and the
-        // removal are one step under the directory's lock, which the binding takes too.
-        if let Some(bound) = self.bound {
-            let _lock = dir_lock(self.path.parent().unwrap_or(Path::new("/")));
-            if file_id(&self.path) == Some(bound) {
-                let _ = std::fs::remove_file(&self.path);
-            }
-        }
-    }
-}
-
-/// What tells one socket file from another under the same name: device, inode number and
-/// change time. A socket is put in place by a rename over the name, so it never takes the
-/// inode number of the one it replaces (both exist at the rename); the change time tells it
-/// from a later one that reuses the number.
-type FileId = (u64, u64, i64, i64);
-
-/// The [`FileId`] of the file at `path` (not following a symlink).
-fn file_id(path: &Path) -> Option<FileId> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
-}
-
-/// The lock of the socket directory `dir` (`flock` of its `.lock`, released when the file is
-/// closed): held by a server while it puts its socket under a name, and while it looks
-/// whether a name is still its own and removes it. Without it a stopping server could look,
-/// find its socket, and remove the next server's put there in between. Taken briefly, by
-/// servers only; `None` where the file cannot be made (the steps then go unlocked).
-fn dir_lock(dir: &Path) -> Option<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(dir.join(".lock"))
-        .ok()?;
-    loop {
-        // SAFETY: flock of a descriptor we own.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Some(f);
-        }
-        if io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return None;
         }
     }
 }
@@ -215,25 +166,10 @@ pub(crate) fn serve(
     let dir = socket_dir(owner);
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(socket_name(dev.0, dev.1));
-    // Bound under a name of this process's, then renamed over the mount's name: a socket
-    // already there is a killed or stopping server's (the device number is this mount's
-    // alone while it is mounted), and clients never find the name missing.
-    let (listener, bound) = {
-        let _lock = dir_lock(&dir);
-        let tmp = dir.join(format!(
-            ".{}.{}",
-            socket_name(dev.0, dev.1),
-            std::process::id()
-        ));
-        let _ = std::fs::remove_file(&tmp);
-        let listener = listen(&tmp, if allow_other { 0o666 } else { 0o600 })?;
-        if let Err(e) = std::fs::rename(&tmp, &path) {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(e);
-        }
-        // After the rename, which changes the change time.
-        (listener, file_id(&path))
-    };
+    // A socket already under this name is a killed or stopping server's: the device number
+    // is this mount's alone while it is mounted.
+    let mode = if allow_other { 0o666 } else { 0o600 };
+    let (listener, placed) = Placed::bind(&path, |p| listen(p, mode))?;
     let stop = Arc::new(AtomicBool::new(false));
     let conns: Arc<Conns> = Arc::default();
     let (lfd, stop2, conns2) = (listener.as_raw_fd(), stop.clone(), conns.clone());
@@ -252,11 +188,10 @@ pub(crate) fn serve(
             );
         })?;
     Ok(ChannelServer {
-        path,
-        bound,
         listener,
         stop,
         conns,
+        _placed: placed,
     })
 }
 

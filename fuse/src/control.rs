@@ -13,7 +13,7 @@
 //! statistics.
 //!
 //! A server removes its socket when it stops, unless another server has taken the name
-//! since. A server that was killed leaves its socket behind; the next server to start
+//! since (`named_socket.rs`). A server that was killed leaves its socket behind; the next server to start
 //! removes sockets that nothing has answered on for a second (none can be live: a live
 //! server listens from the moment it binds).
 
@@ -27,6 +27,7 @@ use std::time::{Duration, SystemTime};
 use lanefs::{Filesystem, LockClass, Op};
 
 use crate::SessionInfo;
+use crate::named_socket::{self, Placed};
 
 fn dir() -> PathBuf {
     if current_uid() == 0 {
@@ -80,16 +81,9 @@ fn remove_stale_sockets(dir: &Path) {
         }
         if let Err(err) = UnixStream::connect(&path) {
             if err.raw_os_error() == Some(libc::ECONNREFUSED) {
-                remove_if_same(&path, (md.dev(), md.ino()));
+                named_socket::remove_stale(&path, &md);
             }
         }
-    }
-}
-
-/// Removes `path` if it is still the file `id` (device, inode).
-fn remove_if_same(path: &Path, id: (u64, u64)) {
-    if std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id) {
-        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -192,12 +186,13 @@ pub fn serve(
         std::fs::create_dir_all(d)?;
         remove_stale_sockets(d);
     }
-    // A socket already under this name is a killed server's: the device number is this
-    // mount's alone while it is mounted.
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    let md = std::fs::symlink_metadata(&path)?;
+    // A socket already under this name is a killed or stopping server's: the device number
+    // is this mount's alone while it is mounted.
+    let (listener, placed) = Placed::bind(&path, |p| {
+        let l = UnixListener::bind(p)?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))?;
+        Ok(l)
+    })?;
     std::thread::Builder::new()
         .name("lanefs-control".into())
         .spawn(move || {
@@ -206,29 +201,17 @@ pub fn serve(
                 let _ = conn.write_all(doc.as_bytes());
             }
         })?;
-    Ok(SocketGuard {
-        path,
-        id: (md.dev(), md.ino()),
-    })
+    Ok(SocketGuard(placed))
 }
 
-/// Removes the control socket when dropped, unless another server has bound the name since
-/// (once this mount is gone its device number can be given to a new one).
-pub struct SocketGuard {
-    path: PathBuf,
-    id: (u64, u64),
-}
+/// Removes the control socket when dropped, unless another server has put its own under the
+/// name since (once this mount is gone its device number can be given to a new one).
+pub struct SocketGuard(Placed);
 
 impl SocketGuard {
     /// Where the socket is.
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        remove_if_same(&self.path, self.id);
+        self.0.path()
     }
 }
 

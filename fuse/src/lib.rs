@@ -80,6 +80,7 @@ mod dispatch;
 mod handoff;
 mod info;
 mod mount;
+mod named_socket;
 mod notify;
 mod server;
 mod session;
