@@ -70,7 +70,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// [`Hello::magic`] and [`Shared::magic`]: "LFCH".
 pub const MAGIC: u32 = 0x4C46_4348;
 /// The protocol's version; a client and a server of different versions do not connect.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 /// Where the request and reply buffer starts in the mapping (the header has a page).
 pub const BUF_OFFSET: usize = 4096;
@@ -139,7 +139,15 @@ pub struct StatIn {
 pub struct StatOut {
     /// The attributes (`rdev` in the kernel's `new_encode_dev` form).
     pub attr: fuse_attr,
+    /// [`HELD`] or 0 (set by [`OP_STAT`] only).
+    pub flags: u32,
+    /// Zero.
+    pub padding: u32,
 }
+
+/// [`StatOut::flags`]: the kernel holds the inode (a lookup reference), so its own `stat` of
+/// the path is answered from its caches, without a round trip to the server.
+pub const HELD: u32 = 1;
 
 /// The argument of [`OP_RENAME`].
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]

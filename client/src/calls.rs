@@ -7,7 +7,8 @@
 //! `write`, `mmap`, locks, `fork`, `exec` and `close` need nothing from this library. What
 //! goes over the channel is what the kernel serialises or costs a round trip through FUSE:
 //! creating names (`open(O_CREAT)`'s create, `mkdir`, `mknod`, `symlink`, `link`), removing
-//! and renaming them, `stat` on paths, `readlink`, and `chmod`/`chown`/`utimensat` on
+//! and renaming them, `stat` on paths (but for a name the kernel holds: `warm.rs`),
+//! `readlink`, and `chmod`/`chown`/`utimensat` on
 //! paths. (`truncate` on a path stays the kernel's: only it knows that a file is being
 //! executed, ETXTBSY.) `open(O_CREAT)` creates over the channel, then opens the new file
 //! through the kernel without `O_CREAT` (a lookup, which the kernel runs in parallel), so
@@ -17,7 +18,7 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use lanefs_channel::{
     FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_UID,
-    FOLLOW, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
+    FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
     OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut, decode_dev,
     fuse_attr, fuse_mkdir_in, fuse_mknod_in,
 };
@@ -27,6 +28,7 @@ use crate::conn::{Busy, Outcome, call, note_cred_change};
 use crate::mounts::Mount;
 use crate::paths::{Located, forget_cwd, locate};
 use crate::real::{path_buf, read_cstr, real, set_errno};
+use crate::warm;
 
 type CPath = *const c_char;
 
@@ -79,7 +81,11 @@ unsafe fn one(
         None => call(at.mount, op, arg, &[at.rel], reply, &busy),
         Some(b) => call(at.mount, op, arg, &[b, at.rel], reply, &busy),
     };
-    served(&at, o)
+    let r = served(&at, o);
+    if matches!(op, OP_UNLINK | OP_RMDIR) && matches!(r, Some(Ok(_))) {
+        warm::forget(at.mount, at.rel);
+    }
+    r
 }
 
 /// A call on two paths, served only when both are on one mount.
@@ -110,6 +116,10 @@ unsafe fn two(
         return None;
     }
     let o = call(x.mount, op, arg, &[x.rel, y.rel], reply, &busy);
+    if op == OP_RENAME && matches!(o, Outcome::Done(Ok(_))) {
+        warm::forget(x.mount, x.rel);
+        warm::forget(y.mount, y.rel);
+    }
     match o {
         Outcome::Done(Err(libc::EACCES)) if x.relative || y.relative => None,
         Outcome::Done(r) => Some(r),
@@ -119,6 +129,15 @@ unsafe fn two(
 
 // ----- stat -------------------------------------------------------------------------------
 
+/// How [`stat_attr`] asks.
+#[derive(Clone, Copy, PartialEq)]
+enum Ask {
+    /// A program's `stat`: through the kernel for a name it holds (`warm.rs`).
+    Program,
+    /// This library's own look at what the server has.
+    Server,
+}
+
 /// `stat` of `path` over the channel: the attributes and the mount they are on.
 ///
 /// # Safety
@@ -127,12 +146,16 @@ unsafe fn stat_attr(
     dirfd: c_int,
     path: CPath,
     nofollow: bool,
+    ask: Ask,
 ) -> Option<Result<(fuse_attr, &'static Mount), i32>> {
     let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
+    if ask == Ask::Program && warm::held(at.mount, at.rel, nofollow) {
+        return None;
+    }
     let arg = StatIn {
         flags: if nofollow { NOFOLLOW } else { 0 },
         padding: 0,
@@ -146,7 +169,11 @@ unsafe fn stat_attr(
         out.as_mut_bytes(),
         &busy,
     );
-    Some(served(&at, o)?.map(|_| (out.attr, at.mount)))
+    let r = served(&at, o)?;
+    if ask == Ask::Program && r.is_ok() {
+        warm::note(at.mount, at.rel, nofollow, out.flags & HELD != 0);
+    }
+    Some(r.map(|_| (out.attr, at.mount)))
 }
 
 fn fill_stat(a: &fuse_attr, dev: u64, st: &mut libc::stat) {
@@ -185,7 +212,7 @@ unsafe fn do_stat(
     nofollow: bool,
 ) -> Option<c_int> {
     // SAFETY: the caller's contract.
-    let r = unsafe { stat_attr(dirfd, path, nofollow) }?;
+    let r = unsafe { stat_attr(dirfd, path, nofollow, Ask::Program) }?;
     Some(match r {
         Ok((a, m)) => {
             if buf.is_null() {
@@ -340,7 +367,7 @@ pub unsafe extern "C" fn statx(
     if served && stat_flags_ok(flags & !sync) {
         let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
         // SAFETY: the C function's contract.
-        if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow) } {
+        if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow, Ask::Program) } {
             return match r {
                 Ok(_) if buf.is_null() => ret(Err(libc::EFAULT)),
                 Ok((a, m)) => {
@@ -1152,7 +1179,7 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
 /// `path` as for [`bytes`].
 unsafe fn undo_create(dirfd: c_int, path: CPath, ino: u64) {
     // SAFETY: the caller's contract.
-    if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true) } {
+    if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true, Ask::Server) } {
         if a.ino == ino {
             // SAFETY: as above.
             let _ = unsafe { one(dirfd, path, OP_UNLINK, &[], None, &mut []) };

@@ -17,7 +17,8 @@
 //!
 //! Module map: `calls.rs` (the exported functions), `paths.rs` (is this path lanefs's?),
 //! `mounts.rs` (the mount table), `conn.rs` (a thread's channels and one call), `real.rs`
-//! (reaching the C library's own functions without recursion).
+//! (reaching the C library's own functions without recursion), `warm.rs` (the names whose
+//! `stat` the kernel answers from its caches, faster than the channel).
 //!
 //! Rules this code keeps, because it runs inside other people's programs: no call to a
 //! libc name it exports except through `real.rs`; no `std::fs`; errno set only on failure;
@@ -29,6 +30,7 @@ mod conn;
 mod mounts;
 mod paths;
 mod real;
+mod warm;
 
 pub use calls::*;
 

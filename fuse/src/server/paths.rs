@@ -9,7 +9,7 @@
 
 use lanefs::{At, Attr, Errno, ROOT_INO, SetAttr};
 use lanefs_channel::{
-    FOLLOW, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
+    FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
     OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
 };
 
@@ -36,7 +36,16 @@ impl Server {
         match req.h.opcode {
             OP_STAT => {
                 let f: StatIn = req.arg()?;
-                stat_out(at.stat(path, f.flags & NOFOLLOW == 0), out)
+                let a = at.stat(path, f.flags & NOFOLLOW == 0)?;
+                let held = self.fs.held_by_kernel(a.ino);
+                put(
+                    out,
+                    &StatOut {
+                        attr: fattr(&a),
+                        flags: if held { HELD } else { 0 },
+                        padding: 0,
+                    },
+                )
             }
             OP_MKNOD => {
                 let m: fuse_mknod_in = req.arg()?;
@@ -89,7 +98,13 @@ impl Server {
 }
 
 fn stat_out(r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
-    put(out, &StatOut { attr: fattr(&r?) })
+    put(
+        out,
+        &StatOut {
+            attr: fattr(&r?),
+            ..StatOut::default()
+        },
+    )
 }
 
 /// What a channel SETATTR asks for. `chown(path, -1, -1)` arrives as an owner change with
