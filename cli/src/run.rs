@@ -22,6 +22,12 @@ pub struct RunArgs {
     /// Serve only these mounts over the channel (default: every lanefs mount); repeatable.
     #[arg(long = "mount", value_name = "MNT")]
     mounts: Vec<PathBuf>,
+    /// Send a `stat` of a name the kernel holds through the kernel, which answers it from its
+    /// caches, faster than the channel; weaker: such a stat can show a change later than the
+    /// channel shows it (docs/DESIGN.md, "The channel of lanefs run"). Sets
+    /// `LANEFS_RUN_WARM_STAT=1`.
+    #[arg(long)]
+    warm_stat: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     cmd: Vec<OsString>,
@@ -105,6 +111,9 @@ pub fn run(a: RunArgs) -> Result<(), String> {
         cmd.env_remove("LANEFS_RUN_MOUNTS");
     } else {
         cmd.env("LANEFS_RUN_MOUNTS", mounts.join(":"));
+    }
+    if a.warm_stat {
+        cmd.env("LANEFS_RUN_WARM_STAT", "1");
     }
     let e = cmd.exec();
     Err(format!("{}: {e}", a.cmd[0].to_string_lossy()))

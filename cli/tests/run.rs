@@ -272,10 +272,8 @@ fn real_programs_make_the_same_tree_under_lanefs_run() {
         want.len(),
         diff.join("\n")
     );
-    // Creates, removals, renames and the first stat of each name (later stats of a name the
-    // kernel holds go through the kernel): about 900.
     assert!(
-        served > 300,
+        served > 1000,
         "only {served} calls went over the channel: the client was not used"
     );
 }
@@ -1518,6 +1516,22 @@ fn warm_stats_child(dir: &Path) {
     // SAFETY: a valid C string.
     assert_eq!(unsafe { libc::chmod(c.as_ptr(), 0o600) }, 0);
     assert_eq!(libc_stat(&f), Ok((ino, libc::S_IFREG | 0o600)));
+    // The kernel's cached attributes, stale or not, are not what AT_STATX_DONT_SYNC gets.
+    for _ in 0..2 {
+        // SAFETY: a zeroed struct statx is valid.
+        let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid C string and a writable struct.
+        let r = unsafe {
+            libc::statx(
+                libc::AT_FDCWD,
+                c.as_ptr(),
+                libc::AT_STATX_DONT_SYNC,
+                libc::STATX_BASIC_STATS,
+                &mut sx,
+            )
+        };
+        assert_eq!((r, u32::from(sx.stx_mode)), (0, libc::S_IFREG | 0o600));
+    }
     // SAFETY: as above.
     assert_eq!(unsafe { libc::unlink(c.as_ptr()) }, 0);
     assert_eq!(libc_stat(&f), Err(libc::ENOENT));
@@ -1533,10 +1547,11 @@ fn warm_stats_child(dir: &Path) {
     println!("\nwarm stats checked");
 }
 
-/// A `stat` of a name the kernel holds goes through the kernel (its caches answer it without
-/// a round trip to the server, faster than the channel), and what it answers stays right
-/// while the names change over the channel: a chmod, an unlink, a new file under the old
-/// name, a rename.
+/// With `LANEFS_RUN_WARM_STAT=1` (`lanefs run --warm-stat`), a `stat` of a name the kernel
+/// holds goes through the kernel (its caches answer it without a round trip to the server,
+/// faster than the channel), and what it answers stays right while the names change over
+/// the channel: a chmod, an unlink, a new file under the old name, a rename. Without it,
+/// every stat goes over the channel.
 #[test]
 fn warm_stats_go_through_the_kernel_and_stay_right() {
     if let Ok(dir) = std::env::var("LANEFS_TEST_WARM_STATS") {
@@ -1547,12 +1562,32 @@ fn warm_stats_go_through_the_kernel_and_stay_right() {
         return;
     }
     let m = Mnt::new("");
+    let child = |warm: bool| {
+        let mut c = under_run(std::env::current_exe().unwrap());
+        c.args([
+            "--exact",
+            "warm_stats_go_through_the_kernel_and_stay_right",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LANEFS_TEST_WARM_STATS", m.path());
+        if warm {
+            c.env("LANEFS_RUN_WARM_STAT", "1");
+        }
+        c.output().unwrap()
+    };
+    // By default every stat goes over the channel.
     let before = m.channel_requests();
-    let out = child_under_run(
-        "warm_stats_go_through_the_kernel_and_stay_right",
-        "LANEFS_TEST_WARM_STATS",
-        m.path(),
+    let out = child(false);
+    assert!(out.status.success(), "{out:?}");
+    let served = m.channel_requests() - before;
+    assert!(
+        served >= 208,
+        "{served} requests over the channel for 208 stats"
     );
+    std::fs::remove_file(m.path().join("g")).unwrap();
+    let before = m.channel_requests();
+    let out = child(true);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("warm stats checked"),

@@ -7,7 +7,8 @@
 //! `write`, `mmap`, locks, `fork`, `exec` and `close` need nothing from this library. What
 //! goes over the channel is what the kernel serialises or costs a round trip through FUSE:
 //! creating names (`open(O_CREAT)`'s create, `mkdir`, `mknod`, `symlink`, `link`), removing
-//! and renaming them, `stat` on paths (but for a name the kernel holds: `warm.rs`),
+//! and renaming them, `stat` on paths (with `lanefs run --warm-stat`, not for a name the
+//! kernel holds: `warm.rs`),
 //! `readlink`, and `chmod`/`chown`/`utimensat` on
 //! paths. (`truncate` on a path stays the kernel's: only it knows that a file is being
 //! executed, ETXTBSY.) `open(O_CREAT)` creates over the channel, then opens the new file
@@ -82,7 +83,7 @@ unsafe fn one(
         Some(b) => call(at.mount, op, arg, &[b, at.rel], reply, &busy),
     };
     let r = served(&at, o);
-    if matches!(op, OP_UNLINK | OP_RMDIR) && matches!(r, Some(Ok(_))) {
+    if matches!(op, OP_UNLINK | OP_RMDIR) && matches!(r, Some(Ok(_))) && warm::on() {
         warm::forget(at.mount, at.rel);
     }
     r
@@ -116,7 +117,7 @@ unsafe fn two(
         return None;
     }
     let o = call(x.mount, op, arg, &[x.rel, y.rel], reply, &busy);
-    if op == OP_RENAME && matches!(o, Outcome::Done(Ok(_))) {
+    if op == OP_RENAME && matches!(o, Outcome::Done(Ok(_))) && warm::on() {
         warm::forget(x.mount, x.rel);
         warm::forget(y.mount, y.rel);
     }
@@ -132,8 +133,11 @@ unsafe fn two(
 /// How [`stat_attr`] asks.
 #[derive(Clone, Copy, PartialEq)]
 enum Ask {
-    /// A program's `stat`: through the kernel for a name it holds (`warm.rs`).
+    /// A program's `stat`: through the kernel for a name it holds, where `warm.rs` is on.
     Program,
+    /// A program's `statx` with `AT_STATX_DONT_SYNC`, which the kernel would answer from
+    /// attributes it has been told are stale: over the channel.
+    Fresh,
     /// This library's own look at what the server has.
     Server,
 }
@@ -153,7 +157,8 @@ unsafe fn stat_attr(
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
-    if ask == Ask::Program && warm::held(at.mount, at.rel, nofollow) {
+    let warm = ask != Ask::Server && warm::on();
+    if warm && ask == Ask::Program && warm::held(at.mount, at.rel, nofollow) {
         return None;
     }
     let arg = StatIn {
@@ -170,7 +175,7 @@ unsafe fn stat_attr(
         &busy,
     );
     let r = served(&at, o)?;
-    if ask == Ask::Program && r.is_ok() {
+    if warm && r.is_ok() {
         warm::note(at.mount, at.rel, nofollow, out.flags & HELD != 0);
     }
     Some(r.map(|_| (out.attr, at.mount)))
@@ -366,8 +371,12 @@ pub unsafe extern "C" fn statx(
     let served = flags & sync != sync && mask & (STATX_RESERVED | STATX_MNT_ID_UNIQUE) == 0;
     if served && stat_flags_ok(flags & !sync) {
         let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
+        let ask = match flags & libc::AT_STATX_DONT_SYNC {
+            0 => Ask::Program,
+            _ => Ask::Fresh,
+        };
         // SAFETY: the C function's contract.
-        if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow, Ask::Program) } {
+        if let Some(r) = unsafe { stat_attr(dirfd, path, nofollow, ask) } {
             return match r {
                 Ok(_) if buf.is_null() => ret(Err(libc::EFAULT)),
                 Ok((a, m)) => {

@@ -1,4 +1,5 @@
-//! Which names the kernel holds: a `stat` of one goes through the kernel, which answers it
+//! Which names the kernel holds: with `LANEFS_RUN_WARM_STAT=1` (`lanefs run --warm-stat`;
+//! off by default), a `stat` of one goes through the kernel, which answers it
 //! from its own caches without asking the server, faster than a round trip over the channel
 //! (on the 2-CPU test machine, 2-9x for a warm `stat` loop: docs/BENCHMARKS.md). A name the
 //! kernel does not hold costs it a LOOKUP round trip through FUSE, and the channel answers
@@ -10,8 +11,19 @@
 //! goes to the kernel. The table is lossy (a fixed array, a slot overwritten by the next
 //! path that hashes to it) and only ever a hint: the kernel's answer is right for every path
 //! whatever this table says (every change made over the channel has invalidated what the
-//! kernel cached of it before it returned), so a wrong guess costs time, never a wrong
-//! answer. A name removed or renamed over the channel is dropped from it.
+//! kernel cached of it before it returned), so a wrong guess costs time. A name removed or
+//! renamed over the channel is dropped from it.
+//!
+//! Why it is not the default: a change over the channel is visible to the channel's readers
+//! from the moment the engine makes it, and to the kernel's from the moment its
+//! invalidation lands, a few microseconds later. A program whose `stat`s all go over the
+//! channel never sees the two apart; one that asks the kernel for some of them can see a
+//! change, then the state before it (another process changing the file at that moment). And
+//! on a mount served through io_uring a thread's own change was found missing from its next
+//! `stat` through the kernel, about once in 2,000 tries with other stats racing, for up to
+//! about 40 µs (not through `/dev/fuse`; cause not found).
+//! `statx` with `AT_STATX_DONT_SYNC` (the kernel's cached attributes, even stale) always goes
+//! over the channel.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -54,6 +66,12 @@ fn hash(m: &Mount, rel: &[u8], nofollow: bool) -> u64 {
 fn bucket(h: u64) -> &'static [AtomicU64] {
     let i = (h >> 32) as usize & (SLOTS - 1) & !(WAYS - 1);
     &TABLE[i..i + WAYS]
+}
+
+/// Whether `LANEFS_RUN_WARM_STAT=1`: whether this module is used at all.
+pub(crate) fn on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("LANEFS_RUN_WARM_STAT").is_some_and(|v| v == "1"))
 }
 
 /// Whether the kernel held the inode at `rel` when the server last said.
