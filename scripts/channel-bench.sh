@@ -6,6 +6,7 @@
 #
 #     scripts/channel-bench.sh            # defaults below; override with the variables
 #     WORKLOADS="crunl stat" THREADS="1 2" MODE=procs SECS=2 ROUNDS=5 scripts/channel-bench.sh
+#     RUN_FLAGS=--warm-stat WORKLOADS=stat scripts/channel-bench.sh   # flags of `lanefs run`
 #
 # Prints, per workload and worker count, the median ops/s of ROUNDS rounds (the paths take
 # turns within each round) and the ratios the targets name. A fourth path, the same
@@ -18,6 +19,7 @@ THREADS="${THREADS:-1 2 8 32}"
 MODE="${MODE:-threads}"
 SECS="${SECS:-1}"
 ROUNDS="${ROUNDS:-3}"
+RUN_FLAGS="${RUN_FLAGS:-}"
 cargo build --release --locked -q -p lanefs-cli -p lanefs-client
 cc -O2 -pthread -o target/release/seedbench bench/c/seedbench.c
 lanefs=target/release/lanefs
@@ -32,7 +34,7 @@ one() { # path-kind dir workload workers -> ops/s
     local kind=$1 d=$2 w=$3 t=$4
     rm -rf "$d" && mkdir -p "$d"
     if [ "$kind" = run ] || [ "$kind" = outside ]; then
-        $lanefs run -- $bin "$w" "$d" "$t" "$SECS" "$MODE" | awk '{print $4}'
+        $lanefs run $RUN_FLAGS -- $bin "$w" "$d" "$t" "$SECS" "$MODE" | awk '{print $4}'
     else
         $bin "$w" "$d" "$t" "$SECS" "$MODE" | awk '{print $4}'
     fi
