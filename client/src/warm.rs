@@ -19,9 +19,11 @@
 //! invalidation lands, a few microseconds later. A program whose `stat`s all go over the
 //! channel never sees the two apart; one that asks the kernel for some of them can see a
 //! change, then the state before it (another process changing the file at that moment). And
-//! on a mount served through io_uring a thread's own change was found missing from its next
-//! `stat` through the kernel, about once in 2,000 tries with other stats racing, for up to
-//! about 40 µs (not through `/dev/fuse`; cause not found).
+//! a thread's own change was found missing from its next `stat` through the kernel, about
+//! once in 2,000 to 10,000 tries while other threads stat the file through the kernel, for
+//! up to about 40 µs, on both transports (`scripts/repro/stale_attr_after_channel_change.c`;
+//! cause not found: the kernel's attribute cache, whose invalidation was written before the
+//! change's call returned).
 //! `statx` with `AT_STATX_DONT_SYNC` (the kernel's cached attributes, even stale) always goes
 //! over the channel.
 

@@ -1,12 +1,11 @@
-// Known bug (docs/DESIGN.md, "The channel of lanefs run"; client/src/warm.rs): on a mount
-// served through io_uring, a change made over the channel is, about once in 2,000 tries,
-// missing from the same thread's next stat through the kernel, for up to about 40 us, while
-// other threads stat the file through the kernel and over the channel. Not seen through
-// /dev/fuse (`-o uring=off`). A single thread under `lanefs run --warm-stat` does
-// utimensat(F, mtime=k) (over the channel) and then stat(F) (F is warm: through the kernel);
-// three threads of a forked child stat F through the kernel (raw syscalls) and other
-// spellings of F over the channel.
-//     cc -O2 -pthread -o /tmp/repro scripts/repro/uring_stale_attr.c
+// Known bug (client/src/warm.rs; docs/BENCHMARKS.md, `lanefs run --warm-stat`): a change made
+// over the channel is, about once in 2,000 to 10,000 tries, missing from the same thread's
+// next stat through the kernel, for up to about 40 us, while other threads stat the file
+// through the kernel. Seen with both transports (io_uring, and `-o uring=off`). A single
+// thread under `lanefs run --warm-stat` does utimensat(F, mtime=k) (over the channel) and then
+// stat(F) (F is warm: through the kernel); three threads of a forked child stat F through the
+// kernel (raw syscalls) and other spellings of F over the channel.
+//     cc -O2 -pthread -o /tmp/repro scripts/repro/stale_attr_after_channel_change.c
 //     lanefs run --warm-stat -- /tmp/repro MOUNTDIR [N]     # exit status 1: stale stats seen
 #define _GNU_SOURCE
 #include <stdio.h>
