@@ -22,8 +22,8 @@
 //!
 //! Locks: the list of connections (`Conns`, a leaf, taken on connect, on a connection's end
 //! and at stop); nothing else of this module's is shared between threads. Between
-//! processes, the socket directory's lock (`named_socket.rs`, never taken with `Conns`)
-//! keeps a stopping server from removing the next mount's socket.
+//! processes, `named_socket.rs` keeps a stopping server from removing the next mount's
+//! socket, without a lock.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
