@@ -121,12 +121,15 @@ pub fn is_channel_op(op: u32) -> bool {
 pub const NOFOLLOW: u32 = 1;
 /// [`LinkIn::flags`]: follow a symlink in the existing path (`AT_SYMLINK_FOLLOW`).
 pub const FOLLOW: u32 = 2;
+/// [`StatIn::flags`]: say in the reply whether the kernel holds the inode ([`HELD`]); asked
+/// only by a client that uses the answer (`lanefs run --warm-stat`).
+pub const ASK_HELD: u32 = 4;
 
 /// The argument of [`OP_STAT`].
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
 #[repr(C)]
 pub struct StatIn {
-    /// [`NOFOLLOW`] or 0.
+    /// [`NOFOLLOW`], [`ASK_HELD`], or 0.
     pub flags: u32,
     /// Zero.
     pub padding: u32,
@@ -139,7 +142,7 @@ pub struct StatIn {
 pub struct StatOut {
     /// The attributes (`rdev` in the kernel's `new_encode_dev` form).
     pub attr: fuse_attr,
-    /// [`HELD`] or 0 (set by [`OP_STAT`] only).
+    /// [`HELD`] or 0 (set by [`OP_STAT`] only, when asked: [`ASK_HELD`]).
     pub flags: u32,
     /// Zero.
     pub padding: u32,

@@ -115,11 +115,15 @@ fn under_run(program: impl AsRef<OsStr>) -> Command {
 /// Runs this test binary's test `test` alone under `lanefs run`, with `var` naming `dir`:
 /// the test's child part, which then makes its libc calls through the preloaded client.
 fn child_under_run(test: &str, var: &str, dir: &Path) -> std::process::Output {
-    under_run(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(var, dir)
-        .output()
-        .unwrap()
+    child_command(test, var, dir).output().unwrap()
+}
+
+/// The command [`child_under_run`] runs, for a caller that adds to it.
+fn child_command(test: &str, var: &str, dir: &Path) -> Command {
+    let mut c = under_run(std::env::current_exe().unwrap());
+    c.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, dir);
+    c
 }
 
 /// What a tree holds, path by path: type, permission bits, size, link count (files), a
@@ -1563,14 +1567,11 @@ fn warm_stats_go_through_the_kernel_and_stay_right() {
     }
     let m = Mnt::new("");
     let child = |warm: bool| {
-        let mut c = under_run(std::env::current_exe().unwrap());
-        c.args([
-            "--exact",
+        let mut c = child_command(
             "warm_stats_go_through_the_kernel_and_stay_right",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LANEFS_TEST_WARM_STATS", m.path());
+            "LANEFS_TEST_WARM_STATS",
+            m.path(),
+        );
         if warm {
             c.env("LANEFS_RUN_WARM_STAT", "1");
         }

@@ -18,10 +18,10 @@
 use std::ffi::{c_char, c_int, c_uint};
 
 use lanefs_channel::{
-    FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW, FATTR_UID,
-    FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
-    OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut, decode_dev,
-    fuse_attr, fuse_mkdir_in, fuse_mknod_in,
+    ASK_HELD, FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW,
+    FATTR_UID, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME,
+    OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
+    decode_dev, fuse_attr, fuse_mkdir_in, fuse_mknod_in,
 };
 use zerocopy::IntoBytes;
 
@@ -162,7 +162,7 @@ unsafe fn stat_attr(
         return None;
     }
     let arg = StatIn {
-        flags: if nofollow { NOFOLLOW } else { 0 },
+        flags: if nofollow { NOFOLLOW } else { 0 } | if warm { ASK_HELD } else { 0 },
         padding: 0,
     };
     let mut out = StatOut::default();

@@ -9,8 +9,8 @@
 
 use lanefs::{At, Attr, Errno, ROOT_INO, SetAttr};
 use lanefs_channel::{
-    FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME, OP_RMDIR,
-    OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
+    ASK_HELD, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME,
+    OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
 };
 
 use super::reply::{Handled, OK, done, fattr, put, tset};
@@ -37,7 +37,7 @@ impl Server {
             OP_STAT => {
                 let f: StatIn = req.arg()?;
                 let a = at.stat(path, f.flags & NOFOLLOW == 0)?;
-                let held = self.fs.held_by_kernel(a.ino);
+                let held = f.flags & ASK_HELD != 0 && self.fs.held_by_kernel(a.ino);
                 put(
                     out,
                     &StatOut {
