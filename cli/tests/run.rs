@@ -400,6 +400,83 @@ fn the_channel_and_the_kernel_agree_at_every_step() {
     assert!(m.channel_requests() > 10);
 }
 
+/// A name made over the channel is reported to the kernel without an entry invalidation
+/// (which takes the directory's lock in the kernel) only when the kernel can hold nothing
+/// under it: not after the kernel looked the name up and found nothing, not after the kernel
+/// removed or renamed it away (its dentry turns negative), not while the directory's listing
+/// may be in the kernel's cache. In each of those cases the kernel sees the new name at once.
+#[test]
+fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed() {
+    if !needs_root("new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let mut sh = Shell::new(p);
+    // (entry invalidations, new names reported without one)
+    let counts = || {
+        let s = m.stats();
+        let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
+        (
+            n("report_entry_invalidations"),
+            n("report_new_names_unlocked"),
+        )
+    };
+    // Makes `line` over the channel; checks whether it took an entry invalidation.
+    let made = |sh: &mut Shell, line: &str, locked: bool| {
+        let (e0, u0) = counts();
+        sh.ok(line);
+        let (e1, u1) = counts();
+        if locked {
+            assert!(e1 > e0, "{line}: no entry invalidation ({e0} -> {e1})");
+        } else {
+            assert_eq!(e1, e0, "{line}: an entry invalidation");
+            assert!(u1 > u0, "{line}: not reported ({u0} -> {u1})");
+        }
+    };
+    // Names the kernel never saw.
+    made(&mut sh, "mkdir d", false);
+    made(&mut sh, "touch d/a d/b", false);
+    made(&mut sh, "ln d/a d/c && ln -s a d/s", false);
+    let meta = |n: &str| std::fs::symlink_metadata(p.join(n));
+    assert_eq!(meta("d/c").unwrap().ino(), meta("d/a").unwrap().ino());
+    assert!(meta("d/s").unwrap().file_type().is_symlink());
+    // The kernel looked the name up and keeps its absence.
+    assert!(meta("d/n").is_err());
+    made(&mut sh, "touch d/n", true);
+    assert!(
+        meta("d/n").unwrap().is_file(),
+        "the kernel's negative entry was dropped"
+    );
+    // The kernel removed the name (its dentry turned negative).
+    std::fs::remove_file(p.join("d/b")).unwrap();
+    made(&mut sh, "touch d/b", true);
+    assert!(meta("d/b").unwrap().is_file());
+    std::fs::create_dir(p.join("k")).unwrap();
+    std::fs::remove_dir(p.join("k")).unwrap();
+    made(&mut sh, "mkdir k", true);
+    assert!(meta("k").unwrap().is_dir());
+    // The kernel renamed the name away.
+    let a = meta("d/a").unwrap().ino();
+    std::fs::rename(p.join("d/a"), p.join("d/e")).unwrap();
+    made(&mut sh, "touch d/a", true);
+    assert_ne!(meta("d/a").unwrap().ino(), a, "a new file");
+    assert_eq!(meta("d/e").unwrap().ino(), a);
+    // The kernel read the listing: the next new name drops it, the one after does not.
+    assert_eq!(names(&p.join("d")), ["a", "b", "c", "e", "n", "s"]);
+    made(&mut sh, "touch d/x", true);
+    made(&mut sh, "touch d/y", false);
+    assert_eq!(
+        names(&p.join("d")),
+        ["a", "b", "c", "e", "n", "s", "x", "y"]
+    );
+    made(&mut sh, "touch d/z", true);
+    assert_eq!(
+        names(&p.join("d")),
+        ["a", "b", "c", "e", "n", "s", "x", "y", "z"]
+    );
+}
+
 /// pjdfstest, the POSIX suite, run under `lanefs run`: the same result as through the
 /// kernel (`fuse/tests/mount.rs`).
 #[test]

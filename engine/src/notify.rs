@@ -60,6 +60,14 @@ pub trait Invalidate: Send + Sync {
     /// The name `name` in directory `parent` was created, removed or now names another inode
     /// (the directory's own attributes changed with it).
     fn entry(&self, parent: Ino, name: &[u8]) -> bool;
+    /// The name `name` in directory `parent` was made (by a create, `mknod`, `mkdir`,
+    /// `symlink` or `link`; an `open` with `O_CREAT` that found the name reports it too): a
+    /// cache that can tell it holds nothing under the name (no entry saying it is absent)
+    /// and no listing of `parent` may drop `parent`'s attributes only. By default, as
+    /// [`Invalidate::entry`].
+    fn new_entry(&self, parent: Ino, name: &[u8]) -> bool {
+        self.entry(parent, name)
+    }
     /// The attributes of `ino` changed; `data` is `Some((offset, len))` when the file's
     /// contents in that byte range changed too (`len` 0: to the end of the file).
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool;
@@ -271,6 +279,11 @@ impl Settled<'_> {
 impl Invalidate for Settled<'_> {
     fn entry(&self, parent: Ino, name: &[u8]) -> bool {
         let found = self.sink.entry(parent, name);
+        self.settle(parent, found)
+    }
+
+    fn new_entry(&self, parent: Ino, name: &[u8]) -> bool {
+        let found = self.sink.new_entry(parent, name);
         self.settle(parent, found)
     }
 

@@ -99,7 +99,9 @@ fn remove_stale_sockets(dir: &Path) {
 /// `uring_sched_idle` (the queue threads run SCHED_IDLE under a guard) and `uring_boosts`
 /// (times the guard gave a starving queue thread the normal policy), `channel_connections`
 /// and `channel_requests` (the channel of `lanefs run`: connections accepted, requests
-/// served).
+/// served), `report_entry_invalidations` (entry invalidations sent for changes library
+/// callers made, the channel's among them: each takes the directory's lock in the kernel)
+/// and `report_new_names_unlocked` (their new names reported without one).
 pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
@@ -140,6 +142,8 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "uring_boosts": session.map(|s| s.boosts()),
         "channel_connections": session.map(|s| s.channel_connections()),
         "channel_requests": session.map(|s| s.channel_requests()),
+        "report_entry_invalidations": session.map(|s| s.report_entry_invalidations()),
+        "report_new_names_unlocked": session.map(|s| s.report_new_names_unlocked()),
     })
 }
 

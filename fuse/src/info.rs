@@ -22,6 +22,10 @@ pub struct SessionInfo {
     channel_counts: Counters,
     /// Connections the channel accepted.
     channel_connections: AtomicU64,
+    /// Entry invalidations sent for library callers' changes (`server/sink.rs`).
+    report_entries: AtomicU64,
+    /// New names library callers made that were reported without one.
+    report_names_unlocked: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +85,26 @@ impl SessionInfo {
     /// Connections the channel has accepted (one per client thread and mount).
     pub fn channel_connections(&self) -> u64 {
         self.channel_connections.load(Ordering::Relaxed)
+    }
+
+    /// Entry invalidations sent for the changes library callers (the channel of `lanefs
+    /// run` among them) made: each takes the directory's lock in the kernel.
+    pub fn report_entry_invalidations(&self) -> u64 {
+        self.report_entries.load(Ordering::Relaxed)
+    }
+
+    /// New names library callers made that were reported with the directory's attributes
+    /// only, no entry invalidation (`server/kernel_names.rs`).
+    pub fn report_new_names_unlocked(&self) -> u64 {
+        self.report_names_unlocked.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn count_report(&self, entry_invalidation: bool) {
+        let c = match entry_invalidation {
+            true => &self.report_entries,
+            false => &self.report_names_unlocked,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A new channel connection: its counter slot.

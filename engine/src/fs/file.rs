@@ -171,7 +171,7 @@ impl Filesystem {
         let parent = parent.into();
         let (a, fh) = self.create_inner(ctx, parent, name, mode, flags)?;
         self.report(ctx, |s| {
-            s.entry(parent.ino(), name);
+            s.new_entry(parent.ino(), name);
             if flags & libc::O_TRUNC != 0 {
                 s.inode(a.ino, Some((0, 0)));
             }

@@ -363,7 +363,7 @@ impl Filesystem {
             let i = self.make_node(ctx, parent, name, mode, kind, 0, &g)?;
             self.attr_of(i, &g)
         };
-        self.report(ctx, |s| s.entry(parent.ino(), name));
+        self.report(ctx, |s| s.new_entry(parent.ino(), name));
         Ok(a)
     }
 
@@ -421,7 +421,7 @@ impl Filesystem {
         let a = self.link_locked(ctx, ino, newparent, newname)?;
         self.report(ctx, |s| {
             s.inode(ino.ino(), None);
-            s.entry(newparent.ino(), newname);
+            s.new_entry(newparent.ino(), newname);
         });
         Ok(a)
     }

@@ -158,7 +158,11 @@ pub fn mount(
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => u.unmount(true),
         r => r,
     });
-    notify::install_invalidator(&fs, s.server.engine_sink(Notifier(s.dev.clone())));
+    notify::install_invalidator(
+        &fs,
+        s.server
+            .engine_sink(Notifier(s.dev.clone()), s.info.clone()),
+    );
     let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
     let info = s.info.clone();
     let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
@@ -259,7 +263,11 @@ pub fn mount_background(
     cfg: &MountConfig,
 ) -> io::Result<Mount> {
     let s = new_session(&fs, mountpoint, cfg)?;
-    notify::install_invalidator(&fs, s.server.engine_sink(Notifier(s.dev.clone())));
+    notify::install_invalidator(
+        &fs,
+        s.server
+            .engine_sink(Notifier(s.dev.clone()), s.info.clone()),
+    );
     let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
     let info = s.info.clone();
     let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());

@@ -163,6 +163,9 @@ impl Server {
         plus: bool,
         f: impl FnMut(lanefs::DirEntry<'_>, Option<&Attr>) -> bool,
     ) -> lanefs::Result<()> {
+        // Counted before the directory is read: a library caller's new name then drops the
+        // listing this read may leave in the kernel's cache (`kernel_names.rs`).
+        self.names.reading(ino);
         if fh == 0 {
             let end = self.dir_end(ino, offset)?;
             self.fs

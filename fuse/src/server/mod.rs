@@ -7,7 +7,10 @@
 //! returns carry one lookup reference, which FORGET drops). It keeps only what serves the
 //! kernel's caches and its own retries: where each directory's handle-free read ends and
 //! when it was listed (`listings.rs`), the page ranges whose write-back failed (`files.rs`),
-//! and a count of FORGETs for requests refused with ENOSPC to wait on (`forgets.rs`; such a
+//! the names the kernel may hold negative and the listings it may be reading, which tell a
+//! library caller's new name whether it must take the directory's lock in the kernel
+//! (`kernel_names.rs`), and a count of FORGETs for requests refused with ENOSPC to wait on
+//! (`forgets.rs`; such a
 //! request first has the engine give back the room of unlinked files the kernel no longer
 //! holds, `lanefs::Filesystem::reap_unlinked`).
 //!
@@ -20,6 +23,7 @@ mod dirs;
 mod files;
 mod forgets;
 mod ioctl;
+mod kernel_names;
 mod listings;
 mod names;
 mod paths;
@@ -38,6 +42,7 @@ use crate::dispatch::{Caller, Dispatch};
 use crate::notify::{KernelCache, Notifier};
 use crate::wire::{Answer, Out, Pending, Request};
 use forgets::{ENOSPC_WAIT, Forgets};
+use kernel_names::KernelNames;
 use listings::{ReadEnds, expire_listings};
 use reply::{Handled, OK};
 
@@ -68,6 +73,9 @@ pub struct Server {
     failed_pages: OnceLock<std::sync::mpsc::Sender<(u64, u64, u64)>>,
     /// FORGETs handled, for requests refused with ENOSPC to wait on (see [`Forgets`]).
     forgets: Forgets,
+    /// The names the kernel may hold negative and the listings it may be reading, which a
+    /// library caller's new name must drop (`kernel_names.rs`).
+    names: Arc<KernelNames>,
 }
 
 /// A request and who made it: what every handler gets.
@@ -145,6 +153,7 @@ impl Server {
             listings_stop: None,
             failed_pages: OnceLock::new(),
             forgets: Forgets::default(),
+            names: Arc::new(KernelNames::new(ttl)),
         }
     }
 

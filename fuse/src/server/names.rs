@@ -43,10 +43,19 @@ impl Server {
         if name == b"." {
             return self.lookup_dot(req, parent, out);
         }
-        match self.fs.lookup(&req.ctx(), node(parent), name) {
+        let mut r = self.fs.lookup(&req.ctx(), node(parent), name);
+        if r == Err(Errno::ENOENT) && !self.ttl.is_zero() {
+            // The kernel will keep the absence: marked first, then looked at again, so that
+            // a library caller's create of the name either finds the mark or is found here
+            // (`kernel_names.rs`).
+            self.names.negative(parent, name);
+            r = self.fs.lookup(&req.ctx(), node(parent), name);
+        }
+        match r {
             // A negative entry (node id 0) with the entry timeout: the kernel caches the
             // absence, so `open(O_CREAT)` of a new name skips a LOOKUP. Safe because every
-            // creation goes through this mount, which replaces the negative dentry.
+            // creation through this mount replaces the negative dentry, and one around it
+            // (the channel, a library caller) finds the name marked and invalidates it.
             Err(Errno::ENOENT) if !self.ttl.is_zero() => {
                 let mut e = self.entry_out(&NEGATIVE);
                 e.nodeid = 0;
@@ -134,6 +143,8 @@ impl Server {
     pub(super) fn unlink(&self, req: &Call) -> Handled {
         let ino = req.h.nodeid;
         let (name, _) = req.name()?;
+        // The kernel turns the name's dentry negative after a removal (`kernel_names.rs`).
+        self.names.negative(ino, name);
         self.fs.unlink(&req.ctx(), node(ino), name)?;
         self.names_changed(ino);
         OK
@@ -142,6 +153,7 @@ impl Server {
     pub(super) fn rmdir(&self, req: &Call) -> Handled {
         let ino = req.h.nodeid;
         let (name, _) = req.name()?;
+        self.names.negative(ino, name);
         self.fs.rmdir(&req.ctx(), node(ino), name)?;
         self.names_changed(ino);
         OK
@@ -181,6 +193,8 @@ impl Server {
         let (name, rest) = req.name()?;
         let (newname, _) = cstr(rest)?;
         let parent = req.h.nodeid;
+        // The source name, which may be left with a negative dentry (`kernel_names.rs`).
+        self.names.negative(parent, name);
         let r = self.fs.rename(
             &req.ctx(),
             node(parent),

@@ -10,6 +10,12 @@
 //! kernel handles it with the directory's `i_rwsem` held exclusively, which every
 //! `getdents` holds shared until its reply is in the cache, so when it returns every read
 //! that could leave a listing from before the change has been counted as one.
+//!
+//! A new name (`Invalidate::new_entry`) skips the entry invalidation, and the directory's
+//! lock it takes in the kernel, when the kernel can hold no negative dentry for the name and
+//! no listing of the directory is being read (`kernel_names.rs`): then only the
+//! directory's attributes are dropped. This keeps creates over the channel from
+//! serialising on the kernel's directory lock.
 
 use std::sync::Arc;
 
@@ -18,21 +24,27 @@ use lanefs::notify::Invalidate;
 
 use super::Server;
 use super::dirs::drop_if_listed;
+use super::kernel_names::{KernelNames, Needs};
 use super::listings::ReadEnds;
+use crate::info::SessionInfo;
 use crate::notify::{KernelCache, Notifier};
 
 /// The engine's invalidation sink for one mounted session.
 pub(crate) struct EngineSink {
     kc: KernelCache,
     read_ends: Arc<ReadEnds>,
+    names: Arc<KernelNames>,
+    info: Arc<SessionInfo>,
 }
 
 impl Server {
     /// The sink for the engine's reports, sending through `notifier`.
-    pub(crate) fn engine_sink(&self, notifier: Notifier) -> EngineSink {
+    pub(crate) fn engine_sink(&self, notifier: Notifier, info: Arc<SessionInfo>) -> EngineSink {
         EngineSink {
             kc: KernelCache(notifier),
             read_ends: self.read_ends.clone(),
+            names: self.names.clone(),
+            info,
         }
     }
 }
@@ -43,6 +55,7 @@ impl Invalidate for EngineSink {
         // (`fuse_dir_changed`); it answers ENOENT when it has none, and then leaves the
         // parent alone, whose attributes are dropped apart. The listing, when one was read,
         // goes either way.
+        self.info.count_report(true);
         let had_dentry = self.kc.0.inval_entry(parent.get(), name).is_ok();
         if drop_if_listed(&self.read_ends, &self.kc, parent.get()) || had_dentry {
             return true;
@@ -50,11 +63,32 @@ impl Invalidate for EngineSink {
         self.kc.inode(parent, None)
     }
 
+    fn new_entry(&self, parent: Ino, name: &[u8]) -> bool {
+        match self.names.new_name(parent.get(), name) {
+            Needs::Attributes => {
+                self.info.count_report(false);
+                self.kc.inode(parent, None)
+            }
+            Needs::Entry(None) => self.entry(parent, name),
+            Needs::Entry(Some(reads)) => {
+                // The entry invalidation has waited for every read in flight; the listing
+                // goes whether or not a read from offset 0 was recorded.
+                self.info.count_report(true);
+                let _ = self.kc.0.inval_entry(parent.get(), name);
+                let found = drop_if_listed(&self.read_ends, &self.kc, parent.get())
+                    || self.kc.drop_listing(parent);
+                self.names.listing_dropped(parent.get(), reads);
+                found
+            }
+        }
+    }
+
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {
         self.kc.inode(ino, data)
     }
 
     fn listing(&self, dir: Ino) -> bool {
+        self.info.count_report(true);
         self.kc.listing(dir)
     }
 }

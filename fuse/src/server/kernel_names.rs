@@ -1,0 +1,278 @@
+//! What the kernel may hold that a name made by a library caller (the channel of `lanefs
+//! run`, a program that embeds lanefs) has to drop: [`KernelNames`].
+//!
+//! A new name made through the kernel needs no report: the kernel made it. A new name made
+//! around the kernel is reported (`sink.rs`), and the full report costs an entry
+//! invalidation, which Linux (6.18) handles with the directory's `i_rwsem` held exclusively
+//! whether or not it holds a dentry for the name: every create over the channel would take
+//! the lock the channel exists to avoid. The entry invalidation is needed for two things
+//! only, and this table tells when neither can be there, so that the report drops the
+//! directory's attributes alone (an inode invalidation, which takes no inode lock):
+//!
+//! 1. **A negative dentry** for the name, which would hide the new file from the kernel for
+//!    the entry timeout. The kernel keeps one only from a LOOKUP answered with a negative
+//!    entry (node id 0 with the entry timeout, `names.rs`) or from its own UNLINK, RMDIR or
+//!    RENAME (the removed name's dentry turns negative and keeps its time). Those handlers
+//!    mark the name here ([`KernelNames::negative`]) before the engine call can remove or
+//!    miss it; a LOOKUP that found nothing looks again after marking. A report of a new name
+//!    runs after the engine made it visible. So either the report finds the mark, or the
+//!    LOOKUP's second look finds the name; and a removal the kernel made (which precedes
+//!    the new name) was marked before it. A mark found is taken out and the full report
+//!    made; the invalidation drops what the mark stood for, and a LOOKUP in flight meanwhile
+//!    holds the directory's lock shared, so the invalidation waits for its dentry and
+//!    drops it.
+//! 2. **A listing read in flight**: a READDIR answered before the name existed whose reply
+//!    the kernel has not yet put in its cache (docs/DESIGN.md §7, "Directory listings": the
+//!    entry invalidation waits for every `getdents` of the directory). Each READDIR is
+//!    counted here ([`KernelNames::reading`]) before it reads the directory; a report that
+//!    finds a count makes the full report (entry invalidation, then the listing dropped)
+//!    and then takes out the count it saw, unless a READDIR counted since.
+//!
+//! The mark and the count are taken under a shard's lock, and the report reads them under
+//! the same lock after the engine call returned (a lock's release and acquire order them);
+//! while a shard holds nothing, a report reads only its population, after a `SeqCst`
+//! fence that pairs with the one each marking call makes before its engine call.
+//!
+//! **Bounds.** A kernel negative dentry lives at most the entry timeout after it was made
+//! (an unlinked name's keeps the time of the LOOKUP that found it, before the unlink); a mark
+//! is kept [`SLACK`] longer, for the kernel's delay between the reply and stamping the
+//! dentry. A shard holds at most [`SHARD_MAX`] marks and counts: past that, expired marks are
+//! dropped, and if it is still full every report of a name in the shard's directories makes
+//! the full report until the entry timeout and the slack have passed (marks it could not keep
+//! have expired by then). Counts never expire (a cached listing lives until the kernel
+//! drops it): a full shard of counts keeps its directories on full reports until a report
+//! in each takes its count out.
+//!
+//! Lock: each shard's mutex is a leaf (fuse/src/lib.rs, "Locks"): held only to read or
+//! change the shard, never across an engine call or a notification.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst, fence};
+use std::time::{Duration, Instant};
+
+/// Shards, by directory node id.
+const SHARDS: usize = 64;
+
+/// Marks and counts a shard keeps at most.
+pub(super) const SHARD_MAX: usize = 4096;
+
+/// How long past the entry timeout a mark is kept (see the module doc): far longer than the
+/// kernel takes between reading a LOOKUP's reply and stamping its dentry, even on a loaded
+/// machine (the engine waits at most a second for the kernel to take an inode it is handed,
+/// `lanefs::notify::SETTLE`).
+pub(super) const SLACK: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Shard {
+    /// READDIRs served per directory since a report last made the full invalidation.
+    reads: HashMap<u64, u64>,
+    /// Names (directory, name) whose dentry the kernel may hold negative, and when marked.
+    negatives: HashMap<(u64, Box<[u8]>), Instant>,
+    /// Until when every name in this shard's directories is taken as marked (a mark that did
+    /// not fit).
+    full_until: Option<Instant>,
+}
+
+impl Shard {
+    fn population(&self) -> usize {
+        self.reads.len() + self.negatives.len() + usize::from(self.full_until.is_some())
+    }
+}
+
+/// What a report of a new name has to invalidate ([`KernelNames::new_name`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Needs {
+    /// The directory's attributes only.
+    Attributes,
+    /// The entry (a negative dentry may be cached) and, with `Some(reads)`, the listing,
+    /// after which [`KernelNames::listing_dropped`] is told `reads`.
+    Entry(Option<u64>),
+}
+
+/// See the module doc.
+pub(super) struct KernelNames {
+    shards: Box<[(AtomicUsize, Mutex<Shard>)]>,
+    /// The entry timeout and [`SLACK`]: how long a mark is kept.
+    keep: Duration,
+}
+
+impl KernelNames {
+    /// A table for a mount whose entry timeout is `ttl`.
+    pub(super) fn new(ttl: Duration) -> KernelNames {
+        KernelNames {
+            shards: (0..SHARDS).map(|_| Default::default()).collect(),
+            keep: ttl + SLACK,
+        }
+    }
+
+    fn shard(&self, dir: u64) -> &(AtomicUsize, Mutex<Shard>) {
+        &self.shards[dir as usize % SHARDS]
+    }
+
+    /// Runs `f` on `dir`'s shard and keeps its population count, then fences (module doc).
+    fn change<R>(&self, dir: u64, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let (pop, lock) = self.shard(dir);
+        let r = {
+            let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let r = f(&mut s);
+            pop.store(s.population(), SeqCst);
+            r
+        };
+        fence(SeqCst);
+        r
+    }
+
+    /// The kernel may keep `name` in `dir` as a negative dentry (module doc, 1): called
+    /// before the engine call that removes the name, or, for a LOOKUP that found nothing,
+    /// before it looks again.
+    pub(super) fn negative(&self, dir: u64, name: &[u8]) {
+        if self.keep == SLACK {
+            return; // an entry timeout of 0: the kernel trusts no negative dentry
+        }
+        let keep = self.keep;
+        self.change(dir, |s| {
+            let now = Instant::now();
+            if s.population() >= SHARD_MAX {
+                s.negatives.retain(|_, at| now.duration_since(*at) < keep);
+            }
+            if s.population() >= SHARD_MAX {
+                s.full_until = Some(now + keep);
+            } else {
+                s.negatives.insert((dir, name.into()), now);
+            }
+        });
+    }
+
+    /// A READDIR of `dir` is about to read it (module doc, 2).
+    pub(super) fn reading(&self, dir: u64) {
+        self.change(dir, |s| {
+            if s.population() >= SHARD_MAX && !s.reads.contains_key(&dir) {
+                // No room for a count: every new name here makes the full report for as
+                // long as the shard stays full of counts (none of which expires), and
+                // then for the time a mark is kept.
+                s.full_until = Some(Instant::now() + self.keep);
+            } else {
+                *s.reads.entry(dir).or_default() += 1;
+            }
+        })
+    }
+
+    /// What a report of `name`, just made in `dir` by a library caller, has to invalidate;
+    /// takes the name's mark out.
+    pub(super) fn new_name(&self, dir: u64, name: &[u8]) -> Needs {
+        let (pop, _) = self.shard(dir);
+        fence(SeqCst);
+        if pop.load(SeqCst) == 0 {
+            return Needs::Attributes;
+        }
+        let keep = self.keep;
+        self.change(dir, |s| {
+            let now = Instant::now();
+            let full = match s.full_until {
+                Some(t) if now < t => true,
+                Some(_) => {
+                    s.full_until = None;
+                    false
+                }
+                None => false,
+            };
+            let marked = s
+                .negatives
+                .remove(&(dir, Box::<[u8]>::from(name)))
+                .is_some_and(|at| now.duration_since(at) < keep);
+            let reads = s.reads.get(&dir).copied();
+            if full || marked || reads.is_some() {
+                Needs::Entry(reads)
+            } else {
+                Needs::Attributes
+            }
+        })
+    }
+
+    /// A full report in `dir`, made after [`KernelNames::new_name`] saw `reads` READDIRs,
+    /// dropped the listing: the count goes unless a READDIR counted since.
+    pub(super) fn listing_dropped(&self, dir: u64, reads: u64) {
+        self.change(dir, |s| {
+            if s.reads.get(&dir) == Some(&reads) {
+                s.reads.remove(&dir);
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_entry_timeout_nothing_is_marked() {
+        let k = KernelNames::new(Duration::ZERO);
+        k.negative(1, b"a");
+        assert_eq!(k.new_name(1, b"a"), Needs::Attributes);
+    }
+
+    #[test]
+    fn an_empty_table_asks_for_attributes_only() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        assert_eq!(k.new_name(1, b"a"), Needs::Attributes);
+    }
+
+    #[test]
+    fn a_mark_asks_for_the_entry_once() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        k.negative(1, b"a");
+        assert_eq!(k.new_name(1, b"b"), Needs::Attributes, "another name");
+        assert_eq!(k.new_name(65, b"a"), Needs::Attributes, "another directory");
+        assert_eq!(k.new_name(1, b"a"), Needs::Entry(None));
+        assert_eq!(k.new_name(1, b"a"), Needs::Attributes, "the mark was taken");
+    }
+
+    #[test]
+    fn a_read_asks_for_the_listing_until_dropped_with_no_read_since() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        k.reading(7);
+        assert_eq!(k.new_name(7, b"a"), Needs::Entry(Some(1)));
+        k.reading(7);
+        k.listing_dropped(7, 1);
+        assert_eq!(
+            k.new_name(7, b"b"),
+            Needs::Entry(Some(2)),
+            "a read counted after the report looked stays"
+        );
+        k.listing_dropped(7, 2);
+        assert_eq!(k.new_name(7, b"c"), Needs::Attributes);
+    }
+
+    #[test]
+    fn a_full_shard_asks_for_the_entry_of_every_name() {
+        let k = KernelNames::new(Duration::from_secs(3600));
+        for n in 0..SHARD_MAX {
+            k.negative(3, n.to_string().as_bytes());
+        }
+        k.negative(3, b"one too many");
+        assert_eq!(k.new_name(3, b"never marked"), Needs::Entry(None));
+        assert_eq!(k.new_name(3 + SHARDS as u64, b"x"), Needs::Entry(None));
+        assert_eq!(k.new_name(4, b"x"), Needs::Attributes, "another shard");
+    }
+
+    #[test]
+    fn expired_marks_make_room() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        let (_, lock) = k.shard(5);
+        {
+            // Marks older than the timeout and the slack.
+            let Some(old) = Instant::now().checked_sub(SLACK + Duration::from_secs(2)) else {
+                return; // a clock that started less than that ago
+            };
+            let mut s = lock.lock().unwrap();
+            for n in 0..SHARD_MAX {
+                s.negatives
+                    .insert((5, n.to_string().into_bytes().into()), old);
+            }
+        }
+        k.negative(5, b"fresh");
+        assert_eq!(k.new_name(5, b"0"), Needs::Attributes, "expired, dropped");
+        assert_eq!(k.new_name(5, b"fresh"), Needs::Entry(None));
+    }
+}
