@@ -152,8 +152,6 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         "{label}: rmdir and creates agree with a serial order"
     ));
     let parties = if observe { 3 } else { 2 };
-    let bar = SpinBarrier::new(parties);
-    let stop = AtomicBool::new(false);
     let round = AtomicU64::new(0);
     let cur_d: Mutex<Option<InodeId>> = Mutex::new(None);
     let tmp: Mutex<Option<(InodeId, lanefs::Fh)>> = Mutex::new(None);
@@ -166,7 +164,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         .collect();
     let add_delay = AtomicU64::new(0);
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(parties, phase());
     let case = |r: u64| {
         (
             adds[r as usize % adds.len()],
@@ -177,11 +175,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         // The adder.
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 1);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let r = round.load(Acquire);
                 let (add, _) = case(r);
                 let d = cur_d.lock().unwrap().unwrap();
@@ -205,56 +199,52 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 let gone = res == Err(Errno::ENOENT) && lookup_id(&fs, p, b"d") != Some(d);
                 *add_res.lock().unwrap() = Some((res, gone));
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         if observe {
-            s.spawn(|| loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
-                let d = cur_d.lock().unwrap().unwrap();
-                let mut k = 0u64;
-                loop {
-                    let last = done.load(Acquire) == 2;
-                    let after = removed.load(Acquire);
-                    match k % 3 {
-                        0 => {
-                            let r = fs.lookup(&rt, d, b"x");
-                            if after {
-                                tally.check(r.is_err(), || {
-                                    format!("lookup found x in a directory whose removal had returned: {r:?}")
-                                });
+            s.spawn(|| {
+                rounds.racer(|| {
+                    let d = cur_d.lock().unwrap().unwrap();
+                    let mut k = 0u64;
+                    loop {
+                        let last = done.load(Acquire) == 2;
+                        let after = removed.load(Acquire);
+                        match k % 3 {
+                            0 => {
+                                let r = fs.lookup(&rt, d, b"x");
+                                if after {
+                                    tally.check(r.is_err(), || {
+                                        format!("lookup found x in a directory whose removal had returned: {r:?}")
+                                    });
+                                }
+                            }
+                            1 => {
+                                let r = list(&fs, &rt, d);
+                                if after {
+                                    tally.check(r.as_ref().map_or(true, |v| v.is_empty()), || {
+                                        format!("listing of a directory whose removal had returned: {r:?}")
+                                    });
+                                }
+                            }
+                            _ => {
+                                let r = fs.getattr(d);
+                                if after {
+                                    tally.check(r.as_ref().map_or(true, |a| a.nlink == 0), || {
+                                        format!("getattr of a directory whose removal had returned: {r:?}")
+                                    });
+                                } else if let Ok(a) = &r {
+                                    tally.check(a.nlink == 2 || a.nlink == 3 || a.nlink == 0, || {
+                                        format!("getattr of the directory: nlink {}", a.nlink)
+                                    });
+                                }
                             }
                         }
-                        1 => {
-                            let r = list(&fs, &rt, d);
-                            if after {
-                                tally.check(r.as_ref().map_or(true, |v| v.is_empty()), || {
-                                    format!("listing of a directory whose removal had returned: {r:?}")
-                                });
-                            }
-                        }
-                        _ => {
-                            let r = fs.getattr(d);
-                            if after {
-                                tally.check(r.as_ref().map_or(true, |a| a.nlink == 0), || {
-                                    format!("getattr of a directory whose removal had returned: {r:?}")
-                                });
-                            } else if let Ok(a) = &r {
-                                tally.check(a.nlink == 2 || a.nlink == 3 || a.nlink == 0, || {
-                                    format!("getattr of the directory: nlink {}", a.nlink)
-                                });
-                            }
+                        k += 1;
+                        if last {
+                            break;
                         }
                     }
-                    k += 1;
-                    if last {
-                        break;
-                    }
-                }
-                bar.wait();
+                })
             });
         }
         let mut rng = Rng::new(seed);
@@ -284,7 +274,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
             let bi = r as usize % bias.len();
             let b = bias[bi].load(Relaxed);
             add_delay.store((-b).max(0) as u64, Release);
-            bar.wait();
+            rounds.wait();
             spin(b.max(0) as u64 + rng.below(JITTER));
             let rr = match rem {
                 Removal::Rmdir => fs.rmdir(&rt, p, b"d"),
@@ -298,7 +288,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 && fs.lookup(&rt, d, b"x").is_ok()
                 && list(&fs, &rt, d).unwrap() == vec![b"x".to_vec()];
             done.fetch_add(1, Release);
-            bar.wait();
+            rounds.wait();
             let (ar_res, gone) = add_res.lock().unwrap().take().unwrap();
             let what = format!("round {r} {add:?} vs {rem:?}: add {ar_res:?}, removal {rr:?}");
             *outcomes
@@ -391,9 +381,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 tally.check(c.is_ok(), || format!("{what}: check_invariants: {c:?}"));
             }
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
@@ -1011,29 +999,23 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
     let rt = root();
     let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
     let tally = Tally::new("rmdir vs many removals and one create");
-    let bar = SpinBarrier::new(3);
-    let stop = AtomicBool::new(false);
     let cur: Mutex<Option<InodeId>> = Mutex::new(None);
     let created: Mutex<Option<(R<()>, bool)>> = Mutex::new(None);
     let done = AtomicUsize::new(0);
     let outcomes: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(3, phase());
     const N: usize = 24;
     std::thread::scope(|s| {
         // Remover of the 24 entries (makes half of them).
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 3);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let d = cur.lock().unwrap().unwrap();
                 for i in 0..N / 2 {
                     mkfile(&fs, &rt, d, format!("a{i}").as_bytes(), 0o644).unwrap();
                 }
-                bar.wait();
+                rounds.wait();
                 let mut order: Vec<usize> = (0..N).collect();
                 for i in (1..N).rev() {
                     order.swap(i, rng.below(i as u64 + 1) as usize);
@@ -1047,37 +1029,31 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                     fs.unlink(&rt, d, n.as_bytes()).unwrap();
                 }
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         // Creator of x (makes the other half).
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 4);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let d = cur.lock().unwrap().unwrap();
                 for i in N / 2..N {
                     mkfile(&fs, &rt, d, format!("b{i}").as_bytes(), 0o644).unwrap();
                 }
-                bar.wait();
+                rounds.wait();
                 spin(rng.below(40 * JITTER));
                 let r = mkfile(&fs, &rt, d, b"x", 0o644).map(|_| ());
                 let gone = r == Err(Errno::ENOENT) && lookup_id(&fs, p, b"d") != Some(d);
                 *created.lock().unwrap() = Some((r, gone));
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         let mut r = 0u64;
         loop {
             let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
             *cur.lock().unwrap() = Some(d);
             done.store(0, Relaxed);
-            bar.wait();
-            bar.wait();
+            rounds.wait();
+            rounds.wait();
             let mut removed = false;
             let mut tries = 0u64;
             loop {
@@ -1098,7 +1074,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                     break;
                 }
             }
-            bar.wait();
+            rounds.wait();
             let (cr, gone) = created.lock().unwrap().take().unwrap();
             *outcomes
                 .lock()
@@ -1130,9 +1106,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                 tally.check(c.is_ok(), || format!("{what}: {c:?}"));
             }
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
