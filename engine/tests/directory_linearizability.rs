@@ -75,6 +75,11 @@ fn lookup_id(fs: &Filesystem, d: impl Into<InodeRef>, name: &[u8]) -> Option<Ino
     fs.lookup(&root(), d, name).ok().map(|a| id(&a))
 }
 
+/// Two directories P and Q in the root, mode 0777.
+fn parents(fs: &Filesystem) -> [InodeId; 2] {
+    [b"p", b"q"].map(|n| mkdir_id(fs, lanefs::ROOT_INO, n, 0o777))
+}
+
 // ----- the rmdir/create protocol ----------------------------------------------------------------
 
 /// How a racing operation adds entry `x` to the directory being removed.
@@ -125,9 +130,7 @@ struct Arena {
 
 fn arena(fs: &Filesystem, name: &str) -> Arena {
     let rt = root();
-    let p = id(&fs
-        .mkdir(&rt, lanefs::ROOT_INO, name.as_bytes(), 0o777)
-        .unwrap());
+    let p = mkdir_id(fs, lanefs::ROOT_INO, name.as_bytes(), 0o777);
     let lf = id(&mkfile(fs, &rt, p, b"lf", 0o644).unwrap());
     Arena { p, lf }
 }
@@ -251,7 +254,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         let mut r = 0u64;
         loop {
             let (add, rem) = case(r);
-            let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+            let d = mkdir_id(&fs, p, b"d", 0o777);
             *cur_d.lock().unwrap() = Some(d);
             match add {
                 Add::RenameFile => drop(mkfile(&fs, &rt, p, b"mf", 0o644).unwrap()),
@@ -446,8 +449,8 @@ fn rmdir_never_removes_a_directory_whose_only_entry_moves_inside_it() {
     for entry_is_dir in [false, true] {
         let fs = new_fs();
         let rt = root();
-        let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-        let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+        let p = mkdir_id(&fs, lanefs::ROOT_INO, b"p", 0o777);
+        let d = mkdir_id(&fs, p, b"d", 0o777);
         if entry_is_dir {
             fs.mkdir(&rt, d, b"x", 0o755).unwrap();
             fs.mkdir(&rt, p, b"f", 0o755).unwrap();
@@ -519,8 +522,7 @@ fn rmdir_never_removes_a_directory_whose_only_entry_moves_inside_it() {
         tally.check(names.len() == 1, || {
             format!("the directory holds {names:?}")
         });
-        tally.finish();
-        fs.check_invariants().unwrap();
+        tally.finish_and_check(fs);
     }
 }
 
@@ -534,7 +536,7 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
     let seed = seed("readdir under churn");
     let fs = new_fs();
     let rt = root();
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o777).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o777);
     let stable: BTreeSet<Vec<u8>> = (0..150).map(|i| format!("s{i:03}").into_bytes()).collect();
     for (i, n) in stable.iter().enumerate() {
         if i % 3 == 0 {
@@ -634,8 +636,7 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
     }
     race(w);
     eprintln!("readdir under churn: {} listings", listings.load(Relaxed));
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Directories move between P and Q (mkdir in P, rename to Q, rmdir there), and P/m moves to
@@ -649,15 +650,14 @@ fn link_counts_and_dotdot_stay_right_while_directories_move() {
     let _one = exclusive();
     let fs = new_fs();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-    let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
+    let [p, q] = parents(&fs);
     for i in 0..3 {
         fs.mkdir(&rt, p, format!("s{i}").as_bytes(), 0o755).unwrap();
         fs.mkdir(&rt, q, format!("t{i}").as_bytes(), 0o755).unwrap();
     }
-    let e = id(&fs.mkdir(&rt, p, b"e", 0o755).unwrap());
-    let f = id(&fs.mkdir(&rt, q, b"f", 0o755).unwrap());
-    let m = id(&fs.mkdir(&rt, p, b"m", 0o755).unwrap());
+    let e = mkdir_id(&fs, p, b"e", 0o755);
+    let f = mkdir_id(&fs, q, b"f", 0o755);
+    let m = mkdir_id(&fs, p, b"m", 0o755);
     let tally = Tally::new("link counts and .. under directory moves");
     let (fs, tally) = (&fs, &tally);
     let mut w: Vec<Worker<'_>> = Vec::new();
@@ -719,8 +719,7 @@ fn link_counts_and_dotdot_stay_right_while_directories_move() {
             format!("nlink {nl} with {subdirs} subdirectories")
         });
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Exchanging directory D (holding an entry) with directories elsewhere, across parents and
@@ -733,11 +732,10 @@ fn exchanging_directories_never_hides_a_name_or_refuses_a_create() {
     let _one = exclusive();
     let fs = new_fs();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-    let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
+    let [p, q] = parents(&fs);
     let mut dirs = Vec::new();
     for (parent, n) in [(p, &b"d"[..]), (q, b"e"), (p, b"w")] {
-        let x = id(&fs.mkdir(&rt, parent, n, 0o777).unwrap());
+        let x = mkdir_id(&fs, parent, n, 0o777);
         mkfile(&fs, &rt, x, b"keep", 0o644).unwrap();
         dirs.push(x);
     }
@@ -803,8 +801,7 @@ fn exchanging_directories_never_hides_a_name_or_refuses_a_create() {
             "final .. wrong".into()
         });
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Three threads move ten directories at random (into another one, with and without
@@ -816,15 +813,10 @@ fn random_directory_renames_keep_one_connected_tree() {
     let _one = exclusive();
     let seed = seed("random directory renames");
     let fs = new_fs();
-    let rt = root();
     let n = 10usize;
     let ids: Mutex<Vec<InodeId>> = Mutex::new(
         (0..n)
-            .map(|i| {
-                id(&fs
-                    .mkdir(&rt, lanefs::ROOT_INO, format!("n{i}").as_bytes(), 0o777)
-                    .unwrap())
-            })
+            .map(|i| mkdir_id(&fs, lanefs::ROOT_INO, format!("n{i}").as_bytes(), 0o777))
             .collect(),
     );
     let remaking: Vec<Mutex<()>> = (0..n).map(|_| Mutex::new(())).collect();
@@ -867,8 +859,7 @@ fn random_directory_renames_keep_one_connected_tree() {
                                 let _one = remaking[i].lock().unwrap();
                                 let r = fs.rmdir(&rt, pa, &na);
                                 if r.is_ok() {
-                                    let x =
-                                        id(&fs.mkdir(&rt, lanefs::ROOT_INO, &na, 0o777).unwrap());
+                                    let x = mkdir_id(fs, lanefs::ROOT_INO, &na, 0o777);
                                     ids.lock().unwrap()[i] = x;
                                 }
                                 ("rmdir", r)
@@ -918,8 +909,7 @@ fn random_directory_renames_keep_one_connected_tree() {
         }
     });
     eprintln!("random directory renames: {:?}", counts.lock().unwrap());
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// RENAME_EXCHANGE of two directories in different parents changes neither parent's link
@@ -933,8 +923,7 @@ fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
     for dir_with_file in [true, false] {
         let fs = new_fs();
         let rt = root();
-        let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-        let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
+        let [p, q] = parents(&fs);
         fs.mkdir(&rt, p, b"e", 0o755).unwrap();
         fs.mkdir(&rt, p, b"m", 0o755).unwrap();
         if dir_with_file {
@@ -981,8 +970,7 @@ fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
         }));
         race(w);
         eprintln!("{label}: link counts seen {:?}", seen.lock().unwrap());
-        tally.finish();
-        fs.check_invariants().unwrap();
+        tally.finish_and_check(&fs);
     }
 }
 
@@ -997,7 +985,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
     let seed = seed("rmdir vs many removals and one create");
     let fs = new_fs();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
+    let p = mkdir_id(&fs, lanefs::ROOT_INO, b"p", 0o777);
     let tally = Tally::new("rmdir vs many removals and one create");
     let cur: Mutex<Option<InodeId>> = Mutex::new(None);
     let created: Mutex<Option<(R<()>, bool)>> = Mutex::new(None);
@@ -1049,7 +1037,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
         });
         let mut r = 0u64;
         loop {
-            let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+            let d = mkdir_id(&fs, p, b"d", 0o777);
             *cur.lock().unwrap() = Some(d);
             done.store(0, Relaxed);
             rounds.wait();
@@ -1115,8 +1103,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
             outcomes.lock().unwrap()
         );
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// A file's link count stays the number of its names while threads add and remove names:
@@ -1130,8 +1117,8 @@ fn file_link_counts_follow_their_names_under_link_rename_and_exchange() {
     let _one = exclusive();
     let fs = new_fs();
     let rt = root();
-    let d1 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d1", 0o777).unwrap());
-    let d2 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d2", 0o777).unwrap());
+    let d1 = mkdir_id(&fs, lanefs::ROOT_INO, b"d1", 0o777);
+    let d2 = mkdir_id(&fs, lanefs::ROOT_INO, b"d2", 0o777);
     let f = id(&mkfile(&fs, &rt, d1, b"a", 0o644).unwrap());
     let g = id(&mkfile(&fs, &rt, d2, b"z", 0o644).unwrap());
     let tally = Tally::new("file link counts follow names");
@@ -1187,6 +1174,5 @@ fn file_link_counts_follow_their_names_under_link_rename_and_exchange() {
         let nl = fs.getattr(x).unwrap().nlink;
         tally.check(nl == names, || format!("nlink {nl} with {names} names"));
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }

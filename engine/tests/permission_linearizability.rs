@@ -353,8 +353,7 @@ fn flip(label: &str, fs: Arc<Filesystem>, steps: Vec<Step>, probes: Vec<Probe>, 
             .collect::<Vec<_>>()
             .join(", ")
     );
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// Probes a caller `c` makes of inode `ino` that is a regular file: read and write access.
@@ -966,17 +965,13 @@ const DIR_MUTS: [DirMut; 8] = [
 fn dir_revoke_cases<'a>(fs: &'a Arc<Filesystem>, rev: DirRevoke) -> Vec<RevokeCase<'a>> {
     let rt = root();
     let name = format!("{rev:?}");
-    let d = id(&fs
-        .mkdir(&rt, lanefs::ROOT_INO, name.as_bytes(), 0o777)
-        .unwrap());
-    let src = id(&fs
-        .mkdir(
-            &rt,
-            lanefs::ROOT_INO,
-            format!("{name}-src").as_bytes(),
-            0o777,
-        )
-        .unwrap());
+    let d = mkdir_id(fs, lanefs::ROOT_INO, name.as_bytes(), 0o777);
+    let src = mkdir_id(
+        fs,
+        lanefs::ROOT_INO,
+        format!("{name}-src").as_bytes(),
+        0o777,
+    );
     let user = if rev == DirRevoke::Chgrp {
         Ctx::user(1000, 1000).with_groups(&[2000])
     } else {
@@ -1419,7 +1414,7 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
     let fs = new_fs();
     let rt = root();
     let f = id(&mkfile(&fs, &rt, lanefs::ROOT_INO, b"f", 0o644).unwrap());
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o755).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o755);
     let targets = [f, d];
     let last_flags: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
     let tally = Tally::new("ACL/mode/flags consistency after races");
@@ -1548,8 +1543,7 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
         }
         eprintln!("acl/mode consistency: {r} rounds");
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// A file and a directory created (by user 1000, umask 022) while another thread sets and
@@ -1562,7 +1556,7 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
     let seed = seed("default ACL inheritance");
     let fs = new_fs();
     let rt = root();
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o777).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o777);
     let tally = Tally::new("inheritance from one default ACL");
     let log: Mutex<Vec<Option<Vec<Ent>>>> = Mutex::new(Vec::new());
     let user = Ctx::user(1000, 1000).with_umask(0o022);
@@ -1638,6 +1632,5 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
         }
         eprintln!("default ACL inheritance: {r} rounds");
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }

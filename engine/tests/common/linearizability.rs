@@ -64,6 +64,11 @@ pub fn id(a: &Attr) -> InodeId {
     }
 }
 
+/// A new directory `name` with `mode` in `parent`, made by root.
+pub fn mkdir_id(fs: &Filesystem, parent: impl Into<InodeRef>, name: &[u8], mode: u32) -> InodeId {
+    id(&fs.mkdir(&root(), parent, name, mode).unwrap())
+}
+
 /// Threads that burn CPU beside the racers, so that racers are descheduled inside
 /// operations: each burns for a random while (up to ~100 µs), then sleeps ~50 µs, so that its
 /// wake-ups preempt a racer at random points while leaving the racers most of the cores.
@@ -254,6 +259,11 @@ impl Tally {
     }
     pub fn fail(&self, msg: impl FnOnce() -> String) {
         self.check(false, msg);
+    }
+    /// [`Tally::finish`], then `fs`'s invariants must hold.
+    pub fn finish_and_check(&self, fs: &Filesystem) {
+        self.finish();
+        fs.check_invariants().unwrap();
     }
     pub fn finish(&self) {
         let (bad, checks) = (self.bad.load(SeqCst), self.checks.load(SeqCst));
