@@ -24,12 +24,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicI64;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use common::linearizability::*;
@@ -75,9 +75,11 @@ fn lookup_id(fs: &Filesystem, d: impl Into<InodeRef>, name: &[u8]) -> Option<Ino
     fs.lookup(&root(), d, name).ok().map(|a| id(&a))
 }
 
-/// Two directories P and Q in the root, mode 0777.
-fn parents(fs: &Filesystem) -> [InodeId; 2] {
-    [b"p", b"q"].map(|n| mkdir_id(fs, lanefs::ROOT_INO, n, 0o777))
+/// A new filesystem with two directories P and Q in the root, mode 0777.
+fn with_parents() -> (Arc<Filesystem>, [InodeId; 2]) {
+    let fs = new_fs();
+    let pq = [b"p", b"q"].map(|n| mkdir_id(&fs, lanefs::ROOT_INO, n, 0o777));
+    (fs, pq)
 }
 
 // ----- the rmdir/create protocol ----------------------------------------------------------------
@@ -648,9 +650,8 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
 #[test]
 fn link_counts_and_dotdot_stay_right_while_directories_move() {
     let _one = exclusive();
-    let fs = new_fs();
+    let (fs, [p, q]) = with_parents();
     let rt = root();
-    let [p, q] = parents(&fs);
     for i in 0..3 {
         fs.mkdir(&rt, p, format!("s{i}").as_bytes(), 0o755).unwrap();
         fs.mkdir(&rt, q, format!("t{i}").as_bytes(), 0o755).unwrap();
@@ -730,9 +731,8 @@ fn link_counts_and_dotdot_stay_right_while_directories_move() {
 #[test]
 fn exchanging_directories_never_hides_a_name_or_refuses_a_create() {
     let _one = exclusive();
-    let fs = new_fs();
+    let (fs, [p, q]) = with_parents();
     let rt = root();
-    let [p, q] = parents(&fs);
     let mut dirs = Vec::new();
     for (parent, n) in [(p, &b"d"[..]), (q, b"e"), (p, b"w")] {
         let x = mkdir_id(&fs, parent, n, 0o777);
@@ -921,9 +921,8 @@ fn random_directory_renames_keep_one_connected_tree() {
 fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
     let _one = exclusive();
     for dir_with_file in [true, false] {
-        let fs = new_fs();
+        let (fs, [p, q]) = with_parents();
         let rt = root();
-        let [p, q] = parents(&fs);
         fs.mkdir(&rt, p, b"e", 0o755).unwrap();
         fs.mkdir(&rt, p, b"m", 0o755).unwrap();
         if dir_with_file {
