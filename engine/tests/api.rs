@@ -12,6 +12,15 @@ fn new_fs(cfg: Config) -> (Arc<Filesystem>, Client) {
     (fs, c)
 }
 
+/// Directory `/d` holding 100 empty files, the `i`th named `name(i)`; its inode.
+fn dir_of_100(c: &Client, name: impl Fn(u32) -> String) -> Ino {
+    c.create_dir("/d").unwrap();
+    for i in 0..100 {
+        c.write(format!("/d/{}", name(i)), b"").unwrap();
+    }
+    c.metadata("/d").unwrap().ino()
+}
+
 #[test]
 fn unlinked_open_file_lives_until_last_close() {
     let (fs, c) = new_fs(Config::default());
@@ -379,11 +388,7 @@ fn statistics_count_operations_and_locks() {
 fn readdir_of_removed_directory_is_enoent_and_offsets_resume() {
     let (fs, c) = new_fs(Config::default());
     let ctx = Ctx::root();
-    c.create_dir("/d").unwrap();
-    for i in 0..100 {
-        c.write(format!("/d/{i:03}"), b"").unwrap();
-    }
-    let d = c.metadata("/d").unwrap().ino();
+    let d = dir_of_100(&c, |i| format!("{i:03}"));
     let fh = fs.opendir(&ctx, d).unwrap();
     let mut first = Vec::new();
     fs.readdir(&ctx, fh, 0, false, |e, _| {
@@ -833,6 +838,12 @@ fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
             .unwrap();
         ino
     };
+    let append_x = |who: &Client, p: &str| {
+        who.open(p, OpenOptions::new().append(true))
+            .unwrap()
+            .write_all(b"x")
+            .unwrap()
+    };
     let has_caps = |ino| {
         fs.getxattr(&Ctx::root(), ino, b"security.capability")
             .is_ok()
@@ -849,31 +860,19 @@ fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
 
     c.write("/d/b", b"").unwrap();
     c.set_permissions("/d/b", 0o2767).unwrap();
-    nobody
-        .open("/d/b", OpenOptions::new().append(true))
-        .unwrap()
-        .write_all(b"x")
-        .unwrap();
+    append_x(&nobody, "/d/b");
     assert_eq!(mode("/d/b"), 0o767, "set-group-ID, writer not in the group");
     c.write("/d/c", b"").unwrap();
     c.chown("/d/c", None, Some(100)).unwrap();
     c.set_permissions("/d/c", 0o2767).unwrap();
-    member
-        .open("/d/c", OpenOptions::new().append(true))
-        .unwrap()
-        .write_all(b"x")
-        .unwrap();
+    append_x(&member, "/d/c");
     assert_eq!(
         mode("/d/c"),
         0o2767,
         "kept: not group-executable, writer in the group"
     );
     c.set_permissions("/d/c", 0o2777).unwrap();
-    member
-        .open("/d/c", OpenOptions::new().append(true))
-        .unwrap()
-        .write_all(b"x")
-        .unwrap();
+    append_x(&member, "/d/c");
     assert_eq!(
         mode("/d/c"),
         0o777,
@@ -888,10 +887,7 @@ fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
     fs.fallocate(nobody.ctx(), f.handle(), 0, 0, 4096).unwrap();
     assert!(!has_caps(d), "capabilities go on a non-owner's fallocate");
     let e = with_caps("/d/caps-root-write");
-    c.open("/d/caps-root-write", OpenOptions::new().append(true))
-        .unwrap()
-        .write_all(b"x")
-        .unwrap();
+    append_x(&c, "/d/caps-root-write");
     assert!(!has_caps(e), "and on root's write");
     let g = with_caps("/d/caps-chown");
     c.chown("/d/caps-chown", Some(65534), None).unwrap();
@@ -899,10 +895,7 @@ fn writes_truncates_and_chowns_take_privileges_away_as_linux_does() {
 
     c.write("/d/f", b"").unwrap();
     c.set_permissions("/d/f", 0o6777).unwrap();
-    c.open("/d/f", OpenOptions::new().append(true))
-        .unwrap()
-        .write_all(b"x")
-        .unwrap();
+    append_x(&c, "/d/f");
     assert_eq!(
         mode("/d/f"),
         0o6777,
@@ -1061,11 +1054,7 @@ fn inode_flags_on_open_files_and_by_inode() {
 fn readdir_by_inode_stops_at_the_end_it_is_given() {
     let (fs, c) = new_fs(Config::default());
     let ctx = Ctx::root();
-    c.create_dir("/d").unwrap();
-    for i in 0..100 {
-        c.write(format!("/d/f{i}"), b"").unwrap();
-    }
-    let d = c.metadata("/d").unwrap().ino();
+    let d = dir_of_100(&c, |i| format!("f{i}"));
     let read = |from: u64, end: &DirEnd| {
         let mut out = Vec::new();
         fs.readdir_inode(&ctx, d, from, end, false, |e, _| {

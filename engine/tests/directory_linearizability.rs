@@ -24,12 +24,12 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicI64;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use common::linearizability::*;
@@ -73,6 +73,13 @@ fn list(fs: &Filesystem, ctx: &Ctx, d: impl Into<InodeRef>) -> R<Vec<Vec<u8>>> {
 
 fn lookup_id(fs: &Filesystem, d: impl Into<InodeRef>, name: &[u8]) -> Option<InodeId> {
     fs.lookup(&root(), d, name).ok().map(|a| id(&a))
+}
+
+/// A new filesystem with two directories P and Q in the root, mode 0777.
+fn with_parents() -> (Arc<Filesystem>, [InodeId; 2]) {
+    let fs = new_fs();
+    let pq = [b"p", b"q"].map(|n| mkdir_id(&fs, lanefs::ROOT_INO, n, 0o777));
+    (fs, pq)
 }
 
 // ----- the rmdir/create protocol ----------------------------------------------------------------
@@ -125,9 +132,7 @@ struct Arena {
 
 fn arena(fs: &Filesystem, name: &str) -> Arena {
     let rt = root();
-    let p = id(&fs
-        .mkdir(&rt, lanefs::ROOT_INO, name.as_bytes(), 0o777)
-        .unwrap());
+    let p = mkdir_id(fs, lanefs::ROOT_INO, name.as_bytes(), 0o777);
     let lf = id(&mkfile(fs, &rt, p, b"lf", 0o644).unwrap());
     Arena { p, lf }
 }
@@ -152,8 +157,6 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         "{label}: rmdir and creates agree with a serial order"
     ));
     let parties = if observe { 3 } else { 2 };
-    let bar = SpinBarrier::new(parties);
-    let stop = AtomicBool::new(false);
     let round = AtomicU64::new(0);
     let cur_d: Mutex<Option<InodeId>> = Mutex::new(None);
     let tmp: Mutex<Option<(InodeId, lanefs::Fh)>> = Mutex::new(None);
@@ -166,7 +169,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         .collect();
     let add_delay = AtomicU64::new(0);
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(parties, phase());
     let case = |r: u64| {
         (
             adds[r as usize % adds.len()],
@@ -177,11 +180,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
         // The adder.
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 1);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let r = round.load(Acquire);
                 let (add, _) = case(r);
                 let d = cur_d.lock().unwrap().unwrap();
@@ -205,63 +204,59 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 let gone = res == Err(Errno::ENOENT) && lookup_id(&fs, p, b"d") != Some(d);
                 *add_res.lock().unwrap() = Some((res, gone));
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         if observe {
-            s.spawn(|| loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
-                let d = cur_d.lock().unwrap().unwrap();
-                let mut k = 0u64;
-                loop {
-                    let last = done.load(Acquire) == 2;
-                    let after = removed.load(Acquire);
-                    match k % 3 {
-                        0 => {
-                            let r = fs.lookup(&rt, d, b"x");
-                            if after {
-                                tally.check(r.is_err(), || {
-                                    format!("lookup found x in a directory whose removal had returned: {r:?}")
-                                });
+            s.spawn(|| {
+                rounds.racer(|| {
+                    let d = cur_d.lock().unwrap().unwrap();
+                    let mut k = 0u64;
+                    loop {
+                        let last = done.load(Acquire) == 2;
+                        let after = removed.load(Acquire);
+                        match k % 3 {
+                            0 => {
+                                let r = fs.lookup(&rt, d, b"x");
+                                if after {
+                                    tally.check(r.is_err(), || {
+                                        format!("lookup found x in a directory whose removal had returned: {r:?}")
+                                    });
+                                }
+                            }
+                            1 => {
+                                let r = list(&fs, &rt, d);
+                                if after {
+                                    tally.check(r.as_ref().map_or(true, |v| v.is_empty()), || {
+                                        format!("listing of a directory whose removal had returned: {r:?}")
+                                    });
+                                }
+                            }
+                            _ => {
+                                let r = fs.getattr(d);
+                                if after {
+                                    tally.check(r.as_ref().map_or(true, |a| a.nlink == 0), || {
+                                        format!("getattr of a directory whose removal had returned: {r:?}")
+                                    });
+                                } else if let Ok(a) = &r {
+                                    tally.check(a.nlink == 2 || a.nlink == 3 || a.nlink == 0, || {
+                                        format!("getattr of the directory: nlink {}", a.nlink)
+                                    });
+                                }
                             }
                         }
-                        1 => {
-                            let r = list(&fs, &rt, d);
-                            if after {
-                                tally.check(r.as_ref().map_or(true, |v| v.is_empty()), || {
-                                    format!("listing of a directory whose removal had returned: {r:?}")
-                                });
-                            }
-                        }
-                        _ => {
-                            let r = fs.getattr(d);
-                            if after {
-                                tally.check(r.as_ref().map_or(true, |a| a.nlink == 0), || {
-                                    format!("getattr of a directory whose removal had returned: {r:?}")
-                                });
-                            } else if let Ok(a) = &r {
-                                tally.check(a.nlink == 2 || a.nlink == 3 || a.nlink == 0, || {
-                                    format!("getattr of the directory: nlink {}", a.nlink)
-                                });
-                            }
+                        k += 1;
+                        if last {
+                            break;
                         }
                     }
-                    k += 1;
-                    if last {
-                        break;
-                    }
-                }
-                bar.wait();
+                })
             });
         }
         let mut rng = Rng::new(seed);
         let mut r = 0u64;
         loop {
             let (add, rem) = case(r);
-            let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+            let d = mkdir_id(&fs, p, b"d", 0o777);
             *cur_d.lock().unwrap() = Some(d);
             match add {
                 Add::RenameFile => drop(mkfile(&fs, &rt, p, b"mf", 0o644).unwrap()),
@@ -284,7 +279,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
             let bi = r as usize % bias.len();
             let b = bias[bi].load(Relaxed);
             add_delay.store((-b).max(0) as u64, Release);
-            bar.wait();
+            rounds.wait();
             spin(b.max(0) as u64 + rng.below(JITTER));
             let rr = match rem {
                 Removal::Rmdir => fs.rmdir(&rt, p, b"d"),
@@ -298,7 +293,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 && fs.lookup(&rt, d, b"x").is_ok()
                 && list(&fs, &rt, d).unwrap() == vec![b"x".to_vec()];
             done.fetch_add(1, Release);
-            bar.wait();
+            rounds.wait();
             let (ar_res, gone) = add_res.lock().unwrap().take().unwrap();
             let what = format!("round {r} {add:?} vs {rem:?}: add {ar_res:?}, removal {rr:?}");
             *outcomes
@@ -391,9 +386,7 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 tally.check(c.is_ok(), || format!("{what}: check_invariants: {c:?}"));
             }
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
@@ -458,8 +451,8 @@ fn rmdir_never_removes_a_directory_whose_only_entry_moves_inside_it() {
     for entry_is_dir in [false, true] {
         let fs = new_fs();
         let rt = root();
-        let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-        let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+        let p = mkdir_id(&fs, lanefs::ROOT_INO, b"p", 0o777);
+        let d = mkdir_id(&fs, p, b"d", 0o777);
         if entry_is_dir {
             fs.mkdir(&rt, d, b"x", 0o755).unwrap();
             fs.mkdir(&rt, p, b"f", 0o755).unwrap();
@@ -531,8 +524,7 @@ fn rmdir_never_removes_a_directory_whose_only_entry_moves_inside_it() {
         tally.check(names.len() == 1, || {
             format!("the directory holds {names:?}")
         });
-        tally.finish();
-        fs.check_invariants().unwrap();
+        tally.finish_and_check(fs);
     }
 }
 
@@ -546,7 +538,7 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
     let seed = seed("readdir under churn");
     let fs = new_fs();
     let rt = root();
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o777).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o777);
     let stable: BTreeSet<Vec<u8>> = (0..150).map(|i| format!("s{i:03}").into_bytes()).collect();
     for (i, n) in stable.iter().enumerate() {
         if i % 3 == 0 {
@@ -646,8 +638,7 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
     }
     race(w);
     eprintln!("readdir under churn: {} listings", listings.load(Relaxed));
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Directories move between P and Q (mkdir in P, rename to Q, rmdir there), and P/m moves to
@@ -659,17 +650,15 @@ fn readdir_returns_each_stable_entry_exactly_once_under_churn() {
 #[test]
 fn link_counts_and_dotdot_stay_right_while_directories_move() {
     let _one = exclusive();
-    let fs = new_fs();
+    let (fs, [p, q]) = with_parents();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-    let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
     for i in 0..3 {
         fs.mkdir(&rt, p, format!("s{i}").as_bytes(), 0o755).unwrap();
         fs.mkdir(&rt, q, format!("t{i}").as_bytes(), 0o755).unwrap();
     }
-    let e = id(&fs.mkdir(&rt, p, b"e", 0o755).unwrap());
-    let f = id(&fs.mkdir(&rt, q, b"f", 0o755).unwrap());
-    let m = id(&fs.mkdir(&rt, p, b"m", 0o755).unwrap());
+    let e = mkdir_id(&fs, p, b"e", 0o755);
+    let f = mkdir_id(&fs, q, b"f", 0o755);
+    let m = mkdir_id(&fs, p, b"m", 0o755);
     let tally = Tally::new("link counts and .. under directory moves");
     let (fs, tally) = (&fs, &tally);
     let mut w: Vec<Worker<'_>> = Vec::new();
@@ -731,8 +720,7 @@ fn link_counts_and_dotdot_stay_right_while_directories_move() {
             format!("nlink {nl} with {subdirs} subdirectories")
         });
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Exchanging directory D (holding an entry) with directories elsewhere, across parents and
@@ -743,13 +731,11 @@ fn link_counts_and_dotdot_stay_right_while_directories_move() {
 #[test]
 fn exchanging_directories_never_hides_a_name_or_refuses_a_create() {
     let _one = exclusive();
-    let fs = new_fs();
+    let (fs, [p, q]) = with_parents();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-    let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
     let mut dirs = Vec::new();
     for (parent, n) in [(p, &b"d"[..]), (q, b"e"), (p, b"w")] {
-        let x = id(&fs.mkdir(&rt, parent, n, 0o777).unwrap());
+        let x = mkdir_id(&fs, parent, n, 0o777);
         mkfile(&fs, &rt, x, b"keep", 0o644).unwrap();
         dirs.push(x);
     }
@@ -815,8 +801,7 @@ fn exchanging_directories_never_hides_a_name_or_refuses_a_create() {
             "final .. wrong".into()
         });
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }
 
 /// Three threads move ten directories at random (into another one, with and without
@@ -828,15 +813,10 @@ fn random_directory_renames_keep_one_connected_tree() {
     let _one = exclusive();
     let seed = seed("random directory renames");
     let fs = new_fs();
-    let rt = root();
     let n = 10usize;
     let ids: Mutex<Vec<InodeId>> = Mutex::new(
         (0..n)
-            .map(|i| {
-                id(&fs
-                    .mkdir(&rt, lanefs::ROOT_INO, format!("n{i}").as_bytes(), 0o777)
-                    .unwrap())
-            })
+            .map(|i| mkdir_id(&fs, lanefs::ROOT_INO, format!("n{i}").as_bytes(), 0o777))
             .collect(),
     );
     let remaking: Vec<Mutex<()>> = (0..n).map(|_| Mutex::new(())).collect();
@@ -879,8 +859,7 @@ fn random_directory_renames_keep_one_connected_tree() {
                                 let _one = remaking[i].lock().unwrap();
                                 let r = fs.rmdir(&rt, pa, &na);
                                 if r.is_ok() {
-                                    let x =
-                                        id(&fs.mkdir(&rt, lanefs::ROOT_INO, &na, 0o777).unwrap());
+                                    let x = mkdir_id(fs, lanefs::ROOT_INO, &na, 0o777);
                                     ids.lock().unwrap()[i] = x;
                                 }
                                 ("rmdir", r)
@@ -930,8 +909,7 @@ fn random_directory_renames_keep_one_connected_tree() {
         }
     });
     eprintln!("random directory renames: {:?}", counts.lock().unwrap());
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// RENAME_EXCHANGE of two directories in different parents changes neither parent's link
@@ -943,10 +921,8 @@ fn random_directory_renames_keep_one_connected_tree() {
 fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
     let _one = exclusive();
     for dir_with_file in [true, false] {
-        let fs = new_fs();
+        let (fs, [p, q]) = with_parents();
         let rt = root();
-        let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
-        let q = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"q", 0o777).unwrap());
         fs.mkdir(&rt, p, b"e", 0o755).unwrap();
         fs.mkdir(&rt, p, b"m", 0o755).unwrap();
         if dir_with_file {
@@ -993,8 +969,7 @@ fn exchanging_directories_across_parents_keeps_the_parents_link_counts() {
         }));
         race(w);
         eprintln!("{label}: link counts seen {:?}", seen.lock().unwrap());
-        tally.finish();
-        fs.check_invariants().unwrap();
+        tally.finish_and_check(&fs);
     }
 }
 
@@ -1009,31 +984,25 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
     let seed = seed("rmdir vs many removals and one create");
     let fs = new_fs();
     let rt = root();
-    let p = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"p", 0o777).unwrap());
+    let p = mkdir_id(&fs, lanefs::ROOT_INO, b"p", 0o777);
     let tally = Tally::new("rmdir vs many removals and one create");
-    let bar = SpinBarrier::new(3);
-    let stop = AtomicBool::new(false);
     let cur: Mutex<Option<InodeId>> = Mutex::new(None);
     let created: Mutex<Option<(R<()>, bool)>> = Mutex::new(None);
     let done = AtomicUsize::new(0);
     let outcomes: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(3, phase());
     const N: usize = 24;
     std::thread::scope(|s| {
         // Remover of the 24 entries (makes half of them).
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 3);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let d = cur.lock().unwrap().unwrap();
                 for i in 0..N / 2 {
                     mkfile(&fs, &rt, d, format!("a{i}").as_bytes(), 0o644).unwrap();
                 }
-                bar.wait();
+                rounds.wait();
                 let mut order: Vec<usize> = (0..N).collect();
                 for i in (1..N).rev() {
                     order.swap(i, rng.below(i as u64 + 1) as usize);
@@ -1047,37 +1016,31 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                     fs.unlink(&rt, d, n.as_bytes()).unwrap();
                 }
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         // Creator of x (makes the other half).
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 4);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let d = cur.lock().unwrap().unwrap();
                 for i in N / 2..N {
                     mkfile(&fs, &rt, d, format!("b{i}").as_bytes(), 0o644).unwrap();
                 }
-                bar.wait();
+                rounds.wait();
                 spin(rng.below(40 * JITTER));
                 let r = mkfile(&fs, &rt, d, b"x", 0o644).map(|_| ());
                 let gone = r == Err(Errno::ENOENT) && lookup_id(&fs, p, b"d") != Some(d);
                 *created.lock().unwrap() = Some((r, gone));
                 done.fetch_add(1, Release);
-                bar.wait();
-            }
+            });
         });
         let mut r = 0u64;
         loop {
-            let d = id(&fs.mkdir(&rt, p, b"d", 0o777).unwrap());
+            let d = mkdir_id(&fs, p, b"d", 0o777);
             *cur.lock().unwrap() = Some(d);
             done.store(0, Relaxed);
-            bar.wait();
-            bar.wait();
+            rounds.wait();
+            rounds.wait();
             let mut removed = false;
             let mut tries = 0u64;
             loop {
@@ -1098,7 +1061,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                     break;
                 }
             }
-            bar.wait();
+            rounds.wait();
             let (cr, gone) = created.lock().unwrap().take().unwrap();
             *outcomes
                 .lock()
@@ -1130,9 +1093,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
                 tally.check(c.is_ok(), || format!("{what}: {c:?}"));
             }
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
@@ -1141,8 +1102,7 @@ fn rmdir_racing_many_removals_and_one_create_agrees_with_a_serial_order() {
             outcomes.lock().unwrap()
         );
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// A file's link count stays the number of its names while threads add and remove names:
@@ -1156,8 +1116,8 @@ fn file_link_counts_follow_their_names_under_link_rename_and_exchange() {
     let _one = exclusive();
     let fs = new_fs();
     let rt = root();
-    let d1 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d1", 0o777).unwrap());
-    let d2 = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d2", 0o777).unwrap());
+    let d1 = mkdir_id(&fs, lanefs::ROOT_INO, b"d1", 0o777);
+    let d2 = mkdir_id(&fs, lanefs::ROOT_INO, b"d2", 0o777);
     let f = id(&mkfile(&fs, &rt, d1, b"a", 0o644).unwrap());
     let g = id(&mkfile(&fs, &rt, d2, b"z", 0o644).unwrap());
     let tally = Tally::new("file link counts follow names");
@@ -1213,6 +1173,5 @@ fn file_link_counts_follow_their_names_under_link_rename_and_exchange() {
         let nl = fs.getattr(x).unwrap().nlink;
         tally.check(nl == names, || format!("nlink {nl} with {names} names"));
     }
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(fs);
 }

@@ -71,6 +71,11 @@ fn acl(es: &[Ent]) -> Vec<u8> {
     v
 }
 
+/// Sets `ino`'s access ACL to `es`, as `ctx`.
+fn set_acl(fs: &Filesystem, ctx: &Ctx, ino: InodeId, es: &[Ent]) -> R<()> {
+    fs.setxattr(ctx, ino.ino, ACCESS, &acl(es), 0)
+}
+
 fn parse_acl(v: &[u8]) -> Vec<Ent> {
     assert_eq!(&v[..4], &2u32.to_le_bytes(), "ACL version");
     v[4..]
@@ -234,14 +239,44 @@ fn probe(
     }
 }
 
+/// A probe named `{tag} {what}` that caller `c` makes.
+fn probe_as(
+    tag: &str,
+    c: &Ctx,
+    what: &str,
+    f: impl Fn(&Filesystem, &Ctx, u64) -> R<()> + Send + Sync + 'static,
+) -> Probe {
+    let c = c.clone();
+    probe(format!("{tag} {what}"), move |fs, u| f(fs, &c, u))
+}
+
 fn step(f: impl Fn(&Filesystem) -> R<()> + Send + Sync + 'static) -> Step {
     Box::new(f)
+}
+
+/// A step: chmod of `t` to `mode`.
+fn chmod_step(t: InodeId, mode: u32) -> Step {
+    step(move |fs| chmod(fs, &root(), t, mode).map(|_| ()))
+}
+
+/// A step: chown of `t` to `uid` and `gid`.
+fn chown_step(t: InodeId, uid: Option<u32>, gid: Option<u32>) -> Step {
+    step(move |fs| chown(fs, &root(), t, uid, gid).map(|_| ()))
+}
+
+/// A step: set `t`'s access ACL to `v`, or (`None`) remove it.
+fn acl_step(t: InodeId, v: Option<Vec<u8>>) -> Step {
+    step(move |fs| match &v {
+        Some(v) => fs.setxattr(&root(), t.ino, ACCESS, v, 0),
+        None => fs.removexattr(&root(), t.ino, ACCESS),
+    })
 }
 
 /// Runs `steps` (each one operation, as root) in a cycle on one thread while two threads run
 /// `probes`, and checks that every probe answers as it does in one of the states the cycle
 /// passes through (measured quiescently first). With `constant`, the states were chosen so
-/// that every probe answers the same in all of them, which is asserted first.
+/// that every probe answers the same in all of them, which is asserted first. Then checks
+/// the filesystem's invariants.
 fn flip(label: &str, fs: Arc<Filesystem>, steps: Vec<Step>, probes: Vec<Probe>, constant: bool) {
     let uniq = AtomicU64::new(1_000_000);
     let mut legal: Vec<BTreeSet<String>> = vec![BTreeSet::new(); probes.len()];
@@ -318,7 +353,7 @@ fn flip(label: &str, fs: Arc<Filesystem>, steps: Vec<Step>, probes: Vec<Probe>, 
             .collect::<Vec<_>>()
             .join(", ")
     );
-    tally.finish();
+    tally.finish_and_check(&fs);
 }
 
 /// Probes a caller `c` makes of inode `ino` that is a regular file: read and write access.
@@ -328,55 +363,37 @@ fn file_probes(tag: &str, c: &Ctx, ino: InodeId, read_only: bool) -> Vec<Probe> 
         if read_only && m != MAY_READ {
             continue;
         }
-        let c = c.clone();
-        v.push(probe(format!("{tag} access {n}"), move |fs, _| {
-            fs.access(&c, ino, m)
+        v.push(probe_as(tag, c, &format!("access {n}"), move |fs, c, _| {
+            fs.access(c, ino, m)
         }));
     }
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} open RDONLY"), move |fs, _| {
-        open_close(fs, &c1, ino, libc::O_RDONLY)
+    v.push(probe_as(tag, c, "open RDONLY", move |fs, c, _| {
+        open_close(fs, c, ino, libc::O_RDONLY)
     }));
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} getxattr user.t"), move |fs, _| {
-        fs.getxattr(&c1, ino.ino, b"user.t").map(|_| ())
+    v.push(probe_as(tag, c, "getxattr user.t", move |fs, c, _| {
+        fs.getxattr(c, ino.ino, b"user.t").map(|_| ())
     }));
     if read_only {
         return v;
     }
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} open WRONLY"), move |fs, _| {
-        open_close(fs, &c1, ino, libc::O_WRONLY)
+    v.push(probe_as(tag, c, "open WRONLY", move |fs, c, _| {
+        open_close(fs, c, ino, libc::O_WRONLY)
     }));
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} truncate"), move |fs, _| {
-        set(
-            fs,
-            &c1,
-            ino,
-            SetAttr {
-                size: Some(0),
-                ..Default::default()
-            },
-        )
-        .map(|_| ())
+    let set_as = |what: &str, s: fn() -> SetAttr| {
+        probe_as(tag, c, what, move |fs, c, _| {
+            set(fs, c, ino, s()).map(|_| ())
+        })
+    };
+    v.push(set_as("truncate", || SetAttr {
+        size: Some(0),
+        ..Default::default()
     }));
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} setxattr user.t"), move |fs, _| {
-        fs.setxattr(&c1, ino.ino, b"user.t", b"v", 0)
+    v.push(probe_as(tag, c, "setxattr user.t", move |fs, c, _| {
+        fs.setxattr(c, ino.ino, b"user.t", b"v", 0)
     }));
-    let c1 = c.clone();
-    v.push(probe(format!("{tag} utimes now"), move |fs, _| {
-        set(
-            fs,
-            &c1,
-            ino,
-            SetAttr {
-                mtime: Some(TimeSet::Now),
-                ..Default::default()
-            },
-        )
-        .map(|_| ())
+    v.push(set_as("utimes now", || SetAttr {
+        mtime: Some(TimeSet::Now),
+        ..Default::default()
     }));
     v
 }
@@ -393,18 +410,18 @@ fn dir_probes(
 ) -> Vec<Probe> {
     let mut v = Vec::new();
     for (m, n) in [(MAY_READ | MAY_EXEC, "RX"), (MAY_WRITE, "W")] {
-        let c = ctx.clone();
-        v.push(probe(format!("{tag} access {n}"), move |fs, _| {
-            fs.access(&c, d, m)
-        }));
+        v.push(probe_as(
+            tag,
+            ctx,
+            &format!("access {n}"),
+            move |fs, c, _| fs.access(c, d, m),
+        ));
     }
-    let c = ctx.clone();
-    v.push(probe(format!("{tag} lookup"), move |fs, _| {
-        fs.lookup(&c, d, b"c").map(|_| ())
+    v.push(probe_as(tag, ctx, "lookup", move |fs, c, _| {
+        fs.lookup(c, d, b"c").map(|_| ())
     }));
-    let c = ctx.clone();
-    v.push(probe(format!("{tag} opendir"), move |fs, _| {
-        fs.opendir(&c, d).map(|fh| fs.releasedir(fh).unwrap())
+    v.push(probe_as(tag, ctx, "opendir", move |fs, c, _| {
+        fs.opendir(c, d).map(|fh| fs.releasedir(fh).unwrap())
     }));
     let cl = Client::new(fs.clone(), ctx.clone());
     let p = format!("/{path}/c");
@@ -416,28 +433,83 @@ fn dir_probes(
     if read_only {
         return v;
     }
-    let c = ctx.clone();
-    v.push(probe(format!("{tag} create"), move |fs, u| {
+    v.push(probe_as(tag, ctx, "create", move |fs, c, u| {
         let n = format!("p{u}");
-        mkfile(fs, &c, d, n.as_bytes(), 0o644).map(|_| fs.unlink(&root(), d, n.as_bytes()).unwrap())
+        mkfile(fs, c, d, n.as_bytes(), 0o644).map(|_| fs.unlink(&root(), d, n.as_bytes()).unwrap())
     }));
-    let c = ctx.clone();
-    v.push(probe(format!("{tag} mkdir"), move |fs, u| {
+    v.push(probe_as(tag, ctx, "mkdir", move |fs, c, u| {
         let n = format!("q{u}");
-        fs.mkdir(&c, d, n.as_bytes(), 0o755)
+        fs.mkdir(c, d, n.as_bytes(), 0o755)
             .map(|_| fs.rmdir(&root(), d, n.as_bytes()).unwrap())
     }));
-    let c = ctx.clone();
-    v.push(probe(format!("{tag} unlink"), move |fs, u| {
+    v.push(probe_as(tag, ctx, "unlink", move |fs, c, u| {
         let n = format!("u{u}");
         mkfile(fs, &root(), d, n.as_bytes(), 0o644).unwrap();
-        let r = fs.unlink(&c, d, n.as_bytes());
+        let r = fs.unlink(c, d, n.as_bytes());
         if r.is_err() {
             fs.unlink(&root(), d, n.as_bytes()).unwrap();
         }
         r
     }));
     v
+}
+
+/// The probes each of `callers` makes of target `t` (see [`target`]): [`dir_probes`] of a
+/// directory, [`file_probes`] of a file.
+fn target_probes(
+    fs: &Arc<Filesystem>,
+    t: InodeId,
+    is_dir: bool,
+    callers: &[(&str, Ctx)],
+    read_only: bool,
+) -> Vec<Probe> {
+    let mut v = Vec::new();
+    for (tag, c) in callers {
+        if is_dir {
+            v.extend(dir_probes(tag, c, fs, t, "t", read_only));
+        } else {
+            v.extend(file_probes(tag, c, t, read_only));
+        }
+    }
+    v
+}
+
+/// The callers of the equivalence flips: named user 1000, 1001 in group 2000, 1002 in the
+/// owning group, and 1003.
+fn callers() -> [(&'static str, Ctx); 4] {
+    [
+        ("1000", Ctx::user(1000, 1000)),
+        ("1001+[2000]", Ctx::user(1001, 1001).with_groups(&[2000])),
+        ("1002/0", Ctx::user(1002, 0)),
+        ("1003", Ctx::user(1003, 1003)),
+    ]
+}
+
+/// `u::owner,u:1000:p,g::p,g:2000:p,m::p,o::p`: the ACL that gives each of [`callers`] what
+/// mode bits `owner`, `p`, `p` give them.
+fn uniform(owner: u16, p: u16) -> Vec<Ent> {
+    vec![
+        (UO, owner, 0),
+        (U, p, 1000),
+        (GO, p, 0),
+        (G, p, 2000),
+        (M, p, 0),
+        (O, p, 0),
+    ]
+}
+
+/// [`flip`] of target `t` (made with `mode`) between no access ACL and the equivalent ACL
+/// `es`, probed by each of [`callers`]: no answer may change.
+fn acl_set_remove_flip(label: &str, is_dir: bool, mode: u32, es: Vec<Ent>) {
+    let fs = new_fs();
+    let t = target(&fs, "t", is_dir, mode);
+    let steps = vec![acl_step(t, Some(acl(&es))), acl_step(t, None)];
+    let probes = target_probes(&fs, t, is_dir, &callers(), false);
+    flip(label, fs, steps, probes, true);
+}
+
+fn kind(is_dir: bool) -> &'static str {
+    if is_dir { "dir" } else { "file" }
 }
 
 fn user_t(fs: &Filesystem, ino: InodeId) {
@@ -476,38 +548,29 @@ fn acl_check_never_pairs_an_old_owner_with_a_newer_mode() {
         let p: u16 = if is_dir { 5 } else { 4 };
         let t = target(&fs, "t", is_dir, 0o600);
         chown(&fs, &root(), t, Some(1000), None).unwrap();
-        fs.setxattr(
+        set_acl(
+            &fs,
             &root(),
-            t.ino,
-            ACCESS,
-            &acl(&[(UO, 0, 0), (U, p, 3000), (GO, 0, 0), (M, p, 0), (O, 0, 0)]),
-            0,
+            t,
+            &[(UO, 0, 0), (U, p, 3000), (GO, 0, 0), (M, p, 0), (O, 0, 0)],
         )
         .unwrap();
         let p = p as u32;
         let steps = vec![
-            step(move |fs| chown(fs, &root(), t, Some(0), None).map(|_| ())),
-            step(move |fs| chmod(fs, &root(), t, (p << 6) | (p << 3)).map(|_| ())),
-            step(move |fs| chmod(fs, &root(), t, p << 3).map(|_| ())),
-            step(move |fs| chown(fs, &root(), t, Some(1000), None).map(|_| ())),
+            chown_step(t, Some(0), None),
+            chmod_step(t, (p << 6) | (p << 3)),
+            chmod_step(t, p << 3),
+            chown_step(t, Some(1000), None),
         ];
-        let (a, b) = (Ctx::user(1000, 1000), Ctx::user(3000, 3000));
-        let mut probes = Vec::new();
-        if is_dir {
-            probes.extend(dir_probes("1000", &a, &fs, t, "t", true));
-            probes.extend(dir_probes("3000", &b, &fs, t, "t", true));
-        } else {
-            probes.extend(file_probes("1000", &a, t, true));
-            probes.extend(file_probes("3000", &b, t, true));
-        }
+        let callers = [("1000", user_of(1000)), ("3000", user_of(3000))];
+        let probes = target_probes(&fs, t, is_dir, &callers, true);
         flip(
-            &format!("owner/mode cycle ({})", if is_dir { "dir" } else { "file" }),
-            fs.clone(),
+            &format!("owner/mode cycle ({})", kind(is_dir)),
+            fs,
             steps,
             probes,
             false,
         );
-        fs.check_invariants().unwrap();
     }
 }
 
@@ -536,30 +599,24 @@ fn acl_check_never_pairs_an_old_group_with_a_newer_acl() {
         };
         fs.setxattr(&root(), t.ino, ACCESS, &with(0), 0).unwrap();
         let steps = vec![
-            step(move |fs| chown(fs, &root(), t, None, Some(0)).map(|_| ())),
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &with(p), 0)),
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &with(0), 0)),
-            step(move |fs| chown(fs, &root(), t, None, Some(2000)).map(|_| ())),
+            chown_step(t, None, Some(0)),
+            acl_step(t, Some(with(p))),
+            acl_step(t, Some(with(0))),
+            chown_step(t, None, Some(2000)),
         ];
-        let a = Ctx::user(1000, 1000).with_groups(&[2000]);
-        let a2 = Ctx::user(1001, 2000);
-        let b = Ctx::user(1002, 1002).with_groups(&[3000]);
-        let mut probes = Vec::new();
-        for (tag, c) in [("1000+[2000]", &a), ("1001/2000", &a2), ("1002+[3000]", &b)] {
-            if is_dir {
-                probes.extend(dir_probes(tag, c, &fs, t, "t", true));
-            } else {
-                probes.extend(file_probes(tag, c, t, true));
-            }
-        }
+        let callers = [
+            ("1000+[2000]", user_of(1000).with_groups(&[2000])),
+            ("1001/2000", Ctx::user(1001, 2000)),
+            ("1002+[3000]", user_of(1002).with_groups(&[3000])),
+        ];
+        let probes = target_probes(&fs, t, is_dir, &callers, true);
         flip(
-            &format!("group/ACL cycle ({})", if is_dir { "dir" } else { "file" }),
-            fs.clone(),
+            &format!("group/ACL cycle ({})", kind(is_dir)),
+            fs,
             steps,
             probes,
             false,
         );
-        fs.check_invariants().unwrap();
     }
 }
 
@@ -572,45 +629,11 @@ fn acl_check_never_pairs_an_old_group_with_a_newer_acl() {
 #[test]
 fn setting_and_removing_an_equivalent_acl_changes_no_answer() {
     let _one = exclusive();
-    let callers = [
-        ("1000", Ctx::user(1000, 1000)),
-        ("1001+[2000]", Ctx::user(1001, 1001).with_groups(&[2000])),
-        ("1002/0", Ctx::user(1002, 0)),
-        ("1003", Ctx::user(1003, 1003)),
-    ];
     for is_dir in [false, true] {
-        let fs = new_fs();
         let (p, mode) = if is_dir { (5, 0o755) } else { (4, 0o644) };
         let owner = if is_dir { 7 } else { 6 };
-        let t = target(&fs, "t", is_dir, mode);
-        let v = acl(&[
-            (UO, owner, 0),
-            (U, p, 1000),
-            (GO, p, 0),
-            (G, p, 2000),
-            (M, p, 0),
-            (O, p, 0),
-        ]);
-        let steps = vec![
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &v, 0)),
-            step(move |fs| fs.removexattr(&root(), t.ino, ACCESS)),
-        ];
-        let mut probes = Vec::new();
-        for (tag, c) in &callers {
-            if is_dir {
-                probes.extend(dir_probes(tag, c, &fs, t, "t", false));
-            } else {
-                probes.extend(file_probes(tag, c, t, false));
-            }
-        }
-        flip(
-            &format!("ACL set/remove ({})", if is_dir { "dir" } else { "file" }),
-            fs.clone(),
-            steps,
-            probes,
-            true,
-        );
-        fs.check_invariants().unwrap();
+        let label = format!("ACL set/remove ({})", kind(is_dir));
+        acl_set_remove_flip(&label, is_dir, mode, uniform(owner, p));
     }
 }
 
@@ -628,123 +651,59 @@ fn setting_and_removing_an_equivalent_acl_changes_no_answer() {
 #[test]
 fn equivalent_chmod_chown_and_acl_flips_change_no_answer() {
     let _one = exclusive();
-    let callers = [
-        ("1000", Ctx::user(1000, 1000)),
-        ("1001+[2000]", Ctx::user(1001, 1001).with_groups(&[2000])),
-        ("1002/0", Ctx::user(1002, 0)),
-        ("1003", Ctx::user(1003, 1003)),
-    ];
+    let callers = callers();
     // Everything granted, with and without an ACL.
-    {
-        let fs = new_fs();
-        let t = target(&fs, "t", true, 0o777);
-        let v = acl(&[
-            (UO, 7, 0),
-            (U, 7, 1000),
-            (GO, 7, 0),
-            (G, 7, 2000),
-            (M, 7, 0),
-            (O, 7, 0),
-        ]);
-        let steps = vec![
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &v, 0)),
-            step(move |fs| fs.removexattr(&root(), t.ino, ACCESS)),
-        ];
-        let mut probes = Vec::new();
-        for (tag, c) in &callers {
-            probes.extend(dir_probes(tag, c, &fs, t, "t", false));
-        }
-        flip(
-            "grant-all ACL set/remove (dir)",
-            fs.clone(),
-            steps,
-            probes,
-            true,
-        );
-        fs.check_invariants().unwrap();
-    }
+    acl_set_remove_flip("grant-all ACL set/remove (dir)", true, 0o777, uniform(7, 7));
     // The mask flips by chmod; no caller's answer depends on it.
     {
         let fs = new_fs();
         let t = target(&fs, "t", true, 0o755);
-        fs.setxattr(
-            &root(),
-            t.ino,
-            ACCESS,
-            &acl(&[
-                (UO, 7, 0),
-                (U, 5, 1000),
-                (GO, 5, 0),
-                (G, 5, 2000),
-                (M, 5, 0),
-                (O, 5, 0),
-            ]),
-            0,
-        )
-        .unwrap();
-        let steps = vec![
-            step(move |fs| chmod(fs, &root(), t, 0o775).map(|_| ())),
-            step(move |fs| chmod(fs, &root(), t, 0o755).map(|_| ())),
-        ];
-        let mut probes = Vec::new();
-        for (tag, c) in &callers {
-            probes.extend(dir_probes(tag, c, &fs, t, "t", false));
-        }
-        flip("mask chmod (dir)", fs.clone(), steps, probes, true);
-        fs.check_invariants().unwrap();
+        set_acl(&fs, &root(), t, &uniform(7, 5)).unwrap();
+        let steps = vec![chmod_step(t, 0o775), chmod_step(t, 0o755)];
+        let probes = target_probes(&fs, t, true, &callers, false);
+        flip("mask chmod (dir)", fs, steps, probes, true);
     }
     // The owner flips between two users the ACL treats alike.
     {
         let fs = new_fs();
         let t = target(&fs, "t", false, 0o666);
         chown(&fs, &root(), t, Some(1000), None).unwrap();
-        fs.setxattr(
+        set_acl(
+            &fs,
             &root(),
-            t.ino,
-            ACCESS,
-            &acl(&[
+            t,
+            &[
                 (UO, 6, 0),
                 (U, 6, 1000),
                 (U, 6, 1001),
                 (GO, 4, 0),
                 (M, 6, 0),
                 (O, 4, 0),
-            ]),
-            0,
+            ],
         )
         .unwrap();
         let steps = vec![
-            step(move |fs| chown(fs, &root(), t, Some(1001), None).map(|_| ())),
-            step(move |fs| chown(fs, &root(), t, Some(1000), None).map(|_| ())),
+            chown_step(t, Some(1001), None),
+            chown_step(t, Some(1000), None),
         ];
         let mut probes = Vec::new();
-        for (tag, c) in [
-            ("1000", Ctx::user(1000, 1000)),
-            ("1001", Ctx::user(1001, 1001)),
-        ] {
+        for (tag, c) in [("1000", user_of(1000)), ("1001", user_of(1001))] {
             for (m, n) in [(MAY_READ, "R"), (MAY_WRITE, "W")] {
-                let c = c.clone();
-                probes.push(probe(format!("{tag} access {n}"), move |fs, _| {
-                    fs.access(&c, t, m)
-                }));
+                probes.push(probe_as(
+                    tag,
+                    &c,
+                    &format!("access {n}"),
+                    move |fs, c, _| fs.access(c, t, m),
+                ));
             }
-            let c1 = c.clone();
-            probes.push(probe(format!("{tag} open RDWR"), move |fs, _| {
-                open_close(fs, &c1, t, libc::O_RDWR)
+            probes.push(probe_as(tag, &c, "open RDWR", move |fs, c, _| {
+                open_close(fs, c, t, libc::O_RDWR)
             }));
-            let c1 = c.clone();
-            probes.push(probe(format!("{tag} setxattr user.t"), move |fs, _| {
-                fs.setxattr(&c1, t.ino, b"user.t", b"v", 0)
+            probes.push(probe_as(tag, &c, "setxattr user.t", move |fs, c, _| {
+                fs.setxattr(c, t.ino, b"user.t", b"v", 0)
             }));
         }
-        flip(
-            "owner chown with ACL (file)",
-            fs.clone(),
-            steps,
-            probes,
-            true,
-        );
-        fs.check_invariants().unwrap();
+        flip("owner chown with ACL (file)", fs, steps, probes, true);
     }
     // The group flips between two groups of one caller.
     {
@@ -752,22 +711,15 @@ fn equivalent_chmod_chown_and_acl_flips_change_no_answer() {
         let t = target(&fs, "t", true, 0o770);
         chown(&fs, &root(), t, None, Some(2000)).unwrap();
         let steps = vec![
-            step(move |fs| chown(fs, &root(), t, None, Some(2001)).map(|_| ())),
-            step(move |fs| chown(fs, &root(), t, None, Some(2000)).map(|_| ())),
+            chown_step(t, None, Some(2001)),
+            chown_step(t, None, Some(2000)),
         ];
-        let mut probes = Vec::new();
-        let both = Ctx::user(1000, 2000).with_groups(&[2001]);
-        probes.extend(dir_probes("2000+[2001]", &both, &fs, t, "t", false));
-        probes.extend(dir_probes(
-            "1003",
-            &Ctx::user(1003, 1003),
-            &fs,
-            t,
-            "t",
-            false,
-        ));
-        flip("group chgrp (dir)", fs.clone(), steps, probes, true);
-        fs.check_invariants().unwrap();
+        let callers = [
+            ("2000+[2001]", Ctx::user(1000, 2000).with_groups(&[2001])),
+            ("1003", user_of(1003)),
+        ];
+        let probes = target_probes(&fs, t, true, &callers, false);
+        flip("group chgrp (dir)", fs, steps, probes, true);
     }
 }
 
@@ -811,58 +763,30 @@ fn flipping_between_a_stored_and_an_expressible_acl_changes_no_answer() {
         };
         // Start in the state the cycle ends in.
         fs.setxattr(&root(), t.ino, ACCESS, &s2, 0).unwrap();
-        let steps = vec![
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &s1, 0)),
-            step(move |fs| fs.setxattr(&root(), t.ino, ACCESS, &s2, 0)),
-        ];
-        let mut probes = Vec::new();
-        for (tag, c) in &callers {
-            if is_dir {
-                probes.extend(dir_probes(tag, c, &fs, t, "t", true));
-            } else {
-                probes.extend(file_probes(tag, c, t, true));
-            }
-        }
+        let steps = vec![acl_step(t, Some(s1)), acl_step(t, Some(s2))];
+        let probes = target_probes(&fs, t, is_dir, &callers, true);
         flip(
-            &format!(
-                "stored/expressible ACL ({})",
-                if is_dir { "dir" } else { "file" }
-            ),
-            fs.clone(),
+            &format!("stored/expressible ACL ({})", kind(is_dir)),
+            fs,
             steps,
             probes,
             false,
         );
-        fs.check_invariants().unwrap();
     }
     // The mask moves by chmod while the ACL stays: 1000 is granted with mask r, and with
     // mask --- the Linux shortcut (group bits clear: ACL not consulted) gives it other's r.
     let fs = new_fs();
     let t = target(&fs, "t", false, 0o644);
-    fs.setxattr(
+    set_acl(
+        &fs,
         &root(),
-        t.ino,
-        ACCESS,
-        &acl(&[(UO, 6, 0), (U, 4, 1000), (GO, 0, 0), (M, 4, 0), (O, 4, 0)]),
-        0,
+        t,
+        &[(UO, 6, 0), (U, 4, 1000), (GO, 0, 0), (M, 4, 0), (O, 4, 0)],
     )
     .unwrap();
-    let steps = vec![
-        step(move |fs| chmod(fs, &root(), t, 0o604).map(|_| ())),
-        step(move |fs| chmod(fs, &root(), t, 0o644).map(|_| ())),
-    ];
-    let mut probes = Vec::new();
-    for (tag, c) in &callers {
-        probes.extend(file_probes(tag, c, t, true));
-    }
-    flip(
-        "mask chmod to and from ---",
-        fs.clone(),
-        steps,
-        probes,
-        false,
-    );
-    fs.check_invariants().unwrap();
+    let steps = vec![chmod_step(t, 0o604), chmod_step(t, 0o644)];
+    let probes = target_probes(&fs, t, false, &callers, true);
+    flip("mask chmod to and from ---", fs, steps, probes, false);
 }
 
 // ----- 2. the permission path: no change lands after the permission it needed was revoked -----
@@ -896,8 +820,6 @@ fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
     let tally = Tally::new(format!(
         "{label}: a mutation never lands after a revocation that returned"
     ));
-    let bar = SpinBarrier::new(2);
-    let stop = AtomicBool::new(false);
     let round = AtomicU64::new(0);
     let result: Mutex<Option<R<()>>> = Mutex::new(None);
     // Per case, how far ahead the mutator starts (negative: the revoker), in spins: moved
@@ -907,22 +829,17 @@ fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
     let mut_delay = AtomicU64::new(0);
     let per_case: Mutex<BTreeMap<String, [u64; 3]>> = Mutex::new(BTreeMap::new());
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + if hunt { phase() * 10 } else { phase() };
+    let rounds = Rounds::new(2, if hunt { phase() * 10 } else { phase() });
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 0x5555);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let r = round.load(Acquire);
                 let c = &cases[r as usize % cases.len()];
                 spin(mut_delay.load(Acquire) + rng.below(JITTER));
                 let res = (c.mutate)(r);
                 *result.lock().unwrap() = Some(res);
-                bar.wait();
-            }
+            });
         });
         let mut rng = Rng::new(seed);
         let mut r = 0u64;
@@ -932,11 +849,11 @@ fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
             round.store(r, Release);
             let b = bias[r as usize % cases.len()].load(Relaxed);
             mut_delay.store((-b).max(0) as u64, Release);
-            bar.wait();
+            rounds.wait();
             spin(b.max(0) as u64 + rng.below(JITTER));
             (c.revoke)(r);
             let seen = (c.landed)(r);
-            bar.wait();
+            rounds.wait();
             let res = result.lock().unwrap().take().unwrap();
             let after = (c.landed)(r);
             let k = match &res {
@@ -971,9 +888,7 @@ fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
             b.store(nb, Relaxed);
             (c.undo)(r);
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS || (hunt && tally.bad.load(Relaxed) >= 20) {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over_or(r, hunt && tally.bad.load(Relaxed) >= 20) {
                 break;
             }
         }
@@ -987,6 +902,21 @@ fn revoke_race(label: &str, cases: &[RevokeCase<'_>], hunt: bool) {
             .join(", ")
     );
     tally.finish();
+}
+
+/// A revocation test: [`revoke_race`] of the cases `cases` makes on a new filesystem, then
+/// its invariants are checked.
+fn revoke_test(
+    label: &str,
+    hunt: bool,
+    cases: impl for<'a> FnOnce(&'a Arc<Filesystem>) -> Vec<RevokeCase<'a>>,
+) {
+    let _one = exclusive();
+    let fs = new_fs();
+    let cases = cases(&fs);
+    revoke_race(label, &cases, hunt);
+    drop(cases);
+    fs.check_invariants().unwrap();
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1035,17 +965,13 @@ const DIR_MUTS: [DirMut; 8] = [
 fn dir_revoke_cases<'a>(fs: &'a Arc<Filesystem>, rev: DirRevoke) -> Vec<RevokeCase<'a>> {
     let rt = root();
     let name = format!("{rev:?}");
-    let d = id(&fs
-        .mkdir(&rt, lanefs::ROOT_INO, name.as_bytes(), 0o777)
-        .unwrap());
-    let src = id(&fs
-        .mkdir(
-            &rt,
-            lanefs::ROOT_INO,
-            format!("{name}-src").as_bytes(),
-            0o777,
-        )
-        .unwrap());
+    let d = mkdir_id(fs, lanefs::ROOT_INO, name.as_bytes(), 0o777);
+    let src = mkdir_id(
+        fs,
+        lanefs::ROOT_INO,
+        format!("{name}-src").as_bytes(),
+        0o777,
+    );
     let user = if rev == DirRevoke::Chgrp {
         Ctx::user(1000, 1000).with_groups(&[2000])
     } else {
@@ -1060,12 +986,11 @@ fn dir_revoke_cases<'a>(fs: &'a Arc<Filesystem>, rev: DirRevoke) -> Vec<RevokeCa
             chmod(fs, &rt, d, 0o770).unwrap();
         }
         DirRevoke::MaskChmod => {
-            fs.setxattr(
+            set_acl(
+                fs,
                 &rt,
-                d.ino,
-                ACCESS,
-                &acl(&[(UO, 7, 0), (U, 7, 1000), (GO, 5, 0), (M, 7, 0), (O, 5, 0)]),
-                0,
+                d,
+                &[(UO, 7, 0), (U, 7, 1000), (GO, 5, 0), (M, 7, 0), (O, 5, 0)],
             )
             .unwrap();
         }
@@ -1087,15 +1012,13 @@ fn dir_revoke_cases<'a>(fs: &'a Arc<Filesystem>, rev: DirRevoke) -> Vec<RevokeCa
         let rt = root();
         match rev {
             DirRevoke::Chmod => drop(chmod(fs, &rt, d, 0o755).unwrap()),
-            DirRevoke::Acl => fs
-                .setxattr(
-                    &rt,
-                    d.ino,
-                    ACCESS,
-                    &acl(&[(UO, 7, 0), (U, 5, 1000), (GO, 7, 0), (M, 7, 0), (O, 7, 0)]),
-                    0,
-                )
-                .unwrap(),
+            DirRevoke::Acl => set_acl(
+                fs,
+                &rt,
+                d,
+                &[(UO, 7, 0), (U, 5, 1000), (GO, 7, 0), (M, 7, 0), (O, 7, 0)],
+            )
+            .unwrap(),
             DirRevoke::Chown => drop(chown(fs, &rt, d, Some(0), None).unwrap()),
             DirRevoke::Chgrp => drop(chown(fs, &rt, d, None, Some(0)).unwrap()),
             DirRevoke::MaskChmod => drop(chmod(fs, &rt, d, 0o755).unwrap()),
@@ -1182,15 +1105,12 @@ fn user_of(uid: u32) -> Ctx {
 /// or setxattr also takes, so the change is refused or seen).
 #[test]
 fn no_entry_change_lands_after_chmod_or_acl_revoked_write() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let mut cases = Vec::new();
-    for rev in [DirRevoke::Chmod, DirRevoke::Acl, DirRevoke::MaskChmod] {
-        cases.extend(dir_revoke_cases(&fs, rev));
-    }
-    revoke_race("dir revoke by chmod/ACL", &cases, true);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("dir revoke by chmod/ACL", true, |fs| {
+        [DirRevoke::Chmod, DirRevoke::Acl, DirRevoke::MaskChmod]
+            .into_iter()
+            .flat_map(|rev| dir_revoke_cases(fs, rev))
+            .collect()
+    });
 }
 
 /// As above, for revocation by chown (the caller no longer owns the 0700 directory), chgrp
@@ -1198,20 +1118,17 @@ fn no_entry_change_lands_after_chmod_or_acl_revoked_write() {
 /// (for unlink and rename out of root's file) chmod +t.
 #[test]
 fn no_entry_change_lands_after_chown_chgrp_or_immutable() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let mut cases = Vec::new();
-    for rev in [
-        DirRevoke::Chown,
-        DirRevoke::Chgrp,
-        DirRevoke::Immutable,
-        DirRevoke::Sticky,
-    ] {
-        cases.extend(dir_revoke_cases(&fs, rev));
-    }
-    revoke_race("dir revoke by chown/chgrp/immutable", &cases, true);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("dir revoke by chown/chgrp/immutable", true, |fs| {
+        [
+            DirRevoke::Chown,
+            DirRevoke::Chgrp,
+            DirRevoke::Immutable,
+            DirRevoke::Sticky,
+        ]
+        .into_iter()
+        .flat_map(|rev| dir_revoke_cases(fs, rev))
+        .collect()
+    });
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1302,15 +1219,13 @@ fn file_revoke_cases<'a>(
         let rt = root();
         match rev {
             FileRevoke::Chmod => drop(chmod(fs, &rt, f, 0o644).unwrap()),
-            FileRevoke::Acl => fs
-                .setxattr(
-                    &rt,
-                    f.ino,
-                    ACCESS,
-                    &acl(&[(UO, 6, 0), (U, 4, 1000), (GO, 6, 0), (M, 6, 0), (O, 6, 0)]),
-                    0,
-                )
-                .unwrap(),
+            FileRevoke::Acl => set_acl(
+                fs,
+                &rt,
+                f,
+                &[(UO, 6, 0), (U, 4, 1000), (GO, 6, 0), (M, 6, 0), (O, 6, 0)],
+            )
+            .unwrap(),
             FileRevoke::Chgrp => drop(chown(fs, &rt, f, None, Some(0)).unwrap()),
             FileRevoke::Immutable => drop(fs.set_flags(&rt, f, FS_IMMUTABLE_FL).unwrap()),
             FileRevoke::Owner => drop(chown(fs, &rt, f, Some(0), None).unwrap()),
@@ -1362,12 +1277,11 @@ fn file_revoke_cases<'a>(
                     )
                     .map(|_| ()),
                     FileMut::OwnerFlags => fs.set_flags(&user, f, FS_NODUMP_FL).map(|_| ()),
-                    FileMut::OwnerAcl => fs.setxattr(
+                    FileMut::OwnerAcl => set_acl(
+                        fs,
                         &user,
-                        f.ino,
-                        ACCESS,
-                        &acl(&[(UO, 6, 0), (U, 4, 3000), (GO, 0, 0), (M, 4, 0), (O, 0, 0)]),
-                        0,
+                        f,
+                        &[(UO, 6, 0), (U, 4, 3000), (GO, 0, 0), (M, 4, 0), (O, 0, 0)],
                     ),
                 }),
                 revoke: Box::new(move |_| revoke(fs)),
@@ -1397,30 +1311,28 @@ fn file_revoke_cases<'a>(
 /// lands after a chown that took ownership away had returned.
 #[test]
 fn no_times_or_owner_only_change_lands_after_its_permission_was_revoked() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let mut cases = Vec::new();
-    for rev in [
-        FileRevoke::Chmod,
-        FileRevoke::Acl,
-        FileRevoke::Chgrp,
-        FileRevoke::Immutable,
-    ] {
-        cases.extend(file_revoke_cases(&fs, rev, &[FileMut::TouchNow]));
-    }
-    cases.extend(file_revoke_cases(
-        &fs,
-        FileRevoke::Owner,
-        &[
-            FileMut::OwnerChmod,
-            FileMut::OwnerTimes,
-            FileMut::OwnerFlags,
-            FileMut::OwnerAcl,
-        ],
-    ));
-    revoke_race("times/owner-only revoke", &cases, false);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("times/owner-only revoke", false, |fs| {
+        let mut cases: Vec<_> = [
+            FileRevoke::Chmod,
+            FileRevoke::Acl,
+            FileRevoke::Chgrp,
+            FileRevoke::Immutable,
+        ]
+        .into_iter()
+        .flat_map(|rev| file_revoke_cases(fs, rev, &[FileMut::TouchNow]))
+        .collect();
+        cases.extend(file_revoke_cases(
+            fs,
+            FileRevoke::Owner,
+            &[
+                FileMut::OwnerChmod,
+                FileMut::OwnerTimes,
+                FileMut::OwnerFlags,
+                FileMut::OwnerAcl,
+            ],
+        ));
+        cases
+    });
 }
 
 /// setxattr of `user.t` by a non-owner with write permission never lands after a chmod, an
@@ -1429,31 +1341,25 @@ fn no_times_or_owner_only_change_lands_after_its_permission_was_revoked() {
 /// the old value, and the setxattr then succeeds: Linux checks under the inode lock).
 #[test]
 fn setxattr_never_lands_after_its_permission_was_revoked() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let mut cases = Vec::new();
-    for rev in [
-        FileRevoke::Chmod,
-        FileRevoke::Acl,
-        FileRevoke::Chgrp,
-        FileRevoke::Immutable,
-    ] {
-        cases.extend(file_revoke_cases(&fs, rev, &[FileMut::SetXattr]));
-    }
-    revoke_race("setxattr revoke", &cases, true);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("setxattr revoke", true, |fs| {
+        [
+            FileRevoke::Chmod,
+            FileRevoke::Acl,
+            FileRevoke::Chgrp,
+            FileRevoke::Immutable,
+        ]
+        .into_iter()
+        .flat_map(|rev| file_revoke_cases(fs, rev, &[FileMut::SetXattr]))
+        .collect()
+    });
 }
 
 /// truncate(path) never lands after `chattr +i` had returned.
 #[test]
 fn truncate_never_lands_after_the_file_became_immutable() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let cases = file_revoke_cases(&fs, FileRevoke::Immutable, &[FileMut::Truncate]);
-    revoke_race("truncate vs immutable", &cases, false);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("truncate vs immutable", false, |fs| {
+        file_revoke_cases(fs, FileRevoke::Immutable, &[FileMut::Truncate])
+    });
 }
 
 /// truncate(path) by a non-owner never lands after a chmod, an access ACL or a chgrp that
@@ -1463,15 +1369,12 @@ fn truncate_never_lands_after_the_file_became_immutable() {
 #[test]
 #[ignore = "not a tmpfs difference: truncate(path) checks write permission before the change, as vfs_truncate does"]
 fn truncate_never_lands_after_write_permission_was_revoked() {
-    let _one = exclusive();
-    let fs = new_fs();
-    let mut cases = Vec::new();
-    for rev in [FileRevoke::Chmod, FileRevoke::Acl, FileRevoke::Chgrp] {
-        cases.extend(file_revoke_cases(&fs, rev, &[FileMut::Truncate]));
-    }
-    revoke_race("truncate revoke", &cases, true);
-    drop(cases);
-    fs.check_invariants().unwrap();
+    revoke_test("truncate revoke", true, |fs| {
+        [FileRevoke::Chmod, FileRevoke::Acl, FileRevoke::Chgrp]
+            .into_iter()
+            .flat_map(|rev| file_revoke_cases(fs, rev, &[FileMut::Truncate]))
+            .collect()
+    });
 }
 
 // ----- 3. ACLs, mode and flags stay one consistent state ----------------------------------------
@@ -1511,7 +1414,7 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
     let fs = new_fs();
     let rt = root();
     let f = id(&mkfile(&fs, &rt, lanefs::ROOT_INO, b"f", 0o644).unwrap());
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o755).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o755);
     let targets = [f, d];
     let last_flags: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
     let tally = Tally::new("ACL/mode/flags consistency after races");
@@ -1521,33 +1424,21 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
         Ctx::user(1002, 0),
         Ctx::user(1003, 1003),
     ];
-    let bar = SpinBarrier::new(3);
-    let stop = AtomicBool::new(false);
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(3, phase());
     std::thread::scope(|s| {
         for t in 0..2u64 {
-            let (fs, bar, stop, last_flags) = (&fs, &bar, &stop, &last_flags);
+            let (fs, rounds, last_flags) = (&fs, &rounds, &last_flags);
             s.spawn(move || {
                 let mut rng = Rng::new(seed.wrapping_add(t));
                 let rt = root();
-                loop {
-                    bar.wait();
-                    if stop.load(Acquire) {
-                        break;
-                    }
+                rounds.racer(|| {
                     for _ in 0..3 {
                         let which = rng.below(2) as usize;
                         let x = targets[which];
                         let _ = match rng.below(if t == 0 { 8 } else { 7 }) {
                             0 | 1 => chmod(fs, &rt, x, rng.below(0o1000) as u32).map(|_| ()),
-                            2 | 3 => fs.setxattr(
-                                &rt,
-                                x.ino,
-                                ACCESS,
-                                &acl(&random_acl(&mut rng, false)),
-                                0,
-                            ),
+                            2 | 3 => set_acl(fs, &rt, x, &random_acl(&mut rng, false)),
                             4 => fs.removexattr(&rt, x.ino, ACCESS),
                             5 => chown(
                                 fs,
@@ -1586,15 +1477,14 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
                             }
                         };
                     }
-                    bar.wait();
-                }
+                });
             });
         }
-        let mut rounds = 0u64;
+        let mut r = 0u64;
         loop {
-            bar.wait();
-            bar.wait();
-            rounds += 1;
+            rounds.wait();
+            rounds.wait();
+            r += 1;
             for (w, &x) in targets.iter().enumerate() {
                 let a = fs.getattr(x).unwrap();
                 let stored = match fs.getxattr(&rt, x.ino, ACCESS) {
@@ -1608,20 +1498,20 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
                 let listed = fs.listxattr(&rt, x.ino).unwrap();
                 let names: Vec<&[u8]> = listed.split(|&b| b == 0).collect();
                 tally.check(names.contains(&ACCESS) == stored.is_some(), || {
-                    format!("round {rounds}: listxattr {names:?} vs stored ACL {stored:?}")
+                    format!("round {r}: listxattr {names:?} vs stored ACL {stored:?}")
                 });
                 if let Some(es) = &stored {
                     tally.check(perm_of(es, M).is_some(), || {
                         format!("stored ACL without mask: {es:?}")
                     });
                     tally.check(acl_mode_bits(es) == a.mode & 0o777, || {
-                        format!("round {rounds}: mode {:o} but ACL {es:?}", a.mode)
+                        format!("round {r}: mode {:o} but ACL {es:?}", a.mode)
                     });
                 }
                 let flags = fs.get_flags(x).unwrap();
                 tally.check(flags as u64 == last_flags[w].load(Relaxed), || {
                     format!(
-                        "round {rounds}: flags {flags:#x}, last set {:#x}",
+                        "round {r}: flags {flags:#x}, last set {:#x}",
                         last_flags[w].load(Relaxed)
                     )
                 });
@@ -1632,7 +1522,7 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
                         let got = fs.access(c, x, want);
                         tally.check(got.is_ok() == expect, || {
                             format!(
-                                "round {rounds}: uid {} groups {:?} want {want}: got {got:?}, Linux \
+                                "round {r}: uid {} groups {:?} want {want}: got {got:?}, Linux \
                                  grants: {expect} (mode {:o} owner {} group {} ACL {stored:?})",
                                 c.uid,
                                 c.groups(),
@@ -1644,19 +1534,16 @@ fn acl_mode_and_flags_stay_consistent_after_racing_changes() {
                     }
                 }
             }
-            if rounds % 64 == 0 {
+            if r % 64 == 0 {
                 tally.check(fs.check_invariants().is_ok(), || "check_invariants".into());
             }
-            if Instant::now() >= end || rounds >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
-        eprintln!("acl/mode consistency: {rounds} rounds");
+        eprintln!("acl/mode consistency: {r} rounds");
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }
 
 /// A file and a directory created (by user 1000, umask 022) while another thread sets and
@@ -1669,15 +1556,13 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
     let seed = seed("default ACL inheritance");
     let fs = new_fs();
     let rt = root();
-    let d = id(&fs.mkdir(&rt, lanefs::ROOT_INO, b"d", 0o777).unwrap());
+    let d = mkdir_id(&fs, lanefs::ROOT_INO, b"d", 0o777);
     let tally = Tally::new("inheritance from one default ACL");
-    let bar = SpinBarrier::new(3);
-    let stop = AtomicBool::new(false);
     let log: Mutex<Vec<Option<Vec<Ent>>>> = Mutex::new(Vec::new());
     let user = Ctx::user(1000, 1000).with_umask(0o022);
     let round = AtomicU64::new(0);
     let _burn = Burn::new(BURNERS);
-    let end = Instant::now() + phase();
+    let rounds = Rounds::new(3, phase());
     let get = |x: InodeId, name: &[u8]| match fs.getxattr(&rt, x.ino, name) {
         Ok(v) => Some(parse_acl(&v)),
         Err(Errno::ENODATA) => None,
@@ -1686,11 +1571,7 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut rng = Rng::new(seed);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 for _ in 0..2 {
                     spin(rng.below(JITTER));
                     if rng.below(3) == 0 {
@@ -1702,31 +1583,25 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
                         log.lock().unwrap().push(Some(es));
                     }
                 }
-                bar.wait();
-            }
+            });
         });
         s.spawn(|| {
             let mut rng = Rng::new(seed ^ 1);
-            loop {
-                bar.wait();
-                if stop.load(Acquire) {
-                    break;
-                }
+            rounds.racer(|| {
                 let r = round.load(Acquire);
                 spin(rng.below(JITTER));
                 mkfile(&fs, &user, d, format!("f{r}").as_bytes(), 0o666).unwrap();
                 fs.mkdir(&user, d, format!("d{r}").as_bytes(), 0o777)
                     .unwrap();
-                bar.wait();
-            }
+            });
         });
         let mut r = 0u64;
         loop {
             let before = get(d, DEFAULT);
             log.lock().unwrap().clear();
             round.store(r, Release);
-            bar.wait();
-            bar.wait();
+            rounds.wait();
+            rounds.wait();
             let mut legal = vec![before];
             legal.extend(log.lock().unwrap().drain(..));
             for is_dir in [false, true] {
@@ -1751,14 +1626,11 @@ fn default_acl_inheritance_is_all_or_nothing_under_races() {
                 }
             }
             r += 1;
-            if Instant::now() >= end || r >= MAX_ROUNDS {
-                stop.store(true, Release);
-                bar.wait();
+            if rounds.over(r) {
                 break;
             }
         }
         eprintln!("default ACL inheritance: {r} rounds");
     });
-    tally.finish();
-    fs.check_invariants().unwrap();
+    tally.finish_and_check(&fs);
 }

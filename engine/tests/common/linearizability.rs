@@ -64,6 +64,11 @@ pub fn id(a: &Attr) -> InodeId {
     }
 }
 
+/// A new directory `name` with `mode` in `parent`, made by root.
+pub fn mkdir_id(fs: &Filesystem, parent: impl Into<InodeRef>, name: &[u8], mode: u32) -> InodeId {
+    id(&fs.mkdir(&root(), parent, name, mode).unwrap())
+}
+
 /// Threads that burn CPU beside the racers, so that racers are descheduled inside
 /// operations: each burns for a random while (up to ~100 µs), then sleeps ~50 µs, so that its
 /// wake-ups preempt a racer at random points while leaving the racers most of the cores.
@@ -173,6 +178,57 @@ impl SpinBarrier {
     }
 }
 
+/// The protocol of a round-based race: a driver and racers meet at a [`SpinBarrier`] to
+/// start each round and to end it (and at any step between); the driver ends the race at
+/// the time cap, after [`MAX_ROUNDS`] rounds, or when it asks to, and the racers' loops then
+/// return.
+pub struct Rounds {
+    bar: SpinBarrier,
+    stop: AtomicBool,
+    end: Instant,
+}
+
+impl Rounds {
+    /// For `parties` threads (the driver included), racing for `cap` from now.
+    pub fn new(parties: usize, cap: Duration) -> Rounds {
+        Rounds {
+            bar: SpinBarrier::new(parties),
+            stop: AtomicBool::new(false),
+            end: Instant::now() + cap,
+        }
+    }
+    /// The barrier every party meets at.
+    pub fn wait(&self) {
+        self.bar.wait();
+    }
+    /// A racer: until the driver ends the race, waits for a round to start, runs `round`,
+    /// and waits for the round's end.
+    pub fn racer(&self, mut round: impl FnMut()) {
+        loop {
+            self.bar.wait();
+            if self.stop.load(Acquire) {
+                break;
+            }
+            round();
+            self.bar.wait();
+        }
+    }
+    /// The driver, once `r` rounds are done: whether the race is over (the time cap or
+    /// [`MAX_ROUNDS`]); if so, the racers are released to return.
+    pub fn over(&self, r: u64) -> bool {
+        self.over_or(r, false)
+    }
+    /// [`Rounds::over`], or the driver has seen `enough`.
+    pub fn over_or(&self, r: u64, enough: bool) -> bool {
+        if Instant::now() >= self.end || r >= MAX_ROUNDS || enough {
+            self.stop.store(true, Release);
+            self.bar.wait();
+            return true;
+        }
+        false
+    }
+}
+
 /// Counts checks and failures; keeps a few examples.
 pub struct Tally {
     pub what: String,
@@ -203,6 +259,11 @@ impl Tally {
     }
     pub fn fail(&self, msg: impl FnOnce() -> String) {
         self.check(false, msg);
+    }
+    /// [`Tally::finish`], then `fs`'s invariants must hold.
+    pub fn finish_and_check(&self, fs: &Filesystem) {
+        self.finish();
+        fs.check_invariants().unwrap();
     }
     pub fn finish(&self) {
         let (bad, checks) = (self.bad.load(SeqCst), self.checks.load(SeqCst));

@@ -469,6 +469,23 @@ fn flags_ioctl(path: &CString, cmd: u32, v: u32) -> Outcome {
     }
 }
 
+/// open(`path`, `flags`), `write` on the descriptor, close: what was written, or the errno
+/// of the open or of the write.
+///
+/// # Safety
+/// `write` must be safe to call with an open descriptor.
+unsafe fn write_fd(path: &CString, flags: i32, write: impl FnOnce(i32) -> isize) -> Outcome {
+    // SAFETY: `path` is a valid C string; `write` is the caller's.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), flags);
+        check(fd as i64)?;
+        let n = write(fd);
+        let e = errno();
+        libc::close(fd);
+        if n < 0 { Err(e) } else { Ok(count(n as u64)) }
+    }
+}
+
 fn kernel_op(base: &Path, op: Op) -> Outcome {
     let p = |r: &str| cstr(&base.join(r));
     // SAFETY: each call gets valid C strings and buffers owned by this frame.
@@ -531,30 +548,12 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
             Op::Truncate(a, n) => {
                 check(libc::truncate(p(&a).as_ptr(), n as i64) as i64).map(|_| Val::Unit)
             }
-            Op::Write(a, off, data) => {
-                let fd = libc::open(p(&a).as_ptr(), libc::O_WRONLY);
-                check(fd as i64)?;
-                let n = libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64);
-                let e = errno();
-                libc::close(fd);
-                if n < 0 {
-                    Err(e)
-                } else {
-                    Ok(Val::Bytes((n as u64).to_le_bytes().to_vec()))
-                }
-            }
-            Op::Append(a, data) => {
-                let fd = libc::open(p(&a).as_ptr(), libc::O_WRONLY | libc::O_APPEND);
-                check(fd as i64)?;
-                let n = libc::write(fd, data.as_ptr().cast(), data.len());
-                let e = errno();
-                libc::close(fd);
-                if n < 0 {
-                    Err(e)
-                } else {
-                    Ok(Val::Bytes((n as u64).to_le_bytes().to_vec()))
-                }
-            }
+            Op::Write(a, off, data) => write_fd(&p(&a), libc::O_WRONLY, |fd| {
+                libc::pwrite(fd, data.as_ptr().cast(), data.len(), off as i64)
+            }),
+            Op::Append(a, data) => write_fd(&p(&a), libc::O_WRONLY | libc::O_APPEND, |fd| {
+                libc::write(fd, data.as_ptr().cast(), data.len())
+            }),
             Op::Read(a) => {
                 let fd = libc::open(p(&a).as_ptr(), libc::O_RDONLY);
                 check(fd as i64)?;
@@ -623,14 +622,7 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 let r = libc::listxattr(p(&a).as_ptr(), buf.as_mut_ptr().cast(), buf.len());
                 check(r as i64)?;
                 buf.truncate(r as usize);
-                let mut names: Vec<Vec<u8>> = buf
-                    .split(|&b| b == 0)
-                    .filter(|s| !s.is_empty())
-                    .map(<[u8]>::to_vec)
-                    .collect();
-                names.retain(|n| !n.starts_with(b"security."));
-                names.sort();
-                Ok(Val::Names(names))
+                Ok(xattr_names(&buf))
             }
             Op::RemoveXattr(a, n) => {
                 let n = CString::new(n).unwrap();
@@ -646,10 +638,7 @@ fn kernel_op(base: &Path, op: Op) -> Outcome {
                 let y = kstat(&base.join(b), false)?;
                 Ok(Val::Bool(x.st_ino == y.st_ino))
             }
-            Op::SleepMs(ms) => {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
-                Ok(Val::Unit)
-            }
+            Op::SleepMs(ms) => sleep_ms(ms),
             Op::GetFlags(a) => flags_ioctl(&p(&a), FS_IOC_GETFLAGS, 0),
             Op::SetFlags(a, f) => flags_ioctl(&p(&a), FS_IOC_SETFLAGS, f),
             Op::GetXflags(a) => flags_ioctl(&p(&a), FS_IOC_FSGETXATTR, 0),
@@ -719,6 +708,41 @@ pub struct Lanes {
     pub fs: Arc<Filesystem>,
     umask: u32,
     stamps: HashMap<&'static str, (Timespec, Timespec, Timespec)>,
+}
+
+/// `SleepMs`, for either executor.
+fn sleep_ms(ms: u64) -> Outcome {
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    Ok(Val::Unit)
+}
+
+/// What `Write` and `Append` answer: how many bytes were written.
+fn count(n: u64) -> Val {
+    Val::Bytes(n.to_le_bytes().to_vec())
+}
+
+/// A `ListXattr` answer from the NUL-separated names in `buf`: sorted, without the
+/// `security.*` ones.
+fn xattr_names(buf: &[u8]) -> Val {
+    let mut names: Vec<Vec<u8>> = buf
+        .split(|&b| b == 0)
+        .filter(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect();
+    names.retain(|n| !n.starts_with(b"security."));
+    names.sort();
+    Val::Names(names)
+}
+
+/// `f` of the inode at path `a` (found as `c`), both failures as errnos.
+fn by_ino<T>(
+    c: &Client,
+    a: &str,
+    f: impl FnOnce(lanefs::Ino) -> lanefs::Result<T>,
+) -> Result<T, i32> {
+    c.metadata(p(a))
+        .map_err(io_errno)
+        .and_then(|m| f(m.ino()).map_err(|e| e.0))
 }
 
 fn io_errno(e: std::io::Error) -> i32 {
@@ -818,12 +842,12 @@ impl Executor for Lanes {
             Op::Write(a, off, data) => c
                 .open(p(&a), OpenOptions::new().write(true))
                 .and_then(|f| f.write_at(&data, off))
-                .map(|n| Val::Bytes((n as u64).to_le_bytes().to_vec()))
+                .map(|n| count(n as u64))
                 .map_err(io_errno),
             Op::Append(a, data) => c
                 .open(p(&a), OpenOptions::new().append(true))
                 .and_then(|mut f| f.write(&data))
-                .map(|n| Val::Bytes((n as u64).to_le_bytes().to_vec()))
+                .map(|n| count(n as u64))
                 .map_err(io_errno),
             Op::Read(a) => c
                 .open(p(&a), OpenOptions::new().read(true))
@@ -842,47 +866,20 @@ impl Executor for Lanes {
                 })
                 .map_err(io_errno),
             Op::Access(a, mask) => unit(c.access(p(&a), mask)),
-            Op::SetXattr(a, n, v, flags) => c
-                .metadata(p(&a))
-                .map_err(io_errno)
-                .and_then(|m| {
-                    self.fs
-                        .setxattr(c.ctx(), m.ino(), n.as_bytes(), &v, flags)
-                        .map_err(|e| e.0)
-                })
-                .map(|_| Val::Unit),
-            Op::GetXattr(a, n) => c
-                .metadata(p(&a))
-                .map_err(io_errno)
-                .and_then(|m| {
-                    self.fs
-                        .getxattr(c.ctx(), m.ino(), n.as_bytes())
-                        .map_err(|e| e.0)
-                })
-                .map(Val::Bytes),
-            Op::ListXattr(a) => c
-                .metadata(p(&a))
-                .map_err(io_errno)
-                .and_then(|m| self.fs.listxattr(c.ctx(), m.ino()).map_err(|e| e.0))
-                .map(|buf| {
-                    let mut names: Vec<Vec<u8>> = buf
-                        .split(|&b| b == 0)
-                        .filter(|s| !s.is_empty())
-                        .map(<[u8]>::to_vec)
-                        .collect();
-                    names.retain(|n| !n.starts_with(b"security."));
-                    names.sort();
-                    Val::Names(names)
-                }),
-            Op::RemoveXattr(a, n) => c
-                .metadata(p(&a))
-                .map_err(io_errno)
-                .and_then(|m| {
-                    self.fs
-                        .removexattr(c.ctx(), m.ino(), n.as_bytes())
-                        .map_err(|e| e.0)
-                })
-                .map(|_| Val::Unit),
+            Op::SetXattr(a, n, v, flags) => by_ino(&c, &a, |ino| {
+                self.fs.setxattr(c.ctx(), ino, n.as_bytes(), &v, flags)
+            })
+            .map(|_| Val::Unit),
+            Op::GetXattr(a, n) => {
+                by_ino(&c, &a, |ino| self.fs.getxattr(c.ctx(), ino, n.as_bytes())).map(Val::Bytes)
+            }
+            Op::ListXattr(a) => {
+                by_ino(&c, &a, |ino| self.fs.listxattr(c.ctx(), ino)).map(|buf| xattr_names(&buf))
+            }
+            Op::RemoveXattr(a, n) => by_ino(&c, &a, |ino| {
+                self.fs.removexattr(c.ctx(), ino, n.as_bytes())
+            })
+            .map(|_| Val::Unit),
             Op::Utimens(a, at, mt) => unit(c.set_times(p(&a), tset(at), tset(mt))),
             Op::Stamp(label, a) => {
                 let m = c.metadata(p(&a)).map_err(io_errno)?;
@@ -904,10 +901,7 @@ impl Executor for Lanes {
                 let y = c.symlink_metadata(p(&b)).map_err(io_errno)?;
                 Ok(Val::Bool(x.ino() == y.ino()))
             }
-            Op::SleepMs(ms) => {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
-                Ok(Val::Unit)
-            }
+            Op::SleepMs(ms) => sleep_ms(ms),
             Op::Tmpfile {
                 dir,
                 flags,
