@@ -7,7 +7,11 @@
 //!   (`engine/tests/common/tree.rs`);
 //! - [`opts`], [`host_opts`] and [`on_demand`]: the options of a test store;
 //! - [`PowerCuts`]: the images a power cut at each flush of a simulated disk would leave;
-//! - [`Watchdog`]: a hang fails the test instead of hanging.
+//! - [`Watchdog`]: a hang fails the test instead of hanging;
+//! - [`rw`], [`rwc`], [`no_cache`], [`pattern`]: open options, a filesystem that caches no
+//!   page, random file contents;
+//! - [`model_write`], [`model_punch`], [`model_allocate`]: what a change does to a file's
+//!   bytes held in a plain `Vec<u8>`, the model random tests check reads against.
 
 #![allow(dead_code)]
 
@@ -22,9 +26,12 @@ pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tr
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use lanefs::{Config, OpenOptions};
 use lanefs_store::Options;
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// A commit or checkpoint interval that never comes during a test: only syncs (or a
 /// checkpoint on demand) make one happen.
@@ -55,6 +62,61 @@ pub fn on_demand(o: Options) -> Options {
         checkpoint_records: u64::MAX,
         checkpoint_segments: usize::MAX,
         ..o
+    }
+}
+
+/// Open for reading and writing.
+pub fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    o
+}
+
+/// Open for reading and writing, created if missing.
+pub fn rwc() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+/// A filesystem that keeps no file data in memory beyond what changed since the last
+/// checkpoint.
+pub fn no_cache() -> Config {
+    Config {
+        cache_bytes: Some(0),
+        ..Config::default()
+    }
+}
+
+/// `len` random bytes, none zero, the same for the same `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| r.random_range(1..=255u8)).collect()
+}
+
+/// A file's bytes `model` after `data` was written at `off`.
+pub fn model_write(model: &mut Vec<u8>, off: u64, data: &[u8]) {
+    let end = off as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[off as usize..end].copy_from_slice(data);
+}
+
+/// A file's bytes `model` after a hole was punched over `len` bytes at `off` (the size kept).
+pub fn model_punch(model: &mut [u8], off: u64, len: u64) {
+    let end = ((off + len) as usize).min(model.len());
+    if (off as usize) < end {
+        model[off as usize..end].fill(0);
+    }
+}
+
+/// A file's bytes `model` after `len` bytes at `off` were allocated (the size grown to their
+/// end).
+pub fn model_allocate(model: &mut Vec<u8>, off: u64, len: u64) {
+    let end = (off + len) as usize;
+    if model.len() < end {
+        model.resize(end, 0);
     }
 }
 
