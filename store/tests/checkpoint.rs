@@ -893,11 +893,7 @@ fn step(c: &Client, rng: &mut StdRng, t: u64) {
         10 => c.truncate(&a, rng.random_range(0..6 * page)),
         11 | 12 => c.open(&a, OpenOptions::new().write(true)).and_then(|f| {
             let (off, len) = (rng.random_range(0..5 * page), rng.random_range(1..3 * page));
-            let mode = match rng.random_range(0..3) {
-                0 => 0,
-                1 => FALLOC_FL_KEEP_SIZE,
-                _ => FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-            };
+            let mode = common::random_falloc_mode(rng);
             fs.fallocate(&ctx, f.handle(), mode, off, len)?;
             Ok(())
         }),

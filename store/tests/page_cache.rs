@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    dump, host_opts, model_allocate, model_punch, model_write, no_cache, on_demand, opts, pattern,
-    rw, rwc, seed,
+    close_unshared, dump, host_opts, model_allocate, model_punch, model_write, no_cache, on_demand,
+    opts, pattern, rw, rwc, seed,
 };
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
@@ -182,12 +182,7 @@ fn pages_out_of_memory_read_back_under_racing_checkpoints() {
     fs.check_invariants().unwrap();
     let want = dump(&fs, true);
     drop(c);
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference"));
-    drop(fs);
-    Arc::try_unwrap(store)
-        .unwrap_or_else(|_| panic!("no other reference"))
-        .close()
-        .unwrap();
+    close_unshared(fs, store);
     let report = fsck::check(dir, &opts).unwrap();
     assert!(report.checkpoint_lsn > 0);
     let r = open(dir, no_cache(), opts).unwrap();
@@ -252,8 +247,7 @@ fn memory_holds_the_cache_budget_not_the_data() {
         "the data counts as used space"
     );
     drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    o.store.close().unwrap();
+    close_unshared(fs, o.store);
     let r = open(dir.path(), cfg, on_host()).unwrap();
     assert_eq!(r.fs.resident_pages(), 0);
     let c = Client::root(Arc::new(r.fs));
@@ -453,8 +447,7 @@ fn pages_grouped_by_fifteen_keep_their_edges() {
     let blocks = c.metadata("/f").unwrap().attr.blocks;
     drop(f);
     drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    o.store.close().unwrap();
+    close_unshared(fs, o.store);
     let r = open(dir.path(), no_cache(), on_host()).unwrap();
     let c = Client::root(Arc::new(r.fs));
     assert!(c.read("/f").unwrap() == model, "seed {seed}: after reopen");

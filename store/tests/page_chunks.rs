@@ -7,18 +7,19 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 use common::{
-    assert_same_tree, dump, host_opts, model_allocate, model_punch, model_write, no_cache,
-    on_demand, rwc, seed,
+    assert_same_tree, close_unshared, dump, host_opts, model_allocate, model_punch, model_write,
+    no_cache, on_demand, rwc, seed,
 };
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
-use lanefs_store::{Options, fsck, open};
+use lanefs_store::{Options, StoreHandle, fsck, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const G: u64 = 15 * PAGE;
@@ -27,6 +28,26 @@ const CHUNKS: u64 = 20;
 /// A store on the host whose checkpoints the test takes.
 fn opts() -> Options {
     on_demand(host_opts(1 << 20, Duration::from_millis(5)))
+}
+
+/// A store in `dir` ([`opts`], no cache): its filesystem and handle.
+fn open_in(dir: &Path) -> (Arc<Filesystem>, StoreHandle) {
+    let o = open(dir, no_cache(), opts()).unwrap();
+    (Arc::new(o.fs), o.store)
+}
+
+/// Everything into the checkpoint and out of memory.
+fn checkpoint_all(store: &StoreHandle, fs: &Filesystem) {
+    store.checkpoint().unwrap();
+    fs.evict();
+    assert_eq!(fs.resident_pages(), 0);
+}
+
+/// Closes the store in `dir` (its client first) and checks it (fsck).
+fn close_and_check(dir: &Path, c: Client, fs: Arc<Filesystem>, store: StoreHandle) {
+    drop(c);
+    close_unshared(fs, store);
+    fsck::check(dir, &opts()).unwrap();
 }
 
 /// An offset at, just before or just after a chunk edge (by a page or a byte), or inside one.
@@ -212,7 +233,7 @@ fn compare(want: &BTreeMap<String, Seen>, got: &BTreeMap<String, Seen>, what: &s
 /// Writers on their own files racing a checkpointer; returns the models by path.
 fn race(
     fs: &Arc<Filesystem>,
-    store: &Arc<lanefs_store::StoreHandle>,
+    store: &Arc<StoreHandle>,
     seed: u64,
     models: BTreeMap<String, Vec<u8>>,
     threads: u64,
@@ -413,11 +434,7 @@ fn chunks_survive_racing_changes_at_their_edges() {
         fs.check_invariants().unwrap();
         let want_dump = dump(&fs, false);
         drop(c);
-        drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-        Arc::try_unwrap(store)
-            .unwrap_or_else(|_| panic!("no other reference"))
-            .close()
-            .unwrap();
+        close_unshared(fs, store);
         let report = fsck::check(dir, &opts).unwrap();
         assert!(report.checkpoint_lsn > 0);
         round_dumps = Some((live, want_dump));
@@ -446,18 +463,11 @@ fn chunk_edges_deterministic() {
     let seed = seed::seed("chunk_edges_deterministic");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let opts = opts();
-    let o = open(dir, no_cache(), opts.clone()).unwrap();
-    let fs = Arc::new(o.fs);
-    let store = o.store;
+    let (fs, store) = open_in(dir);
     let c = Client::root(fs.clone());
     let ctx = Ctx::root();
     let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    let cp = || {
-        store.checkpoint().unwrap();
-        fs.evict();
-        assert_eq!(fs.resident_pages(), 0);
-    };
+    let cp = || checkpoint_all(&store, &fs);
     let blocks = |p: &str| c.metadata(p).unwrap().attr.blocks;
     let mut models: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut blockset: BTreeMap<String, u64> = BTreeMap::new();
@@ -640,11 +650,8 @@ fn chunk_edges_deterministic() {
 
     check_models(&c, &models, "before close", seed);
     let want_dump = dump(&fs, false);
-    drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
-    fsck::check(dir, &opts).unwrap();
-    let r = open(dir, no_cache(), opts).unwrap();
+    close_and_check(dir, c, fs, store);
+    let r = open(dir, no_cache(), opts()).unwrap();
     let fs = Arc::new(r.fs);
     let c = Client::root(fs.clone());
     check_models(&c, &models, "after reopen", seed);
@@ -669,18 +676,11 @@ fn chunk_edges_deterministic() {
 fn chunks_far_out() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let opts = opts();
-    let o = open(dir, no_cache(), opts.clone()).unwrap();
-    let fs = Arc::new(o.fs);
-    let store = o.store;
+    let (fs, store) = open_in(dir);
     let c = Client::root(fs.clone());
     let ctx = Ctx::root();
     let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    let cp = || {
-        store.checkpoint().unwrap();
-        fs.evict();
-        assert_eq!(fs.resident_pages(), 0);
-    };
+    let cp = || checkpoint_all(&store, &fs);
     let max = lanefs::MAX_FILE_SIZE;
     let f = c.open("/far", &rwc()).unwrap();
     let top = max / PAGE * PAGE; // the start of the last (partial) page
@@ -742,11 +742,8 @@ fn chunks_far_out() {
     readback(&c, &f, &live, "after the cut, from the checkpoint");
     let blocks2 = c.metadata("/far").unwrap().attr.blocks;
     drop(f);
-    drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
-    fsck::check(dir, &opts).unwrap();
-    let r = open(dir, no_cache(), opts).unwrap();
+    close_and_check(dir, c, fs, store);
+    let r = open(dir, no_cache(), opts()).unwrap();
     let fs = Arc::new(r.fs);
     let c = Client::root(fs.clone());
     assert_eq!(c.metadata("/far").unwrap().attr.blocks, blocks2);
