@@ -53,6 +53,12 @@ fn eager(o: Options) -> Options {
     }
 }
 
+/// The store at /s on `disk` with a busy checkpointer ([`eager`]), opened.
+fn open_eager(disk: &SimDisk) -> Opened {
+    let o = eager(opts(disk, 64 << 10, COMMIT_EAGER));
+    open(Path::new("/s"), Config::default(), o).unwrap()
+}
+
 /// The journal's segments in a store on the host (not those kept for reuse, `.free`).
 fn seg_files(dir: &Path) -> usize {
     std::fs::read_dir(dir.join("journal"))
@@ -258,12 +264,7 @@ fn a_checkpointed_store_reopens_to_the_same_filesystem() {
 #[test]
 fn a_file_open_when_its_last_name_went_survives_the_checkpoint_until_freed() {
     let disk = SimDisk::new();
-    let o = open(
-        Path::new("/s"),
-        Config::default(),
-        eager(opts(&disk, 64 << 10, COMMIT_EAGER)),
-    )
-    .unwrap();
+    let o = open_eager(&disk);
     let fs = Arc::new(o.fs);
     let c = Client::root(fs.clone());
     c.write("/keep", b"kept").unwrap();
@@ -277,12 +278,7 @@ fn a_file_open_when_its_last_name_went_survives_the_checkpoint_until_freed() {
     f.write_at(b"more", 10_000).unwrap();
     f.sync_all().unwrap();
     let image = disk.crash(Unflushed::Lost);
-    let o2 = open(
-        Path::new("/s"),
-        Config::default(),
-        eager(opts(&image, 64 << 10, COMMIT_EAGER)),
-    )
-    .unwrap();
+    let o2 = open_eager(&image);
     assert!(o2.report.loaded >= 2, "{:?}", o2.report);
     assert_eq!(
         o2.report.replayed, 1,
@@ -306,12 +302,7 @@ fn a_file_open_when_its_last_name_went_survives_the_checkpoint_until_freed() {
 #[test]
 fn generations_stay_unique_across_checkpoints() {
     let disk = SimDisk::new();
-    let o = open(
-        Path::new("/s"),
-        Config::default(),
-        eager(opts(&disk, 64 << 10, COMMIT_EAGER)),
-    )
-    .unwrap();
+    let o = open_eager(&disk);
     let c = Client::root(Arc::new(o.fs));
     let mut highest = 0;
     for i in 0..50 {
@@ -328,12 +319,7 @@ fn generations_stay_unique_across_checkpoints() {
     o.store.checkpoint().unwrap();
     drop(c);
     o.store.close().unwrap();
-    let o = open(
-        Path::new("/s"),
-        Config::default(),
-        eager(opts(&disk, 64 << 10, COMMIT_EAGER)),
-    )
-    .unwrap();
+    let o = open_eager(&disk);
     let c = Client::root(Arc::new(o.fs));
     c.write("/new", b"y").unwrap();
     let g = c
@@ -620,6 +606,31 @@ fn reopen(o: Options) -> Opened {
     open(Path::new(DIR), Config::default(), o).unwrap()
 }
 
+/// `fs` (a reopened store's) holds exactly the tree `want`; else the test fails saying `what`
+/// and how they differ.
+fn assert_holds(want: &Tree, fs: &Filesystem, what: &str) {
+    let back = dump(fs, true);
+    assert!(*want == back, "{what}:\n{}", tree_diff(want, &back));
+}
+
+/// Closes the store on `disk` (its client, filesystem and handle), checks it (fsck) and opens
+/// it again: it holds the checkpoint at `lsn` and exactly the tree `live` (seed `seed`).
+fn close_and_reopen_holding(
+    disk: &SimDisk,
+    (c, fs, store): (Client, Arc<Filesystem>, StoreHandle),
+    lsn: u64,
+    live: &Tree,
+    seed: u64,
+) {
+    drop(c);
+    drop(fs);
+    store.close().unwrap();
+    fsck::check(Path::new(DIR), &manual(disk)).unwrap();
+    let o = reopen(manual(disk));
+    assert_eq!(o.report.checkpoint_lsn, lsn, "seed {seed}");
+    assert_holds(live, &o.fs, &format!("seed {seed}: reopened differs"));
+}
+
 fn inodes(fs: &Filesystem) -> u64 {
     let s = fs.statfs();
     s.files - s.ffree
@@ -850,24 +861,14 @@ fn scripted(with_orphan: bool) {
     let o = reopen(manual(&disk));
     eprintln!("{:?}", o.report);
     assert!(o.report.loaded > 0 && o.report.replayed > 0);
-    let back = dump(&o.fs, true);
-    assert!(
-        live == back,
-        "reopened differs:\n{}",
-        tree_diff(&live, &back)
-    );
+    assert_holds(&live, &o.fs, "reopened differs");
     assert_eq!(inodes(&o.fs), live_after_close);
     o.fs.check_invariants().unwrap();
     // Checkpoint everything and reopen again: all from the checkpoint.
     ck(&o);
     drop(o);
     let o = reopen(manual(&disk));
-    let back = dump(&o.fs, true);
-    assert!(
-        live == back,
-        "reopened from the checkpoint alone differs:\n{}",
-        tree_diff(&live, &back)
-    );
+    assert_holds(&live, &o.fs, "reopened from the checkpoint alone differs");
     assert_eq!(inodes(&o.fs), live_after_close);
     drop(o);
     fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
@@ -892,11 +893,7 @@ fn step(c: &Client, rng: &mut StdRng, t: u64) {
         10 => c.truncate(&a, rng.random_range(0..6 * page)),
         11 | 12 => c.open(&a, OpenOptions::new().write(true)).and_then(|f| {
             let (off, len) = (rng.random_range(0..5 * page), rng.random_range(1..3 * page));
-            let mode = match rng.random_range(0..3) {
-                0 => 0,
-                1 => FALLOC_FL_KEEP_SIZE,
-                _ => FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-            };
+            let mode = common::random_falloc_mode(rng);
             fs.fallocate(&ctx, f.handle(), mode, off, len)?;
             Ok(())
         }),
@@ -1009,12 +1006,7 @@ fn random_work_with_concurrent_checkpoints_and_syncs_reopens_identical() {
     fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
     let o = reopen(manual(&disk));
     eprintln!("{:?}", o.report);
-    let back = dump(&o.fs, true);
-    assert!(
-        live == back,
-        "seed {seed}: reopened differs:\n{}",
-        tree_diff(&live, &back)
-    );
+    assert_holds(&live, &o.fs, &format!("seed {seed}: reopened differs"));
     assert_eq!(inodes(&o.fs), live_inodes, "seed {seed}");
     o.fs.check_invariants().unwrap();
 }
@@ -1763,29 +1755,17 @@ fn checkpoint_while_out_of_space_then_recovers() {
     let img = disk.crash(Unflushed::Lost);
     let oi = open(Path::new(DIR), Config::default(), manual(&img)).unwrap();
     assert_eq!(oi.report.checkpoint_lsn, lsn, "seed {seed}");
-    let back = dump(&oi.fs, true);
-    assert!(
-        live == back,
-        "seed {seed}: power cut after the checkpoint:\n{}",
-        tree_diff(&live, &back)
+    assert_holds(
+        &live,
+        &oi.fs,
+        &format!("seed {seed}: power cut after the checkpoint"),
     );
     drop(oi);
     for k in 0..50 {
         step(&c, &mut rng, k % 4);
     }
     let live = dump(&fs, true);
-    drop(c);
-    drop(fs);
-    store.close().unwrap();
-    fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
-    let o = reopen(manual(&disk));
-    assert_eq!(o.report.checkpoint_lsn, lsn, "seed {seed}");
-    let back = dump(&o.fs, true);
-    assert!(
-        live == back,
-        "seed {seed}: reopened differs:\n{}",
-        tree_diff(&live, &back)
-    );
+    close_and_reopen_holding(&disk, (c, fs, store), lsn, &live, seed);
 }
 
 /// A checkpoint on a host with no room that also fails (EIO) from its second flush on: the
@@ -1831,12 +1811,7 @@ fn checkpoint_reopen_that_fails_is_tried_again() {
     let img = disk.crash(Unflushed::Lost);
     let oi = open(Path::new(DIR), Config::default(), manual(&img)).unwrap();
     assert_eq!(oi.report.checkpoint_lsn, ck_lsn, "seed {seed}");
-    let back = dump(&oi.fs, true);
-    assert!(
-        live == back,
-        "seed {seed}: image:\n{}",
-        tree_diff(&live, &back)
-    );
+    assert_holds(&live, &oi.fs, &format!("seed {seed}: image"));
     drop(oi);
     disk.set_failing(false);
     disk.set_space(None);
@@ -1858,18 +1833,7 @@ fn checkpoint_reopen_that_fails_is_tried_again() {
         "seed {seed}: nothing removed"
     );
     let live2 = dump(&fs, true);
-    drop(c);
-    drop(fs);
-    store.close().unwrap();
-    fsck::check(Path::new(DIR), &manual(&disk)).unwrap();
-    let o = reopen(manual(&disk));
-    assert_eq!(o.report.checkpoint_lsn, lsn, "seed {seed}");
-    let back = dump(&o.fs, true);
-    assert!(
-        live2 == back,
-        "seed {seed}: reopened differs:\n{}",
-        tree_diff(&live2, &back)
-    );
+    close_and_reopen_holding(&disk, (c, fs, store), lsn, &live2, seed);
 }
 
 /// A checkpoint when the host fails (EIO) is refused; what was acknowledged survives; and the
@@ -1916,11 +1880,10 @@ fn checkpoint_on_a_failing_host_loses_nothing_acknowledged() {
         for img in [disk.crash(Unflushed::Lost), disk.crash(Unflushed::Kept)] {
             let o = open(Path::new(DIR), Config::default(), manual(&img))
                 .unwrap_or_else(|e| panic!("variant {variant}: reopen: {e}"));
-            let back = dump(&o.fs, true);
-            assert!(
-                acked == back,
-                "variant {variant}: reopened differs from the acknowledged state:\n{}",
-                tree_diff(&acked, &back)
+            assert_holds(
+                &acked,
+                &o.fs,
+                &format!("variant {variant}: reopened differs from the acknowledged state"),
             );
             drop(o);
             fsck::check(Path::new(DIR), &manual(&img)).unwrap();

@@ -84,6 +84,19 @@ fn busy_opts() -> Options {
 
 /// A store directory on a memory filesystem when there is one (flushes cost little, so
 /// checkpoints are many).
+/// Closes the store (its handle first) and opens the one in `dir` again.
+fn reopen(o: Opened, dir: &Path, opts: &Options) -> Opened {
+    o.store.close().expect("close");
+    drop(o.fs);
+    open(dir, cfg(), opts.clone()).expect("reopen")
+}
+
+/// A checkpoint, then [`reopen`].
+fn checkpoint_reopen(o: Opened, dir: &Path, opts: &Options) -> Opened {
+    o.store.checkpoint().expect("checkpoint");
+    reopen(o, dir, opts)
+}
+
 fn tmp() -> tempfile::TempDir {
     let shm = Path::new("/dev/shm");
     if shm.is_dir()
@@ -1688,9 +1701,7 @@ fn threads_race_background_checkpoints() {
             if round % 2 == 0 {
                 o.store.checkpoint().expect("last checkpoint");
             }
-            o.store.close().expect("close");
-            drop(o.fs);
-            o = open(tmp.path(), cfg(), opts.clone()).expect("reopen");
+            o = reopen(o, tmp.path(), &opts);
             let after = dump(&o.fs);
             same(
                 &before,
@@ -1807,9 +1818,7 @@ fn interleaved_generation_blocks_and_reused_numbers() {
             if round == 1 {
                 o.store.checkpoint().expect("checkpoint");
             }
-            o.store.close().expect("close");
-            drop(o.fs);
-            o = open(tmp.path(), cfg(), opts.clone()).expect("reopen");
+            o = reopen(o, tmp.path(), &opts);
             same(
                 &before,
                 &dump(&o.fs),
@@ -1868,10 +1877,7 @@ fn ghost_rename_directory_times() {
         o.fs.unlink(&c, b, b"h").expect("unlink");
     }
     let before = dump(&o.fs);
-    o.store.checkpoint().expect("checkpoint");
-    o.store.close().expect("close");
-    drop(o.fs);
-    let o = open(tmp.path(), cfg(), opts).expect("reopen");
+    let o = checkpoint_reopen(o, tmp.path(), &opts);
     assert_eq!(o.report.replayed, 0);
     same(&before, &dump(&o.fs), "ghost rename directory times");
 }
@@ -1884,9 +1890,11 @@ fn renamed_and_freed_in_a_later_checkpoint() {
     let opts = manual_opts();
     let o = open(tmp.path(), cfg(), opts.clone()).expect("open");
     let c = ctx();
-    let root = o.fs.root();
-    let a = o.fs.mkdir(&c, root, b"a", 0o755).expect("mkdir").ino;
-    let b = o.fs.mkdir(&c, root, b"b", 0o755).expect("mkdir").ino;
+    let [a, b] = ["a", "b"].map(|n| {
+        o.fs.mkdir(&c, o.fs.root(), n.as_bytes(), 0o755)
+            .expect("mkdir")
+            .ino
+    });
     for i in 0..50 {
         let (_, fh) =
             o.fs.create(
@@ -1915,10 +1923,7 @@ fn renamed_and_freed_in_a_later_checkpoint() {
         o.fs.unlink(&c, a, &g).expect("unlink");
     }
     let before = dump(&o.fs);
-    o.store.checkpoint().expect("checkpoint");
-    o.store.close().expect("close");
-    drop(o.fs);
-    let o = open(tmp.path(), cfg(), opts).expect("reopen");
+    let o = checkpoint_reopen(o, tmp.path(), &opts);
     same(
         &before,
         &dump(&o.fs),
@@ -2015,9 +2020,11 @@ fn records_larger_than_a_window() {
     let opts = manual_opts();
     let o = open(tmp.path(), cfg(), opts.clone()).expect("open");
     let c = ctx();
-    let root = o.fs.root();
-    let a = o.fs.mkdir(&c, root, b"a", 0o755).expect("mkdir").ino;
-    let b = o.fs.mkdir(&c, root, b"b", 0o755).expect("mkdir").ino;
+    let [a, b] = ["a", "b"].map(|n| {
+        o.fs.mkdir(&c, o.fs.root(), n.as_bytes(), 0o755)
+            .expect("mkdir")
+            .ino
+    });
     let mut rng = StdRng::seed_from_u64(61);
     for round in 0..4 {
         for i in 0..6 {
@@ -2060,10 +2067,7 @@ fn records_larger_than_a_window() {
         }
     }
     let before = dump(&o.fs);
-    o.store.checkpoint().expect("checkpoint");
-    o.store.close().expect("close");
-    drop(o.fs);
-    let o = open(tmp.path(), cfg(), opts).expect("reopen");
+    let o = checkpoint_reopen(o, tmp.path(), &opts);
     same(&before, &dump(&o.fs), "records larger than a window");
 }
 
@@ -2125,10 +2129,7 @@ fn ghost_runs_through_many_directories_and_lanes() {
         settle_times(&o.fs, &dirs);
         let before = dump(&o.fs);
         structure(&before, "many lanes: live");
-        o.store.checkpoint().expect("checkpoint");
-        o.store.close().expect("close");
-        drop(o.fs);
-        o = open(tmp.path(), cfg(), opts.clone()).expect("reopen");
+        o = checkpoint_reopen(o, tmp.path(), &opts);
         assert_eq!(o.report.replayed, 0);
         same(&before, &dump(&o.fs), &format!("many lanes: pass {pass}"));
         // Threads again, in the same lanes: their cookies above those noted.

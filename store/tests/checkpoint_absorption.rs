@@ -68,6 +68,18 @@ fn quiet(disk: &SimDisk) -> Options {
     }
 }
 
+/// A new file `name` in `dir`, open for reading and writing (`O_EXCL`): its attributes and
+/// handle.
+fn create_excl(fs: &Filesystem, ctx: &Ctx, dir: Ino, name: &str) -> lanefs::Result<(Attr, Fh)> {
+    fs.create(
+        ctx,
+        dir,
+        name.as_bytes(),
+        0o644,
+        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
+    )
+}
+
 fn root() -> Ctx {
     Ctx::root()
 }
@@ -721,6 +733,25 @@ impl W {
         }
     }
 
+    /// A new world (as [`W::new`]) with a directory `d` in its root: the world, the root and
+    /// `d`.
+    fn with_d(name: &str) -> (W, Ino, Ino) {
+        let mut w = W::new(name);
+        let r = w.root();
+        let d = w.mkdir(r, "d");
+        (w, r, d)
+    }
+
+    /// A new world (as [`W::new`]) with `n` directories in its root, named by `name_of`,
+    /// checkpointed: the world and the directories.
+    fn with_dirs(name: &str, n: usize, name_of: impl Fn(usize) -> String) -> (W, Vec<Ino>) {
+        let mut w = W::new(name);
+        let r = w.root();
+        let dirs = (0..n).map(|i| w.mkdir(r, &name_of(i))).collect();
+        w.ck();
+        (w, dirs)
+    }
+
     fn root(&self) -> Ino {
         self.fs.root()
     }
@@ -802,17 +833,20 @@ impl W {
 
     /// Creates `name` and leaves it open.
     fn create(&mut self, dir: Ino, name: &str) -> (Attr, Fh) {
-        let (a, fh) = self
-            .fs
-            .create(
-                &self.ctx,
-                dir,
-                name.as_bytes(),
-                0o644,
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-            )
+        let (a, fh) = create_excl(&self.fs, &self.ctx, dir, name)
             .unwrap_or_else(|e| panic!("create {name}: {e:?}"));
         (self.saw(&a), fh)
+    }
+
+    /// An O_TMPFILE file in `dir` holding `data`, left open: its attributes and handle.
+    fn tmpfile(&mut self, dir: Ino, data: &[u8]) -> (Attr, Fh) {
+        let (a, fh) = self
+            .fs
+            .tmpfile(&self.ctx, dir, 0o600, libc::O_RDWR)
+            .unwrap();
+        self.saw(&a);
+        self.write(fh, 0, data);
+        (a, fh)
     }
 
     fn write(&self, fh: Fh, off: u64, data: &[u8]) {
@@ -1141,9 +1175,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 /// Ghosts of every kind, in the root and in a directory, among files that stay.
 #[test]
 fn ghosts_of_every_kind_among_survivors() {
-    let mut w = W::new("kinds");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, r, d) = W::with_d("kinds");
     w.file(d, "keep0", b"zero");
     w.ck();
     for i in 0..40u64 {
@@ -1228,39 +1260,27 @@ fn linked_renamed_and_replaced_files_are_applied() {
 /// O_TMPFILE files: never named, named and removed, held over a checkpoint.
 #[test]
 fn tmpfiles_are_applied() {
-    let mut w = W::new("tmpfile");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, _, d) = W::with_d("tmpfile");
     // Never named.
-    let (a, fh) = w.fs.tmpfile(&w.ctx, d, 0o600, libc::O_RDWR).unwrap();
-    w.saw(&a);
-    w.write(fh, 0, b"nameless");
+    let (_, fh) = w.tmpfile(d, b"nameless");
     w.fs.release(fh).unwrap();
     // Named, then removed.
-    let (a, fh) = w.fs.tmpfile(&w.ctx, d, 0o600, libc::O_RDWR).unwrap();
-    w.saw(&a);
-    w.write(fh, 0, b"named once");
+    let (a, fh) = w.tmpfile(d, b"named once");
     w.link(a.ino, d, "t1");
     w.unlink(d, "t1");
     w.fs.release(fh).unwrap();
     // Named and kept.
-    let (a, fh) = w.fs.tmpfile(&w.ctx, d, 0o600, libc::O_RDWR).unwrap();
-    w.saw(&a);
-    w.write(fh, 0, b"named and kept");
+    let (a, fh) = w.tmpfile(d, b"named and kept");
     w.link(a.ino, d, "t2");
     w.fs.release(fh).unwrap();
     // Held open over a checkpoint, then closed.
-    let (a, fh) = w.fs.tmpfile(&w.ctx, d, 0o600, libc::O_RDWR).unwrap();
-    w.saw(&a);
-    w.write(fh, 0, &pattern(9000, 1));
+    let (_, fh) = w.tmpfile(d, &pattern(9000, 1));
     w.ghost(d, "g1", 1);
     w.ck();
     w.ghost(d, "g2", 2);
     w.fs.release(fh).unwrap();
     // Held open to the end (an orphan of the final checkpoint).
-    let (a, fh) = w.fs.tmpfile(&w.ctx, d, 0o600, libc::O_RDWR).unwrap();
-    w.saw(&a);
-    w.write(fh, 0, &pattern(5000, 2));
+    let (a, fh) = w.tmpfile(d, &pattern(5000, 2));
     w.orphans.insert(a.ino.0, fh);
     w.ghost(d, "g3", 3);
     w.verify();
@@ -1270,9 +1290,7 @@ fn tmpfiles_are_applied() {
 /// turns at the same few numbers.
 #[test]
 fn numbers_reused_within_a_window() {
-    let mut w = W::new("reuse");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, _, d) = W::with_d("reuse");
     let old = w.file(d, "old", &pattern(3 * PAGE as usize, 9));
     w.setx(old.ino, "user.old", b"old");
     w.ck();
@@ -1306,9 +1324,7 @@ fn numbers_reused_within_a_window() {
 /// open after a close.
 #[test]
 fn files_open_when_unlinked() {
-    let mut w = W::new("open-unlinked");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, _, d) = W::with_d("open-unlinked");
     // Freed within the window.
     let (_, fh) = w.create(d, "a");
     w.write(fh, 0, &pattern(10_000, 1));
@@ -1338,9 +1354,7 @@ fn files_open_when_unlinked() {
 /// A window that holds records of two sessions: made before a close, removed after.
 #[test]
 fn ghosts_spanning_a_reopen() {
-    let mut w = W::new("sessions");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, _, d) = W::with_d("sessions");
     w.ck();
     let a = w.file(d, "made-before", &pattern(4000, 1));
     w.setx(a.ino, "user.a", b"a");
@@ -1357,9 +1371,7 @@ fn ghosts_spanning_a_reopen() {
 /// set on a directory between ghosts (the order of the gathered times and the others).
 #[test]
 fn directory_times_between_ghosts() {
-    let mut w = W::new("dir-times");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, r, d) = W::with_d("dir-times");
     w.ck();
     // A ghost in d, then an older time set on d: the set time must win.
     w.ghost(d, "g1", 1);
@@ -1410,10 +1422,7 @@ fn directory_times_between_ghosts() {
 /// their times by others.
 #[test]
 fn many_directories() {
-    let mut w = W::new("many-dirs");
-    let r = w.root();
-    let dirs: Vec<Ino> = (0..40).map(|i| w.mkdir(r, &format!("d{i:02}"))).collect();
-    w.ck();
+    let (mut w, dirs) = W::with_dirs("many-dirs", 40, |i| format!("d{i:02}"));
     let mut rng = StdRng::seed_from_u64(4);
     for round in 0..6u64 {
         for (i, &d) in dirs.iter().enumerate() {
@@ -1467,10 +1476,7 @@ fn many_directories() {
 /// in one window, taking turns so that the order is known.
 #[test]
 fn ghosts_from_many_lanes() {
-    let mut w = W::new("lanes");
-    let r = w.root();
-    let dirs: Vec<Ino> = (0..20).map(|i| w.mkdir(r, &format!("d{i}"))).collect();
-    w.ck();
+    let (mut w, dirs) = W::with_dirs("lanes", 20, |i| format!("d{i}"));
     type Job = Box<dyn FnOnce(&Filesystem) -> (u64, u64) + Send>;
     let mut workers = Vec::new();
     for _ in 0..20 {
@@ -1488,15 +1494,7 @@ fn ghosts_from_many_lanes() {
     let ghost_job = |d: Ino, name: String| -> Job {
         Box::new(move |fs: &Filesystem| {
             let ctx = root();
-            let (a, fh) = fs
-                .create(
-                    &ctx,
-                    d,
-                    name.as_bytes(),
-                    0o644,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                )
-                .unwrap();
+            let (a, fh) = create_excl(fs, &ctx, d, &name).unwrap();
             fs.write(&ctx, fh, 0, b"lane").unwrap();
             let dh = fs.opendir_flags(&ctx, d, libc::O_NOATIME).unwrap();
             let mut c = 0;
@@ -1562,9 +1560,7 @@ fn ghosts_from_many_lanes() {
 /// with inherited inode flags (Creates with flags).
 #[test]
 fn ghosts_with_inherited_acls_and_flags() {
-    let mut w = W::new("acl");
-    let r = w.root();
-    let d = w.mkdir(r, "d");
+    let (mut w, r, d) = W::with_d("acl");
     w.setx(d, "system.posix_acl_default", &acl_value());
     w.ck();
     for i in 0..8 {
@@ -1595,10 +1591,8 @@ fn ghosts_with_inherited_acls_and_flags() {
 /// more than a window itself, and ghosts sit on both sides of each boundary.
 #[test]
 fn windows_split_ghosts() {
-    let mut w = W::new("windows");
+    let (mut w, r, d) = W::with_d("windows");
     w.image_every = 5;
-    let r = w.root();
-    let d = w.mkdir(r, "d");
     let (big, bfh) = w.create(r, "big");
     w.ck();
     let chunk = pattern(256 << 10, 77);
@@ -1682,13 +1676,7 @@ fn random_run(seed: u64, ops: usize) -> usize {
                 }
             }
             25..=34 => {
-                if let Ok((a, fh)) = w.fs.create(
-                    &ctx,
-                    d,
-                    n.as_bytes(),
-                    0o644,
-                    libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                ) {
+                if let Ok((a, fh)) = create_excl(&w.fs, &ctx, d, n) {
                     w.saw(&a);
                     let len = rng.random_range(0..3 * PAGE as usize);
                     w.write(fh, 0, &pattern(len, rng.random()));
@@ -1901,15 +1889,7 @@ fn concurrent_ghosts_with_background_checkpoints() {
                     shared[rng.random_range(0..3)]
                 };
                 let name = format!("t{th}-{i}");
-                let (a, fh) = fs
-                    .create(
-                        &ctx,
-                        d,
-                        name.as_bytes(),
-                        0o644,
-                        libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                    )
-                    .unwrap();
+                let (a, fh) = create_excl(&fs, &ctx, d, &name).unwrap();
                 max_gen = max_gen.max(a.generation.0);
                 fs.write(&ctx, fh, 0, &pattern(rng.random_range(1..6000), i))
                     .unwrap();

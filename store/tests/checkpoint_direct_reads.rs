@@ -24,7 +24,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ffi::OsString;
 use std::io::{self, BufRead, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -82,9 +81,7 @@ struct ProbeFile {
 }
 
 impl Disk for ProbeDisk {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealDisk.create_dir_all(path)
-    }
+    common::real_disk_but_open!();
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn DiskFile>> {
         let new = create && !path.exists();
         let inner = RealDisk.open(path, create)?;
@@ -99,24 +96,6 @@ impl Disk for ProbeDisk {
             probe: self.probe.clone(),
             checked: AtomicBool::new(false),
         }))
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        RealDisk.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealDisk.rename(from, to)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
-        RealDisk.list(dir)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealDisk.sync_dir(dir)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        RealDisk.exists(path)
-    }
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        RealDisk.lock(path)
     }
     fn capacity(&self, dir: &Path) -> Option<u64> {
         RealDisk.capacity(dir)
@@ -669,6 +648,28 @@ struct Outcome {
 
 /// Runs the workers for one session, with a thread taking checkpoints (and evicting what
 /// they hold) until they are done.
+impl Outcome {
+    /// What round `round` of a session on `store` did, for the report.
+    fn line(&self, round: u32, store: &StoreHandle) -> String {
+        format!(
+            "round {round}: {} checkpoints on demand, {} saw a new segment, ckpt lsn {}, lsn {}",
+            self.checkpoints,
+            self.switched_during,
+            store.checkpoint_lsn(),
+            store.counters().lsn
+        )
+    }
+}
+
+/// No checkpoint of `store`'s checkpointer failed (`what` names the run).
+fn no_background_failures(store: &StoreHandle, what: &str) {
+    let st = store.checkpoint_status();
+    assert_eq!(
+        st.failures, 0,
+        "{what}: background checkpoints failed: {st:?}"
+    );
+}
+
 fn session(
     fs: &Arc<Filesystem>,
     store: &StoreHandle,
@@ -795,19 +796,9 @@ fn scenario(root: &Path, cfg: &Cfg, base: u64, tag: u64) {
     if rng.random_bool(0.5) {
         store.checkpoint().unwrap();
     }
-    let st = store.checkpoint_status();
-    assert_eq!(
-        st.failures, 0,
-        "{what}: background checkpoints failed: {st:?}"
-    );
+    no_background_failures(&store, &what);
     let want = dump(&fs, true);
-    report.push(format!(
-        "round 0: {} checkpoints on demand, {} saw a new segment, ckpt lsn {}, lsn {}",
-        out.checkpoints,
-        out.switched_during,
-        store.checkpoint_lsn(),
-        store.counters().lsn
-    ));
+    report.push(out.line(0, &store));
     drop(into_inner(fs));
     store.close().unwrap();
     let r = fsck::check(&dir, &opts).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
@@ -882,19 +873,9 @@ fn return_round(
     }
     drop(c);
     fs.check_invariants().unwrap();
-    let st = store.checkpoint_status();
-    assert_eq!(
-        st.failures, 0,
-        "{what}: background checkpoints failed: {st:?}"
-    );
+    no_background_failures(&store, what);
     let want = dump(&fs, true);
-    report.push(format!(
-        "round 1: {} checkpoints on demand, {} saw a new segment, ckpt lsn {}, lsn {}",
-        out.checkpoints,
-        out.switched_during,
-        store.checkpoint_lsn(),
-        store.counters().lsn
-    ));
+    report.push(out.line(1, &store));
     drop(into_inner(fs));
     drop(store); // without close
     let r = fsck::check(dir, opts).unwrap_or_else(|e| panic!("{what}: fsck: {e}"));
@@ -946,6 +927,42 @@ fn shm_dir() -> tempfile::TempDir {
     d
 }
 
+/// The workload most runs here take ([`run`]); each changes some of it.
+const BASE: Cfg = Cfg {
+    segment: 64 << 10,
+    mode: Mode::Direct,
+    jitter: true,
+    cache: Some(256 << 10),
+    threads: 3,
+    ops: 2000,
+    big: 0.01,
+    demand: true,
+};
+
+/// A store with no workload of its own and no checkpoint but those the test takes (none due
+/// by records, segments, changed data or time), block reads by `mode`, a page cache of
+/// `cache`: its [`Cfg`] and options (`probe` watching its disk).
+fn quiet(mode: Mode, cache: Option<u64>, probe: &Arc<Probe>) -> (Cfg, Options) {
+    let cfg = Cfg {
+        segment: 256 << 10,
+        mode,
+        jitter: false,
+        cache,
+        threads: 0,
+        ops: 0,
+        big: 0.0,
+        demand: false,
+    };
+    let opts = Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: usize::MAX,
+        checkpoint_changed: 1 << 40,
+        checkpoint_poll: Duration::from_secs(3600),
+        ..options(&cfg, probe)
+    };
+    (cfg, opts)
+}
+
 fn run(tag: u64, root: &Path, cfg: Cfg) {
     let seed = seed::seed(&format!("checkpoint_direct_reads, {cfg:?}"));
     scenario(root, &cfg, seed, tag);
@@ -957,20 +974,7 @@ fn run(tag: u64, root: &Path, cfg: Cfg) {
 #[test]
 fn ext4_small_segments_direct() {
     let d = ext4_dir();
-    run(
-        1,
-        d.path(),
-        Cfg {
-            segment: 64 << 10,
-            mode: Mode::Direct,
-            jitter: true,
-            cache: Some(256 << 10),
-            threads: 3,
-            ops: 2000,
-            big: 0.01,
-            demand: true,
-        },
-    );
+    run(1, d.path(), BASE);
 }
 
 /// Segments of an odd size (not a multiple of a block, nor of 1 MiB).
@@ -982,13 +986,9 @@ fn ext4_odd_segments_direct() {
         d.path(),
         Cfg {
             segment: 200_017,
-            mode: Mode::Direct,
-            jitter: true,
             cache: None,
-            threads: 3,
-            ops: 2000,
             big: 0.015,
-            demand: true,
+            ..BASE
         },
     );
 }
@@ -1002,13 +1002,12 @@ fn ext4_records_straddle_read_windows() {
         d.path(),
         Cfg {
             segment: (3 << 20) + 12_345,
-            mode: Mode::Direct,
             jitter: false,
             cache: Some(512 << 10),
             threads: 2,
             ops: 3000,
             big: 0.02,
-            demand: true,
+            ..BASE
         },
     );
 }
@@ -1023,12 +1022,8 @@ fn ext4_buffered_fallback() {
         Cfg {
             segment: 256 << 10,
             mode: Mode::Buffered,
-            jitter: true,
-            cache: Some(256 << 10),
-            threads: 3,
             ops: 1500,
-            big: 0.01,
-            demand: true,
+            ..BASE
         },
     );
 }
@@ -1038,20 +1033,7 @@ fn ext4_buffered_fallback() {
 #[test]
 fn tmpfs_real_disk() {
     let d = shm_dir();
-    run(
-        5,
-        d.path(),
-        Cfg {
-            segment: 64 << 10,
-            mode: Mode::Direct,
-            jitter: true,
-            cache: Some(256 << 10),
-            threads: 3,
-            ops: 1500,
-            big: 0.01,
-            demand: true,
-        },
-    );
+    run(5, d.path(), Cfg { ops: 1500, ..BASE });
 }
 
 /// tmpfs with odd segments of about 1 MiB, buffered.
@@ -1067,9 +1049,8 @@ fn tmpfs_odd_segments_buffered() {
             jitter: false,
             cache: None,
             threads: 2,
-            ops: 2000,
             big: 0.02,
-            demand: true,
+            ..BASE
         },
     );
 }
@@ -1088,23 +1069,7 @@ fn ghosts_last_keep_times_generations_and_cookies() {
     let d = ext4_dir();
     let dir = d.path().join("store");
     let probe = Arc::new(Probe::default());
-    let cfg = Cfg {
-        segment: 256 << 10,
-        mode: Mode::Direct,
-        jitter: false,
-        cache: None,
-        threads: 0,
-        ops: 0,
-        big: 0.0,
-        demand: false,
-    };
-    let opts = Options {
-        checkpoint_records: u64::MAX,
-        checkpoint_segments: usize::MAX,
-        checkpoint_changed: 1 << 40,
-        checkpoint_poll: Duration::from_secs(3600),
-        ..options(&cfg, &probe)
-    };
+    let (cfg, opts) = quiet(Mode::Direct, None, &probe);
     let mut max_gen = 0u64;
     let mut max_cookie = 0u64;
     {
@@ -1255,23 +1220,7 @@ fn a_segment_ending_inside_a_block_is_read_back_whole() {
         let d = if k == 0 { ext4_dir() } else { shm_dir() };
         let dir = d.path().join("store");
         let probe = Arc::new(Probe::default());
-        let cfg = Cfg {
-            segment: 256 << 10,
-            mode,
-            jitter: false,
-            cache: Some(0),
-            threads: 0,
-            ops: 0,
-            big: 0.0,
-            demand: false,
-        };
-        let opts = Options {
-            checkpoint_records: u64::MAX,
-            checkpoint_segments: usize::MAX,
-            checkpoint_changed: 1 << 40,
-            checkpoint_poll: Duration::from_secs(3600),
-            ..options(&cfg, &probe)
-        };
+        let (cfg, opts) = quiet(mode, Some(0), &probe);
         let mut end;
         let mut n = 0;
         loop {

@@ -130,6 +130,22 @@ impl Watchdog {
     }
 }
 
+/// A count for each of `n` workers of how far it got, and a [`Watchdog`] over them for the
+/// test `what`, which says `counted` and the counts (`"syncs per thread: [..]"`).
+fn watched_progress(
+    n: usize,
+    what: String,
+    counted: &'static str,
+) -> (Arc<Vec<AtomicUsize>>, Watchdog) {
+    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
+    let p = progress.clone();
+    let dog = Watchdog::new(what, move || {
+        let counts: Vec<usize> = p.iter().map(|a| a.load(SeqCst)).collect();
+        format!("{counted}: {counts:?}")
+    });
+    (progress, dog)
+}
+
 impl Drop for Watchdog {
     fn drop(&mut self) {
         *self.done.0.lock().unwrap() = true;
@@ -790,14 +806,8 @@ fn durability(name: &str, n: usize, ops: usize) {
     let sh = Shared::new(n, seed, opts.clone());
     hook_power_cuts(&sim, &sh, 1, 3, 8);
     let done = AtomicBool::new(false);
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-    let p = progress.clone();
-    let dog = Watchdog::new(format!("{name} (seed {seed})"), move || {
-        format!(
-            "operations per worker: {:?}",
-            p.iter().map(|a| a.load(SeqCst)).collect::<Vec<_>>()
-        )
-    });
+    let (progress, dog) =
+        watched_progress(n, format!("{name} (seed {seed})"), "operations per worker");
     let (fs, store) = open(&sim, &opts);
     let started = Instant::now();
     let random_cuts = AtomicUsize::new(0);
@@ -874,19 +884,22 @@ fn durability(name: &str, n: usize, ops: usize) {
     );
 }
 
-#[test]
-fn durability_8_threads_power_cut_at_every_flush() {
-    durability("durability_8", 8, 500);
+/// A `#[test]` function for each `name => call;`: the test `name` makes the call.
+macro_rules! tests {
+    ($($name:ident => $call:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $call;
+            }
+        )*
+    };
 }
 
-#[test]
-fn durability_16_threads_power_cut_at_every_flush() {
-    durability("durability_16", 16, 200);
-}
-
-#[test]
-fn durability_32_threads_power_cut_at_every_flush() {
-    durability("durability_32", 32, 120);
+tests! {
+    durability_8_threads_power_cut_at_every_flush => durability("durability_8", 8, 500);
+    durability_16_threads_power_cut_at_every_flush => durability("durability_16", 16, 200);
+    durability_32_threads_power_cut_at_every_flush => durability("durability_32", 32, 120);
 }
 
 // ----- 2. liveness --------------------------------------------------------------------------
@@ -899,14 +912,7 @@ fn rapid(name: &str, n: usize, per: usize, writer: bool) {
     let sim = SimDisk::new();
     let opts = options(&sim, if writer { 4 << 20 } else { 256 << 10 }, FOREVER);
     let sh = Shared::new(n, seed, opts.clone());
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-    let p = progress.clone();
-    let dog = Watchdog::new(format!("{name} (seed {seed})"), move || {
-        format!(
-            "syncs per thread: {:?}",
-            p.iter().map(|a| a.load(SeqCst)).collect::<Vec<_>>()
-        )
-    });
+    let (progress, dog) = watched_progress(n, format!("{name} (seed {seed})"), "syncs per thread");
     let (fs, store) = open(&sim, &opts);
     let started = Instant::now();
     let slowest = Mutex::new(Duration::ZERO);
@@ -979,24 +985,11 @@ fn rapid(name: &str, n: usize, per: usize, writer: bool) {
     );
 }
 
-#[test]
-fn rapid_syncs_1_thread() {
-    rapid("rapid_1", 1, 10000, false);
-}
-
-#[test]
-fn rapid_syncs_2_threads() {
-    rapid("rapid_2", 2, 5000, false);
-}
-
-#[test]
-fn rapid_syncs_8_threads_and_a_big_writer() {
-    rapid("rapid_8", 8, 1000, true);
-}
-
-#[test]
-fn rapid_syncs_64_threads() {
-    rapid("rapid_64", 64, 150, false);
+tests! {
+    rapid_syncs_1_thread => rapid("rapid_1", 1, 10000, false);
+    rapid_syncs_2_threads => rapid("rapid_2", 2, 5000, false);
+    rapid_syncs_8_threads_and_a_big_writer => rapid("rapid_8", 8, 1000, true);
+    rapid_syncs_64_threads => rapid("rapid_64", 64, 150, false);
 }
 
 /// `sync_then` callbacks that ask for the next sync from inside the callback (on the
@@ -1096,14 +1089,8 @@ fn spurious_unparks_do_not_end_a_sync_early() {
     const N: usize = 4;
     const ROUNDS: usize = 120;
     let sh = Shared::new(N, seed, opts.clone());
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..N).map(|_| AtomicUsize::new(0)).collect());
-    let p = progress.clone();
-    let dog = Watchdog::new(format!("unparks (seed {seed})"), move || {
-        format!(
-            "rounds per thread: {:?}",
-            p.iter().map(|a| a.load(SeqCst)).collect::<Vec<_>>()
-        )
-    });
+    let (progress, dog) =
+        watched_progress(N, format!("unparks (seed {seed})"), "rounds per thread");
     let (fs, store) = open(&sim, &opts);
     let stop = AtomicBool::new(false);
     let go: Vec<AtomicBool> = (0..N).map(|_| AtomicBool::new(false)).collect();
@@ -1228,13 +1215,11 @@ fn syncs_racing_close() {
             hook_power_cuts(&sim, &sh, 7 + it, 4, 16);
         }
         let closed = AtomicBool::new(false);
-        let progress: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-        let p = progress.clone();
-        let dog = Watchdog::new(format!("close iteration {it} (seed {seed})"), move || {
-            let ops: Vec<usize> = p.iter().map(|a| a.load(SeqCst)).collect();
-            format!("operations per thread: {ops:?}")
-        });
+        let (progress, dog) = watched_progress(
+            n,
+            format!("close iteration {it} (seed {seed})"),
+            "operations per thread",
+        );
         let (fs, store) = open(&sim, &opts);
         let delay = Duration::from_micros(rng.below(4000));
         let closing = rng.below(3);
@@ -1389,14 +1374,8 @@ fn faults(name: &str, fault: Fault) {
     // 0: normal; 1: fault; 2: recovered (room again, or the disk works again).
     let phase = AtomicUsize::new(0);
     let ready = AtomicUsize::new(0);
-    let progress: Arc<Vec<AtomicUsize>> = Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-    let p = progress.clone();
-    let dog = Watchdog::new(format!("{name} (seed {seed})"), move || {
-        format!(
-            "operations per worker: {:?}",
-            p.iter().map(|a| a.load(SeqCst)).collect::<Vec<_>>()
-        )
-    });
+    let (progress, dog) =
+        watched_progress(n, format!("{name} (seed {seed})"), "operations per worker");
     let (fs, store) = open(&sim, &opts);
     let outcomes: Mutex<Vec<Outcome>> = Mutex::new(Vec::new());
     let enospc_syncs = AtomicUsize::new(0);
@@ -1659,39 +1638,14 @@ fn faults(name: &str, fault: Fault) {
     );
 }
 
-#[test]
-fn enospc_then_room_again() {
-    faults("enospc", Fault::SpaceBack);
-}
-
-#[test]
-fn eio_stops_the_store_for_good() {
-    faults("eio", Fault::Eio);
-}
-
-#[test]
-fn eio_while_records_are_held() {
-    faults("enospc_eio", Fault::SpaceThenEio);
-}
-
-#[test]
-fn journal_flushes_fail_with_eio() {
-    faults("flush_eio", Fault::FlushEio);
-}
-
-#[test]
-fn journal_flushes_fail_with_enospc() {
-    faults("flush_enospc", Fault::FlushEnospc);
-}
-
-#[test]
-fn journal_writes_fail_with_eio() {
-    faults("write_eio", Fault::WriteEio);
-}
-
-#[test]
-fn journal_writes_fail_with_enospc_then_work() {
-    faults("write_enospc", Fault::WriteEnospc);
+tests! {
+    enospc_then_room_again => faults("enospc", Fault::SpaceBack);
+    eio_stops_the_store_for_good => faults("eio", Fault::Eio);
+    eio_while_records_are_held => faults("enospc_eio", Fault::SpaceThenEio);
+    journal_flushes_fail_with_eio => faults("flush_eio", Fault::FlushEio);
+    journal_flushes_fail_with_enospc => faults("flush_enospc", Fault::FlushEnospc);
+    journal_writes_fail_with_eio => faults("write_eio", Fault::WriteEio);
+    journal_writes_fail_with_enospc_then_work => faults("write_enospc", Fault::WriteEnospc);
 }
 
 /// The store is closed while records are held for lack of space and threads keep syncing:
@@ -1716,15 +1670,10 @@ fn close_while_records_are_held() {
         let sh = Shared::new(n, seed ^ it, opts.clone());
         let closed = AtomicBool::new(false);
         let held = AtomicUsize::new(0);
-        let progress: Arc<Vec<AtomicUsize>> =
-            Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect());
-        let p = progress.clone();
-        let dog = Watchdog::new(
+        let (progress, dog) = watched_progress(
+            n,
             format!("close_held iteration {it} (seed {seed})"),
-            move || {
-                let ops: Vec<usize> = p.iter().map(|a| a.load(SeqCst)).collect();
-                format!("syncs per thread: {ops:?}")
-            },
+            "syncs per thread",
         );
         let (fs, store) = open(&sim, &opts);
         let mut store = Some(store);

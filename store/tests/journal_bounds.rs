@@ -15,14 +15,13 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use common::{Watchdog, host_opts, seed};
+use common::{Watchdog, close_unshared, host_opts, seed};
 use lanefs::{Client, Config, OpenOptions};
 use lanefs_store::disk::{Disk, DiskFile, RealDisk};
 use lanefs_store::{Options, fsck, open};
@@ -104,9 +103,7 @@ impl DiskFile for CkFile {
 }
 
 impl Disk for Host {
-    fn create_dir_all(&self, path: &Path) -> io::Result<()> {
-        RealDisk.create_dir_all(path)
-    }
+    common::real_disk_but_open!();
     fn open(&self, path: &Path, create: bool) -> io::Result<Arc<dyn DiskFile>> {
         let f = RealDisk.open(path, create)?;
         Ok(
@@ -118,24 +115,6 @@ impl Disk for Host {
                 false => f,
             },
         )
-    }
-    fn remove(&self, path: &Path) -> io::Result<()> {
-        RealDisk.remove(path)
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        RealDisk.rename(from, to)
-    }
-    fn list(&self, dir: &Path) -> io::Result<Vec<OsString>> {
-        RealDisk.list(dir)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        RealDisk.sync_dir(dir)
-    }
-    fn exists(&self, path: &Path) -> bool {
-        RealDisk.exists(path)
-    }
-    fn lock(&self, path: &Path) -> io::Result<Box<dyn Send + Sync>> {
-        RealDisk.lock(path)
     }
 }
 
@@ -283,8 +262,7 @@ fn run(dir: &Path, bound: usize, watch: Watch) -> (usize, bool, u64, Vec<Vec<u8>
             .map(|w| w.join().unwrap())
             .collect::<Vec<_>>()
     });
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    o.store.close().unwrap();
+    close_unshared(fs, o.store);
     (
         most.load(SeqCst) as usize,
         came.load(SeqCst),
@@ -626,8 +604,7 @@ fn storm(seed: u64, threads: usize, ck_segments: usize, bound: usize, delay: u64
         st.ops.load(SeqCst) > threads as u64,
         "seed {seed}: barely any progress"
     );
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
+    close_unshared(fs, store);
     k.delay_ms.store(0, SeqCst);
     verify(tmp.path(), &o, &models, seed);
 }
@@ -794,8 +771,7 @@ fn failing(seed: u64, fail_write: bool) {
         );
         models
     });
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
+    close_unshared(fs, store);
     k.delay_ms.store(0, SeqCst);
     verify(tmp.path(), &o, &models, seed);
 }

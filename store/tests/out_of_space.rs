@@ -135,6 +135,13 @@ fn reopen_and_check(disk: &SimDisk, x: &Expect) {
     check(&c, x);
 }
 
+/// The filesystem's invariants hold; then the client goes and the store closes cleanly.
+fn check_and_close(c: Client, store: StoreHandle) {
+    c.fs().check_invariants().unwrap();
+    drop(c);
+    store.close().unwrap();
+}
+
 /// The store runs low (the next segment cannot be made): creates, writes and mkdirs are
 /// refused with ENOSPC and leave nothing visible, while every change taken is durable; unlink
 /// and rmdir still work (the reserve); once space is back the store goes on, and a power
@@ -450,9 +457,7 @@ fn a_store_on_a_full_tmpfs_goes_on_once_space_is_freed() {
     for &k in &acked[1..] {
         assert_eq!(c.read(format!("/f{k}")).unwrap(), data(k), "f{k}");
     }
-    c.fs().check_invariants().unwrap();
-    drop(c);
-    o.store.close().unwrap();
+    check_and_close(c, o.store);
 }
 
 /// A store that fills its host filesystem with its own files, all fsynced, gets the room
@@ -540,9 +545,7 @@ fn a_store_that_filled_its_tmpfs_with_files_goes_on_once_they_are_deleted() {
     for k in 0..=written {
         assert!(!c.exists(format!("/f{k}")), "f{k}");
     }
-    c.fs().check_invariants().unwrap();
-    drop(c);
-    o.store.close().unwrap();
+    check_and_close(c, o.store);
 }
 
 /// A store with default options that fills its host (a 64 MiB tmpfs) with files of 512 KiB
@@ -613,9 +616,7 @@ fn a_store_that_filled_its_tmpfs_goes_on_once_some_files_are_deleted() {
     }
     assert_eq!(c.read("/after").unwrap(), data(7));
     assert_eq!(c.read("/d/small").unwrap(), b"x");
-    c.fs().check_invariants().unwrap();
-    drop(c);
-    o.store.close().unwrap();
+    check_and_close(c, o.store);
 }
 
 /// `statfs` through a store reports as available no more than its host has: a full host
@@ -798,11 +799,7 @@ fn step_with(c: &Client, rng: &mut StdRng, see: &mut dyn FnMut(&Client)) {
                 rng.random_range(0..20 * page),
                 rng.random_range(1..8 * page),
             );
-            let mode = match rng.random_range(0..3) {
-                0 => 0,
-                1 => FALLOC_FL_KEEP_SIZE,
-                _ => FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-            };
+            let mode = common::random_falloc_mode(rng);
             fs.fallocate(&ctx, f.handle(), mode, off, len)?;
             Ok(())
         }),
@@ -1067,9 +1064,7 @@ fn attack(seed: u64, background: bool) -> Run {
         step(&c, &mut rng, &mut h);
     }
     assert!(sync_ack(&c, &mut h));
-    c.fs().check_invariants().unwrap();
-    drop(c);
-    store.close().unwrap();
+    check_and_close(c, store);
     disk.clear_hook();
     judge(&disk, &h, &w("closed"));
     eprintln!(

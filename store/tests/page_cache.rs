@@ -20,12 +20,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{dump, host_opts, on_demand, opts, seed};
+use common::{
+    close_unshared, dump, host_opts, model_allocate, model_punch, model_write, no_cache, on_demand,
+    opts, pattern, rw, rwc, seed,
+};
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
 use lanefs_store::disk::{SimDisk, Unflushed};
-use lanefs_store::{Options, fsck, open};
+use lanefs_store::{Options, StoreHandle, fsck, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -33,14 +36,6 @@ use rand::{Rng, SeedableRng};
 const COMMIT: Duration = Duration::from_millis(5);
 /// Where the stores on a simulated disk live.
 const STORE: &str = "/store";
-
-/// A filesystem that keeps nothing in memory beyond what changed since the last checkpoint.
-fn no_cache() -> Config {
-    Config {
-        cache_bytes: Some(0),
-        ..Config::default()
-    }
-}
 
 /// A store on the host whose checkpoints come from the test's own thread, as often as it
 /// can.
@@ -59,11 +54,7 @@ fn step(fs: &Filesystem, f: &lanefs::File<'_>, model: &mut Vec<u8>, rng: &mut St
             let b = rng.random::<u8>() | 1;
             let data = vec![b; len as usize];
             assert_eq!(f.write_at(&data, off).unwrap(), data.len());
-            let end = (off + len) as usize;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].fill(b);
+            model_write(model, off, &data);
         }
         4 => {
             let size = rng.random_range(0..limit);
@@ -71,12 +62,8 @@ fn step(fs: &Filesystem, f: &lanefs::File<'_>, model: &mut Vec<u8>, rng: &mut St
             model.resize(size as usize, 0);
         }
         5 => {
-            let mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-            fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
-            let end = ((off + len) as usize).min(model.len());
-            if (off as usize) < end {
-                model[off as usize..end].fill(0);
-            }
+            punch(fs, f, off, len);
+            model_punch(model, off, len);
         }
         6 => {
             fs.fallocate(&ctx, f.handle(), FALLOC_FL_KEEP_SIZE, off, len)
@@ -195,12 +182,7 @@ fn pages_out_of_memory_read_back_under_racing_checkpoints() {
     fs.check_invariants().unwrap();
     let want = dump(&fs, true);
     drop(c);
-    let fs = Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference"));
-    drop(fs);
-    Arc::try_unwrap(store)
-        .unwrap_or_else(|_| panic!("no other reference"))
-        .close()
-        .unwrap();
+    close_unshared(fs, store);
     let report = fsck::check(dir, &opts).unwrap();
     assert!(report.checkpoint_lsn > 0);
     let r = open(dir, no_cache(), opts).unwrap();
@@ -265,8 +247,7 @@ fn memory_holds_the_cache_budget_not_the_data() {
         "the data counts as used space"
     );
     drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    o.store.close().unwrap();
+    close_unshared(fs, o.store);
     let r = open(dir.path(), cfg, on_host()).unwrap();
     assert_eq!(r.fs.resident_pages(), 0);
     let c = Client::root(Arc::new(r.fs));
@@ -419,10 +400,7 @@ fn pages_grouped_by_fifteen_keep_their_edges() {
         let what = if let Some((mode, off, len)) = fixed.pop() {
             fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
             if mode & FALLOC_FL_PUNCH_HOLE != 0 {
-                let end = ((off + len) as usize).min(model.len());
-                if (off as usize) < end {
-                    model[off as usize..end].fill(0);
-                }
+                model_punch(&mut model, off, len);
             }
             format!("fallocate {mode:#x} {off}+{len}")
         } else {
@@ -436,21 +414,14 @@ fn pages_grouped_by_fifteen_keep_their_edges() {
                 1 => {
                     let (off, len) = (near(&mut rng), rng.random_range(1..3 * G));
                     fs.fallocate(&ctx, f.handle(), punch, off, len).unwrap();
-                    let end = ((off + len) as usize).min(model.len());
-                    if (off as usize) < end {
-                        model[off as usize..end].fill(0);
-                    }
+                    model_punch(&mut model, off, len);
                     format!("punch {off}+{len}")
                 }
                 _ => {
                     let (off, len) = (near(&mut rng), rng.random_range(1..2 * G));
-                    let b = rng.random::<u8>() | 1;
-                    f.write_at(&vec![b; len as usize], off).unwrap();
-                    let end = (off + len) as usize;
-                    if model.len() < end {
-                        model.resize(end, 0);
-                    }
-                    model[off as usize..end].fill(b);
+                    let data = vec![rng.random::<u8>() | 1; len as usize];
+                    f.write_at(&data, off).unwrap();
+                    model_write(&mut model, off, &data);
                     format!("write {off}+{len}")
                 }
             }
@@ -476,8 +447,7 @@ fn pages_grouped_by_fifteen_keep_their_edges() {
     let blocks = c.metadata("/f").unwrap().attr.blocks;
     drop(f);
     drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    o.store.close().unwrap();
+    close_unshared(fs, o.store);
     let r = open(dir.path(), no_cache(), on_host()).unwrap();
     let c = Client::root(Arc::new(r.fs));
     assert!(c.read("/f").unwrap() == model, "seed {seed}: after reopen");
@@ -493,29 +463,16 @@ fn pages_grouped_by_fifteen_keep_their_edges() {
 fn cfg() -> Config {
     Config {
         protected_hardlinks: false,
-        cache_bytes: Some(0),
-        ..Config::default()
+        ..no_cache()
     }
 }
 
-fn rw() -> OpenOptions {
-    let mut o = OpenOptions::new();
-    o.read(true).write(true);
-    o
-}
-
-fn rwc() -> OpenOptions {
-    let mut o = OpenOptions::new();
-    o.read(true).write(true).create(true);
-    o
-}
-
-fn open_fs(disk: &SimDisk) -> (Arc<Filesystem>, lanefs_store::StoreHandle) {
+fn open_fs(disk: &SimDisk) -> (Arc<Filesystem>, StoreHandle) {
     let o = open(Path::new(STORE), cfg(), opts(disk, 64 << 10, COMMIT)).expect("open store");
     (Arc::new(o.fs), o.store)
 }
 
-fn close(fs: Arc<Filesystem>, store: lanefs_store::StoreHandle) {
+fn close(fs: Arc<Filesystem>, store: StoreHandle) {
     drop(fs);
     store.close().expect("clean close");
 }
@@ -557,9 +514,74 @@ fn check_eq(got: &[u8], model: &[u8], what: &str) {
     }
 }
 
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = StdRng::seed_from_u64(seed);
-    (0..len).map(|_| r.random_range(1..=255u8)).collect()
+/// `f` read whole equals `model`.
+fn check_read(f: &lanefs::File<'_>, model: &[u8], what: &str) {
+    check_eq(&read_all(f, model.len()), model, what);
+}
+
+/// A checkpoint, then an eviction pass (its count of pages sent out).
+fn checkpoint_evict(store: &StoreHandle, fs: &Filesystem) -> u64 {
+    store.checkpoint().unwrap();
+    fs.evict()
+}
+
+/// Punches a hole of `len` bytes at `off` in `f`, keeping its size.
+fn punch(fs: &Filesystem, f: &lanefs::File<'_>, off: u64, len: u64) {
+    let mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(&Ctx::root(), f.handle(), mode, off, len)
+        .unwrap();
+}
+
+/// Opens the store on `disk`, runs `body` on its filesystem, its handle and a root client,
+/// then closes it cleanly.
+fn with_store<R>(
+    disk: &SimDisk,
+    body: impl FnOnce(&Arc<Filesystem>, &StoreHandle, &Client) -> R,
+) -> R {
+    let (fs, store) = open_fs(disk);
+    let c = Client::root(fs.clone());
+    let r = body(&fs, &store, &c);
+    drop(c);
+    close(fs, store);
+    r
+}
+
+/// In `s`, a thread that takes a checkpoint and runs an eviction pass, again and again
+/// (`pause` between rounds) until `stop`.
+fn spawn_checkpointer<'s>(
+    s: &'s std::thread::Scope<'s, '_>,
+    store: &'s StoreHandle,
+    fs: Arc<Filesystem>,
+    stop: &'s AtomicBool,
+    pause: Option<Duration>,
+) {
+    s.spawn(move || {
+        while !stop.load(SeqCst) {
+            store.checkpoint().expect("checkpoint");
+            fs.evict();
+            if let Some(pause) = pause {
+                std::thread::sleep(pause);
+            }
+        }
+    });
+}
+
+/// Joins the threads `hs`, setting `stop` as each ends, and passes a panic of theirs on.
+fn join_stopping(hs: Vec<std::thread::ScopedJoinHandle<'_, ()>>, stop: &AtomicBool) {
+    for h in hs {
+        let r = h.join();
+        stop.store(true, SeqCst);
+        if let Err(e) = r {
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// The store on `disk`, reopened: `path` reads as `model`.
+fn reopened_reads(disk: &SimDisk, path: &str, model: &[u8], what: &str) {
+    with_store(disk, |_, _, c| {
+        check_read(&c.open(path, &rw()).unwrap(), model, what)
+    });
 }
 
 fn blocks(fs: &Filesystem, ino: lanefs::Ino) -> u64 {
@@ -580,11 +602,7 @@ fn random_op(
             let len = rng.random_range(1..2 * PAGE + 10) as usize;
             let data = pattern(rng.random(), len);
             f.write_at(&data, off).unwrap();
-            let end = off as usize + len;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].copy_from_slice(&data);
+            model_write(model, off, &data);
             format!("write {off}+{len}")
         }
         4 | 5 => {
@@ -596,17 +614,8 @@ fn random_op(
         6 | 7 => {
             let off = rng.random_range(0..max);
             let len = rng.random_range(1..2 * PAGE + 10);
-            fs.fallocate(
-                &Ctx::root(),
-                f.handle(),
-                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                off,
-                len,
-            )
-            .unwrap();
-            let s = (off as usize).min(model.len());
-            let e = ((off + len) as usize).min(model.len());
-            model[s..e].fill(0);
+            punch(fs, f, off, len);
+            model_punch(model, off, len);
             format!("punch {off}+{len}")
         }
         8 => {
@@ -620,10 +629,7 @@ fn random_op(
             let off = rng.random_range(0..max);
             let len = rng.random_range(1..2 * PAGE);
             fs.fallocate(&Ctx::root(), f.handle(), 0, off, len).unwrap();
-            let end = (off + len) as usize;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
+            model_allocate(model, off, len);
             format!("falloc {off}+{len}")
         }
     }
@@ -647,16 +653,8 @@ fn concurrent_same_files_vs_model() {
             .collect();
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
-            let store = &store;
-            let fs2 = fs.clone();
-            let stop2 = &stop;
-            s.spawn(move || {
-                while !stop2.load(SeqCst) {
-                    store.checkpoint().expect("checkpoint");
-                    fs2.evict();
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            });
+            let pause = Some(Duration::from_millis(1));
+            spawn_checkpointer(s, &store, fs.clone(), &stop, pause);
             let mut hs = Vec::new();
             for t in 0..3u64 {
                 let fs = fs.clone();
@@ -691,13 +689,7 @@ fn concurrent_same_files_vs_model() {
                     }
                 }));
             }
-            for h in hs {
-                let r = h.join();
-                stop.store(true, SeqCst);
-                if let Err(e) = r {
-                    std::panic::resume_unwind(e);
-                }
-            }
+            join_stopping(hs, &stop);
             stop.store(true, SeqCst);
         });
         let blocks_before: Vec<u64> = files.iter().map(|f| blocks(&fs, f.ino())).collect();
@@ -706,29 +698,23 @@ fn concurrent_same_files_vs_model() {
         drop(c);
         close(fs, store);
         fsck_clean(&disk, &format!("seed {seed}"));
-        let (fs, store) = open_fs(&disk);
-        assert_eq!(
-            fs.statfs().bfree,
-            bfree,
-            "seed {seed}: statfs bfree after reopen"
-        );
-        let c = Client::root(fs.clone());
-        for i in 0..FILES {
-            let f = c.open(format!("/f{i}"), &rw()).unwrap();
-            let m = models[i].lock().unwrap();
+        with_store(&disk, |fs, _, c| {
             assert_eq!(
-                blocks(&fs, f.ino()),
-                blocks_before[i],
-                "seed {seed}: f{i} blocks after reopen"
+                fs.statfs().bfree,
+                bfree,
+                "seed {seed}: statfs bfree after reopen"
             );
-            check_eq(
-                &read_all(&f, m.len()),
-                &m,
-                &format!("seed {seed} reopen f{i}"),
-            );
-        }
-        drop(c);
-        close(fs, store);
+            for i in 0..FILES {
+                let f = c.open(format!("/f{i}"), &rw()).unwrap();
+                let m = models[i].lock().unwrap();
+                assert_eq!(
+                    blocks(fs, f.ino()),
+                    blocks_before[i],
+                    "seed {seed}: f{i} blocks after reopen"
+                );
+                check_read(&f, &m, &format!("seed {seed} reopen f{i}"));
+            }
+        });
     }
 }
 
@@ -739,61 +725,38 @@ fn concurrent_same_files_vs_model() {
 fn truncate_into_evicted_then_extend() {
     for variant in 0..6u32 {
         let disk = SimDisk::new();
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let f = c.open("/a", &rwc()).unwrap();
-        let mut m = pattern(variant as u64, (3 * PAGE + 1000) as usize);
-        f.write_at(&m, 0).unwrap();
-        store.checkpoint().unwrap();
-        assert!(fs.evict() > 0 || variant > 0);
-        let cut = [PAGE + 17, 3 * PAGE + 5, 2 * PAGE - 1][(variant % 3) as usize];
-        f.set_len(cut).unwrap();
-        m.truncate(cut as usize);
-        if variant >= 3 {
-            store.checkpoint().unwrap();
-            fs.evict();
-        }
-        let newlen = 5 * PAGE + 3;
-        match variant % 3 {
-            0 => f.set_len(newlen).unwrap(),
-            1 => {
-                f.write_at(b"Z", newlen - 1).unwrap();
+        let m = with_store(&disk, |fs, store, c| {
+            let f = c.open("/a", &rwc()).unwrap();
+            let mut m = pattern(variant as u64, (3 * PAGE + 1000) as usize);
+            f.write_at(&m, 0).unwrap();
+            assert!(checkpoint_evict(store, fs) > 0 || variant > 0);
+            let cut = [PAGE + 17, 3 * PAGE + 5, 2 * PAGE - 1][(variant % 3) as usize];
+            f.set_len(cut).unwrap();
+            m.truncate(cut as usize);
+            if variant >= 3 {
+                checkpoint_evict(store, fs);
             }
-            _ => fs
-                .fallocate(&Ctx::root(), f.handle(), 0, 0, newlen)
-                .unwrap(),
-        }
-        m.resize(newlen as usize, 0);
-        if variant % 3 == 1 {
-            m[newlen as usize - 1] = b'Z';
-        }
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("variant {variant} live"),
-        );
-        store.checkpoint().unwrap();
-        fs.evict();
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("variant {variant} after evict"),
-        );
-        drop(f);
-        drop(c);
-        close(fs, store);
+            let newlen = 5 * PAGE + 3;
+            match variant % 3 {
+                0 => f.set_len(newlen).unwrap(),
+                1 => {
+                    f.write_at(b"Z", newlen - 1).unwrap();
+                }
+                _ => fs
+                    .fallocate(&Ctx::root(), f.handle(), 0, 0, newlen)
+                    .unwrap(),
+            }
+            m.resize(newlen as usize, 0);
+            if variant % 3 == 1 {
+                m[newlen as usize - 1] = b'Z';
+            }
+            check_read(&f, &m, &format!("variant {variant} live"));
+            checkpoint_evict(store, fs);
+            check_read(&f, &m, &format!("variant {variant} after evict"));
+            m
+        });
         fsck_clean(&disk, "truncate");
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let f = c.open("/a", &rw()).unwrap();
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("variant {variant} reopen"),
-        );
-        drop(f);
-        drop(c);
-        close(fs, store);
+        reopened_reads(&disk, "/a", &m, &format!("variant {variant} reopen"));
     }
 }
 
@@ -802,48 +765,39 @@ fn truncate_into_evicted_then_extend() {
 #[test]
 fn falloc_keep_size_beyond_eof_evicted() {
     let disk = SimDisk::new();
-    let (fs, store) = open_fs(&disk);
-    let c = Client::root(fs.clone());
-    let f = c.open("/k", &rwc()).unwrap();
-    let mut m = pattern(7, (PAGE + 100) as usize);
-    f.write_at(&m, 0).unwrap();
-    store.checkpoint().unwrap();
-    fs.evict();
-    fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 50, 6 * PAGE)
-        .unwrap();
-    assert_eq!(f.metadata().unwrap().attr.size, m.len() as u64);
-    let b = blocks(&fs, f.ino());
-    store.checkpoint().unwrap();
-    fs.evict();
-    assert_eq!(
-        blocks(&fs, f.ino()),
-        b,
-        "blocks across evict after falloc keep"
-    );
-    check_eq(&read_all(&f, m.len()), &m, "after falloc keep");
-    f.set_len(4 * PAGE).unwrap();
-    m.resize(4 * PAGE as usize, 0);
-    check_eq(&read_all(&f, m.len()), &m, "extended");
-    f.write_at(b"xy", 5 * PAGE + 10).unwrap();
-    m.resize(5 * PAGE as usize + 12, 0);
-    m[5 * PAGE as usize + 10..].copy_from_slice(b"xy");
-    check_eq(&read_all(&f, m.len()), &m, "written past");
-    store.checkpoint().unwrap();
-    fs.evict();
-    check_eq(&read_all(&f, m.len()), &m, "evicted again");
-    let b = blocks(&fs, f.ino());
-    drop(f);
-    drop(c);
-    close(fs, store);
+    let (m, b) = with_store(&disk, |fs, store, c| {
+        let f = c.open("/k", &rwc()).unwrap();
+        let mut m = pattern(7, (PAGE + 100) as usize);
+        f.write_at(&m, 0).unwrap();
+        checkpoint_evict(store, fs);
+        fs.fallocate(&Ctx::root(), f.handle(), FALLOC_FL_KEEP_SIZE, 50, 6 * PAGE)
+            .unwrap();
+        assert_eq!(f.metadata().unwrap().attr.size, m.len() as u64);
+        let b = blocks(fs, f.ino());
+        checkpoint_evict(store, fs);
+        assert_eq!(
+            blocks(fs, f.ino()),
+            b,
+            "blocks across evict after falloc keep"
+        );
+        check_read(&f, &m, "after falloc keep");
+        f.set_len(4 * PAGE).unwrap();
+        m.resize(4 * PAGE as usize, 0);
+        check_read(&f, &m, "extended");
+        f.write_at(b"xy", 5 * PAGE + 10).unwrap();
+        m.resize(5 * PAGE as usize + 12, 0);
+        m[5 * PAGE as usize + 10..].copy_from_slice(b"xy");
+        check_read(&f, &m, "written past");
+        checkpoint_evict(store, fs);
+        check_read(&f, &m, "evicted again");
+        (m, blocks(fs, f.ino()))
+    });
     fsck_clean(&disk, "falloc");
-    let (fs, store) = open_fs(&disk);
-    let c = Client::root(fs.clone());
-    let f = c.open("/k", &rw()).unwrap();
-    check_eq(&read_all(&f, m.len()), &m, "reopen");
-    assert_eq!(blocks(&fs, f.ino()), b, "blocks after reopen");
-    drop(f);
-    drop(c);
-    close(fs, store);
+    with_store(&disk, |fs, _, c| {
+        let f = c.open("/k", &rw()).unwrap();
+        check_read(&f, &m, "reopen");
+        assert_eq!(blocks(fs, f.ino()), b, "blocks after reopen");
+    });
 }
 
 /// A file with evicted pages, open, is renamed and then unlinked; reads and partial writes
@@ -852,50 +806,35 @@ fn falloc_keep_size_beyond_eof_evicted() {
 #[test]
 fn unlink_rename_open_evicted() {
     let disk = SimDisk::new();
-    let (fs, store) = open_fs(&disk);
-    let c = Client::root(fs.clone());
-    let free0 = fs.statfs().bfree;
-    let f = c.open("/u", &rwc()).unwrap();
-    let mut m = pattern(9, (4 * PAGE + 7) as usize);
-    f.write_at(&m, 0).unwrap();
-    store.checkpoint().unwrap();
-    fs.evict();
-    c.rename("/u", "/v").unwrap();
-    store.checkpoint().unwrap();
-    fs.evict();
-    check_eq(&read_all(&f, m.len()), &m, "after rename");
-    c.remove_file("/v").unwrap();
-    check_eq(&read_all(&f, m.len()), &m, "after unlink");
-    store.checkpoint().unwrap();
-    fs.evict();
-    check_eq(&read_all(&f, m.len()), &m, "after unlink+checkpoint+evict");
-    f.write_at(b"hello", PAGE + 3).unwrap();
-    m[PAGE as usize + 3..PAGE as usize + 8].copy_from_slice(b"hello");
-    fs.fallocate(
-        &Ctx::root(),
-        f.handle(),
-        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-        2 * PAGE + 100,
-        300,
-    )
-    .unwrap();
-    m[2 * PAGE as usize + 100..2 * PAGE as usize + 400].fill(0);
-    store.checkpoint().unwrap();
-    fs.evict();
-    check_eq(&read_all(&f, m.len()), &m, "orphan after writes");
-    drop(f);
-    store.checkpoint().unwrap();
-    fs.evict();
-    assert_eq!(fs.statfs().bfree, free0, "bfree after orphan released");
-    drop(c);
-    close(fs, store);
+    let free0 = with_store(&disk, |fs, store, c| {
+        let free0 = fs.statfs().bfree;
+        let f = c.open("/u", &rwc()).unwrap();
+        let mut m = pattern(9, (4 * PAGE + 7) as usize);
+        f.write_at(&m, 0).unwrap();
+        checkpoint_evict(store, fs);
+        c.rename("/u", "/v").unwrap();
+        checkpoint_evict(store, fs);
+        check_read(&f, &m, "after rename");
+        c.remove_file("/v").unwrap();
+        check_read(&f, &m, "after unlink");
+        checkpoint_evict(store, fs);
+        check_read(&f, &m, "after unlink+checkpoint+evict");
+        f.write_at(b"hello", PAGE + 3).unwrap();
+        m[PAGE as usize + 3..PAGE as usize + 8].copy_from_slice(b"hello");
+        punch(fs, &f, 2 * PAGE + 100, 300);
+        m[2 * PAGE as usize + 100..2 * PAGE as usize + 400].fill(0);
+        checkpoint_evict(store, fs);
+        check_read(&f, &m, "orphan after writes");
+        drop(f);
+        checkpoint_evict(store, fs);
+        assert_eq!(fs.statfs().bfree, free0, "bfree after orphan released");
+        free0
+    });
     fsck_clean(&disk, "unlink");
-    let (fs, store) = open_fs(&disk);
-    assert!(fs.statfs().bfree == free0, "bfree after reopen");
-    let c = Client::root(fs.clone());
-    assert!(c.metadata("/u").is_err() && c.metadata("/v").is_err());
-    drop(c);
-    close(fs, store);
+    with_store(&disk, |fs, _, c| {
+        assert!(fs.statfs().bfree == free0, "bfree after reopen");
+        assert!(c.metadata("/u").is_err() && c.metadata("/v").is_err());
+    });
 }
 
 /// Delete a file whose pages were evicted, then create files until its inode number comes
@@ -904,71 +843,54 @@ fn unlink_rename_open_evicted() {
 #[test]
 fn ino_reuse_never_shows_old_bytes() {
     let disk = SimDisk::new();
-    let (fs, store) = open_fs(&disk);
-    let c = Client::root(fs.clone());
-    let mut reused = 0;
-    for round in 0..4u64 {
-        let f = c.open("/old", &rwc()).unwrap();
-        let old = f.ino();
-        f.write_at(&vec![0xAB; 5 * PAGE as usize], 0).unwrap();
-        store.checkpoint().unwrap();
-        fs.evict();
-        drop(f);
-        c.remove_file("/old").unwrap();
-        if round % 2 == 1 {
-            store.checkpoint().unwrap();
-            fs.evict();
-        }
-        let mut made = Vec::new();
-        for n in 0..200 {
-            let name = format!("/n{round}_{n}");
-            let g = c.open(&name, &rwc()).unwrap();
-            let hit = g.ino() == old;
-            made.push(name.clone());
-            if hit {
-                reused += 1;
-                match round % 3 {
-                    0 => g.set_len(5 * PAGE).unwrap(),
-                    1 => {
-                        g.write_at(b"q", 5 * PAGE - 1).unwrap();
+    with_store(&disk, |fs, store, c| {
+        let mut reused = 0;
+        for round in 0..4u64 {
+            let f = c.open("/old", &rwc()).unwrap();
+            let old = f.ino();
+            f.write_at(&vec![0xAB; 5 * PAGE as usize], 0).unwrap();
+            checkpoint_evict(store, fs);
+            drop(f);
+            c.remove_file("/old").unwrap();
+            if round % 2 == 1 {
+                checkpoint_evict(store, fs);
+            }
+            let mut made = Vec::new();
+            for n in 0..200 {
+                let name = format!("/n{round}_{n}");
+                let g = c.open(&name, &rwc()).unwrap();
+                let hit = g.ino() == old;
+                made.push(name.clone());
+                if hit {
+                    reused += 1;
+                    match round % 3 {
+                        0 => g.set_len(5 * PAGE).unwrap(),
+                        1 => {
+                            g.write_at(b"q", 5 * PAGE - 1).unwrap();
+                        }
+                        _ => fs
+                            .fallocate(&Ctx::root(), g.handle(), 0, 0, 5 * PAGE)
+                            .unwrap(),
                     }
-                    _ => fs
-                        .fallocate(&Ctx::root(), g.handle(), 0, 0, 5 * PAGE)
-                        .unwrap(),
+                    let mut m = vec![0u8; 5 * PAGE as usize];
+                    if round % 3 == 1 {
+                        m[5 * PAGE as usize - 1] = b'q';
+                    }
+                    check_read(&g, &m, &format!("round {round} reused ino live"));
+                    g.write_at(b"p", PAGE + 1).unwrap();
+                    m[PAGE as usize + 1] = b'p';
+                    check_read(&g, &m, &format!("round {round} partial write"));
+                    checkpoint_evict(store, fs);
+                    check_read(&g, &m, &format!("round {round} after evict"));
+                    break;
                 }
-                let mut m = vec![0u8; 5 * PAGE as usize];
-                if round % 3 == 1 {
-                    m[5 * PAGE as usize - 1] = b'q';
-                }
-                check_eq(
-                    &read_all(&g, m.len()),
-                    &m,
-                    &format!("round {round} reused ino live"),
-                );
-                g.write_at(b"p", PAGE + 1).unwrap();
-                m[PAGE as usize + 1] = b'p';
-                check_eq(
-                    &read_all(&g, m.len()),
-                    &m,
-                    &format!("round {round} partial write"),
-                );
-                store.checkpoint().unwrap();
-                fs.evict();
-                check_eq(
-                    &read_all(&g, m.len()),
-                    &m,
-                    &format!("round {round} after evict"),
-                );
-                break;
+            }
+            for n in made {
+                c.remove_file(&n).unwrap();
             }
         }
-        for n in made {
-            c.remove_file(&n).unwrap();
-        }
-    }
-    eprintln!("inode numbers reused in {reused} of 4 rounds");
-    drop(c);
-    close(fs, store);
+        eprintln!("inode numbers reused in {reused} of 4 rounds");
+    });
     fsck_clean(&disk, "ino reuse");
     let (fs, store) = open_fs(&disk);
     drop(fs);
@@ -981,52 +903,33 @@ fn ino_reuse_never_shows_old_bytes() {
 fn crash_after_evict() {
     for seed in seed::seeds("pages out of memory", seed::counting(2000, 4)) {
         let disk = SimDisk::new();
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let mut rng = StdRng::seed_from_u64(seed);
-        let f = c.open("/c", &rwc()).unwrap();
-        let mut m = Vec::new();
-        let mut images = Vec::new();
-        for step in 0..12 {
-            for _ in 0..rng.random_range(1..5) {
-                random_op(&fs, &f, &mut m, &mut rng);
+        let images = with_store(&disk, |fs, store, c| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let f = c.open("/c", &rwc()).unwrap();
+            let mut m = Vec::new();
+            let mut images = Vec::new();
+            for step in 0..12 {
+                for _ in 0..rng.random_range(1..5) {
+                    random_op(fs, &f, &mut m, &mut rng);
+                }
+                if step % 2 == 0 {
+                    checkpoint_evict(store, fs);
+                } else {
+                    f.sync_all().unwrap();
+                    checkpoint_evict(store, fs);
+                    // a faulting change, synced
+                    let off = rng.random_range(0..4 * PAGE);
+                    punch(fs, &f, off, 100);
+                    model_punch(&mut m, off, 100);
+                    f.sync_all().unwrap();
+                }
+                images.push((disk.crash(Unflushed::Lost), m.clone(), step));
             }
-            if step % 2 == 0 {
-                store.checkpoint().unwrap();
-                fs.evict();
-            } else {
-                f.sync_all().unwrap();
-                store.checkpoint().unwrap();
-                fs.evict();
-                // a faulting change, synced
-                let off = rng.random_range(0..4 * PAGE);
-                fs.fallocate(
-                    &Ctx::root(),
-                    f.handle(),
-                    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                    off,
-                    100,
-                )
-                .unwrap();
-                let s = (off as usize).min(m.len());
-                let e = (off as usize + 100).min(m.len());
-                m[s..e].fill(0);
-                f.sync_all().unwrap();
-            }
-            images.push((disk.crash(Unflushed::Lost), m.clone(), step));
-        }
-        drop(f);
-        drop(c);
-        close(fs, store);
+            images
+        });
         for (img, model, step) in images {
             let what = format!("seed {seed} image after step {step}");
-            let (fs, store) = open_fs(&img);
-            let c = Client::root(fs.clone());
-            let f = c.open("/c", &rw()).unwrap();
-            check_eq(&read_all(&f, model.len()), &model, &what);
-            drop(f);
-            drop(c);
-            close(fs, store);
+            reopened_reads(&img, "/c", &model, &what);
             fsck_clean(&img, &what);
         }
     }
@@ -1052,15 +955,7 @@ fn concurrent_recreate_crash_images() {
         let mut images = Vec::new();
         let mut max_out = 0;
         std::thread::scope(|s| {
-            let store = &store;
-            let fs2 = fs.clone();
-            let stop2 = &stop;
-            s.spawn(move || {
-                while !stop2.load(SeqCst) {
-                    store.checkpoint().expect("checkpoint");
-                    fs2.evict();
-                }
-            });
+            spawn_checkpointer(s, &store, fs.clone(), &stop, None);
             let mut hs = Vec::new();
             for t in 0..3u64 {
                 let fs = fs.clone();
@@ -1117,8 +1012,7 @@ fn concurrent_recreate_crash_images() {
                     g.0.sync_all().unwrap();
                 }
                 if rng.random_range(0..2) == 0 {
-                    store.checkpoint().unwrap();
-                    fs.evict();
+                    checkpoint_evict(&store, &fs);
                 }
                 max_out = max_out.max(fs.pages_out());
                 let img = disk.crash(Unflushed::Lost);
@@ -1141,14 +1035,9 @@ fn concurrent_recreate_crash_images() {
         close(fs, store);
         for (k, (img, models)) in images.into_iter().enumerate() {
             let what = format!("seed {seed} image {k}");
-            let (fs, store) = open_fs(&img);
-            let c = Client::root(fs.clone());
             for (i, m) in models.iter().enumerate() {
-                let f = c.open(format!("/f{i}"), &rw()).unwrap();
-                check_eq(&read_all(&f, m.len()), m, &format!("{what} f{i}"));
+                reopened_reads(&img, &format!("/f{i}"), m, &format!("{what} f{i}"));
             }
-            drop(c);
-            close(fs, store);
             fsck_clean(&img, &what);
         }
     }
@@ -1188,14 +1077,7 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     models[3][4097..4100].copy_from_slice(b"abc");
     f.set_len(10000).unwrap();
     models[3].truncate(10000);
-    fs.fallocate(
-        &Ctx::root(),
-        f.handle(),
-        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-        100,
-        200,
-    )
-    .unwrap();
+    punch(&fs, &f, 100, 200);
     models[3][100..300].fill(0);
     f.set_len(20000).unwrap();
     models[3].resize(20000, 0);
@@ -1204,18 +1086,16 @@ fn automatic_eviction_keeps_contents_and_accounting() {
     drop(c);
     close(fs, store);
     fsck_clean(&disk, "auto");
-    let (fs, store) = open_fs(&disk);
-    assert!(fs.pages_out() > 0, "open loads no page");
-    let c = Client::root(fs.clone());
-    for (i, m) in models.iter().enumerate() {
-        check_eq(
-            &c.read(format!("/a{i}")).unwrap(),
-            m,
-            &format!("reopen a{i}"),
-        );
-    }
-    drop(c);
-    close(fs, store);
+    with_store(&disk, |fs, _, c| {
+        assert!(fs.pages_out() > 0, "open loads no page");
+        for (i, m) in models.iter().enumerate() {
+            check_eq(
+                &c.read(format!("/a{i}")).unwrap(),
+                m,
+                &format!("reopen a{i}"),
+            );
+        }
+    });
 }
 
 /// Readers without any lock read a region of a file nobody changes, while a writer rewrites,
@@ -1225,74 +1105,51 @@ fn automatic_eviction_keeps_contents_and_accounting() {
 fn unlocked_readers_race_eviction() {
     for seed in seed::seeds("pages out of memory", seed::counting(4000, 3)) {
         let disk = SimDisk::new();
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let stable = pattern(seed, (8 * PAGE) as usize);
-        let f = c.open("/r", &rwc()).unwrap();
-        f.write_at(&stable, 0).unwrap();
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            let (store, fs2, stop2) = (&store, fs.clone(), &stop);
-            s.spawn(move || {
-                while !stop2.load(SeqCst) {
-                    store.checkpoint().unwrap();
-                    fs2.evict();
-                }
-            });
-            let f = &f;
-            let fs3 = fs.clone();
-            let stop3 = &stop;
-            s.spawn(move || {
-                let mut rng = StdRng::seed_from_u64(seed);
-                while !stop3.load(SeqCst) {
-                    let off = 8 * PAGE + rng.random_range(0..4 * PAGE);
-                    match rng.random_range(0..3) {
-                        0 => {
-                            f.write_at(&pattern(rng.random(), 5000), off).unwrap();
+        with_store(&disk, |fs, store, c| {
+            let stable = pattern(seed, (8 * PAGE) as usize);
+            let f = c.open("/r", &rwc()).unwrap();
+            f.write_at(&stable, 0).unwrap();
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                spawn_checkpointer(s, store, fs.clone(), &stop, None);
+                let f = &f;
+                let fs3 = fs.clone();
+                let stop3 = &stop;
+                s.spawn(move || {
+                    let mut rng = StdRng::seed_from_u64(seed);
+                    while !stop3.load(SeqCst) {
+                        let off = 8 * PAGE + rng.random_range(0..4 * PAGE);
+                        match rng.random_range(0..3) {
+                            0 => {
+                                f.write_at(&pattern(rng.random(), 5000), off).unwrap();
+                            }
+                            1 => f.set_len(off).unwrap(),
+                            _ => punch(&fs3, f, off, 3000),
                         }
-                        1 => f.set_len(off).unwrap(),
-                        _ => fs3
-                            .fallocate(
-                                &Ctx::root(),
-                                f.handle(),
-                                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                off,
-                                3000,
-                            )
-                            .unwrap(),
                     }
+                });
+                let mut hs = Vec::new();
+                for t in 0..2u64 {
+                    let stable = &stable;
+                    hs.push(s.spawn(move || {
+                        let mut rng = StdRng::seed_from_u64(seed ^ t);
+                        for _ in 0..3000 {
+                            let off = rng.random_range(0..8 * PAGE);
+                            let len = rng.random_range(1..=(8 * PAGE - off).min(3 * PAGE)) as usize;
+                            let mut b = vec![0u8; len];
+                            let n = f.read_at(&mut b, off).unwrap();
+                            assert_eq!(n, len);
+                            check_eq(
+                                &b,
+                                &stable[off as usize..off as usize + len],
+                                &format!("seed {seed} read {off}+{len}"),
+                            );
+                        }
+                    }));
                 }
+                join_stopping(hs, &stop);
             });
-            let mut hs = Vec::new();
-            for t in 0..2u64 {
-                let stable = &stable;
-                hs.push(s.spawn(move || {
-                    let mut rng = StdRng::seed_from_u64(seed ^ t);
-                    for _ in 0..3000 {
-                        let off = rng.random_range(0..8 * PAGE);
-                        let len = rng.random_range(1..=(8 * PAGE - off).min(3 * PAGE)) as usize;
-                        let mut b = vec![0u8; len];
-                        let n = f.read_at(&mut b, off).unwrap();
-                        assert_eq!(n, len);
-                        check_eq(
-                            &b,
-                            &stable[off as usize..off as usize + len],
-                            &format!("seed {seed} read {off}+{len}"),
-                        );
-                    }
-                }));
-            }
-            for h in hs {
-                let r = h.join();
-                stop.store(true, SeqCst);
-                if let Err(e) = r {
-                    std::panic::resume_unwind(e);
-                }
-            }
         });
-        drop(f);
-        drop(c);
-        close(fs, store);
         fsck_clean(&disk, "readers");
     }
 }
@@ -1308,14 +1165,7 @@ fn seek_data_hole_across_eviction() {
     f.write_at(&[1u8; 100], PAGE + 5).unwrap();
     f.write_at(&[2u8; 100], 4 * PAGE).unwrap();
     f.write_at(&[3u8; 10], 7 * PAGE + 1).unwrap();
-    fs.fallocate(
-        &Ctx::root(),
-        f.handle(),
-        FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-        4 * PAGE,
-        PAGE,
-    )
-    .unwrap();
+    punch(&fs, &f, 4 * PAGE, PAGE);
     fs.fallocate(
         &Ctx::root(),
         f.handle(),
@@ -1358,62 +1208,41 @@ fn seek_data_hole_across_eviction() {
 fn journal_replay_onto_kept_pages() {
     for seed in seed::seeds("pages out of memory", seed::counting(5000, 6)) {
         let disk = SimDisk::new();
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let mut rng = StdRng::seed_from_u64(seed);
-        let f = c.open("/j", &rwc()).unwrap();
-        let mut m = pattern(seed, (6 * PAGE + 123) as usize);
-        f.write_at(&m, 0).unwrap();
-        store.checkpoint().unwrap();
-        fs.evict();
-        let mut log = Vec::new();
-        for _ in 0..rng.random_range(1..8) {
-            log.push(random_op(&fs, &f, &mut m, &mut rng));
-            if rng.random_range(0..3) == 0 {
-                // evicting again must not drop the unchecked-in changes
-                fs.evict();
+        let (m, log, imgs) = with_store(&disk, |fs, store, c| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let f = c.open("/j", &rwc()).unwrap();
+            let mut m = pattern(seed, (6 * PAGE + 123) as usize);
+            f.write_at(&m, 0).unwrap();
+            checkpoint_evict(store, fs);
+            let mut log = Vec::new();
+            for _ in 0..rng.random_range(1..8) {
+                log.push(random_op(fs, &f, &mut m, &mut rng));
+                if rng.random_range(0..3) == 0 {
+                    // evicting again must not drop the unchecked-in changes
+                    fs.evict();
+                }
             }
-        }
-        f.sync_all().unwrap();
-        let imgs = [
-            disk.crash(Unflushed::Lost),
-            disk.crash(Unflushed::Kept),
-            disk.crash(Unflushed::Torn(seed)),
-        ];
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("seed {seed} live {log:?}"),
-        );
-        drop(f);
-        drop(c);
-        close(fs, store);
+            f.sync_all().unwrap();
+            let imgs = [
+                disk.crash(Unflushed::Lost),
+                disk.crash(Unflushed::Kept),
+                disk.crash(Unflushed::Torn(seed)),
+            ];
+            check_read(&f, &m, &format!("seed {seed} live {log:?}"));
+            (m, log, imgs)
+        });
         for (k, img) in imgs.iter().enumerate() {
             let what = format!("seed {seed} image {k} after {log:?}");
-            let (fs, store) = open_fs(img);
-            let c = Client::root(fs.clone());
-            let f = c.open("/j", &rw()).unwrap();
-            check_eq(&read_all(&f, m.len()), &m, &what);
-            // and once more evicted after a checkpoint of the recovered store
-            store.checkpoint().unwrap();
-            fs.evict();
-            check_eq(&read_all(&f, m.len()), &m, &format!("{what} re-evicted"));
-            drop(f);
-            drop(c);
-            close(fs, store);
+            with_store(img, |fs, store, c| {
+                let f = c.open("/j", &rw()).unwrap();
+                check_read(&f, &m, &what);
+                // and once more evicted after a checkpoint of the recovered store
+                checkpoint_evict(store, fs);
+                check_read(&f, &m, &format!("{what} re-evicted"));
+            });
             fsck_clean(img, &what);
         }
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let f = c.open("/j", &rw()).unwrap();
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("seed {seed} clean reopen"),
-        );
-        drop(f);
-        drop(c);
-        close(fs, store);
+        reopened_reads(&disk, "/j", &m, &format!("seed {seed} clean reopen"));
     }
 }
 
@@ -1430,8 +1259,7 @@ fn ino_reuse_across_crash_and_reopen() {
         let f = c.open("/old", &rwc()).unwrap();
         let old = f.ino();
         f.write_at(&vec![0xCD; 6 * PAGE as usize], 0).unwrap();
-        store.checkpoint().unwrap();
-        fs.evict();
+        checkpoint_evict(&store, &fs);
         drop(f);
         c.remove_file("/old").unwrap();
         let mut names = Vec::new();
@@ -1467,7 +1295,7 @@ fn ino_reuse_across_crash_and_reopen() {
         }
         g.sync_all().unwrap();
         let img = disk.crash(Unflushed::Lost);
-        check_eq(&read_all(&g, m.len()), &m, &format!("round {round} live"));
+        check_read(&g, &m, &format!("round {round} live"));
         drop(g);
         drop(c);
         close(fs, store);
@@ -1480,28 +1308,14 @@ fn ino_reuse_across_crash_and_reopen() {
                     "clean reopen"
                 }
             );
-            let (fs, store) = open_fs(d);
-            let c = Client::root(fs.clone());
-            let g = c.open(&name, &rw()).unwrap();
-            check_eq(&read_all(&g, m.len()), &m, &what);
-            store.checkpoint().unwrap();
-            fs.evict();
-            check_eq(
-                &read_all(&g, m.len()),
-                &m,
-                &format!("{what} checkpointed+evicted"),
-            );
-            drop(g);
-            drop(c);
-            close(fs, store);
+            with_store(d, |fs, store, c| {
+                let g = c.open(&name, &rw()).unwrap();
+                check_read(&g, &m, &what);
+                checkpoint_evict(store, fs);
+                check_read(&g, &m, &format!("{what} checkpointed+evicted"));
+            });
             fsck_clean(d, &what);
-            let (fs, store) = open_fs(d);
-            let c = Client::root(fs.clone());
-            let g = c.open(&name, &rw()).unwrap();
-            check_eq(&read_all(&g, m.len()), &m, &format!("{what} second reopen"));
-            drop(g);
-            drop(c);
-            close(fs, store);
+            reopened_reads(d, &name, &m, &format!("{what} second reopen"));
         }
     }
 }
@@ -1513,62 +1327,38 @@ fn ino_reuse_across_crash_and_reopen() {
 fn dropped_kept_pages_do_not_return_after_reopen() {
     for variant in 0..8u32 {
         let disk = SimDisk::new();
-        let (fs, store) = open_fs(&disk);
-        let c = Client::root(fs.clone());
-        let f = c.open("/t", &rwc()).unwrap();
-        let mut m = vec![0x77u8; 6 * PAGE as usize];
-        f.write_at(&m, 0).unwrap();
-        store.checkpoint().unwrap();
-        fs.evict();
-        if variant & 1 == 0 {
-            f.set_len(PAGE / 2).unwrap();
-            m.truncate(PAGE as usize / 2);
-        } else {
-            fs.fallocate(
-                &Ctx::root(),
-                f.handle(),
-                FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                100,
-                5 * PAGE,
-            )
-            .unwrap();
-            m[100..100 + 5 * PAGE as usize].fill(0);
-        }
-        if variant & 2 == 0 {
-            store.checkpoint().unwrap();
-            fs.evict();
-        }
-        f.sync_all().unwrap();
-        let b = blocks(&fs, f.ino());
-        let free = fs.statfs().bfree;
-        let img = disk.crash(Unflushed::Lost);
-        drop(f);
-        drop(c);
-        close(fs, store);
+        let (mut m, b, free, img) = with_store(&disk, |fs, store, c| {
+            let f = c.open("/t", &rwc()).unwrap();
+            let mut m = vec![0x77u8; 6 * PAGE as usize];
+            f.write_at(&m, 0).unwrap();
+            checkpoint_evict(store, fs);
+            if variant & 1 == 0 {
+                f.set_len(PAGE / 2).unwrap();
+                m.truncate(PAGE as usize / 2);
+            } else {
+                punch(fs, &f, 100, 5 * PAGE);
+                m[100..100 + 5 * PAGE as usize].fill(0);
+            }
+            if variant & 2 == 0 {
+                checkpoint_evict(store, fs);
+            }
+            f.sync_all().unwrap();
+            let b = blocks(fs, f.ino());
+            let free = fs.statfs().bfree;
+            (m, b, free, disk.crash(Unflushed::Lost))
+        });
         let d = if variant & 4 == 0 { disk.clone() } else { img };
         let what = format!("variant {variant}");
-        let (fs, store) = open_fs(&d);
-        let c = Client::root(fs.clone());
-        let f = c.open("/t", &rw()).unwrap();
-        assert_eq!(blocks(&fs, f.ino()), b, "{what}: st_blocks after reopen");
-        assert_eq!(fs.statfs().bfree, free, "{what}: bfree after reopen");
-        f.set_len(6 * PAGE).unwrap();
-        m.resize(6 * PAGE as usize, 0);
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("{what} extended after reopen"),
-        );
-        store.checkpoint().unwrap();
-        fs.evict();
-        check_eq(
-            &read_all(&f, m.len()),
-            &m,
-            &format!("{what} extended, evicted"),
-        );
-        drop(f);
-        drop(c);
-        close(fs, store);
+        with_store(&d, |fs, store, c| {
+            let f = c.open("/t", &rw()).unwrap();
+            assert_eq!(blocks(fs, f.ino()), b, "{what}: st_blocks after reopen");
+            assert_eq!(fs.statfs().bfree, free, "{what}: bfree after reopen");
+            f.set_len(6 * PAGE).unwrap();
+            m.resize(6 * PAGE as usize, 0);
+            check_read(&f, &m, &format!("{what} extended after reopen"));
+            checkpoint_evict(store, fs);
+            check_read(&f, &m, &format!("{what} extended, evicted"));
+        });
         fsck_clean(&d, &what);
     }
 }
@@ -1599,7 +1389,7 @@ fn size_limit_with_evicted_pages() {
         .expect("partial write into an evicted page of a full fs");
     a[3 * PAGE as usize + 11..3 * PAGE as usize + 18].copy_from_slice(b"partial");
     assert!(f.write_at(b"x", 20 * PAGE).is_err(), "write past the limit");
-    check_eq(&read_all(&f, a.len()), &a, "a");
+    check_read(&f, &a, "a");
     f.set_len(6 * PAGE).unwrap();
     a.truncate(6 * PAGE as usize);
     assert_eq!(fs.statfs().bfree, 4, "truncate of evicted pages frees them");
@@ -1608,9 +1398,8 @@ fn size_limit_with_evicted_pages() {
     let t = c.open_tmpfile("/", &rw()).unwrap();
     let tdata = pattern(3, 4 * PAGE as usize);
     t.write_at(&tdata, 0).unwrap();
-    store.checkpoint().unwrap();
-    fs.evict();
-    check_eq(&read_all(&t, tdata.len()), &tdata, "tmpfile evicted");
+    checkpoint_evict(&store, &fs);
+    check_read(&t, &tdata, "tmpfile evicted");
     c.link_file(&t, "/tl").unwrap();
     c.rename("/tl", "/b").unwrap();
     drop(t);
@@ -1622,8 +1411,7 @@ fn size_limit_with_evicted_pages() {
     let sync = c.open("/c", &rw()).unwrap();
     sync.sync_all().unwrap();
     drop(sync);
-    store.checkpoint().unwrap();
-    fs.evict();
+    checkpoint_evict(&store, &fs);
     let img = disk.crash(Unflushed::Lost);
     drop(c);
     close(fs, store);
@@ -1661,11 +1449,10 @@ fn real_dir_random_ops_vs_model() {
             let i = rng.random_range(0..3);
             let what = random_op(&fs, &files[i], &mut models[i], &mut rng);
             if op % 20 == 0 {
-                store.checkpoint().unwrap();
-                fs.evict();
+                checkpoint_evict(&store, &fs);
             }
-            check_eq(
-                &read_all(&files[i], models[i].len()),
+            check_read(
+                &files[i],
                 &models[i],
                 &format!("seed {seed} op {op} {what}"),
             );

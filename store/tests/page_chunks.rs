@@ -7,34 +7,47 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-use common::{assert_same_tree, dump, host_opts, on_demand, seed};
+use common::{
+    assert_same_tree, close_unshared, dump, host_opts, model_allocate, model_punch, model_write,
+    no_cache, on_demand, rwc, seed,
+};
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, Filesystem, OpenOptions, PAGE,
 };
-use lanefs_store::{Options, fsck, open};
+use lanefs_store::{Options, StoreHandle, fsck, open};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 const G: u64 = 15 * PAGE;
 const CHUNKS: u64 = 20;
-
-fn no_cache() -> Config {
-    Config {
-        cache_bytes: Some(0),
-        ..Config::default()
-    }
-}
 
 /// A store on the host whose checkpoints the test takes.
 fn opts() -> Options {
     on_demand(host_opts(1 << 20, Duration::from_millis(5)))
 }
 
-fn rw() -> OpenOptions {
-    *OpenOptions::new().read(true).write(true).create(true)
+/// A store in `dir` ([`opts`], no cache): its filesystem and handle.
+fn open_in(dir: &Path) -> (Arc<Filesystem>, StoreHandle) {
+    let o = open(dir, no_cache(), opts()).unwrap();
+    (Arc::new(o.fs), o.store)
+}
+
+/// Everything into the checkpoint and out of memory.
+fn checkpoint_all(store: &StoreHandle, fs: &Filesystem) {
+    store.checkpoint().unwrap();
+    fs.evict();
+    assert_eq!(fs.resident_pages(), 0);
+}
+
+/// Closes the store in `dir` (its client first) and checks it (fsck).
+fn close_and_check(dir: &Path, c: Client, fs: Arc<Filesystem>, store: StoreHandle) {
+    drop(c);
+    close_unshared(fs, store);
+    fsck::check(dir, &opts()).unwrap();
 }
 
 /// An offset at, just before or just after a chunk edge (by a page or a byte), or inside one.
@@ -107,11 +120,7 @@ fn step<'c>(
                 .map(|i| b ^ (((off + i) / PAGE) as u8).wrapping_mul(2))
                 .collect();
             assert_eq!(f.write_at(&data, off).unwrap(), data.len());
-            let end = (off + len) as usize;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].copy_from_slice(&data);
+            model_write(model, off, &data);
         }
         6 | 7 => {
             let size = near(rng);
@@ -121,10 +130,7 @@ fn step<'c>(
         8..=10 => {
             let mode = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
             fs.fallocate(&ctx, f.handle(), mode, off, len).unwrap();
-            let end = ((off + len) as usize).min(model.len());
-            if (off as usize) < end {
-                model[off as usize..end].fill(0);
-            }
+            model_punch(model, off, len);
         }
         11 => {
             // Past EOF too: pages beyond the size.
@@ -133,10 +139,7 @@ fn step<'c>(
         }
         12 => {
             fs.fallocate(&ctx, f.handle(), 0, off, len).unwrap();
-            let end = (off + len) as usize;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
+            model_allocate(model, off, len);
         }
         13 => {
             // Removed and created again (the inode number may be reused), sometimes with the
@@ -149,25 +152,21 @@ fn step<'c>(
                 let mut b = vec![0; data.len()];
                 assert_eq!(f.read_at(&mut b, off).unwrap(), data.len());
                 assert!(b == data, "{path}: orphan reads back");
-                *f = c.open(path, &rw()).unwrap();
+                *f = c.open(path, &rwc()).unwrap();
             } else {
-                let old = std::mem::replace(f, c.open(format!("{path}.tmp"), &rw()).unwrap());
+                let old = std::mem::replace(f, c.open(format!("{path}.tmp"), &rwc()).unwrap());
                 drop(old);
                 c.remove_file(path).unwrap();
-                drop(std::mem::replace(f, c.open(path, &rw()).unwrap()));
+                drop(std::mem::replace(f, c.open(path, &rwc()).unwrap()));
                 c.remove_file(format!("{path}.tmp")).unwrap();
             }
             model.clear();
             // A sparse start: a few pages at chunk edges.
             for _ in 0..rng.random_range(0..4) {
                 let at = near(rng);
-                let b = rng.random::<u8>() | 1;
-                f.write_at(&[b; 10], at).unwrap();
-                let end = at as usize + 10;
-                if model.len() < end {
-                    model.resize(end, 0);
-                }
-                model[at as usize..end].fill(b);
+                let b = [rng.random::<u8>() | 1; 10];
+                f.write_at(&b, at).unwrap();
+                model_write(model, at, &b);
             }
         }
         14 => {
@@ -234,7 +233,7 @@ fn compare(want: &BTreeMap<String, Seen>, got: &BTreeMap<String, Seen>, what: &s
 /// Writers on their own files racing a checkpointer; returns the models by path.
 fn race(
     fs: &Arc<Filesystem>,
-    store: &Arc<lanefs_store::StoreHandle>,
+    store: &Arc<StoreHandle>,
     seed: u64,
     models: BTreeMap<String, Vec<u8>>,
     threads: u64,
@@ -306,7 +305,8 @@ fn race(
                 let c = Client::root(fs.clone());
                 let mut rng = StdRng::seed_from_u64(seed ^ ((t as u64 + 1) * 0x9E37_79B9));
                 let paths: Vec<String> = models.keys().cloned().collect();
-                let mut handles: Vec<_> = paths.iter().map(|p| c.open(p, &rw()).unwrap()).collect();
+                let mut handles: Vec<_> =
+                    paths.iter().map(|p| c.open(p, &rwc()).unwrap()).collect();
                 for n in 0..ops {
                     let k = rng.random_range(0..paths.len());
                     let m = models.get_mut(&paths[k]).unwrap();
@@ -401,7 +401,7 @@ fn chunks_survive_racing_changes_at_their_edges() {
             let c = Client::root(fs.clone());
             if round == 0 {
                 for p in &paths {
-                    c.open(p, &rw()).unwrap();
+                    c.open(p, &rwc()).unwrap();
                 }
             } else {
                 let (want, want_dump) = round_dumps.take().unwrap();
@@ -434,11 +434,7 @@ fn chunks_survive_racing_changes_at_their_edges() {
         fs.check_invariants().unwrap();
         let want_dump = dump(&fs, false);
         drop(c);
-        drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-        Arc::try_unwrap(store)
-            .unwrap_or_else(|_| panic!("no other reference"))
-            .close()
-            .unwrap();
+        close_unshared(fs, store);
         let report = fsck::check(dir, &opts).unwrap();
         assert!(report.checkpoint_lsn > 0);
         round_dumps = Some((live, want_dump));
@@ -467,25 +463,18 @@ fn chunk_edges_deterministic() {
     let seed = seed::seed("chunk_edges_deterministic");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let opts = opts();
-    let o = open(dir, no_cache(), opts.clone()).unwrap();
-    let fs = Arc::new(o.fs);
-    let store = o.store;
+    let (fs, store) = open_in(dir);
     let c = Client::root(fs.clone());
     let ctx = Ctx::root();
     let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    let cp = || {
-        store.checkpoint().unwrap();
-        fs.evict();
-        assert_eq!(fs.resident_pages(), 0);
-    };
+    let cp = || checkpoint_all(&store, &fs);
     let blocks = |p: &str| c.metadata(p).unwrap().attr.blocks;
     let mut models: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut blockset: BTreeMap<String, u64> = BTreeMap::new();
 
     // 1: pages past EOF (KEEP_SIZE), then truncations around chunk edges.
     {
-        let f = c.open("/beyond", &rw()).unwrap();
+        let f = c.open("/beyond", &rwc()).unwrap();
         let mut m: Vec<u8> = (0..(2 * G + 3 * PAGE + 7))
             .map(|i| (i / PAGE) as u8 | 1)
             .collect();
@@ -526,7 +515,7 @@ fn chunk_edges_deterministic() {
 
     // 2: holes at every chunk edge of a full file.
     {
-        let f = c.open("/holes", &rw()).unwrap();
+        let f = c.open("/holes", &rwc()).unwrap();
         let mut m: Vec<u8> = (0..(CHUNKS * G))
             .map(|i| ((i / PAGE) as u8).wrapping_mul(7) ^ (i as u8) | 1)
             .collect();
@@ -568,7 +557,7 @@ fn chunk_edges_deterministic() {
     {
         for i in 0..6u64 {
             let p = "/reuse";
-            let f = c.open(p, &rw()).unwrap();
+            let f = c.open(p, &rwc()).unwrap();
             let big: Vec<u8> = (0..(4 * G)).map(|x| (x / PAGE) as u8 | 0x81).collect();
             f.write_at(&big, 0).unwrap();
             if i % 2 == 0 {
@@ -580,7 +569,7 @@ fn chunk_edges_deterministic() {
             if i % 3 == 0 {
                 cp();
             }
-            let f = c.open(p, &rw()).unwrap();
+            let f = c.open(p, &rwc()).unwrap();
             eprintln!("reuse {i}: old ino {ino:?}, new {:?}", f.ino());
             // Sparse: one byte at a chunk edge, a size reaching over the old data.
             f.write_at(&[3], 2 * G + PAGE - 1).unwrap();
@@ -606,20 +595,15 @@ fn chunk_edges_deterministic() {
 
     // 4: a write that spans many chunks, partly out of memory, at odd offsets.
     {
-        let f = c.open("/span", &rw()).unwrap();
+        let f = c.open("/span", &rwc()).unwrap();
         let mut m = Vec::new();
         let mut rng = StdRng::seed_from_u64(seed);
         for _ in 0..40 {
             let off = near(&mut rng);
             let len = length(&mut rng);
-            let b = rng.random::<u8>() | 1;
-            let data = vec![b; len as usize];
+            let data = vec![rng.random::<u8>() | 1; len as usize];
             f.write_at(&data, off).unwrap();
-            let end = (off + len) as usize;
-            if m.len() < end {
-                m.resize(end, 0);
-            }
-            m[off as usize..end].fill(b);
+            model_write(&mut m, off, &data);
             if rng.random_bool(0.3) {
                 cp();
             }
@@ -627,10 +611,7 @@ fn chunk_edges_deterministic() {
                 let o2 = near(&mut rng);
                 let l2 = length(&mut rng);
                 fs.fallocate(&ctx, f.handle(), punch, o2, l2).unwrap();
-                let e2 = ((o2 + l2) as usize).min(m.len());
-                if (o2 as usize) < e2 {
-                    m[o2 as usize..e2].fill(0);
-                }
+                model_punch(&mut m, o2, l2);
             }
             check_read(&f, &m, 0, m.len() as u64 + G, "/span");
         }
@@ -641,7 +622,7 @@ fn chunk_edges_deterministic() {
     // 5: pages past EOF at close: a file of size 0 with pages over a chunk edge, and one
     // with a short size and whole chunks past it.
     {
-        let f = c.open("/past0", &rw()).unwrap();
+        let f = c.open("/past0", &rwc()).unwrap();
         fs.fallocate(
             &ctx,
             f.handle(),
@@ -650,7 +631,7 @@ fn chunk_edges_deterministic() {
             G + 2 * PAGE,
         )
         .unwrap();
-        let f2 = c.open("/past1", &rw()).unwrap();
+        let f2 = c.open("/past1", &rwc()).unwrap();
         f2.write_at(&[7; 10], G - 5).unwrap();
         fs.fallocate(&ctx, f2.handle(), FALLOC_FL_KEEP_SIZE, 0, 4 * G)
             .unwrap();
@@ -669,11 +650,8 @@ fn chunk_edges_deterministic() {
 
     check_models(&c, &models, "before close", seed);
     let want_dump = dump(&fs, false);
-    drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
-    fsck::check(dir, &opts).unwrap();
-    let r = open(dir, no_cache(), opts).unwrap();
+    close_and_check(dir, c, fs, store);
+    let r = open(dir, no_cache(), opts()).unwrap();
     let fs = Arc::new(r.fs);
     let c = Client::root(fs.clone());
     check_models(&c, &models, "after reopen", seed);
@@ -698,20 +676,13 @@ fn chunk_edges_deterministic() {
 fn chunks_far_out() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let opts = opts();
-    let o = open(dir, no_cache(), opts.clone()).unwrap();
-    let fs = Arc::new(o.fs);
-    let store = o.store;
+    let (fs, store) = open_in(dir);
     let c = Client::root(fs.clone());
     let ctx = Ctx::root();
     let punch = FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE;
-    let cp = || {
-        store.checkpoint().unwrap();
-        fs.evict();
-        assert_eq!(fs.resident_pages(), 0);
-    };
+    let cp = || checkpoint_all(&store, &fs);
     let max = lanefs::MAX_FILE_SIZE;
-    let f = c.open("/far", &rw()).unwrap();
+    let f = c.open("/far", &rwc()).unwrap();
     let top = max / PAGE * PAGE; // the start of the last (partial) page
     let spots = [
         3,
@@ -771,22 +742,19 @@ fn chunks_far_out() {
     readback(&c, &f, &live, "after the cut, from the checkpoint");
     let blocks2 = c.metadata("/far").unwrap().attr.blocks;
     drop(f);
-    drop(c);
-    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
-    store.close().unwrap();
-    fsck::check(dir, &opts).unwrap();
-    let r = open(dir, no_cache(), opts).unwrap();
+    close_and_check(dir, c, fs, store);
+    let r = open(dir, no_cache(), opts()).unwrap();
     let fs = Arc::new(r.fs);
     let c = Client::root(fs.clone());
     assert_eq!(c.metadata("/far").unwrap().attr.blocks, blocks2);
     assert_eq!(c.metadata("/far").unwrap().attr.size, top - G + 1);
-    let f = c.open("/far", &rw()).unwrap();
+    let f = c.open("/far", &rwc()).unwrap();
     readback(&c, &f, &live, "after reopen");
     // Removed: every chunk goes (the next file gets a clean number).
     drop(f);
     c.remove_file("/far").unwrap();
     r.store.checkpoint().unwrap();
-    let f = c.open("/far2", &rw()).unwrap();
+    let f = c.open("/far2", &rwc()).unwrap();
     f.set_len(max).unwrap();
     let mut b = [0xEEu8; 2];
     for &at in &spots {

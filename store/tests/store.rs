@@ -376,8 +376,9 @@ fn unsynced_changes_are_flushed_after_the_flush_interval() {
     }
 }
 
-#[test]
-fn journal_damage_is_refused_naming_the_file_and_offset() {
+/// A store on a simulated disk with fifty small files, each synced, then dropped without a
+/// close: the disk.
+fn fifty_synced_files() -> SimDisk {
     let disk = SimDisk::new();
     let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
     let c = Client::root(Arc::new(o.fs));
@@ -387,6 +388,12 @@ fn journal_damage_is_refused_naming_the_file_and_offset() {
     }
     drop(c);
     drop(o.store);
+    disk
+}
+
+#[test]
+fn journal_damage_is_refused_naming_the_file_and_offset() {
+    let disk = fifty_synced_files();
     let (path, mut bytes) = disk
         .files()
         .into_iter()
@@ -457,15 +464,7 @@ fn an_io_error_stops_the_store_and_the_durable_prefix_survives() {
 /// then open, and a repaired store checks clean.
 #[test]
 fn fsck_finds_damage_and_repair_keeps_the_prefix() {
-    let disk = SimDisk::new();
-    let o = open(Path::new("/s"), Config::default(), sim(&disk)).unwrap();
-    let c = Client::root(Arc::new(o.fs));
-    for k in 0..50 {
-        c.write(format!("/f{k}"), vec![k as u8; 300]).unwrap();
-        c.fs().sync_all().unwrap();
-    }
-    drop(c);
-    drop(o.store);
+    let disk = fifty_synced_files();
     let clean = lanefs_store::fsck::check(Path::new("/s"), &sim(&disk)).unwrap();
     assert!(clean.records > 100 && !clean.torn_tail, "{clean:?}");
     let (path, mut bytes) = disk

@@ -7,7 +7,12 @@
 //!   (`engine/tests/common/tree.rs`);
 //! - [`opts`], [`host_opts`] and [`on_demand`]: the options of a test store;
 //! - [`PowerCuts`]: the images a power cut at each flush of a simulated disk would leave;
-//! - [`Watchdog`]: a hang fails the test instead of hanging.
+//! - [`Watchdog`]: a hang fails the test instead of hanging;
+//! - [`rw`], [`rwc`], [`no_cache`], [`pattern`], [`close_unshared`]: open options, a
+//!   filesystem that caches no page, random file contents, a clean close;
+//! - [`model_write`], [`model_punch`], [`model_allocate`]: what a change does to a file's
+//!   bytes held in a plain `Vec<u8>`, the model random tests check reads against;
+//! - [`real_disk_but_open`]: a test's own `Disk` that changes only how files open.
 
 #![allow(dead_code)]
 
@@ -22,9 +27,12 @@ pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tr
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use lanefs_store::Options;
+use lanefs::{Config, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
+use lanefs_store::{Options, StoreHandle};
 use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// A commit or checkpoint interval that never comes during a test: only syncs (or a
 /// checkpoint on demand) make one happen.
@@ -57,6 +65,113 @@ pub fn on_demand(o: Options) -> Options {
         ..o
     }
 }
+
+/// Open for reading and writing.
+pub fn rw() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true);
+    o
+}
+
+/// Open for reading and writing, created if missing.
+pub fn rwc() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create(true);
+    o
+}
+
+/// A filesystem that keeps no file data in memory beyond what changed since the last
+/// checkpoint.
+pub fn no_cache() -> Config {
+    Config {
+        cache_bytes: Some(0),
+        ..Config::default()
+    }
+}
+
+/// `len` random bytes, none zero, the same for the same `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| r.random_range(1..=255u8)).collect()
+}
+
+/// Closes a store cleanly, its filesystem `fs` first; nothing else may hold either (a handle
+/// given whole is taken as it is).
+pub fn close_unshared(fs: Arc<Filesystem>, store: impl Into<Arc<StoreHandle>>) {
+    drop(Arc::try_unwrap(fs).unwrap_or_else(|_| panic!("no other reference")));
+    Arc::try_unwrap(store.into())
+        .unwrap_or_else(|_| panic!("no other reference"))
+        .close()
+        .unwrap();
+}
+
+/// A random mode of `fallocate`: space allocated (the size grown), space allocated with the
+/// size kept, or a hole punched.
+pub fn random_falloc_mode(rng: &mut impl Rng) -> i32 {
+    match rng.random_range(0..3) {
+        0 => 0,
+        1 => lanefs::FALLOC_FL_KEEP_SIZE,
+        _ => lanefs::FALLOC_FL_PUNCH_HOLE | lanefs::FALLOC_FL_KEEP_SIZE,
+    }
+}
+
+/// A file's bytes `model` after `data` was written at `off`.
+pub fn model_write(model: &mut Vec<u8>, off: u64, data: &[u8]) {
+    let end = off as usize + data.len();
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+    model[off as usize..end].copy_from_slice(data);
+}
+
+/// A file's bytes `model` after a hole was punched over `len` bytes at `off` (the size kept).
+pub fn model_punch(model: &mut [u8], off: u64, len: u64) {
+    let end = ((off + len) as usize).min(model.len());
+    if (off as usize) < end {
+        model[off as usize..end].fill(0);
+    }
+}
+
+/// A file's bytes `model` after `len` bytes at `off` were allocated (the size grown to their
+/// end).
+pub fn model_allocate(model: &mut Vec<u8>, off: u64, len: u64) {
+    let end = (off + len) as usize;
+    if model.len() < end {
+        model.resize(end, 0);
+    }
+}
+
+/// The methods of an `impl Disk` for a disk that changes only how files open: each of the
+/// others calls the host's disk (`RealDisk`) as it is; `capacity` and `available` stay the
+/// trait's defaults unless the impl gives its own.
+#[allow(unused_macros)] // the test binaries with a disk of their own use it
+macro_rules! real_disk_but_open {
+    () => {
+        fn create_dir_all(&self, path: &std::path::Path) -> std::io::Result<()> {
+            lanefs_store::disk::RealDisk.create_dir_all(path)
+        }
+        fn remove(&self, path: &std::path::Path) -> std::io::Result<()> {
+            lanefs_store::disk::RealDisk.remove(path)
+        }
+        fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+            lanefs_store::disk::RealDisk.rename(from, to)
+        }
+        fn list(&self, dir: &std::path::Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+            lanefs_store::disk::RealDisk.list(dir)
+        }
+        fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+            lanefs_store::disk::RealDisk.sync_dir(dir)
+        }
+        fn exists(&self, path: &std::path::Path) -> bool {
+            lanefs_store::disk::RealDisk.exists(path)
+        }
+        fn lock(&self, path: &std::path::Path) -> std::io::Result<Box<dyn Send + Sync>> {
+            lanefs_store::disk::RealDisk.lock(path)
+        }
+    };
+}
+#[allow(unused_imports)] // the test binaries with a disk of their own use it
+pub(crate) use real_disk_but_open;
 
 /// One image [`PowerCuts`] took: the disk a power cut would have left.
 pub struct Cut<T> {
