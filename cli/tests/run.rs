@@ -118,6 +118,45 @@ fn child_under_run(test: &str, var: &str, dir: &Path) -> std::process::Output {
     child_command(test, var, dir).output().unwrap()
 }
 
+/// `lanefs run -- python3 -c SCRIPT DIR`, run to its end.
+fn python_under_run(script: &str, dir: &Path) -> std::process::Output {
+    under_run("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+/// The standard output of a command that must have succeeded (its output, both streams,
+/// is the failure's message).
+fn stdout_of_success(out: &std::process::Output) -> std::borrow::Cow<'_, str> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `lanefs mount DIR` in the foreground (its stderr dropped), once the mount is there (60 s
+/// at the most).
+fn serve_in_foreground(dir: &Path) -> std::process::Child {
+    let server = Command::new(BIN)
+        .arg("mount")
+        .arg(dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mountinfo_line(dir).is_none_or(|l| !l.contains("fuse.lanefs")) {
+        assert!(Instant::now() < deadline, "the mount never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server
+}
+
 /// The command [`child_under_run`] runs, for a caller that adds to it.
 fn child_command(test: &str, var: &str, dir: &Path) -> Command {
     let mut c = under_run(std::env::current_exe().unwrap());
@@ -468,18 +507,8 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 "#;
-    let out = under_run("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(p)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = python_under_run(script, p);
+    let text = stdout_of_success(&out);
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
         ["800", "True", "mkdir denied"]
@@ -498,17 +527,7 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(BIN)
-        .arg("mount")
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mountinfo_line(dir.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
-        assert!(Instant::now() < deadline, "the mount never appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut server = serve_in_foreground(dir.path());
     let p = dir.path().to_str().unwrap().to_string();
     // bash's own redirections and `[ -e ]` use the channel from bash's one thread.
     let script = format!(
@@ -566,17 +585,7 @@ fn a_stopping_server_leaves_the_socket_of_the_next_mount() {
     }
     for _attempt in 0..20 {
         let a = tempfile::tempdir().unwrap();
-        let mut old = Command::new(BIN)
-            .arg("mount")
-            .arg(a.path())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while mountinfo_line(a.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
-            assert!(Instant::now() < deadline, "the mount never appeared");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut old = serve_in_foreground(a.path());
         let dev = dev_of(a.path());
         let pid = old.id() as libc::pid_t;
         // The old server is held until the new mount's server has bound its socket.
@@ -806,33 +815,28 @@ fn other_users_are_refused_without_allow_other() {
         return;
     }
     let m = Mnt::new("noallow_other");
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(&exe)
-        .args([
+    // This test's child part, as this user or as `nobody` (65534).
+    let child = |nobody: bool| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args([
             "--exact",
             "other_users_are_refused_without_allow_other",
             "--nocapture",
         ])
-        .env("LANEFS_TEST_CONNECT", m.socket())
-        .output()
-        .unwrap();
+        .env("LANEFS_TEST_CONNECT", m.socket());
+        if nobody {
+            c.uid(65534).gid(65534);
+        }
+        c.output().unwrap()
+    };
+    let out = child(false);
     assert!(String::from_utf8_lossy(&out.stdout).contains("served"));
     // The socket is the mounting user's alone (mode 0600), and the server refuses others
     // even through a descriptor handed to them.
     let mode = std::fs::metadata(m.socket()).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o600);
     std::fs::set_permissions(m.socket(), PermissionsExt::from_mode(0o666)).unwrap();
-    let out = Command::new(&exe)
-        .args([
-            "--exact",
-            "other_users_are_refused_without_allow_other",
-            "--nocapture",
-        ])
-        .env("LANEFS_TEST_CONNECT", m.socket())
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let out = child(true);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!("refused {}", libc::EACCES)),
@@ -976,12 +980,7 @@ fn statx_under_lanefs_run_agrees_with_the_kernel() {
         "LANEFS_TEST_STATX",
         p,
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     let channel: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("statx "))
@@ -1217,12 +1216,7 @@ fn a_directory_renamed_under_a_working_directory_keeps_its_path() {
         .env("M", p)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     assert_eq!(text.trim(), p.join("w/a2/b").to_str().unwrap());
     assert!(p.join("w/a2/b/new").is_file() && p.join("w/a2/b/newdir").is_dir());
     assert_eq!(names(&p.join("w/a/b")), Vec::<String>::new());
@@ -1302,12 +1296,7 @@ try:
 except OSError as e:
     print(e.errno)
 "#;
-    let out = under_run("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(p)
-        .output()
-        .unwrap();
+    let out = python_under_run(script, p);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.trim(), libc::EMFILE.to_string(), "{out:?}");
     assert!(
