@@ -99,6 +99,26 @@ fn unmount(m: &mut Option<lanefs_fuse::Mount>) -> std::io::Result<()> {
     unmount_retrying(mount, Duration::from_millis(50))
 }
 
+/// `path` opened for reading and writing.
+fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// `path` opened for reading and writing, made if missing, emptied if not.
+fn create_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}
+
 fn sh(cmd: &str) -> std::process::Output {
     Command::new("sh")
         .arg("-c")
@@ -365,11 +385,7 @@ fn mmap_reads_and_writes() {
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let path = m.path().join("mapped");
     std::fs::write(&path, vec![b'a'; 8192]).unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let f = open_rw(&path);
     use std::os::unix::io::AsRawFd;
     // SAFETY: mapping 8192 bytes of an open file of that size; unmapped below.
     let ptr = unsafe {
@@ -411,13 +427,7 @@ fn pages_whose_write_back_failed_do_not_stay_in_the_cache() {
     };
     let m = Mounted::new(cfg, Duration::from_secs(60));
     let path = m.path().join("mapped");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let f = create_rw(&path);
     f.set_len(LEN as u64).unwrap();
     use std::os::unix::io::AsRawFd;
     // SAFETY: mapping LEN bytes of an open file of that size; unmapped below.
@@ -492,13 +502,7 @@ fn data_survives_random_io_like_fsx() {
     let mut rng = engine_common::seed::rng(seed);
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let path = m.path().join("fsx");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let f = create_rw(&path);
     let fd = f.as_raw_fd();
     let mut model: Vec<u8> = Vec::new();
     let span = |rng: &mut StdRng, limit: usize| {
@@ -1171,13 +1175,7 @@ fn seek_data_and_hole_with_negative_offsets_match_tmpfs() {
     let answers = |dir: &Path| {
         let mut out = Vec::new();
         for (name, data) in [("empty", &b""[..]), ("data", &b"some data"[..])] {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.join(name))
-                .unwrap();
+            let f = create_rw(dir.join(name));
             f.write_all_at(data, 0).unwrap();
             for off in [-1i64, -4096, i64::MIN] {
                 for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
@@ -1274,11 +1272,7 @@ fn fsync_on_a_volatile_store_sends_no_request() {
         }
         let p = dir.path().join("f");
         std::fs::write(&p, vec![b'a'; 4096]).unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
+        let f = open_rw(&p);
         let before = fs.stats();
         // SAFETY: a shared writable mapping of the file's one page, unmapped below.
         unsafe {
