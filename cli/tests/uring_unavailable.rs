@@ -664,10 +664,14 @@ fn uring_off_mounts_do_not_notice_enable_uring_changing() {
 /// What `uring=on` says when the server's `io_uring_setup(2)` is refused.
 const RINGS_REFUSED: &str = "cannot set up an io_uring: Operation not permitted (os error 1): io_uring_setup(2) is refused to this process";
 
-/// Makes the kernel offer FUSE over io_uring for a test of refused rings: turns
-/// `fuse.enable_uring` on, under [`Settings`] (given back when dropped), if it is off.
-/// `None`: the test is to skip (said on stderr); `Some(None)`: it was on already.
+/// Makes the kernel offer FUSE over io_uring for a test of refused rings, where the test can
+/// run at all ([`runnable`]): turns `fuse.enable_uring` on, under [`Settings`] (given back
+/// when dropped), if it is off. `None`: the test is to skip (said on stderr); `Some(None)`:
+/// it was on already.
 fn uring_offered(test: &str) -> Option<Option<Settings>> {
+    if !runnable(test) {
+        return None;
+    }
     if enable_uring() == "Y" {
         return Some(None);
     }
@@ -694,9 +698,6 @@ fn uring_offered(test: &str) -> Option<Option<Settings>> {
 fn uring_on_fails_clearly_when_the_servers_rings_are_refused() {
     let test = "uring_on_fails_clearly_when_the_servers_rings_are_refused";
     let _one = serial();
-    if !runnable(test) {
-        return;
-    }
     let Some(settings) = uring_offered(test) else {
         return;
     };
@@ -865,9 +866,6 @@ fn library_uring_on_fails_and_auto_falls_back_when_enable_uring_is_off() {
 fn library_uring_on_fails_and_auto_falls_back_when_the_rings_are_refused() {
     let test = "library_uring_on_fails_and_auto_falls_back_when_the_rings_are_refused";
     let _one = serial();
-    if !runnable(test) {
-        return;
-    }
     let Some(settings) = uring_offered(test) else {
         return;
     };
