@@ -624,7 +624,7 @@ enum Kind {
 /// Checks one listing of directory `dir` against the snapshots taken before and after it.
 #[allow(clippy::too_many_arguments)]
 fn check_listing(
-    race: &Fails,
+    fails: &Fails,
     what: &str,
     dir: usize,
     dir_ino: u64,
@@ -645,7 +645,7 @@ fn check_listing(
             None
         };
         if let Some(w) = want {
-            race.check(e.typ == w, || {
+            fails.check(e.typ == w, || {
                 format!(
                     "{what}: d{dir}: {} listed with type {}, want {w}",
                     String::from_utf8_lossy(&e.name),
@@ -657,7 +657,7 @@ fn check_listing(
     let show = |n: &[u8]| String::from_utf8_lossy(n).into_owned();
     let dots = |n: &str, want: u64| {
         let v = seen.get(n.as_bytes()).cloned().unwrap_or_default();
-        race.check(v == [want], || {
+        fails.check(v == [want], || {
             format!("{what}: d{dir}: '{n}' listed as {v:?}, want [{want}]")
         });
     };
@@ -668,7 +668,7 @@ fn check_listing(
             continue;
         }
         if let Some(i) = parse_static(name) {
-            race.check(inos[..] == [static_inos[i]], || {
+            fails.check(inos[..] == [static_inos[i]], || {
                 format!(
                     "{what}: d{dir}: static name {} (never changed) listed with inodes {inos:?}, want [{}]",
                     show(name),
@@ -676,7 +676,7 @@ fn check_listing(
                 )
             });
         } else if parse_slot(name).is_none() {
-            race.fail(format!(
+            fails.fail(format!(
                 "{what}: d{dir}: unknown name {} listed ({inos:?})",
                 show(name)
             ));
@@ -684,7 +684,7 @@ fn check_listing(
     }
     for i in 0..L_STATIC {
         let n = static_name(i);
-        race.check(seen.contains_key(n.as_bytes()), || {
+        fails.check(seen.contains_key(n.as_bytes()), || {
             format!("{what}: d{dir}: static name {n} (never changed) missing")
         });
     }
@@ -698,21 +698,21 @@ fn check_listing(
             let name = slot_name(t, k);
             let got = seen.get(name.as_bytes()).cloned().unwrap_or_default();
             if b.ino == 0 {
-                race.check(got.is_empty(), || {
+                fails.check(got.is_empty(), || {
                     format!(
                         "{what}: d{dir}: {name} listed {got:?} but was absent for the whole listing (pseq {})",
                         b.pseq
                     )
                 });
             } else if b.iseq == a.iseq && b.iseq % 2 == 0 {
-                race.check(got == [b.ino], || {
+                fails.check(got == [b.ino], || {
                     format!(
                         "{what}: d{dir}: {name} listed {got:?}, but named inode {} for the whole listing",
                         b.ino
                     )
                 });
             } else {
-                race.check(got.len() == 1, || {
+                fails.check(got.len() == 1, || {
                     format!(
                         "{what}: d{dir}: {name} listed {got:?}, but existed for the whole listing (its inode changed: exchange or rename over it)"
                     )
