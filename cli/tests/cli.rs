@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{BIN, can_mount, is_root, lanefs, needs_root};
+use common::{BIN, can_mount, is_root, lanefs, mountinfo_line_at, needs_root, umount2};
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -18,13 +18,7 @@ use std::time::Duration;
 
 /// `/proc/PID/mountinfo`'s line for the topmost mount at `p` (PID `self` for this process).
 fn mountinfo_line(pid: &str, p: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(p).unwrap();
-    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at(pid, &std::fs::canonicalize(p).unwrap())
 }
 
 fn mounted(p: &Path) -> bool {
@@ -92,9 +86,7 @@ struct Mounted(PathBuf);
 impl Drop for Mounted {
     fn drop(&mut self) {
         if mounted(&self.0) {
-            let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string; umount2 has no other preconditions.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            umount2(&self.0, libc::MNT_DETACH);
         }
     }
 }

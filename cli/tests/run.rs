@@ -11,7 +11,7 @@ mod pjdfstest;
 
 mod common;
 
-use common::{BIN, needs_root};
+use common::{BIN, mountinfo_line_at, needs_root, umount2};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
@@ -33,13 +33,7 @@ fn has(program: &str) -> bool {
 
 /// The line of `/proc/self/mountinfo` for the mount at `p`.
 fn mountinfo_line(p: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(p).ok()?;
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at("self", &std::fs::canonicalize(p).ok()?)
 }
 
 /// A lanefs mount made with `lanefs mount --background`, detached when dropped.
@@ -99,9 +93,7 @@ impl Mnt {
 
 impl Drop for Mnt {
     fn drop(&mut self) {
-        let c = CString::new(self.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; umount2 has no other preconditions.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        umount2(self.path(), libc::MNT_DETACH);
     }
 }
 
@@ -562,9 +554,7 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
     // The create fails; the stat after it finishes too (the kernel may answer it from its
     // attribute cache, as it does on any dead FUSE mount).
     assert!(rest.contains("rc=1") && rest.contains("stat="), "{rest}");
-    let c = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    umount2(dir.path(), libc::MNT_DETACH);
 }
 
 /// The device number of the mount at `p`, as `major-minor` (the channel socket's name).
@@ -591,9 +581,7 @@ fn a_stopping_server_leaves_the_socket_of_the_next_mount() {
         // The old server is held until the new mount's server has bound its socket.
         // SAFETY: signals to our own child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        let c = CString::new(a.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string.
-        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+        assert_eq!(umount2(a.path(), libc::MNT_DETACH), 0);
         let b = Mnt::new("");
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
@@ -1127,9 +1115,7 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         .unwrap();
     let undo = || {
         for d in [&anc.join("m"), &anc, &ro, &nosym] {
-            let c = CString::new(d.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            umount2(d, libc::MNT_DETACH);
         }
     };
     if !set_up.status.success() {
@@ -1167,9 +1153,7 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     });
     // Taken down in order: the tmpfs first, then the lanefs mount it hid.
-    let c = CString::new(anc.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    umount2(&anc, libc::MNT_DETACH);
     undo();
     assert_eq!(
         text.matches("Read-only file system").count(),

@@ -27,7 +27,7 @@
 
 mod common;
 
-use common::{BIN, is_root};
+use common::{BIN, is_root, mountinfo_line_at};
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -387,12 +387,7 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
 /// `/proc/self/mountinfo`'s line for the topmost mount at `p` (canonical; not looked up on
 /// the filesystem, which would wait for a server that does not answer).
 fn mountinfo_line(p: &Path) -> Option<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at("self", p)
 }
 
 fn mounted(p: &Path) -> bool {
