@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{BIN, can_mount, is_root, lanefs, needs_root};
+use common::{BIN, can_mount, is_root, lanefs, mountinfo_line_at, needs_root, umount2};
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -18,13 +18,7 @@ use std::time::Duration;
 
 /// `/proc/PID/mountinfo`'s line for the topmost mount at `p` (PID `self` for this process).
 fn mountinfo_line(pid: &str, p: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(p).unwrap();
-    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at(pid, &std::fs::canonicalize(p).unwrap())
 }
 
 fn mounted(p: &Path) -> bool {
@@ -92,16 +86,13 @@ struct Mounted(PathBuf);
 impl Drop for Mounted {
     fn drop(&mut self) {
         if mounted(&self.0) {
-            let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string; umount2 has no other preconditions.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            umount2(&self.0, libc::MNT_DETACH);
         }
     }
 }
 
 fn stats_json(p: &Path) -> serde_json::Value {
-    let st = lanefs(&["stats", "--json", p.to_str().unwrap()]);
-    assert!(st.status.success(), "{}", stderr(&st));
+    let st = lanefs_ok(&["stats", "--json", p.to_str().unwrap()]);
     serde_json::from_slice(&st.stdout).unwrap()
 }
 
@@ -117,21 +108,59 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// `lanefs ARGS`, which must succeed (its stderr is the failure's message).
+fn lanefs_ok(args: &[&str]) -> Output {
+    let out = lanefs(args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
+/// Mounts with `lanefs ARGS`, which must succeed, at `mp`: detached if the test fails first.
+fn mount_at(mp: &Path, args: &[&str]) -> Mounted {
+    lanefs_ok(args);
+    Mounted(mp.to_path_buf())
+}
+
+/// A test's temporary directory, or None where this process cannot mount (`can_mount`; with
+/// `root`, `needs_root`), having said why the test skips.
+fn mount_dir(test: &str, root: bool) -> Option<tempfile::TempDir> {
+    let can = if root {
+        needs_root(test)
+    } else {
+        can_mount(test)
+    };
+    can.then(|| tempfile::tempdir().unwrap())
+}
+
+/// A store's directory (`store`, not made) and a mountpoint (`mnt`, made) in `dir`.
+fn store_and_mnt(dir: &Path) -> (PathBuf, PathBuf) {
+    let mp = dir.join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    (dir.join("store"), mp)
+}
+
+/// The directories `names`, made in `dir`.
+fn subdirs<const N: usize>(dir: &Path, names: [&str; N]) -> [PathBuf; N] {
+    names.map(|n| {
+        let p = dir.join(n);
+        std::fs::create_dir(&p).unwrap();
+        p
+    })
+}
+
 #[test]
 fn background_mount_stats_and_unmount() {
-    if !can_mount("background_mount_stats_and_unmount") {
+    let Some(dir) = mount_dir("background_mount_stats_and_unmount", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
-    let out = lanefs(&[
+    lanefs_ok(&[
         "mount",
         "--background",
         "-o",
         "size=8m,nr_inodes=1000",
         mp.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     assert!(mounted(mp));
     // Mounted by root, it serves every user (as tmpfs does): allow_other is on.
     let line = mountinfo_line("self", mp).unwrap();
@@ -146,8 +175,7 @@ fn background_mount_stats_and_unmount() {
         "{}",
         String::from_utf8_lossy(&df.stdout)
     );
-    let st = lanefs(&["stats", "--json", mp.to_str().unwrap()]);
-    assert!(st.status.success(), "{}", stderr(&st));
+    let st = lanefs_ok(&["stats", "--json", mp.to_str().unwrap()]);
     let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
     // Through the mount the kernel creates regular files with MKNOD (no-open mode).
     assert!(v["ops"]["mknod"].as_u64().unwrap() >= 1, "{v}");
@@ -228,10 +256,9 @@ fn clear_errors_for_bad_mountpoints_and_options() {
 /// installing the binary.
 #[test]
 fn mount_through_mount_fuse3() {
-    if !needs_root("mount_through_mount_fuse3") {
+    let Some(dir) = mount_dir("mount_through_mount_fuse3", true) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
     let out = Command::new("mount")
         .args(["-t", "fuse", "-o", "size=4m,allow_other,locking=dirlock"])
@@ -255,8 +282,7 @@ fn mount_through_mount_fuse3() {
     assert_eq!(v["locking"], "dirlock");
     unmount(mp);
     // The helper form directly, as fstab's mount.fuse3 line runs it.
-    let out = lanefs(&["memory", mp.to_str().unwrap(), "-o", "ro"]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    lanefs_ok(&["memory", mp.to_str().unwrap(), "-o", "ro"]);
     let e = std::fs::create_dir(mp.join("x")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS));
     unmount(mp);
@@ -267,10 +293,9 @@ fn mount_through_mount_fuse3() {
 /// the helper form.
 #[test]
 fn mount_a_disk_store_through_mount_fuse3() {
-    if !needs_root("mount_a_disk_store_through_mount_fuse3") {
+    let Some(dir) = mount_dir("mount_a_disk_store_through_mount_fuse3", true) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let store = tempfile::tempdir().unwrap();
     let mp = dir.path();
     let out = Command::new("mount")
@@ -290,23 +315,21 @@ fn mount_a_disk_store_through_mount_fuse3() {
         .unwrap();
     unmount(mp);
     assert!(store.path().join("lanefs.store").exists());
-    let out = lanefs(&[
+    lanefs_ok(&[
         store.path().to_str().unwrap(),
         mp.to_str().unwrap(),
         "-o",
         "ro",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(std::fs::read(mp.join("d/f")).unwrap(), b"kept");
     unmount(mp);
 }
 
 #[test]
 fn foreground_mount_ends_on_sigterm() {
-    if !can_mount("foreground_mount_ends_on_sigterm") {
+    let Some(dir) = mount_dir("foreground_mount_ends_on_sigterm", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path().to_path_buf();
     let mut child = Command::new(BIN)
         .args(["mount", mp.to_str().unwrap()])
@@ -346,10 +369,9 @@ fn help_names_every_command() {
 /// so and how to detach it, instead of "Transport endpoint is not connected".
 #[test]
 fn mounting_over_a_dead_server_says_how_to_detach_it() {
-    if !can_mount("mounting_over_a_dead_server_says_how_to_detach_it") {
+    let Some(dir) = mount_dir("mounting_over_a_dead_server_says_how_to_detach_it", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
     let mut server = Command::new(BIN)
         .args(["mount", mp.to_str().unwrap()])
@@ -386,14 +408,11 @@ fn mounting_over_a_dead_server_says_how_to_detach_it() {
 /// `nosuid` and `nodev` are still honoured.
 #[test]
 fn root_mount_defaults_to_suid_and_dev_like_tmpfs() {
-    if !needs_root("root_mount_defaults_to_suid_and_dev_like_tmpfs") {
+    let Some(dir) = mount_dir("root_mount_defaults_to_suid_and_dev_like_tmpfs", true) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
-    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let _guard = Mounted(mp.to_path_buf());
+    let _guard = mount_at(mp, &["mount", "--background", mp.to_str().unwrap()]);
     let (per_mount, _) = mount_options(mp);
     let flags: Vec<&str> = per_mount.split(',').collect();
     assert!(
@@ -409,14 +428,13 @@ fn root_mount_defaults_to_suid_and_dev_like_tmpfs() {
     assert_eq!(std::fs::read(&null).unwrap(), b"", "it is /dev/null");
     unmount(mp);
 
-    let out = lanefs(&[
+    lanefs_ok(&[
         "mount",
         "--background",
         "-o",
         "nosuid,nodev",
         mp.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let (per_mount, _) = mount_options(mp);
     let flags: Vec<&str> = per_mount.split(',').collect();
     assert!(
@@ -440,24 +458,20 @@ fn root_mount_defaults_to_suid_and_dev_like_tmpfs() {
 /// through `lanefs mount -o`, with the same kernel flags.
 #[test]
 fn options_the_kernel_reports_mount_again() {
-    if !can_mount("options_the_kernel_reports_mount_again") {
+    let Some(dir) = mount_dir("options_the_kernel_reports_mount_again", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let [a, b, c, d] = ["a", "b", "c", "d"].map(|n| {
-        let p = dir.path().join(n);
-        std::fs::create_dir(&p).unwrap();
-        p
-    });
-    let out = lanefs(&[
-        "mount",
-        "--background",
-        "-o",
-        "noexec,nodiratime,noatime,sync,size=4m",
-        a.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let _ga = Mounted(a.clone());
+    };
+    let [a, b, c, d] = subdirs(dir.path(), ["a", "b", "c", "d"]);
+    let _ga = mount_at(
+        &a,
+        &[
+            "mount",
+            "--background",
+            "-o",
+            "noexec,nodiratime,noatime,sync,size=4m",
+            a.to_str().unwrap(),
+        ],
+    );
     let (per_mount, per_sb) = mount_options(&a);
     assert!(per_sb.contains("user_id="), "{per_sb}");
     let reported = format!("{per_mount},{per_sb}");
@@ -505,15 +519,16 @@ fn options_the_kernel_reports_mount_again() {
         }
     }
     // The rest of what the kernel can report for a FUSE mount.
-    let o = lanefs(&[
-        "mount",
-        "--background",
-        "-o",
-        "max_read=131072,blksize=4096,rootmode=40000,fd=9,strictatime,relatime",
-        d.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let _gd = Mounted(d.clone());
+    let _gd = mount_at(
+        &d,
+        &[
+            "mount",
+            "--background",
+            "-o",
+            "max_read=131072,blksize=4096,rootmode=40000,fd=9,strictatime,relatime",
+            d.to_str().unwrap(),
+        ],
+    );
     let o = lanefs(&["mount", "-o", "user_id=me", a.to_str().unwrap()]);
     assert!(
         stderr(&o).contains("bad user_id 'user_id=me'"),
@@ -529,21 +544,17 @@ fn options_the_kernel_reports_mount_again() {
 /// others.
 #[test]
 fn remount_changes_the_named_flags_only() {
-    if !needs_root("remount_changes_the_named_flags_only") {
+    let Some(dir) = mount_dir("remount_changes_the_named_flags_only", true) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
-    let out = lanefs(&["memory", mp.to_str().unwrap(), "-o", "nodev,noatime"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let _guard = Mounted(mp.to_path_buf());
-    let out = lanefs(&[
+    let _guard = mount_at(mp, &["memory", mp.to_str().unwrap(), "-o", "nodev,noatime"]);
+    lanefs_ok(&[
         "memory",
         mp.to_str().unwrap(),
         "-o",
         "remount,ro,noexec,size=1g",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let (per_mount, _) = mount_options(mp);
     let flags: Vec<&str> = per_mount.split(',').collect();
     for f in ["ro", "nodev", "noexec", "noatime"] {
@@ -551,13 +562,12 @@ fn remount_changes_the_named_flags_only() {
     }
     let e = std::fs::create_dir(mp.join("x")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EROFS));
-    let out = lanefs(&[
+    lanefs_ok(&[
         "memory",
         mp.to_str().unwrap(),
         "-o",
         "remount,rw,exec,strictatime",
     ]);
-    assert!(out.status.success(), "{}", stderr(&out));
     let (per_mount, _) = mount_options(mp);
     let flags: Vec<&str> = per_mount.split(',').collect();
     assert!(
@@ -635,10 +645,9 @@ impl Drop for NsServer {
 /// after the mount's device number, not its path.
 #[test]
 fn stats_sockets_are_per_mount_not_per_path() {
-    if !needs_root("stats_sockets_are_per_mount_not_per_path") {
+    let Some(dir) = mount_dir("stats_sockets_are_per_mount_not_per_path", true) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
     let mut one = NsServer::start(mp);
     let mut two = NsServer::start(mp);
@@ -674,14 +683,11 @@ fn stats_sockets_are_per_mount_not_per_path() {
 /// 8 MiB raises the data figure by 8 MiB.
 #[test]
 fn stats_report_file_data_and_resident_memory() {
-    if !can_mount("stats_report_file_data_and_resident_memory") {
+    let Some(dir) = mount_dir("stats_report_file_data_and_resident_memory", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
-    let out = lanefs(&["mount", "--background", mp.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let _guard = Mounted(mp.to_path_buf());
+    let _guard = mount_at(mp, &["mount", "--background", mp.to_str().unwrap()]);
     std::fs::write(mp.join("small"), b"x").unwrap();
     let before = stats_json(mp);
     let data0 = before["data_bytes"].as_u64().expect("data_bytes");
@@ -711,15 +717,13 @@ fn stats_report_file_data_and_resident_memory() {
 /// removes it once nothing has answered on it for a second.
 #[test]
 fn a_killed_servers_socket_is_removed_by_the_next_server() {
-    if !needs_root("a_killed_servers_socket_is_removed_by_the_next_server") {
+    let Some(dir) = mount_dir(
+        "a_killed_servers_socket_is_removed_by_the_next_server",
+        true,
+    ) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let [dead, live] = ["dead", "live"].map(|n| {
-        let p = dir.path().join(n);
-        std::fs::create_dir(&p).unwrap();
-        p
-    });
+    };
+    let [dead, live] = subdirs(dir.path(), ["dead", "live"]);
     let mut server = Command::new(BIN)
         .args(["mount", dead.to_str().unwrap()])
         .spawn()
@@ -744,9 +748,7 @@ fn a_killed_servers_socket_is_removed_by_the_next_server() {
     );
     std::thread::sleep(Duration::from_millis(1100));
     // The dead mount is still attached, so the new mount has another device number.
-    let out = lanefs(&["mount", "--background", live.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let _glive = Mounted(live.clone());
+    let _glive = mount_at(&live, &["mount", "--background", live.to_str().unwrap()]);
     assert_ne!(root_socket("self", &live), stale);
     assert!(!stale.exists(), "{} is still there", stale.display());
     unmount(&live);
@@ -776,9 +778,7 @@ fn hold_store_lock(store: &Path) -> std::fs::File {
 #[test]
 fn a_store_in_use_is_refused_at_once_naming_its_holder() {
     let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
+    let (store, mp) = store_and_mnt(dir.path());
     // A store (made in-process) that fsck and compact would take.
     let o = lanefs_store::open(
         &store,
@@ -815,11 +815,13 @@ fn a_store_in_use_is_refused_at_once_naming_its_holder() {
 /// naming the server's pid and mountpoint; once the server is stopped, fsck goes ahead.
 #[test]
 fn a_mounted_store_is_refused_at_once_naming_its_server() {
-    if !can_mount("a_mounted_store_is_refused_at_once_naming_its_server") {
-        return;
-    }
     use std::io::BufRead;
-    let dir = tempfile::tempdir().unwrap();
+    let Some(dir) = mount_dir(
+        "a_mounted_store_is_refused_at_once_naming_its_server",
+        false,
+    ) else {
+        return;
+    };
     let store = dir.path().join("store");
     let [mp, other] = ["mnt", "other"].map(|n| {
         let p = dir.path().join(n);
@@ -869,21 +871,20 @@ fn a_mounted_store_is_refused_at_once_naming_its_server() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
     assert!(server.wait().unwrap().success());
-    let o = lanefs(&["fsck", s]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    lanefs_ok(&["fsck", s]);
 }
 
 /// A store is mounted and checked again right after its server is unmounted, without
 /// --wait: the server, unmounted, may still be closing the store, and that is waited for.
 #[test]
 fn a_store_is_mounted_and_checked_again_right_after_an_unmount() {
-    if !can_mount("a_store_is_mounted_and_checked_again_right_after_an_unmount") {
+    let Some(dir) = mount_dir(
+        "a_store_is_mounted_and_checked_again_right_after_an_unmount",
+        false,
+    ) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
+    };
+    let (store, mp) = store_and_mnt(dir.path());
     let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
     for round in 0..4u8 {
         let o = lanefs(&["mount", "--background", "--store", s, m]);
@@ -905,17 +906,15 @@ fn a_store_is_mounted_and_checked_again_right_after_an_unmount() {
 /// after its unmount) is waited for, unasked, by `fsck`, which goes ahead once it lets go.
 #[test]
 fn fsck_waits_for_an_unmounted_server_still_closing_the_store() {
-    if !can_mount("fsck_waits_for_an_unmounted_server_still_closing_the_store") {
+    let Some(dir) = mount_dir(
+        "fsck_waits_for_an_unmounted_server_still_closing_the_store",
+        false,
+    ) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
+    };
+    let (store, mp) = store_and_mnt(dir.path());
     let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
-    let o = lanefs(&["mount", "--background", "--store", s, m]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let _m = Mounted(mp.clone());
+    let _m = mount_at(&mp, &["mount", "--background", "--store", s, m]);
     std::fs::write(mp.join("f"), b"x").unwrap();
     // The lock file's first line is the server's pid (docs/STORE.md, "The lock file").
     let lock = std::fs::read_to_string(store.join("lanefs.lock")).unwrap();
@@ -991,10 +990,12 @@ fn fsck_of_what_is_not_a_store_says_what_it_is_and_leaves_it_alone() {
 /// mounted and how requests are served.
 #[test]
 fn helper_and_background_mounts_are_silent_unless_verbose() {
-    if !can_mount("helper_and_background_mounts_are_silent_unless_verbose") {
+    let Some(dir) = mount_dir(
+        "helper_and_background_mounts_are_silent_unless_verbose",
+        false,
+    ) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let mp = dir.path();
     let m = mp.to_str().unwrap();
     for (args, talks) in [
@@ -1026,29 +1027,27 @@ fn helper_and_background_mounts_are_silent_unless_verbose() {
 /// after a second), then mounts.
 #[test]
 fn mounting_waits_for_a_store_being_released() {
-    if !can_mount("mounting_waits_for_a_store_being_released") {
+    let Some(dir) = mount_dir("mounting_waits_for_a_store_being_released", false) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
+    };
+    let (store, mp) = store_and_mnt(dir.path());
     let held = hold_store_lock(&store);
     let release = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1000));
         drop(held);
     });
     let start = std::time::Instant::now();
-    let o = lanefs(&[
-        "mount",
-        "--background",
-        "--wait",
-        "--store",
-        store.to_str().unwrap(),
-        mp.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let _m = Mounted(mp.clone());
+    let _m = mount_at(
+        &mp,
+        &[
+            "mount",
+            "--background",
+            "--wait",
+            "--store",
+            store.to_str().unwrap(),
+            mp.to_str().unwrap(),
+        ],
+    );
     assert!(start.elapsed() >= Duration::from_millis(900));
     release.join().unwrap();
     std::fs::write(mp.join("hello"), b"world").unwrap();
@@ -1061,13 +1060,13 @@ fn mounting_waits_for_a_store_being_released() {
 /// to the host; the files kept read back, and fsck finds the store consistent.
 #[test]
 fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
-    if !can_mount("compact_waits_for_the_store_and_gives_deleted_files_room_back") {
+    let Some(dir) = mount_dir(
+        "compact_waits_for_the_store_and_gives_deleted_files_room_back",
+        false,
+    ) else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let store = dir.path().join("store");
-    let mp = dir.path().join("mnt");
-    std::fs::create_dir(&mp).unwrap();
+    };
+    let (store, mp) = store_and_mnt(dir.path());
     let (s, m) = (store.to_str().unwrap(), mp.to_str().unwrap());
     let keep: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
     let checkpoint_len = || {
@@ -1076,9 +1075,7 @@ fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
             .len()
     };
     let serve = |f: &dyn Fn()| {
-        let o = lanefs(&["mount", "--background", "--store", s, m]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let _m = Mounted(mp.clone());
+        let _m = mount_at(&mp, &["mount", "--background", "--store", s, m]);
         f();
         unmount(&mp);
     };
@@ -1087,16 +1084,14 @@ fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
         std::fs::write(mp.join("big"), vec![7u8; 24 << 20]).unwrap();
     });
     // fsck waits for the server, which may still be closing the store after the unmount.
-    let o = lanefs(&["fsck", s]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    lanefs_ok(&["fsck", s]);
     // Held for a second more, as by a server still closing the store.
     let held = hold_store_lock(&store);
     let release = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1000));
         drop(held);
     });
-    let o = lanefs(&["compact", "--wait", s]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = lanefs_ok(&["compact", "--wait", s]);
     assert!(
         String::from_utf8_lossy(&o.stdout).contains("records applied"),
         "{}",
@@ -1106,12 +1101,10 @@ fn compact_waits_for_the_store_and_gives_deleted_files_room_back() {
     let full = checkpoint_len();
     assert!(full > 24 << 20, "the files are in the checkpoint: {full}");
     serve(&|| std::fs::remove_file(mp.join("big")).unwrap());
-    let o = lanefs(&["compact", s]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    lanefs_ok(&["compact", s]);
     let small = checkpoint_len();
     assert!(small < 4 << 20, "checkpoint.redb {full} -> {small} bytes");
-    let o = lanefs(&["fsck", s]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    lanefs_ok(&["fsck", s]);
     serve(&|| {
         assert_eq!(std::fs::read(mp.join("keep")).unwrap(), keep);
         assert!(!mp.join("big").exists());

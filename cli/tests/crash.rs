@@ -4,12 +4,10 @@
 
 mod common;
 
-use common::{BIN, is_root};
+use common::{BIN, is_root, mountinfo_line_at, umount2};
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io::Write;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -17,17 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 fn mounted(p: &Path) -> bool {
-    let canon = std::fs::canonicalize(p).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
+    mountinfo_line_at("self", &std::fs::canonicalize(p).unwrap()).is_some()
 }
 
 fn detach(p: &Path) {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string; umount2 has no other preconditions.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    umount2(p, libc::MNT_DETACH);
 }
 
 fn serve(store: &Path, mp: &Path) -> std::process::Child {

@@ -5,10 +5,8 @@
 
 mod common;
 
-use common::{can_mount, is_root, lanefs};
+use common::{can_mount, is_root, lanefs, umount2};
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -22,9 +20,7 @@ struct Mounted(PathBuf);
 impl Drop for Mounted {
     fn drop(&mut self) {
         if is_root() {
-            let c = CString::new(self.0.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string; umount2 has no other preconditions.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            umount2(&self.0, libc::MNT_DETACH);
         } else {
             let _ = Command::new("fusermount3").arg("-uz").arg(&self.0).output();
         }

@@ -11,7 +11,7 @@ mod pjdfstest;
 
 mod common;
 
-use common::{BIN, needs_root};
+use common::{BIN, mountinfo_line_at, needs_root, umount2};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr};
@@ -33,13 +33,7 @@ fn has(program: &str) -> bool {
 
 /// The line of `/proc/self/mountinfo` for the mount at `p`.
 fn mountinfo_line(p: &Path) -> Option<String> {
-    let canon = std::fs::canonicalize(p).ok()?;
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(canon.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at("self", &std::fs::canonicalize(p).ok()?)
 }
 
 /// A lanefs mount made with `lanefs mount --background`, detached when dropped.
@@ -99,9 +93,7 @@ impl Mnt {
 
 impl Drop for Mnt {
     fn drop(&mut self) {
-        let c = CString::new(self.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string; umount2 has no other preconditions.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        umount2(self.path(), libc::MNT_DETACH);
     }
 }
 
@@ -116,6 +108,45 @@ fn under_run(program: impl AsRef<OsStr>) -> Command {
 /// the test's child part, which then makes its libc calls through the preloaded client.
 fn child_under_run(test: &str, var: &str, dir: &Path) -> std::process::Output {
     child_command(test, var, dir).output().unwrap()
+}
+
+/// `lanefs run -- python3 -c SCRIPT DIR`, run to its end.
+fn python_under_run(script: &str, dir: &Path) -> std::process::Output {
+    under_run("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .unwrap()
+}
+
+/// The standard output of a command that must have succeeded (its output, both streams,
+/// is the failure's message).
+fn stdout_of_success(out: &std::process::Output) -> std::borrow::Cow<'_, str> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `lanefs mount DIR` in the foreground (its stderr dropped), once the mount is there (60 s
+/// at the most).
+fn serve_in_foreground(dir: &Path) -> std::process::Child {
+    let server = Command::new(BIN)
+        .arg("mount")
+        .arg(dir)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mountinfo_line(dir).is_none_or(|l| !l.contains("fuse.lanefs")) {
+        assert!(Instant::now() < deadline, "the mount never appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    server
 }
 
 /// The command [`child_under_run`] runs, for a caller that adds to it.
@@ -545,18 +576,8 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 "#;
-    let out = under_run("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(p)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = python_under_run(script, p);
+    let text = stdout_of_success(&out);
     assert_eq!(
         text.lines().collect::<Vec<_>>(),
         ["800", "True", "mkdir denied"]
@@ -575,17 +596,7 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let mut server = Command::new(BIN)
-        .arg("mount")
-        .arg(dir.path())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while mountinfo_line(dir.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
-        assert!(Instant::now() < deadline, "the mount never appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let mut server = serve_in_foreground(dir.path());
     let p = dir.path().to_str().unwrap().to_string();
     // bash's own redirections and `[ -e ]` use the channel from bash's one thread.
     let script = format!(
@@ -620,9 +631,7 @@ fn a_killed_server_fails_calls_instead_of_hanging() {
     // The create fails; the stat after it finishes too (the kernel may answer it from its
     // attribute cache, as it does on any dead FUSE mount).
     assert!(rest.contains("rc=1") && rest.contains("stat="), "{rest}");
-    let c = CString::new(dir.path().as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    umount2(dir.path(), libc::MNT_DETACH);
 }
 
 /// The device number of the mount at `p`, as `major-minor` (the channel socket's name).
@@ -643,25 +652,13 @@ fn a_stopping_server_leaves_the_socket_of_the_next_mount() {
     }
     for _attempt in 0..20 {
         let a = tempfile::tempdir().unwrap();
-        let mut old = Command::new(BIN)
-            .arg("mount")
-            .arg(a.path())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while mountinfo_line(a.path()).is_none_or(|l| !l.contains("fuse.lanefs")) {
-            assert!(Instant::now() < deadline, "the mount never appeared");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut old = serve_in_foreground(a.path());
         let dev = dev_of(a.path());
         let pid = old.id() as libc::pid_t;
         // The old server is held until the new mount's server has bound its socket.
         // SAFETY: signals to our own child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        let c = CString::new(a.path().as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid C string.
-        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+        assert_eq!(umount2(a.path(), libc::MNT_DETACH), 0);
         let b = Mnt::new("");
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
@@ -883,33 +880,28 @@ fn other_users_are_refused_without_allow_other() {
         return;
     }
     let m = Mnt::new("noallow_other");
-    let exe = std::env::current_exe().unwrap();
-    let out = Command::new(&exe)
-        .args([
+    // This test's child part, as this user or as `nobody` (65534).
+    let child = |nobody: bool| {
+        let mut c = Command::new(std::env::current_exe().unwrap());
+        c.args([
             "--exact",
             "other_users_are_refused_without_allow_other",
             "--nocapture",
         ])
-        .env("LANEFS_TEST_CONNECT", m.socket())
-        .output()
-        .unwrap();
+        .env("LANEFS_TEST_CONNECT", m.socket());
+        if nobody {
+            c.uid(65534).gid(65534);
+        }
+        c.output().unwrap()
+    };
+    let out = child(false);
     assert!(String::from_utf8_lossy(&out.stdout).contains("served"));
     // The socket is the mounting user's alone (mode 0600), and the server refuses others
     // even through a descriptor handed to them.
     let mode = std::fs::metadata(m.socket()).unwrap().mode() & 0o777;
     assert_eq!(mode, 0o600);
     std::fs::set_permissions(m.socket(), PermissionsExt::from_mode(0o666)).unwrap();
-    let out = Command::new(&exe)
-        .args([
-            "--exact",
-            "other_users_are_refused_without_allow_other",
-            "--nocapture",
-        ])
-        .env("LANEFS_TEST_CONNECT", m.socket())
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
+    let out = child(true);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains(&format!("refused {}", libc::EACCES)),
@@ -1053,12 +1045,7 @@ fn statx_under_lanefs_run_agrees_with_the_kernel() {
         "LANEFS_TEST_STATX",
         p,
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     let channel: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("statx "))
@@ -1205,9 +1192,7 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         .unwrap();
     let undo = || {
         for d in [&anc.join("m"), &anc, &ro, &nosym] {
-            let c = CString::new(d.as_os_str().as_bytes()).unwrap();
-            // SAFETY: a valid C string.
-            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+            umount2(d, libc::MNT_DETACH);
         }
     };
     if !set_up.status.success() {
@@ -1245,9 +1230,7 @@ fn bind_mount_flags_and_covered_mounts_under_lanefs_run() {
         String::from_utf8_lossy(&o.stdout).into_owned()
     });
     // Taken down in order: the tmpfs first, then the lanefs mount it hid.
-    let c = CString::new(anc.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid C string.
-    unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    umount2(&anc, libc::MNT_DETACH);
     undo();
     assert_eq!(
         text.matches("Read-only file system").count(),
@@ -1294,12 +1277,7 @@ fn a_directory_renamed_under_a_working_directory_keeps_its_path() {
         .env("M", p)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success(&out);
     assert_eq!(text.trim(), p.join("w/a2/b").to_str().unwrap());
     assert!(p.join("w/a2/b/new").is_file() && p.join("w/a2/b/newdir").is_dir());
     assert_eq!(names(&p.join("w/a/b")), Vec::<String>::new());
@@ -1379,12 +1357,7 @@ try:
 except OSError as e:
     print(e.errno)
 "#;
-    let out = under_run("python3")
-        .arg("-c")
-        .arg(script)
-        .arg(p)
-        .output()
-        .unwrap();
+    let out = python_under_run(script, p);
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(text.trim(), libc::EMFILE.to_string(), "{out:?}");
     assert!(

@@ -27,7 +27,7 @@
 
 mod common;
 
-use common::{BIN, is_root};
+use common::{BIN, is_root, mountinfo_line_at};
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -387,12 +387,7 @@ fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static)
 /// `/proc/self/mountinfo`'s line for the topmost mount at `p` (canonical; not looked up on
 /// the filesystem, which would wait for a server that does not answer).
 fn mountinfo_line(p: &Path) -> Option<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .rev()
-        .find(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
-        .map(String::from)
+    mountinfo_line_at("self", p)
 }
 
 fn mounted(p: &Path) -> bool {
@@ -664,10 +659,14 @@ fn uring_off_mounts_do_not_notice_enable_uring_changing() {
 /// What `uring=on` says when the server's `io_uring_setup(2)` is refused.
 const RINGS_REFUSED: &str = "cannot set up an io_uring: Operation not permitted (os error 1): io_uring_setup(2) is refused to this process";
 
-/// Makes the kernel offer FUSE over io_uring for a test of refused rings: turns
-/// `fuse.enable_uring` on, under [`Settings`] (given back when dropped), if it is off.
-/// `None`: the test is to skip (said on stderr); `Some(None)`: it was on already.
+/// Makes the kernel offer FUSE over io_uring for a test of refused rings, where the test can
+/// run at all ([`runnable`]): turns `fuse.enable_uring` on, under [`Settings`] (given back
+/// when dropped), if it is off. `None`: the test is to skip (said on stderr); `Some(None)`:
+/// it was on already.
 fn uring_offered(test: &str) -> Option<Option<Settings>> {
+    if !runnable(test) {
+        return None;
+    }
     if enable_uring() == "Y" {
         return Some(None);
     }
@@ -694,9 +693,6 @@ fn uring_offered(test: &str) -> Option<Option<Settings>> {
 fn uring_on_fails_clearly_when_the_servers_rings_are_refused() {
     let test = "uring_on_fails_clearly_when_the_servers_rings_are_refused";
     let _one = serial();
-    if !runnable(test) {
-        return;
-    }
     let Some(settings) = uring_offered(test) else {
         return;
     };
@@ -865,9 +861,6 @@ fn library_uring_on_fails_and_auto_falls_back_when_enable_uring_is_off() {
 fn library_uring_on_fails_and_auto_falls_back_when_the_rings_are_refused() {
     let test = "library_uring_on_fails_and_auto_falls_back_when_the_rings_are_refused";
     let _one = serial();
-    if !runnable(test) {
-        return;
-    }
     let Some(settings) = uring_offered(test) else {
         return;
     };

@@ -5,6 +5,10 @@
 //! after it moved. Every listing is compared with the engine's own (`.` and `..` included,
 //! with inode numbers and types). Needs root, /dev/fuse and fuse3, as `mount.rs`.
 
+mod common;
+
+use common::{unmount_retrying, wait_for_mount};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -38,13 +42,7 @@ impl Mounted {
         };
         let mount = lanefs_fuse::mount_background(fs.clone(), dir.path(), &mc)
             .unwrap_or_else(|e| panic!("mount: {e} (run as root with fuse3 installed)"));
-        for _ in 0..200 {
-            if is_fuse(dir.path()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(is_fuse(dir.path()), "mount did not appear");
+        wait_for_mount(dir.path());
         Mounted {
             fs,
             dir,
@@ -58,17 +56,7 @@ impl Mounted {
 
     fn unmount_and_check(mut self) {
         let mut mount = self.mount.take().unwrap();
-        let mut r = mount.unmount();
-        for _ in 0..100 {
-            match &r {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(Duration::from_millis(50));
-                    r = mount.unmount();
-                }
-                _ => break,
-            }
-        }
-        r.expect("unmount");
+        unmount_retrying(&mut mount, Duration::from_millis(50)).expect("unmount");
         self.fs
             .check_invariants()
             .unwrap_or_else(|e| panic!("invariants after unmount:\n{e}"));
@@ -81,14 +69,6 @@ impl Drop for Mounted {
             let _ = m.unmount();
         }
     }
-}
-
-fn is_fuse(p: &Path) -> bool {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: zeroed statfs is a valid out-buffer; `c` is a valid C string.
-    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == 0x6573_5546 }
 }
 
 /// name -> (inode number, `d_type`), `.` and `..` included.

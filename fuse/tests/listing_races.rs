@@ -54,8 +54,11 @@ use lanefs_fuse::{Mount, MountConfig, mount_background};
 use rand::Rng;
 use rand::rngs::StdRng;
 
+mod common;
 #[path = "../../engine/tests/common/seed.rs"]
 mod seed;
+
+use common::unmount_retrying;
 
 // ----- harness --------------------------------------------------------------------------------
 
@@ -104,6 +107,35 @@ impl Fails {
             "{what} on {transport} (seed {seed}): {n} failure(s):\n{}",
             list.join("\n")
         );
+    }
+}
+
+/// The failures of a test's threads and when they stop: the first failure, or the deadline
+/// (`LISTING_RACES_SECS` from now).
+struct Race {
+    fails: Fails,
+    deadline: Instant,
+}
+
+impl Race {
+    fn new() -> Race {
+        Race {
+            fails: Fails::default(),
+            deadline: Instant::now() + secs(),
+        }
+    }
+
+    /// Whether the threads go on: no failure yet, and time left.
+    fn going(&self) -> bool {
+        !self.fails.stopped() && Instant::now() < self.deadline
+    }
+}
+
+impl std::ops::Deref for Race {
+    type Target = Fails;
+
+    fn deref(&self) -> &Fails {
+        &self.fails
     }
 }
 
@@ -178,6 +210,12 @@ impl Env {
         })
     }
 
+    /// `new`, and the test's seed (`seed::seed`) where it can mount.
+    fn seeded(test: &str) -> Option<(Env, u64)> {
+        let env = Env::new(test)?;
+        Some((env, seed::seed(test)))
+    }
+
     fn p(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
     }
@@ -214,20 +252,25 @@ impl Env {
         fails.assert_none(what, self.transport, seed);
     }
 
+    /// `finish`, after a line that says how much the threads did: each count, with its name.
+    fn finish_counted(
+        self,
+        fails: &Fails,
+        what: &str,
+        seed: u64,
+        counts: [(&AtomicUsize, &str); 2],
+    ) {
+        let [(a, a_name), (b, b_name)] = counts;
+        eprintln!("{} {a_name}, {} {b_name}", a.load(SeqCst), b.load(SeqCst));
+        self.finish(fails, what, seed);
+    }
+
     fn unmount(&mut self) -> io::Result<()> {
         let Some(mut m) = self.mount.take() else {
             return Ok(());
         };
         // Retried: a lister's last close may still be on its way.
-        for _ in 0..100 {
-            match m.unmount() {
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                    std::thread::sleep(Duration::from_millis(20))
-                }
-                r => return r,
-            }
-        }
-        m.unmount()
+        unmount_retrying(&mut m, Duration::from_millis(20))
     }
 }
 
@@ -685,15 +728,14 @@ struct Shared {
     dir_inos: Vec<u64>,
     root_ino: u64,
     static_inos: Vec<Vec<u64>>,
-    fails: Fails,
-    deadline: Instant,
+    race: Race,
     listings: AtomicUsize,
     ops: AtomicUsize,
 }
 
 impl Shared {
     fn done(&self) -> bool {
-        self.fails.stopped() || Instant::now() >= self.deadline
+        !self.race.going()
     }
 }
 
@@ -707,7 +749,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
         let mode = rng.random_range(0..6);
         let check = |ents: &[Ent], before: &[SlotSnap], after: &[SlotSnap], m: &str| {
             check_listing(
-                &sh.fails,
+                &sh.race,
                 &format!("{} buf {size}", what(m)),
                 dir,
                 sh.dir_inos[dir],
@@ -725,7 +767,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                 let fd = match open_dir(&path) {
                     Ok(fd) => fd,
                     Err(e) => {
-                        sh.fails
+                        sh.race
                             .fail(format!("{}: open d{dir}: errno {e}", what("open")));
                         return;
                     }
@@ -740,7 +782,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                         if mode == 0 { "stream" } else { "slow stream" },
                     ),
                     Err(e) => sh
-                        .fails
+                        .race
                         .fail(format!("{}: getdents d{dir}: errno {e}", what("stream"))),
                 }
             }
@@ -748,7 +790,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
             // the rewind is a new one.
             2 => {
                 let Ok(fd) = open_dir(&path) else {
-                    sh.fails.fail(format!("{}: open d{dir}", what("rewind")));
+                    sh.race.fail(format!("{}: open d{dir}", what("rewind")));
                     return;
                 };
                 let mut junk = Vec::new();
@@ -764,7 +806,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                 match r {
                     Ok(ents) => check(&ents, &before, &after, "rewound stream"),
                     Err(e) => sh
-                        .fails
+                        .race
                         .fail(format!("{}: getdents d{dir}: errno {e}", what("rewind"))),
                 }
             }
@@ -774,7 +816,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
             4 | 5 => {
                 let before_o = sh.slots.snap_dir(dir);
                 let Ok(o) = open_dir(&path) else {
-                    sh.fails
+                    sh.race
                         .fail(format!("{}: open d{dir}", what("overlapping")));
                     return;
                 };
@@ -788,7 +830,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                 std::thread::sleep(Duration::from_micros(rng.random_range(0..1500)));
                 let before_n = sh.slots.snap_dir(dir);
                 let Ok(n) = open_dir(&path) else {
-                    sh.fails
+                    sh.race
                         .fail(format!("{}: open d{dir}", what("overlapping")));
                     return;
                 };
@@ -808,7 +850,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                 }
                 let after_n = sh.slots.snap_dir(dir);
                 if let Some(e) = err {
-                    sh.fails.fail(format!(
+                    sh.race.fail(format!(
                         "{}: getdents d{dir}: errno {e}",
                         what("overlapping")
                     ));
@@ -826,7 +868,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
             _ => {
                 let before = sh.slots.snap_dir(dir);
                 let (Ok(a), Ok(b)) = (open_dir(&path), open_dir(&path)) else {
-                    sh.fails
+                    sh.race
                         .fail(format!("{}: open d{dir}", what("two streams")));
                     return;
                 };
@@ -860,7 +902,7 @@ fn lister(sh: &Shared, id: usize, seed: u64) {
                 }
                 let after = sh.slots.snap_dir(dir);
                 if let Some(e) = err {
-                    sh.fails.fail(format!(
+                    sh.race.fail(format!(
                         "{}: getdents d{dir}: errno {e}",
                         what("two streams")
                     ));
@@ -899,11 +941,18 @@ impl Mutator<'_> {
 
     fn fail(&self, msg: String) {
         self.sh
-            .fails
+            .race
             .fail(format!("mutator {} ({}): {msg}", self.t, self.via.name()));
     }
 
     /// A random own (dir, k) among `ks` that is present (or absent), with kind filter.
+    /// Two different present files of this mutator's (two `pick`s), or None.
+    fn pick_two_present_files(&mut self) -> Option<((usize, usize), (usize, usize))> {
+        let first = self.pick(true, true, None)?;
+        let second = self.pick(true, true, None)?;
+        (first != second).then_some((first, second))
+    }
+
     fn pick(&mut self, files: bool, present: bool, kind: Option<Kind>) -> Option<(usize, usize)> {
         let ks = if files { 0..L_KF } else { L_KF..L_K };
         let mut c = Vec::new();
@@ -1108,15 +1157,9 @@ impl Mutator<'_> {
             }
             // rename over an existing name of this mutator's
             48..=57 => {
-                let Some((d1, k1)) = self.pick(true, true, None) else {
+                let Some(((d1, k1), (d2, k2))) = self.pick_two_present_files() else {
                     return;
                 };
-                let Some((d2, k2)) = self.pick(true, true, None) else {
-                    return;
-                };
-                if (d1, k1) == (d2, k2) {
-                    return;
-                }
                 let (r1, r2) = (self.rel(d1, k1), self.rel(d2, k2));
                 let src = self.own[d1 * L_K + k1].unwrap();
                 let dst = self.own[d2 * L_K + k2].unwrap();
@@ -1152,15 +1195,9 @@ impl Mutator<'_> {
             }
             // exchange two names
             58..=67 => {
-                let Some((d1, k1)) = self.pick(true, true, None) else {
+                let Some(((d1, k1), (d2, k2))) = self.pick_two_present_files() else {
                     return;
                 };
-                let Some((d2, k2)) = self.pick(true, true, None) else {
-                    return;
-                };
-                if (d1, k1) == (d2, k2) {
-                    return;
-                }
                 let (r1, r2) = (self.rel(d1, k1), self.rel(d2, k2));
                 let a = self.own[d1 * L_K + k1].unwrap();
                 let b = self.own[d2 * L_K + k2].unwrap();
@@ -1310,10 +1347,9 @@ impl Mutator<'_> {
 /// listed) is its new parent.
 #[test]
 fn listings_show_every_name_stable_across_them() {
-    let Some(env) = Env::new("listings_show_every_name_stable_across_them") else {
+    let Some((env, seed)) = Env::seeded("listings_show_every_name_stable_across_them") else {
         return;
     };
-    let seed = seed::seed("listings_show_every_name_stable_across_them");
     let c = env.client();
     let mut dir_inos = Vec::new();
     let mut static_inos = Vec::new();
@@ -1340,8 +1376,7 @@ fn listings_show_every_name_stable_across_them() {
         dir_inos,
         root_ino,
         static_inos,
-        fails: Fails::default(),
-        deadline: Instant::now() + secs(),
+        race: Race::new(),
         listings: AtomicUsize::new(0),
         ops: AtomicUsize::new(0),
     };
@@ -1371,12 +1406,12 @@ fn listings_show_every_name_stable_across_them() {
             });
         }
     });
-    eprintln!(
-        "{} listings, {} changes",
-        sh.listings.load(SeqCst),
-        sh.ops.load(SeqCst)
+    env.finish_counted(
+        &sh.race,
+        "listings",
+        seed,
+        [(&sh.listings, "listings"), (&sh.ops, "changes")],
     );
-    env.finish(&sh.fails, "listings", seed);
     assert!(
         sh.listings.load(SeqCst) > 50,
         "too few listings to mean anything"
@@ -1464,18 +1499,11 @@ const N_FILES: usize = 3;
 /// they list (a LOOKUP or GETATTR racing an unlink of another name of the file can make the
 /// kernel count the link count down twice: the limitation lanefs's docs name, any FUSE server
 /// has it, so it is off by default).
-fn plain_lister(
-    mnt: &Path,
-    dirs: &[String],
-    statics: &[Vec<(String, u64)>],
-    fails: &Fails,
-    deadline: Instant,
-    seed: u64,
-    listings: &AtomicUsize,
-) {
+fn plain_lister(mnt: &Path, st: &Statics, race: &Race, seed: u64, listings: &AtomicUsize) {
+    let (dirs, statics) = (&st.dirs, &st.names);
     let mut rng = seed::rng(seed);
     let stat_too = std::env::var("LISTING_RACES_STAT_LISTERS").is_ok_and(|v| v == "1");
-    while !fails.stopped() && Instant::now() < deadline {
+    while race.going() {
         let d = rng.random_range(0..dirs.len());
         let p = mnt.join(&dirs[d]);
         let size = bufsize(&mut rng);
@@ -1487,7 +1515,7 @@ fn plain_lister(
                 }
                 for (n, ino) in &statics[d] {
                     let got = seen.get(n.as_bytes()).cloned().unwrap_or_default();
-                    fails.check(got == [*ino], || {
+                    race.check(got == [*ino], || {
                         format!(
                             "listing {} (buf {size}): unchanged {n} listed {got:?}, want [{ino}]",
                             dirs[d]
@@ -1500,9 +1528,26 @@ fn plain_lister(
                     }
                 }
             }
-            Err(e) => fails.fail(format!("listing {}: errno {e}", dirs[d])),
+            Err(e) => race.fail(format!("listing {}: errno {e}", dirs[d])),
         }
         listings.fetch_add(1, SeqCst);
+    }
+}
+
+/// Spawns `n` plain listers of `st`'s directories in `s` (lister `id` seeded with
+/// `seed + 500 + id`).
+fn spawn_plain_listers<'scope, 'env>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    n: usize,
+    env: &'env Env,
+    st: &'env Statics,
+    race: &'env Race,
+    seed: u64,
+    listings: &'env AtomicUsize,
+) {
+    for id in 0..n {
+        let seed = seed.wrapping_add(500 + id as u64);
+        s.spawn(move || plain_lister(&env.mnt, st, race, seed, listings));
     }
 }
 
@@ -1744,15 +1789,9 @@ impl LinkWorker<'_> {
     }
 }
 
-/// Hard links, unlinks, renames, renames over another file's name (a hard link of it, often)
-/// and exchanges by 32 workers (28 through the mount, each holding its files open, 4 through
-/// the library) on files they own in ten shared directories of about one READDIRPLUS page
-/// each, while 12 threads list those directories: link(2) of a live file never fails, and every file's link count,
-/// through a name, through its open descriptor and through the library, is the number of its
-/// names (0 through the descriptor once the last is gone).
 /// Makes directories `L0..L{N_DIRS}` with `N_STATIC` files each that no one changes (so a
 /// listing takes several pages); returns their names, and each one's (name, inode number).
-fn static_dirs(env: &Env) -> (Vec<String>, Vec<Vec<(String, u64)>>) {
+fn static_dirs(env: &Env) -> Statics {
     let dirs: Vec<String> = (0..N_DIRS).map(|d| format!("L{d}")).collect();
     let mut statics = Vec::new();
     for d in &dirs {
@@ -1766,37 +1805,37 @@ fn static_dirs(env: &Env) -> (Vec<String>, Vec<Vec<(String, u64)>>) {
         }
         statics.push(v);
     }
-    (dirs, statics)
+    Statics {
+        dirs,
+        names: statics,
+    }
 }
 
+/// Directories no one changes the names of, and those names with their inode numbers.
+struct Statics {
+    dirs: Vec<String>,
+    names: Vec<Vec<(String, u64)>>,
+}
+
+/// Hard links, unlinks, renames, renames over another file's name (a hard link of it, often)
+/// and exchanges by 32 workers (28 through the mount, each holding its files open, 4 through
+/// the library) on files they own in ten shared directories of about one READDIRPLUS page
+/// each, while 12 threads list those directories: link(2) of a live file never fails, and every file's link count,
+/// through a name, through its open descriptor and through the library, is the number of its
+/// names (0 through the descriptor once the last is gone).
 #[test]
 fn link_counts_stay_exact_while_directories_are_listed() {
-    let Some(env) = Env::new("link_counts_stay_exact_while_directories_are_listed") else {
+    let Some((env, seed)) = Env::seeded("link_counts_stay_exact_while_directories_are_listed")
+    else {
         return;
     };
-    let seed = seed::seed("link_counts_stay_exact_while_directories_are_listed");
-    let (dirs, statics) = static_dirs(&env);
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let st = static_dirs(&env);
+    let race = Race::new();
     let (listings, ops) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
-        for id in 0..N_LISTERS {
-            let (mnt, dirs, statics, fails, listings) =
-                (&env.mnt, &dirs, &statics, &fails, &listings);
-            s.spawn(move || {
-                plain_lister(
-                    mnt,
-                    dirs,
-                    statics,
-                    fails,
-                    deadline,
-                    seed.wrapping_add(500 + id as u64),
-                    listings,
-                )
-            });
-        }
+        spawn_plain_listers(s, N_LISTERS, &env, &st, &race, seed, &listings);
         for t in 0..N_MOUNT_W + N_LIB_W {
-            let (fails, ops, env) = (&fails, &ops, &env);
+            let (race, ops, env) = (&race, &ops, &env);
             s.spawn(move || {
                 let via = if t < N_MOUNT_W {
                     Via::Mount(&env.mnt)
@@ -1807,24 +1846,24 @@ fn link_counts_stay_exact_while_directories_are_listed() {
                     t,
                     via,
                     mnt: &env.mnt,
-                    fails,
+                    fails: race,
                     files: (0..N_FILES).map(|_| None).collect(),
                     rng: seed::rng(seed.wrapping_add(t as u64)),
                     next: 0,
                     ops,
                 };
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     w.step();
                 }
             });
         }
     });
-    eprintln!(
-        "{} listings, {} changes",
-        listings.load(SeqCst),
-        ops.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "link counts",
+        seed,
+        [(&listings, "listings"), (&ops, "changes")],
     );
-    env.finish(&fails, "link counts", seed);
     assert!(
         listings.load(SeqCst) > 50 && ops.load(SeqCst) > 500,
         "too little done to mean anything"
@@ -1842,32 +1881,16 @@ fn link_counts_stay_exact_while_directories_are_listed() {
 /// directories.
 #[test]
 fn rename_over_a_hard_link_while_listing() {
-    let Some(env) = Env::new("rename_over_a_hard_link_while_listing") else {
+    let Some((env, seed)) = Env::seeded("rename_over_a_hard_link_while_listing") else {
         return;
     };
-    let seed = seed::seed("rename_over_a_hard_link_while_listing");
-    let (dirs, statics) = static_dirs(&env);
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let st = static_dirs(&env);
+    let race = Race::new();
     let (listings, rounds) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
-        for id in 0..16 {
-            let (mnt, dirs, statics, fails, listings) =
-                (&env.mnt, &dirs, &statics, &fails, &listings);
-            s.spawn(move || {
-                plain_lister(
-                    mnt,
-                    dirs,
-                    statics,
-                    fails,
-                    deadline,
-                    seed.wrapping_add(500 + id as u64),
-                    listings,
-                )
-            });
-        }
+        spawn_plain_listers(s, 16, &env, &st, &race, seed, &listings);
         for t in 0..32usize {
-            let (fails, rounds, mnt) = (&fails, &rounds, &env.mnt);
+            let (race, rounds, mnt) = (&race, &rounds, &env.mnt);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut n = 0u64;
@@ -1875,8 +1898,8 @@ fn rename_over_a_hard_link_while_listing() {
                     n += 1;
                     mnt.join(format!("L{}/r{t:02}-{n:07}-padding-padding", rng.random_range(0..N_DIRS)))
                 };
-                let fail = |m: String| fails.fail(format!("thread {t}: {m}"));
-                while !fails.stopped() && Instant::now() < deadline {
+                let fail = |m: String| race.fail(format!("thread {t}: {m}"));
+                while race.going() {
                     let (x, y, z, w) = (fresh(&mut rng), fresh(&mut rng), fresh(&mut rng), fresh(&mut rng));
                     let a = std::fs::File::create_new(&x).unwrap();
                     let b = std::fs::File::create_new(&y).unwrap();
@@ -1932,12 +1955,12 @@ fn rename_over_a_hard_link_while_listing() {
             });
         }
     });
-    eprintln!(
-        "{} listings, {} rounds",
-        listings.load(SeqCst),
-        rounds.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "rename over a hard link",
+        seed,
+        [(&listings, "listings"), (&rounds, "rounds")],
     );
-    env.finish(&fails, "rename over a hard link", seed);
     assert!(rounds.load(SeqCst) > 100, "too few rounds to mean anything");
 }
 
@@ -2193,11 +2216,11 @@ impl DirWorker<'_> {
 /// whose `..` is still the child; and a listing of an area is always `.`, `..`, `p0`, `p1`.
 #[test]
 fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
-    let Some(env) = Env::new("directories_moved_between_parents_keep_dotdot_and_link_counts")
+    let Some((env, seed)) =
+        Env::seeded("directories_moved_between_parents_keep_dotdot_and_link_counts")
     else {
         return;
     };
-    let seed = seed::seed("directories_moved_between_parents_keep_dotdot_and_link_counts");
     let nw = D_MOUNT_W + D_LIB_W;
     let mut areas = Vec::new();
     for t in 0..nw {
@@ -2209,15 +2232,14 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
         areas.push((ino(&a), [ino(&format!("{a}/p0")), ino(&format!("{a}/p1"))]));
     }
     let root_ino = lstat(&env.mnt).unwrap().ino();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (listings, ops) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         for id in 0..12 {
-            let (fails, listings, areas, mnt) = (&fails, &listings, &areas, &env.mnt);
+            let (race, listings, areas, mnt) = (&race, &listings, &areas, &env.mnt);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(700 + id));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let t = rng.random_range(0..nw);
                     let size = bufsize(&mut rng);
                     let (a_ino, p_inos) = areas[t];
@@ -2234,16 +2256,16 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
                                     (b"p0".to_vec(), p_inos[0]),
                                     (b"p1".to_vec(), p_inos[1]),
                                 ];
-                                fails.check(got == want, || {
+                                race.check(got == want, || {
                                     format!("listing {a}: {got:?}, want {want:?}")
                                 });
                             }
-                            Err(e) => fails.fail(format!("listing {a}: errno {e}")),
+                            Err(e) => race.fail(format!("listing {a}: errno {e}")),
                         },
                         1 => {
                             let p = rng.random_range(0..2);
                             if let Err(e) = list_path(&mnt.join(format!("{a}/p{p}")), size) {
-                                fails.fail(format!("listing {a}/p{p}: errno {e}"));
+                                race.fail(format!("listing {a}/p{p}: errno {e}"));
                             }
                         }
                         // Children of a library worker's are left alone: one held open
@@ -2257,7 +2279,7 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
                             let rel = format!("{a}/p{p}/c{k}-a-directory-name-padded");
                             match list_path(&mnt.join(&rel), size) {
                                 Ok(_) | Err(libc::ENOENT) => {}
-                                Err(e) => fails.fail(format!("listing {rel}: errno {e}")),
+                                Err(e) => race.fail(format!("listing {rel}: errno {e}")),
                             }
                         }
                     }
@@ -2266,7 +2288,7 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
             });
         }
         for t in 0..nw {
-            let (fails, ops, env, areas) = (&fails, &ops, &env, &areas);
+            let (race, ops, env, areas) = (&race, &ops, &env, &areas);
             s.spawn(move || {
                 let via = if t < D_MOUNT_W {
                     Via::Mount(&env.mnt)
@@ -2277,13 +2299,13 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
                     t,
                     via,
                     mnt: &env.mnt,
-                    fails,
+                    fails: race,
                     area: areas[t].0,
                     parents: areas[t].1,
                     children: [[None; D_CHILD_NAMES]; 2],
                     rng: seed::rng(seed.wrapping_add(t as u64)),
                 };
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     if w.step() {
                         ops.fetch_add(1, SeqCst);
                     }
@@ -2291,12 +2313,12 @@ fn directories_moved_between_parents_keep_dotdot_and_link_counts() {
             });
         }
     });
-    eprintln!(
-        "{} listings, {} changes",
-        listings.load(SeqCst),
-        ops.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "moved directories",
+        seed,
+        [(&listings, "listings"), (&ops, "changes")],
     );
-    env.finish(&fails, "moved directories", seed);
     assert!(
         listings.load(SeqCst) > 50 && ops.load(SeqCst) > 300,
         "too little done to mean anything"
@@ -2371,44 +2393,42 @@ fn a_stream_begun_after_a_change_never_continues_from_an_older_cache() {
 /// and its count, when checked, is exact.
 #[test]
 fn link_after_unlink_of_another_name_while_listing() {
-    let Some(env) = Env::new("link_after_unlink_of_another_name_while_listing") else {
+    let Some((env, seed)) = Env::seeded("link_after_unlink_of_another_name_while_listing") else {
         return;
     };
-    let seed = seed::seed("link_after_unlink_of_another_name_while_listing");
     for d in ["P", "Q"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (listings, rounds) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         for id in 0..12u64 {
-            let (fails, listings, mnt) = (&fails, &listings, &env.mnt);
+            let (race, listings, mnt) = (&race, &listings, &env.mnt);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(900 + id));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let d = ["P", "Q"][rng.random_range(0..2)];
                     if let Err(e) = list_path(&mnt.join(d), 4096) {
-                        fails.fail(format!("listing {d}: errno {e}"));
+                        race.fail(format!("listing {d}: errno {e}"));
                     }
                     listings.fetch_add(1, SeqCst);
                 }
             });
         }
         for t in 0..24usize {
-            let (fails, rounds, mnt) = (&fails, &rounds, &env.mnt);
+            let (race, rounds, mnt) = (&race, &rounds, &env.mnt);
             s.spawn(move || {
                 let name = |d: &str| mnt.join(format!("{d}/t{t:02}-moving-file"));
                 let f = std::fs::File::create_new(name("P")).unwrap();
                 let (mut here, mut there) = ("P", "Q");
                 let mut rng = seed::rng(seed.wrapping_add(t as u64));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     // A stat reads the attributes again (the unlink left the ctime invalid),
                     // which would mend a count made wrong; so most rounds go from the unlink
                     // straight to the next link.
                     let check = rng.random_bool(0.2);
                     if let Err(e) = std::fs::hard_link(name(here), name(there)) {
-                        fails.fail(format!(
+                        race.fail(format!(
                             "thread {t}: link {here} -> {there} of a live file with one name: {} (its count through the fd: {:?})",
                             errno(&e),
                             f.metadata().map(|m| m.nlink())
@@ -2418,17 +2438,17 @@ fn link_after_unlink_of_another_name_while_listing() {
                     if check {
                         match f.metadata() {
                             Ok(m) if m.nlink() == 2 => {}
-                            r => fails.fail(format!("thread {t}: after link: nlink {:?}, want 2", r.map(|m| m.nlink()))),
+                            r => race.fail(format!("thread {t}: after link: nlink {:?}, want 2", r.map(|m| m.nlink()))),
                         }
                     }
                     if let Err(e) = std::fs::remove_file(name(here)) {
-                        fails.fail(format!("thread {t}: unlink {here}: {}", errno(&e)));
+                        race.fail(format!("thread {t}: unlink {here}: {}", errno(&e)));
                         break;
                     }
                     if check {
                         match stat_ino_nlink(&name(there), false) {
                             Ok((_, 1)) => {}
-                            r => fails.fail(format!("thread {t}: after unlink of {here}: {there}'s nlink {r:?}, want 1")),
+                            r => race.fail(format!("thread {t}: after unlink of {here}: {there}'s nlink {r:?}, want 1")),
                         }
                     }
                     std::mem::swap(&mut here, &mut there);
@@ -2437,12 +2457,12 @@ fn link_after_unlink_of_another_name_while_listing() {
             });
         }
     });
-    eprintln!(
-        "{} listings, {} rounds",
-        listings.load(SeqCst),
-        rounds.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "link after unlink",
+        seed,
+        [(&listings, "listings"), (&rounds, "rounds")],
     );
-    env.finish(&fails, "link after unlink", seed);
     assert!(rounds.load(SeqCst) > 100, "too few rounds to mean anything");
 }
 
@@ -2457,28 +2477,26 @@ fn link_after_unlink_of_another_name_while_listing() {
 /// before the change and is applied after the change's invalidation must not leave the old
 /// ones in the kernel.
 fn library_changes_race(test: &str, racer: Racer) {
-    let Some(env) = Env::new(test) else {
+    let Some((env, seed)) = Env::seeded(test) else {
         return;
     };
-    let seed = seed::seed(test);
     std::fs::create_dir(env.p("D")).unwrap();
     std::fs::create_dir(env.p("E")).unwrap();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (listings, rounds) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let (chmods, links) = (AtomicUsize::new(0), AtomicUsize::new(0));
     const W: usize = 12;
     let current: Vec<AtomicU64> = (0..W).map(|_| AtomicU64::new(0)).collect();
     std::thread::scope(|s| {
         for id in 0..12u64 {
-            let (fails, listings, mnt, current) = (&fails, &listings, &env.mnt, &current);
+            let (race, listings, mnt, current) = (&race, &listings, &env.mnt, &current);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(900 + id));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     match racer {
                         Racer::Listing => {
                             if let Err(e) = list_path(&mnt.join("D"), 4096) {
-                                fails.fail(format!("listing D: errno {e}"));
+                                race.fail(format!("listing D: errno {e}"));
                             }
                         }
                         Racer::Lookup => {
@@ -2492,13 +2510,13 @@ fn library_changes_race(test: &str, racer: Racer) {
             });
         }
         for t in 0..W {
-            let (fails, rounds, env, chmods, links, current) =
-                (&fails, &rounds, &env, &chmods, &links, &current);
+            let (race, rounds, env, chmods, links, current) =
+                (&race, &rounds, &env, &chmods, &links, &current);
             s.spawn(move || {
                 let c = env.client();
                 let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut n = 0u64;
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     n += 1;
                     let name = format!("D/t{t:02}-{n:07}");
                     c.write(format!("/{name}"), b"x").unwrap();
@@ -2510,7 +2528,7 @@ fn library_changes_race(test: &str, racer: Racer) {
                         c.set_permissions(format!("/{name}"), 0o600).unwrap();
                         match lstat(&env.p(&name)) {
                             Ok(m) if m.mode() & 0o7777 == 0o600 => {}
-                            r => fails.fail(format!(
+                            r => race.fail(format!(
                                 "thread {t}: {name} after a library chmod to 0600: mode through the mount {:?} (library: {:o})",
                                 r.map(|m| format!("{:o}", m.mode() & 0o7777)),
                                 c.symlink_metadata(format!("/{name}")).unwrap().attr.mode & 0o7777
@@ -2523,7 +2541,7 @@ fn library_changes_race(test: &str, racer: Racer) {
                         c.hard_link(format!("/{name}"), format!("/{other}")).unwrap();
                         match lstat(&env.p(&name)) {
                             Ok(m) if m.nlink() == 2 => {}
-                            r => fails.fail(format!(
+                            r => race.fail(format!(
                                 "thread {t}: {name} after a library link to {other}: nlink through the mount {:?} (library: {})",
                                 r.map(|m| m.nlink()),
                                 c.symlink_metadata(format!("/{name}")).unwrap().attr.nlink
@@ -2545,7 +2563,7 @@ fn library_changes_race(test: &str, racer: Racer) {
         chmods.load(SeqCst),
         links.load(SeqCst)
     );
-    env.finish(&fails, "library changes", seed);
+    env.finish(&race, "library changes", seed);
     assert!(rounds.load(SeqCst) > 100, "too few rounds to mean anything");
 }
 
@@ -2582,46 +2600,44 @@ fn library_attribute_changes_survive_lookups_in_flight() {
 /// subdirectories, and its mtime is the one the library sees.
 #[test]
 fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
-    let Some(env) =
-        Env::new("directory_attributes_after_a_change_inside_while_its_parent_is_listed")
+    let Some((env, seed)) =
+        Env::seeded("directory_attributes_after_a_change_inside_while_its_parent_is_listed")
     else {
         return;
     };
-    let seed = seed::seed("directory_attributes_after_a_change_inside_while_its_parent_is_listed");
     std::fs::create_dir(env.p("P")).unwrap();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (listings, rounds) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         for _ in 0..10 {
-            let (fails, listings, mnt) = (&fails, &listings, &env.mnt);
+            let (race, listings, mnt) = (&race, &listings, &env.mnt);
             s.spawn(move || {
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     if let Err(e) = list_path(&mnt.join("P"), 4096) {
-                        fails.fail(format!("listing P: errno {e}"));
+                        race.fail(format!("listing P: errno {e}"));
                     }
                     listings.fetch_add(1, SeqCst);
                 }
             });
         }
         for t in 0..4 {
-            let (fails, mnt) = (&fails, &env.mnt);
+            let (race, mnt) = (&race, &env.mnt);
             s.spawn(move || {
                 let f = mnt.join(format!("P/churn{t}"));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     std::fs::write(&f, b"").unwrap();
                     std::fs::remove_file(&f).unwrap();
                 }
             });
         }
         for t in 0..12usize {
-            let (fails, rounds, env) = (&fails, &rounds, &env);
+            let (race, rounds, env) = (&race, &rounds, &env);
             s.spawn(move || {
                 let c = env.client();
                 let rel = format!("P/c{t:02}");
                 std::fs::create_dir(env.p(&rel)).unwrap();
                 let mut subdirs = 0;
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let g = env.p(&format!("{rel}/g"));
                     let r = if subdirs == 0 {
                         std::fs::create_dir(&g)
@@ -2629,7 +2645,7 @@ fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
                         std::fs::remove_dir(&g)
                     };
                     if let Err(e) = r {
-                        fails.fail(format!("thread {t}: mkdir/rmdir {g:?}: {}", errno(&e)));
+                        race.fail(format!("thread {t}: mkdir/rmdir {g:?}: {}", errno(&e)));
                         break;
                     }
                     subdirs = 1 - subdirs;
@@ -2637,7 +2653,7 @@ fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
                     match lstat(&env.p(&rel)) {
                         Ok(m) if m.nlink() == 2 + subdirs
                             && (m.mtime(), m.mtime_nsec() as u32) == (lib.mtime.sec, lib.mtime.nsec) => {}
-                        r => fails.fail(format!(
+                        r => race.fail(format!(
                             "thread {t}: {rel} after {} of {rel}/g through the mount: (nlink, mtime) through the mount {:?}, want ({}, {:?}); with AT_STATX_FORCE_SYNC: {:?}",
                             if subdirs == 1 { "mkdir" } else { "rmdir" },
                             r.map(|m| (m.nlink(), m.mtime(), m.mtime_nsec())),
@@ -2651,12 +2667,12 @@ fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
             });
         }
     });
-    eprintln!(
-        "{} listings, {} rounds",
-        listings.load(SeqCst),
-        rounds.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "directory attributes",
+        seed,
+        [(&listings, "listings"), (&rounds, "rounds")],
     );
-    env.finish(&fails, "directory attributes", seed);
     assert!(rounds.load(SeqCst) > 100, "too few rounds to mean anything");
 }
 
@@ -2670,52 +2686,39 @@ fn directory_attributes_after_a_change_inside_while_its_parent_is_listed() {
 #[test]
 #[ignore = "fails within seconds: ESTALE from the kernel when the library moves a directory it holds open (reported)"]
 fn directories_moved_by_the_library_are_found_at_their_new_path() {
-    let Some(env) = Env::new("directories_moved_by_the_library_are_found_at_their_new_path") else {
+    let Some((env, seed)) =
+        Env::seeded("directories_moved_by_the_library_are_found_at_their_new_path")
+    else {
         return;
     };
-    let seed = seed::seed("directories_moved_by_the_library_are_found_at_their_new_path");
     for d in ["P0", "P1", "C0", "C1"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
     const W: usize = 8;
     let at: Vec<AtomicUsize> = (0..W).map(|_| AtomicUsize::new(0)).collect();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (moves, estale) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         for t in 0..8 {
-            let (fails, mnt) = (&fails, &env.mnt);
+            let (race, mnt) = (&race, &env.mnt);
             s.spawn(move || {
                 let (a, b) = (mnt.join(format!("C0/f{t}")), mnt.join(format!("C1/f{t}")));
                 std::fs::write(&a, b"").unwrap();
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     std::fs::rename(&a, &b).unwrap();
                     std::fs::rename(&b, &a).unwrap();
                 }
             });
         }
-        for id in 0..8u64 {
-            let (fails, mnt, at) = (&fails, &env.mnt, &at);
-            s.spawn(move || {
-                let mut rng = seed::rng(seed.wrapping_add(300 + id));
-                while !fails.stopped() && Instant::now() < deadline {
-                    let t = rng.random_range(0..W);
-                    let p = at[t].load(SeqCst);
-                    if let Ok(fd) = open_dir(&mnt.join(format!("P{p}/d{t}"))) {
-                        std::thread::sleep(Duration::from_micros(rng.random_range(0..500)));
-                        drop(fd);
-                    }
-                }
-            });
-        }
+        spawn_holders(s, &env.mnt, &race, &at, seed);
         for t in 0..W {
-            let (fails, env, at, moves, estale) = (&fails, &env, &at, &moves, &estale);
+            let (race, env, at, moves, estale) = (&race, &env, &at, &moves, &estale);
             s.spawn(move || {
                 let c = env.client();
                 c.create_dir(format!("/P0/d{t}")).unwrap();
                 let ino = c.symlink_metadata(format!("/P0/d{t}")).unwrap().attr.ino.get();
                 let mut p = 0;
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let q = 1 - p;
                     c.rename(format!("/P{p}/d{t}"), format!("/P{q}/d{t}")).unwrap();
                     at[t].store(q, SeqCst);
@@ -2723,12 +2726,12 @@ fn directories_moved_by_the_library_are_found_at_their_new_path() {
                     let new = env.p(&format!("P{p}/d{t}"));
                     match lstat(&new) {
                         Ok(m) if m.ino() == ino => {}
-                        Ok(m) => fails.fail(format!("thread {t}: {new:?} is inode {}, want {ino}", m.ino())),
+                        Ok(m) => race.fail(format!("thread {t}: {new:?} is inode {}, want {ino}", m.ino())),
                         Err(e) => {
                             if e.raw_os_error() == Some(libc::ESTALE) {
                                 estale.fetch_add(1, SeqCst);
                             }
-                            fails.fail(format!(
+                            race.fail(format!(
                                 "thread {t}: stat {new:?} just after the library moved it there: {}",
                                 errno(&e)
                             ))
@@ -2739,12 +2742,12 @@ fn directories_moved_by_the_library_are_found_at_their_new_path() {
             });
         }
     });
-    eprintln!(
-        "{} moves, {} ESTALE",
-        moves.load(SeqCst),
-        estale.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "library moves",
+        seed,
+        [(&moves, "moves"), (&estale, "ESTALE")],
     );
-    env.finish(&fails, "library moves", seed);
     assert!(moves.load(SeqCst) > 100, "too few moves to mean anything");
 }
 
@@ -2756,25 +2759,24 @@ fn directories_moved_by_the_library_are_found_at_their_new_path() {
 /// left unanswered), and the engine's invariants hold after the unmount.
 #[test]
 fn listings_of_directories_the_library_moves_keep_the_server_alive() {
-    let Some(env) = Env::new("listings_of_directories_the_library_moves_keep_the_server_alive")
+    let Some((env, seed)) =
+        Env::seeded("listings_of_directories_the_library_moves_keep_the_server_alive")
     else {
         return;
     };
-    let seed = seed::seed("listings_of_directories_the_library_moves_keep_the_server_alive");
     for d in ["P0", "P1"] {
         std::fs::create_dir(env.p(d)).unwrap();
     }
     const W: usize = 8;
     let at: Vec<AtomicUsize> = (0..W).map(|_| AtomicUsize::new(0)).collect();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (moves, listings) = (AtomicUsize::new(0), AtomicUsize::new(0));
     std::thread::scope(|s| {
         for id in 0..10u64 {
-            let (fails, mnt, listings) = (&fails, &env.mnt, &listings);
+            let (race, mnt, listings) = (&race, &env.mnt, &listings);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(100 + id));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let p = rng.random_range(0..2);
                     // ESTALE or ELOOP may come from the kernel's d_splice_alias here; the
                     // point is what the server does afterwards.
@@ -2783,27 +2785,14 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
                 }
             });
         }
-        for id in 0..8u64 {
-            let (fails, mnt, at) = (&fails, &env.mnt, &at);
-            s.spawn(move || {
-                let mut rng = seed::rng(seed.wrapping_add(300 + id));
-                while !fails.stopped() && Instant::now() < deadline {
-                    let t = rng.random_range(0..W);
-                    let p = at[t].load(SeqCst);
-                    if let Ok(fd) = open_dir(&mnt.join(format!("P{p}/d{t}"))) {
-                        std::thread::sleep(Duration::from_micros(rng.random_range(0..500)));
-                        drop(fd);
-                    }
-                }
-            });
-        }
+        spawn_holders(s, &env.mnt, &race, &at, seed);
         for (t, at_t) in at.iter().enumerate() {
-            let (fails, env, moves) = (&fails, &env, &moves);
+            let (race, env, moves) = (&race, &env, &moves);
             s.spawn(move || {
                 let c = env.client();
                 c.create_dir(format!("/P0/d{t}")).unwrap();
                 let mut p = 0;
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let q = 1 - p;
                     c.rename(format!("/P{p}/d{t}"), format!("/P{q}/d{t}"))
                         .unwrap();
@@ -2823,11 +2812,36 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
     for (t, p) in at.iter().enumerate() {
         let p = p.load(SeqCst);
         if let Err(e) = lstat(&env.p(&format!("P{p}/d{t}"))) {
-            fails.fail(format!("d{t} at P{p} after the moves: {}", errno(&e)));
+            race.fail(format!("d{t} at P{p} after the moves: {}", errno(&e)));
         }
     }
-    env.finish(&fails, "listings of moved directories", seed);
+    env.finish(&race, "listings of moved directories", seed);
     assert!(moves.load(SeqCst) > 100, "too few moves to mean anything");
+}
+
+/// Spawns 8 threads in `s` that each, over and over, open a directory `P{p}/d{t}` (at the
+/// parent `at[t]` says) and hold it open for a moment (thread `id` seeded with
+/// `seed + 300 + id`).
+fn spawn_holders<'scope, 'env>(
+    s: &'scope std::thread::Scope<'scope, 'env>,
+    mnt: &'env Path,
+    race: &'env Race,
+    at: &'env [AtomicUsize],
+    seed: u64,
+) {
+    for id in 0..8u64 {
+        s.spawn(move || {
+            let mut rng = seed::rng(seed.wrapping_add(300 + id));
+            while race.going() {
+                let t = rng.random_range(0..at.len());
+                let p = at[t].load(SeqCst);
+                if let Ok(fd) = open_dir(&mnt.join(format!("P{p}/d{t}"))) {
+                    std::thread::sleep(Duration::from_micros(rng.random_range(0..500)));
+                    drop(fd);
+                }
+            }
+        });
+    }
 }
 
 // ----- removed directories ---------------------------------------------------------------------
@@ -2843,17 +2857,15 @@ fn listings_of_directories_the_library_moves_keep_the_server_alive() {
 /// worker's directory never shows a name of another directory, and its `..` is R.
 #[test]
 fn no_names_listed_in_a_removed_directory() {
-    let Some(env) = Env::new("no_names_listed_in_a_removed_directory") else {
+    let Some((env, seed)) = Env::seeded("no_names_listed_in_a_removed_directory") else {
         return;
     };
-    let seed = seed::seed("no_names_listed_in_a_removed_directory");
     std::fs::create_dir(env.p("R")).unwrap();
     std::fs::create_dir(env.p("T")).unwrap();
     let r_ino = lstat(&env.p("R")).unwrap().ino();
     const W: usize = 16;
     let current: Vec<AtomicU64> = (0..W).map(|_| AtomicU64::new(0)).collect();
-    let fails = Fails::default();
-    let deadline = Instant::now() + secs();
+    let race = Race::new();
     let (rounds, listings) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let names_of = |ents: &[Ent]| -> Vec<String> {
         ents.iter()
@@ -2863,14 +2875,14 @@ fn no_names_listed_in_a_removed_directory() {
     };
     std::thread::scope(|s| {
         for id in 0..8u64 {
-            let (fails, mnt, current, listings) = (&fails, &env.mnt, &current, &listings);
+            let (race, mnt, current, listings) = (&race, &env.mnt, &current, &listings);
             s.spawn(move || {
                 let mut rng = seed::rng(seed.wrapping_add(400 + id));
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     let size = bufsize(&mut rng);
                     if rng.random_bool(0.3) {
                         if let Err(e) = list_path(&mnt.join("R"), size) {
-                            fails.fail(format!("listing R: errno {e}"));
+                            race.fail(format!("listing R: errno {e}"));
                         }
                     } else {
                         let t = rng.random_range(0..W);
@@ -2885,7 +2897,7 @@ fn no_names_listed_in_a_removed_directory() {
                                         ".." => e.ino == r_ino,
                                         n => n.starts_with(&format!("w{t:02}-{round:06}-")),
                                     };
-                                    fails.check(ok, || {
+                                    race.check(ok, || {
                                         format!(
                                             "lister {id}: listing {rel} shows {n:?} (inode {})",
                                             e.ino
@@ -2894,7 +2906,7 @@ fn no_names_listed_in_a_removed_directory() {
                                 }
                             }
                             Err(libc::ENOENT) => {}
-                            Err(e) => fails.fail(format!("lister {id}: listing {rel}: errno {e}")),
+                            Err(e) => race.fail(format!("lister {id}: listing {rel}: errno {e}")),
                         }
                     }
                     listings.fetch_add(1, SeqCst);
@@ -2902,18 +2914,18 @@ fn no_names_listed_in_a_removed_directory() {
             });
         }
         for t in 0..W {
-            let (fails, env, current, rounds, names_of) =
-                (&fails, &env, &current, &rounds, &names_of);
+            let (race, env, current, rounds, names_of) =
+                (&race, &env, &current, &rounds, &names_of);
             s.spawn(move || {
                 let c = env.client();
                 let mut rng = seed::rng(seed.wrapping_add(t as u64));
                 let mut round = 0u64;
                 let lib = |rng: &mut StdRng| if rng.random_bool(0.5) { Via::Lib(c.clone()) } else { Via::Mount(&env.mnt) };
-                while !fails.stopped() && Instant::now() < deadline {
+                while race.going() {
                     round += 1;
                     current[t].store(round, SeqCst);
                     let d = format!("R/w{t:02}-{round:06}");
-                    let fail = |m: String| fails.fail(format!("worker {t} round {round}: {m}"));
+                    let fail = |m: String| race.fail(format!("worker {t} round {round}: {m}"));
                     let v = lib(&mut rng);
                     if let Err(e) = v.mkdir(&d) {
                         fail(format!("mkdir {d} ({}): {}", v.name(), errno(&e)));
@@ -3030,11 +3042,11 @@ fn no_names_listed_in_a_removed_directory() {
             });
         }
     });
-    eprintln!(
-        "{} rounds, {} listings",
-        rounds.load(SeqCst),
-        listings.load(SeqCst)
+    env.finish_counted(
+        &race,
+        "removed directories",
+        seed,
+        [(&rounds, "rounds"), (&listings, "listings")],
     );
-    env.finish(&fails, "removed directories", seed);
     assert!(rounds.load(SeqCst) > 30, "too few rounds to mean anything");
 }

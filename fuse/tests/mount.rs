@@ -3,8 +3,9 @@
 //! directory, works on it with plain system calls and programs (`cp`, `tar`, `sh`), and holds
 //! the engine too, so it can check the engine's invariants afterwards.
 
-#[path = "../../engine/tests/common/mod.rs"]
 mod common;
+#[path = "../../engine/tests/common/mod.rs"]
+mod engine_common;
 mod pjdfstest;
 
 use std::ffi::CString;
@@ -14,7 +15,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Kernel, Op, Who, compare};
+use common::{is_fuse, unmount_retrying, wait_for_mount};
+use engine_common::{Kernel, Op, Who, compare};
 use lanefs::{Config, Filesystem};
 use lanefs_fuse::MountConfig;
 use pjdfstest::{pjdfstest, run_pjdfstest};
@@ -59,13 +61,7 @@ impl Mounted {
                 )
             });
         // Wait until the kernel answers for the mount.
-        for _ in 0..200 {
-            if is_fuse(dir.path()) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(is_fuse(dir.path()), "mount did not appear");
+        wait_for_mount(dir.path());
         Mounted {
             fs,
             dir,
@@ -97,28 +93,30 @@ impl Drop for Mounted {
     }
 }
 
-/// Unmounts and waits for the server threads. Tests run in parallel in one process, and a
-/// child another test forks holds copies of this test's descriptors until it execs, so an
-/// unmount can meet a brief EBUSY: retry for a while.
+/// Unmounts (if mounted) and waits for the server threads (`unmount_retrying`).
 fn unmount(m: &mut Option<lanefs_fuse::Mount>) -> std::io::Result<()> {
     let Some(mount) = m else { return Ok(()) };
-    for _ in 0..100 {
-        match mount.unmount() {
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(Duration::from_millis(50))
-            }
-            r => return r,
-        }
-    }
-    mount.unmount()
+    unmount_retrying(mount, Duration::from_millis(50))
 }
 
-fn is_fuse(p: &Path) -> bool {
-    let c = CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: zeroed statfs is a valid out-buffer; `c` is a valid C string.
-    let mut s: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::statfs(c.as_ptr(), &mut s) == 0 && s.f_type as i64 == 0x6573_5546 }
+/// `path` opened for reading and writing.
+fn open_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// `path` opened for reading and writing, made if missing, emptied if not.
+fn create_rw(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
 }
 
 fn sh(cmd: &str) -> std::process::Output {
@@ -133,7 +131,7 @@ fn sh(cmd: &str) -> std::process::Output {
 /// plain system calls and compared with a kernel tmpfs.
 #[test]
 fn differential_cases_through_the_mount() {
-    for case in common::cases::all() {
+    for case in engine_common::cases::all() {
         let m = Mounted::new(Config::default(), Duration::from_secs(60));
         let base = m.path().join("t");
         std::fs::create_dir(&base).unwrap();
@@ -387,11 +385,7 @@ fn mmap_reads_and_writes() {
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let path = m.path().join("mapped");
     std::fs::write(&path, vec![b'a'; 8192]).unwrap();
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&path)
-        .unwrap();
+    let f = open_rw(&path);
     use std::os::unix::io::AsRawFd;
     // SAFETY: mapping 8192 bytes of an open file of that size; unmapped below.
     let ptr = unsafe {
@@ -433,13 +427,7 @@ fn pages_whose_write_back_failed_do_not_stay_in_the_cache() {
     };
     let m = Mounted::new(cfg, Duration::from_secs(60));
     let path = m.path().join("mapped");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let f = create_rw(&path);
     f.set_len(LEN as u64).unwrap();
     use std::os::unix::io::AsRawFd;
     // SAFETY: mapping LEN bytes of an open file of that size; unmapped below.
@@ -510,17 +498,11 @@ fn data_survives_random_io_like_fsx() {
 
     const MAX: usize = 256 * 1024;
     const PAGE: usize = 4096;
-    let seed = common::seed::seed("fsx");
-    let mut rng = common::seed::rng(seed);
+    let seed = engine_common::seed::seed("fsx");
+    let mut rng = engine_common::seed::rng(seed);
     let m = Mounted::new(Config::default(), Duration::from_secs(60));
     let path = m.path().join("fsx");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let f = create_rw(&path);
     let fd = f.as_raw_fd();
     let mut model: Vec<u8> = Vec::new();
     let span = |rng: &mut StdRng, limit: usize| {
@@ -1193,13 +1175,7 @@ fn seek_data_and_hole_with_negative_offsets_match_tmpfs() {
     let answers = |dir: &Path| {
         let mut out = Vec::new();
         for (name, data) in [("empty", &b""[..]), ("data", &b"some data"[..])] {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(dir.join(name))
-                .unwrap();
+            let f = create_rw(dir.join(name));
             f.write_all_at(data, 0).unwrap();
             for off in [-1i64, -4096, i64::MIN] {
                 for whence in [libc::SEEK_DATA, libc::SEEK_HOLE] {
@@ -1296,11 +1272,7 @@ fn fsync_on_a_volatile_store_sends_no_request() {
         }
         let p = dir.path().join("f");
         std::fs::write(&p, vec![b'a'; 4096]).unwrap();
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&p)
-            .unwrap();
+        let f = open_rw(&p);
         let before = fs.stats();
         // SAFETY: a shared writable mapping of the file's one page, unmapped below.
         unsafe {

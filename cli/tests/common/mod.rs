@@ -1,8 +1,10 @@
-//! What the `lanefs` binary's tests share: the binary, running it, and whether this process
-//! may mount (each test file uses some of these).
+//! What the `lanefs` binary's tests share: the binary, running it, whether this process
+//! may mount, and finding and taking down mounts (each test file uses some of these).
 #![allow(dead_code)]
 
 use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The `lanefs` binary cargo built for these tests.
@@ -16,6 +18,25 @@ pub fn lanefs(args: &[&str]) -> Output {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// The line of `/proc/PID/mountinfo` (PID `self` for this process) for the topmost mount at
+/// `path`, which must be canonical: it is not looked up on the filesystem (which would wait
+/// for a server that does not answer).
+pub fn mountinfo_line_at(pid: &str, path: &Path) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .rev()
+        .find(|l| l.split(' ').nth(4) == Some(path.to_str().unwrap()))
+        .map(String::from)
+}
+
+/// umount2(2) of `path` with `flags`: its return value (the error in `errno`).
+pub fn umount2(path: &Path, flags: i32) -> i32 {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string; umount2 has no other preconditions.
+    unsafe { libc::umount2(c.as_ptr(), flags) }
 }
 
 /// Whether this test can run: as root always; otherwise it says why it skips.
