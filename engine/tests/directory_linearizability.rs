@@ -342,7 +342,9 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
                 });
             }
             // Clean up.
-            bi_update(&bias[bi], rr.is_ok());
+            // A removal that succeeded came after an add, but before an add of the kind
+            // that takes the last entry out.
+            bi_update(&bias[bi], rr.is_ok() != takes_out);
             if now == Some(d) {
                 if let Ok(a) = fs.lookup(&rt, d, b"x") {
                     if a.kind() == FileType::Directory {
@@ -398,10 +400,11 @@ fn rmdir_rounds(label: &str, adds: &[Add], rems: &[Removal], observe: bool) {
     assert!(c.is_ok(), "{c:?}");
 }
 
-/// Moves an alignment bias toward the point where the removal fails as often as it
-/// succeeds (removal succeeded: the adder was late, so start it earlier).
-fn bi_update(b: &AtomicI64, removal_won: bool) {
-    let nb = (b.load(Relaxed) + if removal_won { -BIAS_STEP } else { BIAS_STEP })
+/// Moves an alignment bias toward the point where the removal and the add each go first as
+/// often as the other (a positive bias delays the removal, a negative one the add): an add
+/// that came late starts earlier next time.
+fn bi_update(b: &AtomicI64, add_was_late: bool) {
+    let nb = (b.load(Relaxed) + if add_was_late { BIAS_STEP } else { -BIAS_STEP })
         .clamp(-BIAS_MAX, BIAS_MAX);
     b.store(nb, Relaxed);
 }

@@ -88,6 +88,23 @@ struct Started {
     unmounter: Unmounter,
 }
 
+impl Started {
+    /// Reports library callers' changes to the kernel (the engine's invalidation sink) and
+    /// starts the channel of `lanefs run` when `cfg` asks for it.
+    fn serve_library_callers(
+        &self,
+        fs: &Filesystem,
+        mountpoint: &Path,
+        cfg: &MountConfig,
+    ) -> Option<crate::channel::ChannelServer> {
+        let sink = self
+            .server
+            .engine_sink(Notifier(self.dev.clone()), self.info.clone());
+        notify::install_invalidator(fs, sink);
+        start_channel(&self.server, &self.info, mountpoint, cfg)
+    }
+}
+
 /// Mounts `fs` (with `mount(2)` as root, through `fusermount3` otherwise) and answers INIT.
 fn new_session(fs: &Arc<Filesystem>, mountpoint: &Path, cfg: &MountConfig) -> io::Result<Started> {
     let mut server = Server::with_config(fs.clone(), cfg);
@@ -150,6 +167,7 @@ pub fn mount(
     on_mounted: impl FnOnce(Mounted),
 ) -> io::Result<()> {
     let s = new_session(&fs, mountpoint, cfg)?;
+    let channel = s.serve_library_callers(&fs, mountpoint, cfg);
     let unmounter = Arc::new(s.unmounter);
     let u = unmounter.clone();
     // As `fusermount3 -u` does for a non-root mount: detach a busy mount lazily; the
@@ -158,12 +176,6 @@ pub fn mount(
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => u.unmount(true),
         r => r,
     });
-    notify::install_invalidator(
-        &fs,
-        s.server
-            .engine_sink(Notifier(s.dev.clone()), s.info.clone()),
-    );
-    let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
     let info = s.info.clone();
     let r = serve_reporting(s.server, s.dev, s.info, s.neg, cfg, move || {
         on_mounted(Mounted { unmount, info })
@@ -263,12 +275,7 @@ pub fn mount_background(
     cfg: &MountConfig,
 ) -> io::Result<Mount> {
     let s = new_session(&fs, mountpoint, cfg)?;
-    notify::install_invalidator(
-        &fs,
-        s.server
-            .engine_sink(Notifier(s.dev.clone()), s.info.clone()),
-    );
-    let channel = start_channel(&s.server, &s.info, mountpoint, cfg);
+    let channel = s.serve_library_callers(&fs, mountpoint, cfg);
     let info = s.info.clone();
     let (server, dev, neg, cfg2, info2) = (s.server, s.dev, s.neg, cfg.clone(), info.clone());
     let thread = std::thread::Builder::new()
