@@ -529,40 +529,43 @@ unsafe fn do_mknod(
     Some(ret(r))
 }
 
-type MknodAtFn = unsafe extern "C" fn(c_int, CPath, libc::mode_t, libc::dev_t) -> c_int;
-
-/// Interposed: `mknod`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mknod(path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_mknod(libc::AT_FDCWD, path, mode, dev) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, libc::mode_t, libc::dev_t) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"mknod", F)(path, mode, dev) }
+/// Defines interposed C functions, each `fn NAME(ARGS) -> RET => TRY;`: `TRY` (an
+/// `Option` of the return value, evaluated in an `unsafe` block under the C function's
+/// contract) serves the call over the channel, and `None` passes it to the C library's own
+/// `NAME` with the same arguments.
+macro_rules! interpose {
+    ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty => $try:expr;)*) => {$(
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            // SAFETY: the C function's contract.
+            if let Some(r) = unsafe { $try } {
+                return r;
+            }
+            type F = unsafe extern "C" fn($($ty),*) -> $ret;
+            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(n) => n,
+                Err(_) => panic!("a C name"),
+            };
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(NAME, F)($($arg),*) }
+        }
+    )*};
 }
 
-/// Interposed: `mknodat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mknodat(
-    dirfd: c_int,
-    path: CPath,
-    mode: libc::mode_t,
-    dev: libc::dev_t,
-) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_mknod(dirfd, path, mode, dev) } {
-        return r;
-    }
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"mknodat", MknodAtFn)(dirfd, path, mode, dev) }
+interpose! {
+    /// Interposed: `mknod`.
+    fn mknod(path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int
+        => do_mknod(libc::AT_FDCWD, path, mode, dev);
+
+    /// Interposed: `mknodat`.
+    fn mknodat(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int
+        => do_mknod(dirfd, path, mode, dev);
 }
 
 /// `mkdir` over the channel.
@@ -589,64 +592,22 @@ unsafe fn do_mkdir(dirfd: c_int, path: CPath, mode: libc::mode_t) -> Option<c_in
     Some(ret(r))
 }
 
-/// Interposed: `mkdir`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mkdir(path: CPath, mode: libc::mode_t) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_mkdir(libc::AT_FDCWD, path, mode) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, libc::mode_t) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"mkdir", F)(path, mode) }
-}
+interpose! {
+    /// Interposed: `mkdir`.
+    fn mkdir(path: CPath, mode: libc::mode_t) -> c_int
+        => do_mkdir(libc::AT_FDCWD, path, mode);
 
-/// Interposed: `mkdirat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: CPath, mode: libc::mode_t) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_mkdir(dirfd, path, mode) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(c_int, CPath, libc::mode_t) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"mkdirat", F)(dirfd, path, mode) }
-}
+    /// Interposed: `mkdirat`.
+    fn mkdirat(dirfd: c_int, path: CPath, mode: libc::mode_t) -> c_int
+        => do_mkdir(dirfd, path, mode);
 
-/// Interposed: `unlink`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn unlink(path: CPath) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { one(libc::AT_FDCWD, path, OP_UNLINK, &[], None, &mut []) } {
-        return ret(r);
-    }
-    type F = unsafe extern "C" fn(CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"unlink", F)(path) }
-}
+    /// Interposed: `unlink`.
+    fn unlink(path: CPath) -> c_int
+        => one(libc::AT_FDCWD, path, OP_UNLINK, &[], None, &mut []).map(ret);
 
-/// Interposed: `rmdir`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn rmdir(path: CPath) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { one(libc::AT_FDCWD, path, OP_RMDIR, &[], None, &mut []) } {
-        return ret(r);
-    }
-    type F = unsafe extern "C" fn(CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"rmdir", F)(path) }
+    /// Interposed: `rmdir`.
+    fn rmdir(path: CPath) -> c_int
+        => one(libc::AT_FDCWD, path, OP_RMDIR, &[], None, &mut []).map(ret);
 }
 
 /// Interposed: `unlinkat` (with `AT_REMOVEDIR`, an rmdir).
@@ -686,56 +647,18 @@ unsafe fn do_rename(from: (c_int, CPath), to: (c_int, CPath), flags: c_uint) -> 
     }?))
 }
 
-/// Interposed: `rename`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn rename(old: CPath, new: CPath) -> c_int {
-    let cwd = libc::AT_FDCWD;
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_rename((cwd, old), (cwd, new), 0) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"rename", F)(old, new) }
-}
+interpose! {
+    /// Interposed: `rename`.
+    fn rename(old: CPath, new: CPath) -> c_int
+        => do_rename((libc::AT_FDCWD, old), (libc::AT_FDCWD, new), 0);
 
-/// Interposed: `renameat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn renameat(od: c_int, old: CPath, nd: c_int, new: CPath) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_rename((od, old), (nd, new), 0) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"renameat", F)(od, old, nd, new) }
-}
+    /// Interposed: `renameat`.
+    fn renameat(od: c_int, old: CPath, nd: c_int, new: CPath) -> c_int
+        => do_rename((od, old), (nd, new), 0);
 
-/// Interposed: `renameat2`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn renameat2(
-    od: c_int,
-    old: CPath,
-    nd: c_int,
-    new: CPath,
-    flags: c_uint,
-) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_rename((od, old), (nd, new), flags) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath, c_uint) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"renameat2", F)(od, old, nd, new, flags) }
+    /// Interposed: `renameat2`.
+    fn renameat2(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_uint) -> c_int
+        => do_rename((od, old), (nd, new), flags);
 }
 
 /// `linkat` over the channel.
@@ -761,41 +684,14 @@ unsafe fn do_link(from: (c_int, CPath), to: (c_int, CPath), flags: c_int) -> Opt
     }?))
 }
 
-/// Interposed: `link`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn link(old: CPath, new: CPath) -> c_int {
-    let cwd = libc::AT_FDCWD;
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_link((cwd, old), (cwd, new), 0) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"link", F)(old, new) }
-}
+interpose! {
+    /// Interposed: `link`.
+    fn link(old: CPath, new: CPath) -> c_int
+        => do_link((libc::AT_FDCWD, old), (libc::AT_FDCWD, new), 0);
 
-/// Interposed: `linkat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn linkat(
-    od: c_int,
-    old: CPath,
-    nd: c_int,
-    new: CPath,
-    flags: c_int,
-) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_link((od, old), (nd, new), flags) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(c_int, CPath, c_int, CPath, c_int) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"linkat", F)(od, old, nd, new, flags) }
+    /// Interposed: `linkat`.
+    fn linkat(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_int) -> c_int
+        => do_link((od, old), (nd, new), flags);
 }
 
 /// `symlinkat` over the channel.
@@ -811,34 +707,14 @@ unsafe fn do_symlink(target: CPath, dirfd: c_int, path: CPath) -> Option<c_int> 
     Some(ret(r))
 }
 
-/// Interposed: `symlink`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn symlink(target: CPath, path: CPath) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_symlink(target, libc::AT_FDCWD, path) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"symlink", F)(target, path) }
-}
+interpose! {
+    /// Interposed: `symlink`.
+    fn symlink(target: CPath, path: CPath) -> c_int
+        => do_symlink(target, libc::AT_FDCWD, path);
 
-/// Interposed: `symlinkat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn symlinkat(target: CPath, dirfd: c_int, path: CPath) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_symlink(target, dirfd, path) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, c_int, CPath) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"symlinkat", F)(target, dirfd, path) }
+    /// Interposed: `symlinkat`.
+    fn symlinkat(target: CPath, dirfd: c_int, path: CPath) -> c_int
+        => do_symlink(target, dirfd, path);
 }
 
 /// `readlinkat` over the channel.
@@ -866,39 +742,14 @@ unsafe fn do_readlink(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) 
     })
 }
 
-/// Interposed: `readlink`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readlink(path: CPath, buf: *mut c_char, size: usize) -> isize {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_readlink(libc::AT_FDCWD, path, buf, size) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, *mut c_char, usize) -> isize;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"readlink", F)(path, buf, size) }
-}
+interpose! {
+    /// Interposed: `readlink`.
+    fn readlink(path: CPath, buf: *mut c_char, size: usize) -> isize
+        => do_readlink(libc::AT_FDCWD, path, buf, size);
 
-/// Interposed: `readlinkat`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn readlinkat(
-    dirfd: c_int,
-    path: CPath,
-    buf: *mut c_char,
-    size: usize,
-) -> isize {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_readlink(dirfd, path, buf, size) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(c_int, CPath, *mut c_char, usize) -> isize;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"readlinkat", F)(dirfd, path, buf, size) }
+    /// Interposed: `readlinkat`.
+    fn readlinkat(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) -> isize
+        => do_readlink(dirfd, path, buf, size);
 }
 
 // ----- attributes -------------------------------------------------------------------------
@@ -941,19 +792,10 @@ fn chown_arg(uid: libc::uid_t, gid: libc::gid_t, nofollow: bool) -> SetattrIn {
     }
 }
 
-/// Interposed: `chmod`.
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn chmod(path: CPath, mode: libc::mode_t) -> c_int {
-    // SAFETY: the C function's contract.
-    if let Some(r) = unsafe { do_setattr(libc::AT_FDCWD, path, &chmod_arg(mode)) } {
-        return r;
-    }
-    type F = unsafe extern "C" fn(CPath, libc::mode_t) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"chmod", F)(path, mode) }
+interpose! {
+    /// Interposed: `chmod`.
+    fn chmod(path: CPath, mode: libc::mode_t) -> c_int
+        => do_setattr(libc::AT_FDCWD, path, &chmod_arg(mode));
 }
 
 /// Interposed: `fchmodat` (without flags; `AT_SYMLINK_NOFOLLOW` goes to the kernel).

@@ -26,7 +26,7 @@ pub(crate) fn next(name: &CStr, slot: &AtomicUsize) -> usize {
 /// Aborts if libc has no such function (this library is only ever loaded into programs
 /// linked with glibc, which has every one it names).
 macro_rules! real {
-    ($name:literal, $ty:ty) => {{
+    ($name:expr, $ty:ty) => {{
         static SLOT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let p = $crate::real::next($name, &SLOT);
         if p == 0 {

@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 const SHARDS: usize = 64;
 
 /// Marks and counts a shard keeps at most.
-pub(super) const SHARD_MAX: usize = 4096;
+pub(super) const SHARD_MAX: usize = 1024;
 
 /// How long past the entry timeout a mark is kept (see the module doc): far longer than the
 /// kernel takes between reading a LOOKUP's reply and stamping its dentry, even on a loaded
