@@ -59,7 +59,9 @@
 //!    call: a ring queue's mailbox (`uring.rs`, `Mailbox::done`), held only to push or take
 //!    completed answers, never across a system call; the FORGET count's lock
 //!    (`server/forgets.rs`), held only to wait for a FORGET (the wait lets it go) or to wake
-//!    those waiting; the guard's list of queue threads (`handoff.rs`, `Guard::threads`), held
+//!    those waiting; a `KernelNames` shard (`server/kernel_names.rs`), held only to mark a
+//!    name or count a READDIR before the engine call, or to read and take them out when a
+//!    new name is reported; the guard's list of queue threads (`handoff.rs`, `Guard::threads`), held
 //!    to add or remove a thread or to sample them, never across anything that waits.
 //! 4. a `/dev/fuse` descriptor's kernel side: a reply or notification is one `write`, so
 //!    replies from several threads never interleave.
