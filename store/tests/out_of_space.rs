@@ -556,12 +556,36 @@ fn a_store_that_filled_its_tmpfs_with_files_goes_on_once_they_are_deleted() {
 /// for later checkpoints, not for the journal). A reopen has what was acknowledged.
 #[test]
 fn a_store_that_filled_its_tmpfs_goes_on_once_some_files_are_deleted() {
+    fill_delete_and_write_again(Options::default());
+}
+
+/// As [`a_store_that_filled_its_tmpfs_goes_on_once_some_files_are_deleted`], with no
+/// checkpoint due before the host is full (what a loaded machine, whose checkpointer runs
+/// late, gives the test above some of the time): the first checkpoint is tried on a full
+/// host. Fails (waits for good) in about 2 runs of 10 on a quiet machine: known bug C in
+/// docs/STORE.md (Checkpoints, Out of room). In those runs the checkpoints that followed
+/// took every record the journal held, the journal is down to one segment, and the host
+/// has a little less room than the next segment needs (3.5 of 4 MiB), so the deletions,
+/// held in memory, are never written.
+#[test]
+#[ignore = "known bug C in docs/STORE.md, Checkpoints, Out of room: hangs in about 2 runs of 10"]
+fn a_store_that_filled_its_tmpfs_before_any_checkpoint_goes_on_once_some_files_are_deleted() {
+    fill_delete_and_write_again(Options {
+        checkpoint_records: u64::MAX,
+        checkpoint_segments: 1 << 20,
+        journal_segments: 1 << 20,
+        checkpoint_changed: 1 << 50,
+        ..Options::default()
+    });
+}
+
+fn fill_delete_and_write_again(options: Options) {
     let Some((_base, mnt, _unmount)) = small_tmpfs("64m") else {
         return;
     };
     let store = mnt.join("store");
     let data = |k: usize| vec![(k % 251) as u8 | 1; 512 << 10];
-    let o = open(&store, Config::default(), Options::default()).unwrap();
+    let o = open(&store, Config::default(), options).unwrap();
     let c = Client::root(Arc::new(o.fs));
     let mut written = 0;
     loop {
