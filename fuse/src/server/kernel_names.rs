@@ -36,12 +36,17 @@
 //! **Bounds.** A kernel negative dentry lives at most the entry timeout after it was made
 //! (an unlinked name's keeps the time of the LOOKUP that found it, before the unlink); a mark
 //! is kept [`SLACK`] longer, for the kernel's delay between the reply and stamping the
-//! dentry. A shard holds at most [`SHARD_MAX`] marks and counts: past that, expired marks are
+//! dentry. A shard holds at most [`NEGATIVES_MAX`] marks: past that, expired marks are
 //! dropped, and if it is still full every report of a name in the shard's directories makes
 //! the full report until the entry timeout and the slack have passed (marks it could not keep
-//! have expired by then). Counts never expire (a cached listing lives until the kernel
-//! drops it): a full shard of counts keeps its directories on full reports until a report
-//! in each takes its count out.
+//! have expired by then). A cached listing has no such bound (it lives until the kernel
+//! drops the directory's pages or the directory), so a count goes only when a full report
+//! takes it out or when the kernel has forgotten the directory
+//! ([`KernelNames::forgotten`]: the FORGET that leaves the kernel no lookup reference on
+//! it, checked under the shard's lock, which a READDIR, sent only for a directory the kernel
+//! holds, takes after its LOOKUP counted). A shard holds at most [`READS_MAX`] counts; a
+//! READDIR that finds no room leaves the shard making full reports for as long as the
+//! server runs.
 //!
 //! Lock: each shard's mutex is a leaf (fuse/src/lib.rs, "Locks"): held only to read or
 //! change the shard, never across an engine call or a notification.
@@ -54,8 +59,11 @@ use std::time::{Duration, Instant};
 /// Shards, by directory node id.
 const SHARDS: usize = 64;
 
-/// Marks and counts a shard keeps at most.
-pub(super) const SHARD_MAX: usize = 1024;
+/// Marks of negative names a shard keeps at most.
+pub(super) const NEGATIVES_MAX: usize = 1024;
+
+/// Directories with READDIRs counted that a shard keeps at most.
+pub(super) const READS_MAX: usize = 4096;
 
 /// How long past the entry timeout a mark is kept (see the module doc): far longer than the
 /// kernel takes between reading a LOOKUP's reply and stamping its dentry, even on a loaded
@@ -72,11 +80,17 @@ struct Shard {
     /// Until when every name in this shard's directories is taken as marked (a mark that did
     /// not fit).
     full_until: Option<Instant>,
+    /// A READDIR found no room for its count: every new name in this shard's directories
+    /// makes the full report from now on.
+    reads_lost: bool,
 }
 
 impl Shard {
     fn population(&self) -> usize {
-        self.reads.len() + self.negatives.len() + usize::from(self.full_until.is_some())
+        self.reads.len()
+            + self.negatives.len()
+            + usize::from(self.full_until.is_some())
+            + usize::from(self.reads_lost)
     }
 }
 
@@ -133,10 +147,10 @@ impl KernelNames {
         let keep = self.keep;
         self.change(dir, |s| {
             let now = Instant::now();
-            if s.population() >= SHARD_MAX {
+            if s.negatives.len() >= NEGATIVES_MAX {
                 s.negatives.retain(|_, at| now.duration_since(*at) < keep);
             }
-            if s.population() >= SHARD_MAX {
+            if s.negatives.len() >= NEGATIVES_MAX {
                 s.full_until = Some(now + keep);
             } else {
                 s.negatives.insert((dir, name.into()), now);
@@ -147,11 +161,9 @@ impl KernelNames {
     /// A READDIR of `dir` is about to read it (module doc, 2).
     pub(super) fn reading(&self, dir: u64) {
         self.change(dir, |s| {
-            if s.population() >= SHARD_MAX && !s.reads.contains_key(&dir) {
-                // No room for a count: every new name here makes the full report for as
-                // long as the shard stays full of counts (none of which expires), and
-                // then for the time a mark is kept.
-                s.full_until = Some(Instant::now() + self.keep);
+            if s.reads.len() >= READS_MAX && !s.reads.contains_key(&dir) {
+                // No room for a count, and a cached listing has no time bound.
+                s.reads_lost = true;
             } else {
                 *s.reads.entry(dir).or_default() += 1;
             }
@@ -182,10 +194,24 @@ impl KernelNames {
                 .remove(&(dir, Box::<[u8]>::from(name)))
                 .is_some_and(|at| now.duration_since(at) < keep);
             let reads = s.reads.get(&dir).copied();
-            if full || marked || reads.is_some() {
+            if full || marked || reads.is_some() || s.reads_lost {
                 Needs::Entry(reads)
             } else {
                 Needs::Attributes
+            }
+        })
+    }
+
+    /// The kernel forgot `dir` (a FORGET): its count goes if `held` says the kernel holds no
+    /// lookup reference on it any more, asked under the shard's lock (module doc, "Bounds").
+    pub(super) fn forgotten(&self, dir: u64, held: impl FnOnce() -> bool) {
+        let (pop, _) = self.shard(dir);
+        if pop.load(SeqCst) == 0 {
+            return;
+        }
+        self.change(dir, |s| {
+            if s.reads.contains_key(&dir) && !held() {
+                s.reads.remove(&dir);
             }
         })
     }
@@ -247,13 +273,51 @@ mod tests {
     #[test]
     fn a_full_shard_asks_for_the_entry_of_every_name() {
         let k = KernelNames::new(Duration::from_secs(3600));
-        for n in 0..SHARD_MAX {
+        for n in 0..NEGATIVES_MAX {
             k.negative(3, n.to_string().as_bytes());
         }
         k.negative(3, b"one too many");
         assert_eq!(k.new_name(3, b"never marked"), Needs::Entry(None));
         assert_eq!(k.new_name(3 + SHARDS as u64, b"x"), Needs::Entry(None));
         assert_eq!(k.new_name(4, b"x"), Needs::Attributes, "another shard");
+    }
+
+    #[test]
+    fn a_read_is_counted_in_a_shard_full_of_marks() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        for n in 0..NEGATIVES_MAX + 1 {
+            k.negative(9, n.to_string().as_bytes());
+        }
+        k.reading(9);
+        assert_eq!(k.new_name(9, b"x"), Needs::Entry(Some(1)));
+    }
+
+    #[test]
+    fn a_read_with_no_room_for_its_count_keeps_the_shard_on_full_reports() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        for d in 0..READS_MAX as u64 {
+            k.reading(2 + d * SHARDS as u64);
+        }
+        let late = 2 + READS_MAX as u64 * SHARDS as u64;
+        k.reading(late);
+        assert_eq!(k.new_name(late, b"x"), Needs::Entry(None));
+        k.listing_dropped(2, 1);
+        assert_eq!(
+            k.new_name(late, b"y"),
+            Needs::Entry(None),
+            "room made later does not bring the lost count back"
+        );
+        assert_eq!(k.new_name(3, b"x"), Needs::Attributes, "another shard");
+    }
+
+    #[test]
+    fn a_forgotten_directory_loses_its_count_only_when_the_kernel_holds_it_no_more() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        k.reading(4);
+        k.forgotten(4, || true);
+        assert_eq!(k.new_name(4, b"x"), Needs::Entry(Some(1)), "still held");
+        k.forgotten(4, || false);
+        assert_eq!(k.new_name(4, b"y"), Needs::Attributes);
     }
 
     #[test]
@@ -266,7 +330,7 @@ mod tests {
                 return; // a clock that started less than that ago
             };
             let mut s = lock.lock().unwrap();
-            for n in 0..SHARD_MAX {
+            for n in 0..NEGATIVES_MAX {
                 s.negatives
                     .insert((5, n.to_string().into_bytes().into()), old);
             }

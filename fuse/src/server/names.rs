@@ -118,6 +118,9 @@ impl Server {
             shard.listed.fetch_sub(1, Release);
         }
         self.fs.forget(node(ino), nlookup);
+        // A directory the kernel let go of has no cached listing left (`kernel_names.rs`).
+        self.names
+            .forgotten(ino, || self.fs.held_by_kernel(lanefs::Ino(ino)));
         self.forgets.done();
     }
 

@@ -79,6 +79,11 @@ pub(super) fn open_db(
 /// when the store opens.
 pub(crate) const COMPACT_SLACK: u64 = 64 << 20;
 
+/// A checkpoint file that no checkpoint was ever committed to is made again, after a failed
+/// one, only when it is larger than this ([`Checkpoint::start_afresh`]): an empty database
+/// takes a few pages.
+const AFRESH_ABOVE: u64 = 4 << 20;
+
 /// When opening a checkpoint gives its free space back to the host ([`compact`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Compact {
@@ -242,6 +247,7 @@ impl Checkpoint {
                 h
             },
             reserve: 0,
+            compacted_at: None,
         })
     }
 
@@ -298,6 +304,49 @@ impl Checkpoint {
         self.shared.put(Some(db.clone()));
         self.db = Some(db);
         Ok(())
+    }
+
+    /// Gives the free space of the checkpoint's file back to the host while the store is
+    /// open, for a journal that cannot start its next segment with every record in the
+    /// segment while its one segment is full (docs/STORE.md, "Checkpoints", Out of room,
+    /// known bug C): the room deleted files had in the file, or a failed transaction left
+    /// written there, is all the host has to give then. Once while the journal's segment is
+    /// `segment` (the journal then either gets its next one or has nothing more to gain
+    /// from another try). Page readers wait meanwhile, as for a reopen; the database is
+    /// dropped, compacted ([`compact`]: each step one of redb's two-phase commits, changing
+    /// no key or value) and opened again. Returns whether it compacted.
+    pub(crate) fn compact_for_room(
+        &mut self,
+        disk: &dyn Disk,
+        segment: u64,
+    ) -> Result<bool, CheckpointError> {
+        if self.compacted_at == Some(segment) {
+            return Ok(false);
+        }
+        self.compacted_at = Some(segment);
+        self.shared.busy(true);
+        self.close_db();
+        let (path, cache) = (self.path.clone(), self.cache);
+        let compacted = guarded(
+            || {
+                let mut db = open_db(disk, &path, false, cache)?;
+                Ok(compact(&mut db, disk, &path, Compact::Always))
+            },
+            |e| damaged(&path, e),
+        );
+        let r = self.open_again(disk);
+        self.shared.busy(false);
+        r?;
+        match compacted.map_err(CheckpointError::Reopen)? {
+            Ok(()) => Ok(true),
+            Err(why) => {
+                eprintln!(
+                    "lanefs: {}: not compacted for the journal's room: {why}",
+                    path.display()
+                );
+                Ok(false)
+            }
+        }
     }
 
     /// A store may lack a checkpoint only while its journal starts at segment 1.
@@ -359,9 +408,32 @@ impl Checkpoint {
     pub(crate) fn reopen(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
         self.shared.busy(true);
         self.close_db();
-        let r = self.open_again(disk);
+        let mut r = self.open_again(disk);
+        if r.is_ok() && self.committed == 0 && self.sb.lsn == 0 {
+            r = self.start_afresh(disk);
+        }
         self.shared.busy(false);
         r
+    }
+
+    /// After a failure, while no checkpoint has ever been committed: the file holds an empty
+    /// checkpoint and whatever the failed transactions wrote into it, which redb keeps as
+    /// free space in the file, not on the host (a first checkpoint that failed on a full
+    /// host leaves the file as large as the host let it grow, and the next try, segment by
+    /// segment, then finds no room: docs/STORE.md, known bug C). The file is removed and an
+    /// empty one made: the journal starts at segment 1 (no checkpoint ever covered a
+    /// segment), so a crash in between leaves a store that may lack its checkpoint, and
+    /// [`Checkpoint::open_again`] makes it again when making it fails now.
+    fn start_afresh(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
+        let len = disk.open(&self.path, false).and_then(|f| f.len());
+        if len.is_ok_and(|l| l <= AFRESH_ABOVE) {
+            return Ok(());
+        }
+        self.close_db();
+        disk.remove(&self.path)
+            .and_then(|()| disk.sync_dir(&self.store))
+            .map_err(|e| CheckpointError::Reopen(StoreError::io(&self.path, "remove")(e)))?;
+        self.open_again(disk)
     }
 
     /// Drops the database (redb closes its file), never panicking.
@@ -394,6 +466,12 @@ impl Checkpoint {
     /// committed, no less trustworthy than it, and retrying on a full host does not read the
     /// whole checkpoint each time.
     fn open_again(&mut self, disk: &dyn Disk) -> Result<(), CheckpointError> {
+        if self.committed == 0 && !disk.exists(&self.path) {
+            // Removed to start afresh ([`Checkpoint::start_afresh`]).
+            Self::may_be_missing(disk, &self.store).map_err(CheckpointError::Reopen)?;
+            Self::make(disk, &self.store, self.uuid, self.cache)
+                .map_err(CheckpointError::Reopen)?;
+        }
         let fresh = guarded(
             || {
                 Self::open_made(

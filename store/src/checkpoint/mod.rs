@@ -219,6 +219,9 @@ pub(crate) struct Checkpoint {
     /// Set while the last checkpoint failed with the host short of room for one segment's
     /// commit: the journal makes no segment meanwhile ([`Checkpoint::room_hold`]).
     room_hold: Arc<journal::RoomHold>,
+    /// The journal segment during which the file was last compacted for the journal's room
+    /// ([`Checkpoint::compact_for_room`]): once per segment at most.
+    compacted_at: Option<u64>,
 }
 
 impl Checkpoint {
