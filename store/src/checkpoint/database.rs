@@ -307,10 +307,10 @@ impl Checkpoint {
     }
 
     /// Gives the free space of the checkpoint's file back to the host while the store is
-    /// open, for a journal that cannot start its next segment with every record in the
-    /// segment while its one segment is full (docs/STORE.md, "Checkpoints", Out of room,
-    /// known bug C): the room deleted files had in the file, or a failed transaction left
-    /// written there, is all the host has to give then. Once while the journal's segment is
+    /// open, for a journal down to one segment that cannot make its next one for lack of
+    /// room (docs/STORE.md, "Checkpoints", Out of room, known bug C): the room deleted files
+    /// had in the file, or a failed transaction left written there, is all the host has to
+    /// give then. Once while the journal's segment is
     /// `segment` (the journal then either gets its next one or has nothing more to gain
     /// from another try). Page readers wait meanwhile, as for a reopen; the database is
     /// dropped, compacted ([`compact`]: each step one of redb's two-phase commits, changing
