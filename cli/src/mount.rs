@@ -735,6 +735,15 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     ) {
         println!("  channel of `lanefs run`: {c} connections, {r} requests");
     }
+    if let (Some(e), Some(u)) = (
+        v["report_entry_invalidations"].as_u64(),
+        v["report_new_names_unlocked"].as_u64(),
+    ) {
+        println!(
+            "  library and channel changes told to the kernel: {e} entry invalidations (each \
+             takes the directory's lock in the kernel), {u} new names without one"
+        );
+    }
     println!(
         "  inodes used {}, blocks used {}, open handles {}",
         v["inodes_used"], v["blocks_used"], v["open_handles"]
