@@ -6,8 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 /// How long a request refused with ENOSPC waits, in all, for FORGETs that may give room back
-/// before it is answered (see the `Dispatch` implementation of `Server`).
-pub(super) const ENOSPC_WAIT: Duration = Duration::from_millis(5);
+/// before it is answered (see the `Dispatch` implementation of `Server`): long enough for
+/// the thread that reads the FORGET to be scheduled on a loaded machine (5 ms was not,
+/// once in about 60 tries, beside `stress-ng --cpu 4` on 2 CPUs), short enough that a full
+/// filesystem answers ENOSPC soon.
+pub(super) const ENOSPC_WAIT: Duration = Duration::from_millis(25);
 
 /// A count of the FORGETs handled, and a way to wait for the next one.
 ///
@@ -16,11 +19,12 @@ pub(super) const ENOSPC_WAIT: Duration = Duration::from_millis(5);
 /// file the kernel no longer holds (`lanefs::Filesystem::reap_unlinked`, which asks the
 /// kernel: engine `fs/unlinked.rs`), which covers every unlink that returned before the
 /// request was made. What is left is a file whose last user let go as the request was
-/// being made (a close racing it): the kernel sends its FORGET then, through `/dev/fuse`
-/// while the request may come through the ring, served by another thread. So a request
-/// still refused waits (at most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again after
-/// each. The count is bumped after the FORGET is applied; the lock and condition
-/// variable are touched only while someone waits.
+/// being made (a close racing it), or whose eviction the kernel finishes after the unlink
+/// returned: the kernel sends its FORGET then, through `/dev/fuse` while the request may
+/// come through the ring, served by another thread. So a request still refused waits (at
+/// most [`ENOSPC_WAIT`] in all) for FORGETs and is tried again after each. The count is
+/// bumped after the FORGET is applied; the lock and condition variable are touched only
+/// while someone waits.
 #[derive(Default)]
 pub(super) struct Forgets {
     count: std::sync::atomic::AtomicU64,
