@@ -1,5 +1,5 @@
 //! Waiting for FORGETs that may give room back: a request refused with ENOSPC is tried
-//! again after each FORGET, for a few milliseconds ([`Forgets`]).
+//! again after each FORGET, for up to 25 ms in all ([`Forgets`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
