@@ -726,13 +726,18 @@ impl SimState {
     }
 
     /// ENOSPC if file `id` would grow by `grow` bytes and cannot ([`SimDisk::set_space`],
-    /// [`SimDisk::set_file_full`]).
+    /// [`SimDisk::set_file_full`]). What does not grow a file never fails, even with more
+    /// stored than the limit (a limit set below what is stored, as another program filling
+    /// the host leaves it): a host filesystem does not refuse a write into blocks a file
+    /// has (redb rewrites its header in place when it opens a file).
     fn room(&self, id: u64, grow: u64) -> io::Result<()> {
-        let full = grow > 0
-            && self
-                .full_file
-                .as_ref()
-                .is_some_and(|p| self.names.get(p) == Some(&id));
+        if grow == 0 {
+            return Ok(());
+        }
+        let full = self
+            .full_file
+            .as_ref()
+            .is_some_and(|p| self.names.get(p) == Some(&id));
         let over = self.space.is_some_and(|space| self.used() + grow > space);
         if full || over {
             return Err(io::Error::from_raw_os_error(libc::ENOSPC));
@@ -1073,6 +1078,26 @@ mod tests {
         d.sync_dir(dir).unwrap();
         let c = d.crash(Unflushed::Lost);
         assert!(!c.exists(&dir.join("a")) && c.exists(&dir.join("b")));
+    }
+
+    #[test]
+    fn a_limit_below_what_is_stored_refuses_only_growth() {
+        let d = SimDisk::new();
+        d.create_dir_all(Path::new("/s")).unwrap();
+        let f = d.open(Path::new("/s/a"), true).unwrap();
+        f.write_at(&[1; 8], 0).unwrap();
+        d.set_space(Some(4));
+        // Into the bytes the file has: as a host writes into blocks a file holds.
+        f.write_at(&[2; 8], 0).unwrap();
+        f.set_len(6).unwrap();
+        f.allocate(6).unwrap();
+        f.sync_data().unwrap();
+        for r in [f.write_at(&[3], 6), f.set_len(7), f.allocate(7)] {
+            assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        }
+        let mut b = [0u8; 8];
+        assert_eq!(f.read_at(&mut b, 0).unwrap(), 6);
+        assert_eq!(&b[..6], &[2; 6]);
     }
 
     #[test]

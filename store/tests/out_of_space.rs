@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use common::{HOUR, on_demand, opts, seed};
 use lanefs::{Client, Config, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, OpenOptions};
-use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
+use lanefs_store::disk::{Disk, SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreHandle, fsck, open};
 use parking_lot::Mutex;
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -903,11 +903,31 @@ fn judge(img: &SimDisk, h: &Hist, what: &str) -> u64 {
     lsn
 }
 
-/// Crash images taken at flushes while `on` is set.
+/// Crash images taken at flushes while `on` is set ([`Images::set`]).
+///
+/// Flushes come from the store's own threads too (the committer writing held records, the
+/// maker of the next segment), and one may begin as a checkpoint ends. Its image must be
+/// pushed before `on` goes off, or not taken at all: pushed after [`judge_images`] emptied
+/// the list, it would be judged with the next checkpoint's images, against a history
+/// holding the syncs acknowledged since it was taken (an earlier state, right when it was
+/// taken, read as acknowledged changes lost). So the hook looks at `on`, takes its images
+/// and pushes them under the lock of `taken`, and [`Images::set`] changes `on` under it.
 struct Images {
     on: AtomicBool,
     taken: Mutex<Vec<SimDisk>>,
     torn: Mutex<StdRng>,
+    /// For the test of the above: the next hook that takes an image says so here, then
+    /// waits this long before it takes it.
+    stall: Mutex<Option<(std::sync::mpsc::Sender<()>, Duration)>>,
+}
+
+impl Images {
+    /// Takes images at flushes from now on, or no more: once this returns, no flush that
+    /// began before adds an image.
+    fn set(&self, on: bool) {
+        let _taken = self.taken.lock();
+        self.on.store(on, SeqCst);
+    }
 }
 
 fn hook(disk: &SimDisk, seed: u64) -> Arc<Images> {
@@ -915,22 +935,59 @@ fn hook(disk: &SimDisk, seed: u64) -> Arc<Images> {
         on: AtomicBool::new(false),
         taken: Mutex::new(Vec::new()),
         torn: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
+        stall: Mutex::new(None),
     });
     let i = im.clone();
     disk.on_sync(move |d, at| {
+        let mut taken = i.taken.lock();
         if !i.on.load(SeqCst) {
             return;
         }
-        i.taken.lock().push(d.crash(Unflushed::Lost));
+        if let Some((entered, wait)) = i.stall.lock().take() {
+            let _ = entered.send(());
+            std::thread::sleep(wait);
+        }
+        taken.push(d.crash(Unflushed::Lost));
         if at == SyncPoint::After && i.torn.lock().random_bool(0.3) {
             let s = i.torn.lock().random();
-            i.taken.lock().push(d.crash(Unflushed::Torn(s)));
+            taken.push(d.crash(Unflushed::Torn(s)));
         }
         if at == SyncPoint::Before && i.torn.lock().random_bool(0.1) {
-            i.taken.lock().push(d.crash(Unflushed::Kept));
+            taken.push(d.crash(Unflushed::Kept));
         }
     });
     im
+}
+
+/// A flush on another thread that began while images were on, and takes its image as they
+/// go off, adds it before [`Images::set`] returns: never after, to the next checkpoint's
+/// images. That race of the harness made [`attack`] fail about 1 run in 15 (two at a
+/// time on 2 cores): its "image 0" was a state from before the syncs acknowledged since,
+/// taken by the committer's or the segment maker's flush as the previous checkpoint ended.
+#[test]
+fn an_image_of_a_flush_racing_the_end_of_a_checkpoint_stays_with_it() {
+    let disk = SimDisk::new();
+    let im = hook(&disk, 1);
+    let dir = Path::new("/d");
+    disk.create_dir_all(dir).unwrap();
+    let f = disk.open(&dir.join("f"), true).unwrap();
+    f.write_at(b"x", 0).unwrap();
+    let (entered, inside) = std::sync::mpsc::channel();
+    *im.stall.lock() = Some((entered, Duration::from_millis(200)));
+    im.set(true);
+    let flusher = std::thread::spawn(move || f.sync_data().unwrap());
+    // The flush's hook has seen `on` set, and is about to take its image.
+    inside.recv().unwrap();
+    im.set(false);
+    let this = std::mem::take(&mut *im.taken.lock());
+    flusher.join().unwrap();
+    let next = std::mem::take(&mut *im.taken.lock());
+    assert!(!this.is_empty(), "the image is this checkpoint's");
+    assert!(
+        next.is_empty(),
+        "{} image(s) of a flush that began before the end went to the next checkpoint",
+        next.len()
+    );
 }
 
 /// Checks (a sample of, at most `max`) the images taken since the last call; returns the
@@ -974,9 +1031,9 @@ fn checkpoint(
     what: &str,
 ) {
     let before = store.checkpoint_lsn();
-    im.on.store(true, SeqCst);
+    im.set(true);
     let r = store.checkpoint().map_err(|e| e.to_string());
-    im.on.store(false, SeqCst);
+    im.set(false);
     let after = store.checkpoint_lsn();
     if std::env::var("OUT_OF_SPACE_VERBOSE").is_ok() {
         eprintln!(
@@ -1219,9 +1276,9 @@ fn a_reused_inode_number_keeps_its_data_through_a_careful_checkpoint() {
         let mut ok = false;
         for extra in [0u64, 0, 4096, 16 << 10, 64 << 10, 256 << 10, 1 << 20] {
             img.set_space(Some(img.used() + extra));
-            im2.on.store(true, SeqCst);
+            im2.set(true);
             let r = o.store.checkpoint();
-            im2.on.store(false, SeqCst);
+            im2.set(false);
             eprintln!("restarted, +{extra}: {r:?}");
             judge_images(
                 &im2,
@@ -1257,9 +1314,9 @@ fn a_reused_inode_number_keeps_its_data_through_a_careful_checkpoint() {
     ] {
         disk.set_space(Some(disk.used() + extra));
         let before = store.checkpoint_lsn();
-        im.on.store(true, SeqCst);
+        im.set(true);
         let r = store.checkpoint().map_err(|e| e.to_string());
-        im.on.store(false, SeqCst);
+        im.set(false);
         let after = store.checkpoint_lsn();
         eprintln!(
             "+{extra}: {before}..{after} of {}: {r:?}",
