@@ -910,39 +910,49 @@ fn judge(img: &SimDisk, h: &Hist, what: &str) -> u64 {
 /// pushed before `on` goes off, or not taken at all: pushed after [`judge_images`] emptied
 /// the list, it would be judged with the next checkpoint's images, against a history
 /// holding the syncs acknowledged since it was taken (an earlier state, right when it was
-/// taken, read as acknowledged changes lost). So the hook looks at `on`, takes its images
-/// and pushes them under the lock of `taken`, and [`Images::set`] changes `on` under it.
+/// taken, read as acknowledged changes lost). So `on` lives under the same lock as the
+/// images: the hook looks at it, takes its images and pushes them holding that lock.
 struct Images {
-    on: AtomicBool,
-    taken: Mutex<Vec<SimDisk>>,
+    taken: Mutex<Taken>,
     torn: Mutex<StdRng>,
     /// For the test of the above: the next hook that takes an image says so here, then
     /// waits this long before it takes it.
     stall: Mutex<Option<(std::sync::mpsc::Sender<()>, Duration)>>,
 }
 
+/// [`Images`]' state under its lock.
+#[derive(Default)]
+struct Taken {
+    on: bool,
+    images: Vec<SimDisk>,
+}
+
 impl Images {
     /// Takes images at flushes from now on, or no more: once this returns, no flush that
     /// began before adds an image.
     fn set(&self, on: bool) {
-        let _taken = self.taken.lock();
-        self.on.store(on, SeqCst);
+        self.taken.lock().on = on;
+    }
+
+    /// The images taken since the last call.
+    fn take(&self) -> Vec<SimDisk> {
+        std::mem::take(&mut self.taken.lock().images)
     }
 }
 
 fn hook(disk: &SimDisk, seed: u64) -> Arc<Images> {
     let im = Arc::new(Images {
-        on: AtomicBool::new(false),
-        taken: Mutex::new(Vec::new()),
+        taken: Mutex::new(Taken::default()),
         torn: Mutex::new(StdRng::seed_from_u64(seed ^ 0x5eed)),
         stall: Mutex::new(None),
     });
     let i = im.clone();
     disk.on_sync(move |d, at| {
         let mut taken = i.taken.lock();
-        if !i.on.load(SeqCst) {
+        if !taken.on {
             return;
         }
+        let taken = &mut taken.images;
         if let Some((entered, wait)) = i.stall.lock().take() {
             let _ = entered.send(());
             std::thread::sleep(wait);
@@ -973,15 +983,19 @@ fn an_image_of_a_flush_racing_the_end_of_a_checkpoint_stays_with_it() {
     let f = disk.open(&dir.join("f"), true).unwrap();
     f.write_at(b"x", 0).unwrap();
     let (entered, inside) = std::sync::mpsc::channel();
+    // The stall only widens the window in which the old harness lost the image: with the
+    // lock held across it, `set(false)` below waits for the image whatever the timing, so
+    // a slow machine cannot fail this test (no event can stand in for it: the hook holds
+    // the lock that `set` waits for).
     *im.stall.lock() = Some((entered, Duration::from_millis(200)));
     im.set(true);
     let flusher = std::thread::spawn(move || f.sync_data().unwrap());
     // The flush's hook has seen `on` set, and is about to take its image.
     inside.recv().unwrap();
     im.set(false);
-    let this = std::mem::take(&mut *im.taken.lock());
+    let this = im.take();
     flusher.join().unwrap();
-    let next = std::mem::take(&mut *im.taken.lock());
+    let next = im.take();
     assert!(!this.is_empty(), "the image is this checkpoint's");
     assert!(
         next.is_empty(),
@@ -993,7 +1007,7 @@ fn an_image_of_a_flush_racing_the_end_of_a_checkpoint_stays_with_it() {
 /// Checks (a sample of, at most `max`) the images taken since the last call; returns the
 /// checkpoint LSN each one opened with.
 fn judge_images(im: &Images, h: &Hist, rng: &mut StdRng, max: usize, what: &str) -> Vec<u64> {
-    let mut taken = std::mem::take(&mut *im.taken.lock());
+    let mut taken = im.take();
     while taken.len() > max {
         let k = rng.random_range(0..taken.len());
         taken.swap_remove(k);
