@@ -24,8 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::time::Duration;
 
 use common::{
-    PowerCuts, Tree, assert_same_tree, cookie_of, dump, host_opts, named_user_acl, on_demand, opts,
-    seed, tree_diff,
+    PowerCuts, Tree, assert_same_tree, cookie_of, dump, host_opts, journal_idle, named_user_acl,
+    on_demand, opts, seed, tree_diff,
 };
 use lanefs::{
     Client, Config, Ctx, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FS_APPEND_FL, FS_IMMUTABLE_FL,
@@ -1610,41 +1610,8 @@ fn grown_past_checkpoint(
         k += 1;
     }
     fs.sync_all().unwrap();
-    journal_idle(disk);
+    journal_idle(disk, Path::new(DIR), 8192);
     (store, fs, c, rng)
-}
-
-/// Waits until the journal is idle after a sync: the spare segment made ahead of need
-/// (docs/STORE.md, "Segment switch") is whole and durable, so that nothing but a checkpoint
-/// touches the disk until the workload goes on.
-fn journal_idle(disk: &SimDisk) {
-    let size = 8192;
-    let jd = Path::new(DIR).join("journal");
-    let last = |d: &SimDisk| {
-        d.files()
-            .into_iter()
-            .filter(|(p, _)| p.parent() == Some(&jd) && p.extension().is_some_and(|e| e == "seg"))
-            .max_by(|a, b| a.0.cmp(&b.0))
-    };
-    let t = std::time::Instant::now();
-    loop {
-        let img = disk.crash(Unflushed::Lost);
-        if let (Some((p, b)), Some((q, _))) = (last(&img), last(disk))
-            && p == q
-            && b.len() as u64 >= size
-            // Zeros throughout, or a spare header made from a recycled segment (first LSN 0).
-            && (b.iter().all(|&x| x == 0) || (&b[..8] == b"LFSJRNL\x01" && b[40..48] == [0; 8]))
-        {
-            return;
-        }
-        // Made off the hot path, in milliseconds; the limit only ends a test that would
-        // wait for good, even on a loaded machine.
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "no spare segment is made"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 /// Checkpoints while the host is full: each commits, segment by segment (the host is short
@@ -1718,7 +1685,7 @@ fn checkpoint_while_out_of_space_then_recovers() {
         }
         fs.sync_all()
             .unwrap_or_else(|e| panic!("seed {seed}: sync with room: {e:?}"));
-        journal_idle(&disk);
+        journal_idle(&disk, Path::new(DIR), 8192);
         acked_dump = dump(&fs, false);
     }
     // Room again; the same open store.

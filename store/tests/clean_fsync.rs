@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering:
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{HOUR, Watchdog, opts, seed};
+use common::{HOUR, Watchdog, journal_idle, opts, seed};
 use lanefs::{Client, Config, Ctx, Errno, File, FileType, Filesystem, Ino, OpenOptions, ROOT_INO};
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{Options, StoreHandle, open};
@@ -63,6 +63,8 @@ const SYNC_LIMIT: Duration = Duration::from_secs(120);
 /// loaded 2-CPU machine (all of them: 24 s beside `stress-ng --cpu 4`).
 const TEST_LIMIT: Duration = Duration::from_secs(600);
 const CLEAN_FILES: usize = 3;
+/// The journal's segment size.
+const SEGMENT: u64 = 256 << 10;
 
 /// On `disk`: a commit every `interval`, a checkpoint after `ck_records` records.
 fn options(disk: &SimDisk, interval: Duration, ck_records: u64) -> Options {
@@ -78,7 +80,7 @@ fn options(disk: &SimDisk, interval: Duration, ck_records: u64) -> Options {
         },
         checkpoint_retry: Duration::from_millis(10),
         checkpoint_retry_max: Duration::from_millis(50),
-        ..opts(disk, 256 << 10, interval)
+        ..opts(disk, SEGMENT, interval)
     }
 }
 
@@ -903,16 +905,10 @@ fn setup_phase(c: &Client, ph: usize, nw: usize) {
     }
 }
 
-/// Waits until the disk has made no flush for a while (the segment maker's, at open).
+/// Waits until the segment maker started at open has made its spare (made and flushed on a
+/// thread of its own: the only flush a quiet store makes unasked).
 fn settle(disk: &SimDisk) {
-    let mut last = disk.syncs();
-    let mut quiet_for = 0;
-    while quiet_for < 3 {
-        std::thread::sleep(Duration::from_millis(10));
-        let now = disk.syncs();
-        quiet_for = if now == last { quiet_for + 1 } else { 0 };
-        last = now;
-    }
+    journal_idle(disk, Path::new(DIR), SEGMENT);
 }
 
 /// Syncs through every entry point right after an open, before anything is appended: all
@@ -1334,12 +1330,10 @@ fn clean_syncs_cost_no_flush_and_dirty_ones_do() {
             });
         }
     });
+    // (Promptly: a clean sync that waited for a commit would wait for the interval, an
+    // hour, and the test's watchdog would abort; how fast they are is the benchmarks' business.)
     let took = t0.elapsed();
     assert_eq!(disk.syncs(), s0, "8000 clean syncs flushed");
-    assert!(
-        took < Duration::from_secs(10),
-        "8000 clean syncs took {took:?}"
-    );
     eprintln!("8000 clean syncs in {took:?}, no flush");
 
     // One thread's operation, then another's sync (it never appended): the sync flushes and

@@ -89,6 +89,39 @@ pub fn no_cache() -> Config {
     }
 }
 
+/// Waits until the journal of the store at `dir` on `disk` is idle after a sync: the spare
+/// segment made ahead of need (docs/STORE.md, "Segment switch") is whole (at least `size`
+/// bytes) and durable, so that nothing but a checkpoint touches the disk until the workload
+/// goes on. The event itself, not a quiet spell: the segment maker's thread may start late on
+/// a loaded machine.
+pub fn journal_idle(disk: &SimDisk, dir: &std::path::Path, size: u64) {
+    let jd = dir.join("journal");
+    let last = |d: &SimDisk| {
+        d.files()
+            .into_iter()
+            .filter(|(p, _)| p.parent() == Some(&jd) && p.extension().is_some_and(|e| e == "seg"))
+            .max_by(|a, b| a.0.cmp(&b.0))
+    };
+    let t = std::time::Instant::now();
+    loop {
+        let img = disk.crash(Unflushed::Lost);
+        if let (Some((p, b)), Some((q, _))) = (last(&img), last(disk))
+            && p == q
+            && b.len() as u64 >= size
+            // Zeros throughout, or a spare header (first LSN 0).
+            && (b.iter().all(|&x| x == 0) || (&b[..8] == b"LFSJRNL\x01" && b[40..48] == [0; 8]))
+        {
+            return;
+        }
+        // Made off the hot path, in milliseconds; the limit only ends a test that would
+        // wait for good, even on a loaded machine.
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no spare segment is made"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
 /// `len` random bytes, none zero, the same for the same `seed`.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut r = StdRng::seed_from_u64(seed);
