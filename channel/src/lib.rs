@@ -70,7 +70,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// [`Hello::magic`] and [`Shared::magic`]: "LFCH".
 pub const MAGIC: u32 = 0x4C46_4348;
 /// The protocol's version; a client and a server of different versions do not connect.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 /// Where the request and reply buffer starts in the mapping (the header has a page).
 pub const BUF_OFFSET: usize = 4096;
@@ -142,15 +142,31 @@ pub struct StatIn {
 pub struct StatOut {
     /// The attributes (`rdev` in the kernel's `new_encode_dev` form).
     pub attr: fuse_attr,
-    /// [`HELD`] or 0 (set by [`OP_STAT`] only, when asked: [`ASK_HELD`]).
+    /// [`HELD`] (set by [`OP_STAT`] only, when asked: [`ASK_HELD`]) and [`BORN`], or 0.
     pub flags: u32,
     /// Zero.
     pub padding: u32,
+    /// With [`BORN`]: the birth time's seconds from the epoch.
+    pub btime: i64,
+    /// With [`BORN`]: its nanoseconds.
+    pub btimensec: u32,
+    /// Zero.
+    pub padding2: u32,
+}
+
+impl StatOut {
+    /// The birth time, if the reply has one.
+    pub fn birth(&self) -> Option<(i64, u32)> {
+        (self.flags & BORN != 0).then_some((self.btime, self.btimensec))
+    }
 }
 
 /// [`StatOut::flags`]: the kernel holds the inode (a lookup reference), so its own `stat` of
 /// the path is answered from its caches, without a round trip to the server.
 pub const HELD: u32 = 1;
+/// [`StatOut::flags`]: the reply has the inode's birth time (`statx`'s `stx_btime`; an inode a
+/// disk store kept from before it kept birth times has none).
+pub const BORN: u32 = 2;
 
 /// The argument of [`OP_RENAME`].
 #[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]

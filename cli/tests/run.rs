@@ -984,7 +984,7 @@ fn statx_lines(dir: &Path, names: &[&str]) -> Vec<String> {
             assert_eq!(r, 0, "statx {name}: {}", std::io::Error::last_os_error());
             format!(
                 "{name}: mask {:#x} attributes {:#x} attributes_mask {:#x} ino {} mode {:o} \
-                 nlink {} uid {} gid {} size {} blocks {} rdev {}:{} mtime {}.{}",
+                 nlink {} uid {} gid {} size {} blocks {} rdev {}:{} mtime {}.{} btime {}.{}",
                 sx.stx_mask,
                 sx.stx_attributes,
                 sx.stx_attributes_mask,
@@ -999,6 +999,8 @@ fn statx_lines(dir: &Path, names: &[&str]) -> Vec<String> {
                 sx.stx_rdev_minor,
                 sx.stx_mtime.tv_sec,
                 sx.stx_mtime.tv_nsec,
+                sx.stx_btime.tv_sec,
+                sx.stx_btime.tv_nsec,
             )
         })
         .collect()
@@ -1008,7 +1010,7 @@ fn statx_lines(dir: &Path, names: &[&str]) -> Vec<String> {
 /// for inodes with the flags 'i', 'a' and 'd' (`chattr`) too: the same `stx_attributes` and
 /// `stx_attributes_mask` (the kernel drops the `STATX_ATTR_*` bits lanefs's FUSE_STATX
 /// carries, so the channel does not report them either; see `client/src/calls.rs`), the
-/// mount root's `STATX_ATTR_MOUNT_ROOT`, no birth time.
+/// mount root's `STATX_ATTR_MOUNT_ROOT`, and the same birth time.
 #[test]
 fn statx_under_lanefs_run_agrees_with_the_kernel() {
     const NAMES: [&str; 9] = [

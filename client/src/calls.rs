@@ -142,7 +142,8 @@ enum Ask {
     Server,
 }
 
-/// `stat` of `path` over the channel: the attributes and the mount they are on.
+/// `stat` of `path` over the channel: the reply (the attributes, and the birth time) and the
+/// mount they are on.
 ///
 /// # Safety
 /// `path` as for [`bytes`].
@@ -151,7 +152,7 @@ unsafe fn stat_attr(
     path: CPath,
     nofollow: bool,
     ask: Ask,
-) -> Option<Result<(fuse_attr, &'static Mount), i32>> {
+) -> Option<Result<(StatOut, &'static Mount), i32>> {
     let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
     let busy = Busy::enter()?;
@@ -178,7 +179,7 @@ unsafe fn stat_attr(
     if warm && r.is_ok() {
         warm::note(at.mount, at.rel, nofollow, out.flags & HELD != 0);
     }
-    Some(r.map(|_| (out.attr, at.mount)))
+    Some(r.map(|_| (out, at.mount)))
 }
 
 fn fill_stat(a: &fuse_attr, dev: u64, st: &mut libc::stat) {
@@ -224,7 +225,9 @@ unsafe fn do_stat(
                 return Some(ret(Err(libc::EFAULT)));
             }
             // SAFETY: `buf` is a writable struct stat (the caller's contract).
-            fill_stat(&a, libc::makedev(m.dev.0, m.dev.1), unsafe { &mut *buf });
+            fill_stat(&a.attr, libc::makedev(m.dev.0, m.dev.1), unsafe {
+                &mut *buf
+            });
             0
         }
         Err(e) => ret(Err(e)),
@@ -394,13 +397,14 @@ pub unsafe extern "C" fn statx(
     unsafe { real!(c"statx", StatxFn)(dirfd, path, flags, mask, buf) }
 }
 
-/// The kernel's `statx` of a FUSE file: the basic fields and the mount id, no birth time,
-/// and the attributes the VFS sets (`STATX_ATTR_MOUNT_ROOT` on the root, and the mask of
+/// The kernel's `statx` of a FUSE file: the basic fields, the birth time where the inode has
+/// one, the mount id, and the attributes the VFS sets (`STATX_ATTR_MOUNT_ROOT` on the root, and the mask of
 /// those it can set). Not `STATX_ATTR_IMMUTABLE`, `_APPEND` or `_NODUMP`, although lanefs
 /// has them (`lanefs::Attr::statx_attributes`) and answers FUSE_STATX with them: Linux (6.18
 /// included) drops them from a FUSE server's reply, and a call here reports what it would
 /// through the kernel (`cli/tests/run.rs`, `statx_under_lanefs_run_agrees_with_the_kernel`).
-fn fill_statx(a: &fuse_attr, m: &Mount, sx: &mut libc::statx) {
+fn fill_statx(out: &StatOut, m: &Mount, sx: &mut libc::statx) {
+    let a = &out.attr;
     // SAFETY: libc::statx is plain old data; all-zero is a valid value.
     *sx = unsafe { std::mem::zeroed() };
     sx.stx_mask = libc::STATX_BASIC_STATS | libc::STATX_MNT_ID;
@@ -426,6 +430,10 @@ fn fill_statx(a: &fuse_attr, m: &Mount, sx: &mut libc::statx) {
     sx.stx_atime = t(a.atime, a.atimensec);
     sx.stx_mtime = t(a.mtime, a.mtimensec);
     sx.stx_ctime = t(a.ctime, a.ctimensec);
+    if let Some((sec, nsec)) = out.birth() {
+        sx.stx_mask |= libc::STATX_BTIME;
+        sx.stx_btime = t(sec as u64, nsec);
+    }
     let rdev = decode_dev(a.rdev);
     sx.stx_rdev_major = libc::major(rdev);
     sx.stx_rdev_minor = libc::minor(rdev);
@@ -1031,7 +1039,7 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
 unsafe fn undo_create(dirfd: c_int, path: CPath, ino: u64) {
     // SAFETY: the caller's contract.
     if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true, Ask::Server) } {
-        if a.ino == ino {
+        if a.attr.ino == ino {
             // SAFETY: as above.
             let _ = unsafe { one(dirfd, path, OP_UNLINK, &[], None, &mut []) };
         }

@@ -44,7 +44,7 @@
 //! All transitions are compare-and-swap loops on the one word, so they have a single
 //! modification order; each returns what the caller must do ([`Fate`]).
 
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::*};
 
 use parking_lot::RwLock;
 
@@ -53,6 +53,7 @@ use crate::data::FileData;
 use crate::dir::DirBody;
 use crate::errno::{Errno, Result};
 use crate::id::{Generation, Ino, InoGen, InodeId};
+use crate::time::Timespec;
 
 const REFS_MASK: u64 = (1 << 30) - 1;
 const CHECKING: u64 = 1 << 30;
@@ -100,13 +101,13 @@ fn fate_of(i: &Inode, new: u64) -> Fate {
     }
 }
 
-// An inode is allocated per file: keep it in mimalloc's 112-byte size class
-// (docs/BENCHMARKS.md, "Memory per file").
+// An inode is allocated per file: keep it in mimalloc's 128-byte size class
+// (docs/BENCHMARKS.md, "Memory per file"; the birth time took it past 112).
 // (Not under loom, whose atomics are larger.)
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Body>() == 24);
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Inode>() == 112);
+const _: () = assert!(std::mem::size_of::<Inode>() == 120);
 
 /// Kind-specific contents.
 pub(crate) enum Body {
@@ -123,9 +124,27 @@ pub(crate) struct Inode {
     life: AtomicU64,
     pub attr: AttrCell,
     pub body: Body,
+    /// The birth time (`statx`'s `stx_btime`), in nanoseconds from the epoch ([`born`]); set
+    /// when the inode is made and never changed after, but by recovery.
+    born: AtomicI64,
+}
+
+/// An unknown birth time (an inode a checkpoint kept before birth times were kept).
+const UNBORN: i64 = i64::MIN;
+
+/// A birth time as [`Inode::born`] keeps it: nanoseconds from the epoch, clamped to the
+/// range of an `i64` (years 1678 to 2262; a creation time comes from the clock, so only a
+/// crafted record reaches the ends).
+fn born(t: Option<Timespec>) -> i64 {
+    match t {
+        None => UNBORN,
+        Some(t) => (t.sec as i128 * 1_000_000_000 + t.nsec as i128)
+            .clamp(UNBORN as i128 + 1, i64::MAX as i128) as i64,
+    }
 }
 
 impl Inode {
+    /// A new inode, born at its attributes' ctime.
     pub fn new(id: InodeId, nlink: u32, refs: u32, attr: AttrCell, body: Body) -> Self {
         debug_assert!(nlink <= NLINK_MAX);
         let shared = if nlink > 1 && !matches!(body, Body::Dir(_)) {
@@ -137,9 +156,26 @@ impl Inode {
             ino: id.ino,
             generation: id.generation,
             life: AtomicU64::new(shared | ((nlink as u64) << 32) | refs as u64),
+            born: AtomicI64::new(born(Some(attr.load().ctime))),
             attr,
             body,
         }
+    }
+
+    /// The birth time, if known.
+    pub fn birth(&self) -> Option<Timespec> {
+        match self.born.load(Relaxed) {
+            UNBORN => None,
+            ns => Some(Timespec::new(
+                ns.div_euclid(1_000_000_000),
+                ns.rem_euclid(1_000_000_000) as u32,
+            )),
+        }
+    }
+
+    /// Sets the birth time kept for this inode (recovery: what the checkpoint kept).
+    pub fn set_birth(&self, t: Option<Timespec>) {
+        self.born.store(born(t), Relaxed);
     }
 
     /// An inode with no name (an `O_TMPFILE` file) and `refs` references; `linkable`: a link
@@ -430,7 +466,6 @@ impl Inode {
 mod tests {
     use super::*;
     use crate::attr::AttrVals;
-    use crate::time::Timespec;
 
     fn file(nlink: u32, refs: u32) -> Inode {
         let t = Timespec::default();

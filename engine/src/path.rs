@@ -81,6 +81,11 @@ impl Metadata {
     pub fn ino(&self) -> Ino {
         self.attr.ino
     }
+    /// When the file was made (as [`std::fs::Metadata::created`]); `None` if the store did not
+    /// keep it ([`Attr::btime`]).
+    pub fn created(&self) -> Option<std::time::SystemTime> {
+        self.attr.btime.map(Into::into)
+    }
 }
 
 /// An entry of [`Client::read_dir`].

@@ -93,6 +93,9 @@ pub struct Attr {
     pub mtime: Timespec,
     /// Last status change.
     pub ctime: Timespec,
+    /// Creation (`statx`'s `stx_btime`): when the inode was made; `None` for an inode a disk
+    /// store kept from before it kept birth times (checkpoint format 3 and older).
+    pub btime: Option<Timespec>,
     /// The inode flags `chattr` sets ([`FS_IMMUTABLE_FL`], [`FS_APPEND_FL`],
     /// [`FS_NODUMP_FL`], [`FS_NOATIME_FL`]), as `FS_IOC_GETFLAGS` reports them for a regular
     /// file or directory; other inodes have the ones they inherited from their directory.

@@ -173,6 +173,8 @@ impl Filesystem {
             *v = new_vals(&n, 0, 0);
             Ok(())
         });
+        // Made again as the record says, born at its time (as its replay makes it).
+        root.set_birth(Some(n.time));
         Ok(())
     }
 

@@ -784,6 +784,7 @@ impl Filesystem {
             atime: v.atime,
             mtime: v.mtime,
             ctime: v.ctime,
+            btime: i.birth(),
             flags: v.flags & flags::USER,
         }
     }

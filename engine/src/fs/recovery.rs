@@ -344,6 +344,15 @@ impl Recovery {
         Ok(())
     }
 
+    /// Sets the birth time of inode `inode` to what a checkpoint kept (`None`: it kept none).
+    /// A record that makes an inode gives it its time as birth time; a loader that makes the
+    /// inode with another time (the kept ctime) sets the kept one after.
+    pub fn birth(&mut self, inode: InodeId, t: Option<Timespec>) -> Result<(), ReplayError> {
+        let g = epoch::pin();
+        self.inode(inode, &g)?.set_birth(t);
+        Ok(())
+    }
+
     /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps
     /// because it was still open when its last name went (records after the checkpoint may
     /// still change it, and its `Free` may follow). It is made by a create in the root

@@ -24,6 +24,8 @@ pub struct Node {
     pub rdev: u64,
     pub blocks: u64,
     pub times: Option<[Timespec; 3]>,
+    /// The birth time, with the times (and `None` where the inode has none).
+    pub born: Option<Timespec>,
     /// `chattr` flags.
     pub flags: Option<u32>,
     pub content: Vec<u8>,
@@ -103,6 +105,7 @@ pub fn dump(fs: &Filesystem, with_times: bool) -> BTreeMap<Vec<u8>, Node> {
                 rdev: a.rdev,
                 blocks: a.blocks,
                 times: with_times.then_some([a.atime, a.mtime, a.ctime]),
+                born: a.btime.filter(|_| with_times),
                 flags: fs.get_flags(ino).ok(),
                 content,
                 xattrs,

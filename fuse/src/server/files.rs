@@ -31,10 +31,10 @@ impl Server {
 
     /// STATX (7.39): the attributes as `statx(2)` has them, with the inode flags' `STATX_ATTR_*`
     /// bits and the mask of those this filesystem supports. The kernel sends it instead of a
-    /// GETATTR when a `statx` asks for more than the basic fields (the birth time, which
-    /// lanefs does not keep: the reply's mask leaves it out, and the kernel then remembers
-    /// that it has none until the attributes expire) and its attributes are stale or the
-    /// birth time was never asked; the request's mask and flags change nothing here.
+    /// GETATTR when a `statx` asks for more than the basic fields (the birth time) and its
+    /// attributes are stale or the birth time was never asked; the request's mask and flags
+    /// change nothing here. An inode a store kept without a birth time is answered without
+    /// `STATX_BTIME`, which the kernel then remembers until the attributes expire.
     pub(super) fn statx(&self, req: &Call, out: &mut Out) -> Handled {
         let _: fuse_statx_in = req.arg()?;
         let a = self.fs.getattr(node(req.h.nodeid))?;

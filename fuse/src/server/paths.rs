@@ -9,8 +9,9 @@
 
 use lanefs::{At, Attr, Errno, ROOT_INO, SetAttr};
 use lanefs_channel::{
-    ASK_HELD, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME,
-    OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
+    ASK_HELD, BORN, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK,
+    OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn,
+    StatOut,
 };
 
 use super::reply::{Handled, OK, done, fattr, put, tset};
@@ -38,14 +39,9 @@ impl Server {
                 let f: StatIn = req.arg()?;
                 let a = at.stat(path, f.flags & NOFOLLOW == 0)?;
                 let held = f.flags & ASK_HELD != 0 && self.fs.held_by_kernel(a.ino);
-                put(
-                    out,
-                    &StatOut {
-                        attr: fattr(&a),
-                        flags: if held { HELD } else { 0 },
-                        padding: 0,
-                    },
-                )
+                let mut reply = stat_reply(&a);
+                reply.flags |= if held { HELD } else { 0 };
+                put(out, &reply)
             }
             OP_MKNOD => {
                 let m: fuse_mknod_in = req.arg()?;
@@ -98,13 +94,22 @@ impl Server {
 }
 
 fn stat_out(r: lanefs::Result<Attr>, out: &mut Out) -> Handled {
-    put(
-        out,
-        &StatOut {
-            attr: fattr(&r?),
-            ..StatOut::default()
-        },
-    )
+    put(out, &stat_reply(&r?))
+}
+
+/// The attributes of `a` as a channel reply has them: `fuse_attr`'s fields and the birth time.
+fn stat_reply(a: &Attr) -> StatOut {
+    let (flags, (btime, btimensec)) = match a.btime {
+        Some(t) => (BORN, (t.sec, t.nsec)),
+        None => (0, (0, 0)),
+    };
+    StatOut {
+        attr: fattr(a),
+        flags,
+        btime,
+        btimensec,
+        ..StatOut::default()
+    }
 }
 
 /// What a channel SETATTR asks for. `chown(path, -1, -1)` arrives as an owner change with

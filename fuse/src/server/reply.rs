@@ -68,8 +68,9 @@ pub(super) fn fattr(a: &Attr) -> fuse_attr {
     }
 }
 
-/// The attributes as `fuse_statx` carries them: the basic fields (no birth time), and the
-/// `STATX_ATTR_*` bits of the inode flags with the mask of those lanefs supports.
+/// The attributes as `fuse_statx` carries them: the basic fields, the birth time where the
+/// inode has one (`STATX_BTIME`), and the `STATX_ATTR_*` bits of the inode flags with the
+/// mask of those lanefs supports.
 pub(super) fn statx(a: &Attr) -> fuse_statx {
     let t = |t: Timespec| fuse_sx_time {
         tv_sec: t.sec,
@@ -78,8 +79,12 @@ pub(super) fn statx(a: &Attr) -> fuse_statx {
     };
     // The engine keeps a device number as the kernel's MKNOD sent it (`new_encode_dev`).
     let rdev = lanefs_channel::decode_dev(a.rdev as u32);
+    let (btime_mask, btime) = match a.btime {
+        Some(b) => (libc::STATX_BTIME, t(b)),
+        None => (0, fuse_sx_time::default()),
+    };
     fuse_statx {
-        mask: libc::STATX_BASIC_STATS,
+        mask: libc::STATX_BASIC_STATS | btime_mask,
         blksize: a.blksize,
         attributes: a.statx_attributes(),
         nlink: a.nlink,
@@ -93,6 +98,7 @@ pub(super) fn statx(a: &Attr) -> fuse_statx {
         atime: t(a.atime),
         ctime: t(a.ctime),
         mtime: t(a.mtime),
+        btime,
         rdev_major: libc::major(rdev),
         rdev_minor: libc::minor(rdev),
         ..fuse_statx::default()
@@ -123,6 +129,7 @@ pub(super) const NEGATIVE: Attr = Attr {
     atime: Timespec::new(0, 0),
     mtime: Timespec::new(0, 0),
     ctime: Timespec::new(0, 0),
+    btime: None,
     flags: 0,
 };
 
@@ -131,7 +138,7 @@ mod tests {
     use super::*;
 
     /// FUSE_STATX's reply: the basic fields as GETATTR's `fuse_attr` has them (the device
-    /// number split as `statx` splits it), no birth time, and the inode flags' `STATX_ATTR_*`
+    /// number split as `statx` splits it), the birth time if the inode has one, and the inode flags' `STATX_ATTR_*`
     /// bits with the mask of the three lanefs supports.
     #[test]
     fn statx_carries_the_basic_fields_and_the_flags() {
@@ -155,7 +162,11 @@ mod tests {
         };
         let sx = statx(&a);
         let fa = fattr(&a);
-        assert_eq!(sx.mask, libc::STATX_BASIC_STATS, "no STATX_BTIME");
+        assert_eq!(
+            sx.mask,
+            libc::STATX_BASIC_STATS,
+            "no birth time, no STATX_BTIME"
+        );
         assert_eq!(
             (
                 sx.ino,
@@ -182,5 +193,11 @@ mod tests {
             lanefs::STATX_ATTR_IMMUTABLE | lanefs::STATX_ATTR_NODUMP
         );
         assert_eq!(sx.attributes_mask, lanefs::STATX_ATTRS);
+        let born = statx(&Attr {
+            btime: Some(Timespec::new(150, 7)),
+            ..a
+        });
+        assert_eq!(born.mask, libc::STATX_BASIC_STATS | libc::STATX_BTIME);
+        assert_eq!(t(born.btime), (150, 7));
     }
 }

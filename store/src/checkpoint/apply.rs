@@ -24,7 +24,7 @@ use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
 pub(crate) const PAGE: u64 = 4096;
 
 /// The inode flags a user sets (what `SetFlags` carries).
-const USER_FLAGS: u32 =
+pub(super) const USER_FLAGS: u32 =
     lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL | lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL;
 
 pub(crate) type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
@@ -611,6 +611,7 @@ impl Tables<'_> {
             ctime: n.time,
             flags: flags & USER_FLAGS,
             parent: if dir { parent } else { 0 },
+            btime: Some(n.time),
             target: n.target.to_vec(),
         };
         let ino = n.id.ino.0;

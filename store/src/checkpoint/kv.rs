@@ -56,10 +56,13 @@ mod super_at {
 
 /// Length of an encoded superblock.
 const SUPER_LEN: usize = super_at::END;
-/// The checkpoint format version: 3 added the `zeros` table (runs of allocated zeros). A
-/// checkpoint of version 2 has no runs, and reads as one of version 3 that has none; the
-/// first checkpoint written over it makes it version 3.
-pub(crate) const VERSION: u32 = 3;
+/// The checkpoint format version: 3 added the `zeros` table (runs of allocated zeros), 4 the
+/// birth time of an inode value (flagged by `HAS_BTIME`, so values with and without one
+/// mix). A checkpoint of version 2 has no runs, and reads as one of version 3 that has none;
+/// one of version 3 reads as one of version 4 whose inodes have no birth time kept; the first
+/// checkpoint written over either makes it version 4 (an older lanefs refuses it then: it
+/// would read a birth time as part of a symlink's target).
+pub(crate) const VERSION: u32 = 4;
 /// The oldest checkpoint format this lanefs reads.
 const OLDEST: u32 = 2;
 
@@ -316,9 +319,16 @@ pub(crate) struct InodeVal {
     pub flags: u32,
     /// A directory's parent (0 for other inodes).
     pub parent: u64,
+    /// When the inode was made (`None`: an inode kept by a checkpoint of format 3 or older).
+    pub btime: Option<Timespec>,
     /// A symlink's target.
     pub target: Vec<u8>,
 }
+
+/// The bit of an inode value's flags that says a birth time follows the parent (no inode
+/// flag a user sets has it).
+const HAS_BTIME: u32 = 1 << 31;
+const _: () = assert!(super::apply::USER_FLAGS & HAS_BTIME == 0);
 
 /// Bytes of a time: seconds (i64) and nanoseconds (u32).
 const TIME: usize = U64 + U32;
@@ -340,8 +350,11 @@ mod inode_at {
     pub(super) const CTIME: usize = MTIME + TIME;
     pub(super) const FLAGS: usize = CTIME + TIME;
     pub(super) const PARENT: usize = FLAGS + U32;
-    /// A symlink's target: the rest of the value.
+    /// A symlink's target: the rest of the value, unless the flags have `HAS_BTIME`.
     pub(super) const TARGET: usize = PARENT + U64;
+    /// With `HAS_BTIME`: the birth time, and the target after it.
+    pub(super) const BTIME: usize = PARENT + U64;
+    pub(super) const BTIME_TARGET: usize = BTIME + TIME;
 }
 
 /// The length of an inode value before its symlink target.
@@ -383,8 +396,15 @@ impl InodeVal {
         for t in [self.atime, self.mtime, self.ctime] {
             put_time(&mut b, t);
         }
-        b.extend_from_slice(&self.flags.to_le_bytes());
+        let has_btime = match self.btime {
+            Some(_) => HAS_BTIME,
+            None => 0,
+        };
+        b.extend_from_slice(&((self.flags & !HAS_BTIME) | has_btime).to_le_bytes());
         b.extend_from_slice(&self.parent.to_le_bytes());
+        if let Some(t) = self.btime {
+            put_time(&mut b, t);
+        }
         b.extend_from_slice(&self.target);
         b
     }
@@ -401,6 +421,18 @@ impl InodeVal {
             sec: u64_at(b, at) as i64,
             nsec: u32_at(b, at + U64),
         };
+        let flags = u32_at(b, at::FLAGS);
+        let (btime, target) = match flags & HAS_BTIME {
+            0 => (None, at::TARGET),
+            _ if b.len() < at::BTIME_TARGET => {
+                return Err(format!(
+                    "inode value of {} bytes with a birth time, at least {} expected",
+                    b.len(),
+                    at::BTIME_TARGET
+                ));
+            }
+            _ => (Some(time_at(at::BTIME)), at::BTIME_TARGET),
+        };
         let v = InodeVal {
             generation: u64_at(b, at::GENERATION),
             mode: u32_at(b, at::MODE),
@@ -412,9 +444,10 @@ impl InodeVal {
             atime: time_at(at::ATIME),
             mtime: time_at(at::MTIME),
             ctime: time_at(at::CTIME),
-            flags: u32_at(b, at::FLAGS),
+            flags: flags & !HAS_BTIME,
             parent: u64_at(b, at::PARENT),
-            target: b[at::TARGET..].to_vec(),
+            btime,
+            target: b[target..].to_vec(),
         };
         if lanefs::FileType::from_mode(v.mode).is_none() {
             return Err(format!("inode value with mode {:o}", v.mode));
@@ -515,10 +548,22 @@ mod tests {
             ctime: t(0, 0),
             flags: lanefs::FS_NODUMP_FL,
             parent: 0,
+            btime: None,
             target: b"a/b".to_vec(),
         };
         assert_eq!(InodeVal::decode(&v.encode()).unwrap(), v);
         assert!(InodeVal::decode(&v.encode()[..50]).is_err());
+        // With a birth time: the target after it, the flags as they were.
+        let born = InodeVal {
+            btime: Some(t(1_600_000_000, 123)),
+            ..v.clone()
+        };
+        let b = born.encode();
+        assert_eq!(b.len(), v.encode().len() + TIME);
+        assert_eq!(InodeVal::decode(&b).unwrap(), born);
+        assert!(InodeVal::decode(&b[..inode_at::BTIME_TARGET - 1]).is_err());
+        // A value of format 3 (no birth time) is read as one without.
+        assert_eq!(InodeVal::decode(&v.encode()).unwrap().btime, None);
         let e = EntryVal {
             target: v.id(42),
             cookie: 9,
@@ -536,11 +581,13 @@ mod tests {
         assert!(
             Superblock::decode(&bad)
                 .unwrap_err()
-                .contains("format 1, this lanefs reads 2 to 3")
+                .contains("format 1, this lanefs reads 2 to 4")
         );
         bad[8] = 2;
         assert!(Superblock::decode(&bad).is_ok(), "version 2 is read too");
-        bad[8] = 4;
+        bad[8] = 3;
+        assert!(Superblock::decode(&bad).is_ok(), "version 3 is read too");
+        bad[8] = 5;
         assert!(Superblock::decode(&bad).is_err());
         assert_eq!(run_of(&zeros_key(3, 7), &9u64.to_le_bytes()), Ok((7, 9)));
         assert!(run_of(&zeros_key(3, 7), &7u64.to_le_bytes()).is_err());

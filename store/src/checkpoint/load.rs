@@ -11,9 +11,10 @@
 //!    engine reads when asked for it: `Recovery::kept_page`; the size is set after the
 //!    pages within it and before those beyond it; then its runs of allocated zeros,
 //!    `Recovery::kept_zeros`, which cost no memory: the `zeros` table's, and its empty
-//!    pages), its xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`), and
-//!    last its inode flags (`SetFlags`), since the creates, links and writes before moved
-//!    its times and an immutable flag would refuse them.
+//!    pages), its xattrs and ACLs (`SetXattr`, `SetAcl`), its mode, owner and times (`SetAttr`),
+//!    its birth time (`Recovery::birth`: the create gave it the kept ctime), and last its
+//!    inode flags (`SetFlags`), since the creates, links and writes before moved its times
+//!    and an immutable flag would refuse them.
 //!
 //! Keys are read in runs, not one lookup each (a lookup descends the tree from its root):
 //! the tree's entries a window at a time and the inodes they name in key order (`inodes`),
@@ -56,6 +57,14 @@ fn new_inode(id: InodeId, v: &InodeVal) -> NewInode<'_> {
         access_acl: b"",
         default_acl: b"",
     }
+}
+
+/// Gives inode `id` the birth time `v` kept: the create that made it gave it the kept ctime.
+fn born(rec: &mut Recovery, id: InodeId, v: &InodeVal) -> R<()> {
+    if v.btime == Some(v.ctime) {
+        return Ok(());
+    }
+    applied(rec.birth(id, v.btime), || format!("inode {id}"))
 }
 
 /// What [`load`] read.
@@ -117,6 +126,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         }),
         || "the root".into(),
     )?;
+    born(rec, InodeId::ROOT, &root)?;
     // 2. The tree, breadth first: read on a thread of its own (`walk`), a window at a time,
     // while this one applies the windows read before, in the order they were read.
     let (tx, rx) = std::sync::mpsc::sync_channel::<R<Vec<Named>>>(2);
@@ -234,6 +244,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         if moved {
             applied(rec.apply(&Record::SetAttr { inode: id, change }), what)?;
         }
+        born(rec, id, &v)?;
         if v.flags != 0 {
             applied(
                 rec.apply(&Record::SetFlags {

@@ -203,3 +203,78 @@ fn a_load_reads_no_more_than_the_pages_in_use_hold() {
     );
     assert!(db.check_integrity().unwrap());
 }
+
+/// Birth times: a record's time is the inode's birth time, kept by the checkpoint and by
+/// the journal after it, unchanged by later changes; an inode value of format 3 (none kept)
+/// loads without one, next to values that have one, and a symlink's target after it is
+/// whole.
+#[test]
+fn birth_times_survive_checkpoints_and_replay_and_old_values_have_none() {
+    let (disk, dir, opts, o) = new_store();
+    let c = Client::root(Arc::new(o.fs));
+    c.create_dir("/d").unwrap();
+    c.write("/d/f", b"x").unwrap();
+    c.symlink("some/target", "/d/l").unwrap();
+    c.symlink("old/target", "/d/old").unwrap();
+    let born = |c: &Client, p: &str| c.symlink_metadata(p).unwrap().attr.btime;
+    let before: Vec<_> = ["/", "/d", "/d/f", "/d/l", "/d/old"]
+        .iter()
+        .map(|p| born(&c, p))
+        .collect();
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+    // Changes after the birth move the other times, never the birth time. (Changed until the
+    // clock has moved past the birth, so that a birth time that followed ctime would show.)
+    c.write("/d/f", b"more").unwrap();
+    while c.metadata("/d/f").unwrap().attr.ctime <= before[2].unwrap() {
+        c.set_permissions("/d/f", 0o600).unwrap();
+    }
+    c.rename("/d/f", "/d/g").unwrap();
+    c.hard_link("/d/g", "/h").unwrap();
+    let g = c.metadata("/d/g").unwrap().attr;
+    assert_eq!(g.btime, before[2]);
+    assert!(g.ctime > g.btime.unwrap(), "{g:?}");
+    o.store.checkpoint().unwrap();
+    // After the checkpoint, in the journal only.
+    c.create_dir("/late").unwrap();
+    let late = born(&c, "/late");
+    drop(c);
+    o.store.close().unwrap();
+    // /d/old as a checkpoint of format 3 keeps it: no birth time.
+    {
+        let db = super::database::open_db(&disk, &dir.join(super::FILE), false, 1 << 20).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut t = txn.open_table(META).unwrap();
+            let keys: Vec<Vec<u8>> = t
+                .iter()
+                .unwrap()
+                .map(|kv| kv.unwrap().0.value().to_vec())
+                .filter(|k| k[0] == kv::INODE)
+                .collect();
+            let mut found = 0;
+            for k in keys {
+                let v = kv::InodeVal::decode(t.get(&k[..]).unwrap().unwrap().value()).unwrap();
+                if v.target == b"old/target" {
+                    let old = kv::InodeVal { btime: None, ..v };
+                    t.insert(&k[..], &old.encode()[..]).unwrap();
+                    found += 1;
+                }
+            }
+            assert_eq!(found, 1);
+        }
+        txn.commit().unwrap();
+    }
+    let o = crate::open(dir, Config::default(), opts).unwrap();
+    let c = Client::root(Arc::new(o.fs));
+    assert_eq!(born(&c, "/"), before[0]);
+    assert_eq!(born(&c, "/d"), before[1]);
+    assert_eq!(born(&c, "/d/g"), before[2]);
+    assert_eq!(born(&c, "/h"), before[2]);
+    assert_eq!(born(&c, "/d/l"), before[3]);
+    assert_eq!(born(&c, "/late"), late, "replayed from the journal");
+    assert_eq!(born(&c, "/d/old"), None, "a value of format 3");
+    assert_eq!(c.read_link("/d/old").unwrap(), b"old/target");
+    assert_eq!(c.read_link("/d/l").unwrap(), b"some/target");
+    drop(c);
+    o.store.close().unwrap();
+}
