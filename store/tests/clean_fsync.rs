@@ -1158,6 +1158,18 @@ fn many_threads_ops_and_syncs_prefix_after_power_cuts() {
                     let h = store.write().take().expect("open");
                     close_result = Some(h.close());
                     sh.closed.store(true, SeqCst);
+                    // A sync after close (the event the check below wants), not a fixed
+                    // 30 ms in which a starved syncer may not run; syncers that all ended
+                    // (each gives up after 40 failures) end the wait too.
+                    let t = Instant::now();
+                    while sh.after_close.load(SeqCst) == 0
+                        && !others.iter().all(|o| o.is_finished())
+                        && !PANICKED.load(SeqCst)
+                        && t.elapsed() < SYNC_LIMIT
+                    {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    // A few more, racing the end.
                     std::thread::sleep(Duration::from_millis(30));
                     sh.stop.store(true, SeqCst);
                 }
@@ -1619,15 +1631,29 @@ fn fresh_reopen_syncs_then_checkpoint() {
         let fs = Arc::new(o.fs);
         let c = Client::root(fs.clone());
         some_ops(&c, "three", 20);
-        // Wait for a background round (it writes without flushing).
-        let target = {
-            // Every record appended so far is written once the LSN stops growing and a round
-            // has passed; wait a little longer than a few intervals.
-            std::thread::sleep(Duration::from_millis(50));
-            o.store.counters().lsn
-        };
-        assert!(target > 0);
         want = tree(&fs);
+        // Wait until background rounds (they write without flushing) have written every
+        // record: the event is that what a killed process leaves (the host's page cache)
+        // opens to the store as it is. A fixed wait (50 ms) was too short on a busy machine:
+        // the committer's round came later, met the dead disk, and the records were lost.
+        let t0 = Instant::now();
+        loop {
+            let o = open(
+                Path::new(DIR),
+                Config::default(),
+                quiet(&disk.crash(Unflushed::Kept)),
+            )
+            .unwrap();
+            if tree(&o.fs) == want {
+                break;
+            }
+            assert!(
+                t0.elapsed() < SYNC_LIMIT,
+                "no background round wrote the records in {SYNC_LIMIT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert!(o.store.counters().lsn > 0);
         let flushes = o.store.counters().flushes;
         // The process dies: nothing more reaches the disk.
         disk.set_failing(true);
