@@ -64,6 +64,18 @@ pub struct Engine {
     ctx: Ctx,
     /// The disk store and its directory (removed when the adapter is dropped).
     store: Option<(lanefs_store::StoreHandle, PathBuf)>,
+    cfg: Config,
+}
+
+/// What [`Engine::reopen`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Reopened {
+    /// Seconds `lanefs_store::open` took.
+    pub secs: f64,
+    /// Inodes it loaded from the checkpoint.
+    pub inodes: u64,
+    /// Records it replayed from the journal.
+    pub replayed: u64,
 }
 
 impl Drop for Engine {
@@ -95,13 +107,13 @@ impl Engine {
             ..Config::default()
         };
         let (fs, store) = match store {
-            None => (Filesystem::new(cfg), None),
+            None => (Filesystem::new(cfg.clone()), None),
             Some(parent) => {
                 static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
                 let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let dir = parent.join(format!("lanefs-bench-store-{}-{n}", std::process::id()));
                 let _ = std::fs::remove_dir_all(&dir);
-                let o = lanefs_store::open(&dir, cfg, lanefs_store::Options::default())
+                let o = lanefs_store::open(&dir, cfg.clone(), lanefs_store::Options::default())
                     .map_err(|e| e.to_string())?;
                 (o.fs, Some((o.store, dir)))
             }
@@ -111,6 +123,7 @@ impl Engine {
             fs: Arc::new(fs),
             ctx,
             store,
+            cfg,
         };
         if prefill > 0 {
             let d = e.mkdir(e.base(), "prefill").expect("prefill dir");
@@ -125,6 +138,46 @@ impl Engine {
             s.checkpoint().map_err(|e| e.to_string())?;
         }
         Ok(e)
+    }
+
+    /// Checkpoints, closes and opens the disk store again (timed): the filesystem a remount
+    /// or a restarted program gets, whose namespace is read from the disk. Inode numbers
+    /// are kept, so the directories a workload prepared are the same after it.
+    pub fn reopen(mut self) -> Result<(Engine, Reopened), String> {
+        let (store, dir) = self.store.take().ok_or("not on a disk store")?;
+        let cfg = self.cfg.clone();
+        let closed = store
+            .checkpoint()
+            .map_err(|e| e.to_string())
+            .and_then(|_| store.close().map_err(|e| e.to_string()));
+        drop(self);
+        if let Err(e) = closed {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        let t = std::time::Instant::now();
+        let o = match lanefs_store::open(&dir, cfg.clone(), lanefs_store::Options::default()) {
+            Ok(o) => o,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e.to_string());
+            }
+        };
+        let secs = t.elapsed().as_secs_f64();
+        let figures = Reopened {
+            secs,
+            inodes: o.report.loaded,
+            replayed: o.report.replayed,
+        };
+        Ok((
+            Engine {
+                fs: Arc::new(o.fs),
+                ctx: Ctx::root(),
+                store: Some((o.store, dir)),
+                cfg,
+            },
+            figures,
+        ))
     }
 
     fn ino(d: Dir) -> Ino {

@@ -141,6 +141,10 @@ pub struct Params {
     /// seed-000 backup-scan workload). Kernel caches are dropped with
     /// `/proc/sys/vm/drop_caches` (root only); the in-process memory store has no cache.
     pub cold: bool,
+    /// On a disk store (`Target::Store`): after the set-up, checkpoint, close and open the
+    /// store again (timed, [`Cell::reopened`]), so that the workload runs on the namespace as
+    /// a remount or a restarted program reads it from the disk (seed 000's cold scan).
+    pub reopen: bool,
 }
 
 impl Params {
@@ -155,6 +159,7 @@ impl Params {
             orc_files: 254,
             iterations: None,
             cold: false,
+            reopen: false,
         }
     }
 
@@ -169,6 +174,7 @@ impl Params {
             orc_files: 254,
             iterations: None,
             cold: false,
+            reopen: false,
         }
     }
 }
@@ -217,6 +223,19 @@ pub struct Cell {
     pub caches_dropped: bool,
     /// On a disk store: its journal's flushes and records during the run.
     pub commits: Option<Commits>,
+    /// With [`Params::reopen`]: the store's opening before the run.
+    pub reopened: Option<Reopen>,
+}
+
+/// A disk store's opening after the set-up ([`Params::reopen`]).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Reopen {
+    /// Seconds the opening took.
+    pub seconds: f64,
+    /// Inodes it loaded from the checkpoint.
+    pub inodes: u64,
+    /// Records it replayed from the journal.
+    pub replayed: u64,
 }
 
 /// A disk store's commits during a cell.
@@ -442,6 +461,8 @@ pub enum Stage {
     },
     /// Building the threads' other state.
     SetUp,
+    /// Checkpointing, closing and opening the disk store again ([`Params::reopen`]).
+    Reopen,
     /// Running before the window (for this many seconds).
     WarmUp(f64),
     /// In the measuring window: `elapsed` of `window` seconds.
@@ -468,6 +489,7 @@ impl std::fmt::Display for Stage {
                 write!(f, "building trees, {done}/{threads} done")
             }
             Stage::SetUp => write!(f, "setting up"),
+            Stage::Reopen => write!(f, "closing and opening the store again"),
             Stage::WarmUp(s) => write!(f, "warming up ({s:.1} s)"),
             Stage::Window { elapsed, window } => {
                 write!(f, "measuring, {elapsed:.1}/{window:.1} s")
@@ -522,7 +544,9 @@ pub fn run_cell_reporting(
     {
         progress(Stage::Prefill(p.prefill));
     }
-    let adapter: Option<Arc<dyn Adapter>> = match target {
+    // The disk store's adapter by its type too, to open it again after the set-up.
+    let mut on_store: Option<Arc<Engine>> = None;
+    let mut adapter: Option<Arc<dyn Adapter>> = match target {
         Target::Engine(l) => Some(Arc::new(Engine::new(
             *l,
             if matches!(w, Workload::Crunl | Workload::Rndrename) {
@@ -531,15 +555,19 @@ pub fn run_cell_reporting(
                 0
             },
         ))),
-        Target::Store(l, dir) => Some(Arc::new(Engine::with_store(
-            *l,
-            if matches!(w, Workload::Crunl | Workload::Rndrename) {
-                p.prefill
-            } else {
-                0
-            },
-            Some(dir),
-        )?)),
+        Target::Store(l, dir) => {
+            let e = Arc::new(Engine::with_store(
+                *l,
+                if matches!(w, Workload::Crunl | Workload::Rndrename) {
+                    p.prefill
+                } else {
+                    0
+                },
+                Some(dir),
+            )?);
+            on_store = Some(e.clone());
+            Some(e)
+        }
         Target::Paths(l) => Some(Arc::new(Paths::new(
             *l,
             if matches!(w, Workload::Crunl | Workload::Rndrename) {
@@ -565,6 +593,24 @@ pub fn run_cell_reporting(
             })
             .collect(),
     };
+    let mut reopened = None;
+    if let Some(e) = on_store.take().filter(|_| p.reopen) {
+        progress(Stage::Reopen);
+        // The workload's own handle goes first: the store is closed only when unshared.
+        drop(adapter.take());
+        let e =
+            Arc::try_unwrap(e).map_err(|_| "the store's adapter is still in use".to_string())?;
+        let (e, r) = e
+            .reopen()
+            .map_err(|e| format!("opening the store again: {e}"))?;
+        reopened = Some(Reopen {
+            seconds: r.secs,
+            inodes: r.inodes,
+            replayed: r.replayed,
+        });
+        adapter = Some(Arc::new(e));
+    }
+    drop(on_store);
     // Fixed work: an explicit count, or one pass over every file for a cold fstree.
     let fixed = match (w, p.cold) {
         (Workload::Fstree, true) => Some((p.fstree_dirs * p.fstree_files) as u64),
@@ -739,6 +785,7 @@ pub fn run_cell_reporting(
             }),
             _ => None,
         },
+        reopened,
     })
 }
 
@@ -803,6 +850,7 @@ mod tests {
             orc_files: 4,
             iterations: None,
             cold: false,
+            reopen: false,
         };
         // A tmpfs path: on a disk, fsmark's fsyncs can take longer than the 50 ms window
         // when the machine is busy, and the cell would measure nothing.
@@ -856,6 +904,35 @@ mod tests {
         let c = run_cell(Workload::Fstree, &Target::Engine(Locking::Lanes), 2, &cold).unwrap();
         assert_eq!(c.ops, 2 * 21, "one pass over each thread's tree");
         assert!(c.cold && !c.caches_dropped, "nothing to drop in-process");
+    }
+
+    /// A disk store opened again after the set-up: the pass stats every file of the trees
+    /// as the opening read them from the checkpoint (it loaded every inode, replayed nothing).
+    #[test]
+    fn a_reopened_store_is_scanned_as_it_was_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = Params {
+            cold: true,
+            reopen: true,
+            fstree_dirs: 3,
+            fstree_files: 7,
+            ..Params::quick()
+        };
+        let target = Target::Store(Locking::Lanes, tmp.path().into());
+        let c = run_cell(Workload::Fstree, &target, 2, &p).unwrap();
+        assert_eq!(c.ops, 2 * 21, "one pass over each thread's tree");
+        let r = c.reopened.expect("reopened");
+        // The root, the base directory, 2 trees of 3 directories of 7 files, and more.
+        assert!(r.inodes > 2 * (1 + 3 * 8), "{r:?}");
+        assert_eq!(r.replayed, 0, "{r:?}");
+        // Without --reopen, or not on a store: none.
+        let c = run_cell(Workload::Fstree, &Target::Engine(Locking::Lanes), 1, &p).unwrap();
+        assert!(c.reopened.is_none());
+        assert_eq!(
+            std::fs::read_dir(tmp.path()).unwrap().count(),
+            0,
+            "the store's directory is removed"
+        );
     }
 
     #[test]

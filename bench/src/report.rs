@@ -41,6 +41,9 @@ pub fn medians(cells: &[Cell]) -> Vec<Cell> {
             rep.p50_ns = m(&|c| c.p50_ns as f64) as u64;
             rep.p99_ns = m(&|c| c.p99_ns as f64) as u64;
             rep.ops = m(&|c| c.ops as f64) as u64;
+            if let Some(r) = &mut rep.reopened {
+                r.seconds = m(&|c| c.reopened.map_or(f64::NAN, |r| r.seconds));
+            }
             rep
         })
         .collect()
@@ -164,6 +167,30 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
                 }
             }
         }
+        if cs.iter().any(|c| c.reopened.is_some()) {
+            let _ = writeln!(
+                out,
+                "  disk store checkpointed, closed and opened again before the run: seconds \
+                 (inodes loaded)"
+            );
+            for tg in &targets {
+                let row: Vec<String> = threads
+                    .iter()
+                    .filter_map(|t| {
+                        let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
+                        let r = c.reopened?;
+                        Some(format!(
+                            "T={t}: {:.2} s ({})",
+                            r.seconds,
+                            human(r.inodes as f64)
+                        ))
+                    })
+                    .collect();
+                if !row.is_empty() {
+                    let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
+                }
+            }
+        }
         let tmax = *threads.last().unwrap_or(&1);
         let _ = writeln!(out, "  latency at T={tmax} (sampled): p50 / p99");
         for tg in &targets {
@@ -277,6 +304,7 @@ mod tests {
             commits: None,
             cold: false,
             caches_dropped: false,
+            reopened: None,
         }
     }
 

@@ -53,6 +53,10 @@ pub struct BenchArgs {
     /// fstree: drop the kernel's caches after building the trees and time one pass.
     #[arg(long)]
     cold: bool,
+    /// With --store: checkpoint, close and open the disk store again after the set-up (the
+    /// opening is timed and reported), so that the run reads the namespace as a remount does.
+    #[arg(long, requires = "store")]
+    reopen: bool,
     /// Each thread does exactly this many operations (instead of a time window).
     #[arg(long)]
     iterations: Option<u64>,
@@ -271,6 +275,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                     .map_err(|_| format!("--tree {t}: bad file count"))?;
             }
             p.cold = *w == Workload::Fstree && (a.cold || a.compare || a.scale == Scale::Seed);
+            p.reopen = a.reopen;
             p.iterations = a.iterations.or(if a.scale == Scale::Seed {
                 seed_iterations(*w)
             } else {
