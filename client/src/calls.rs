@@ -398,11 +398,12 @@ pub unsafe extern "C" fn statx(
 }
 
 /// The kernel's `statx` of a FUSE file: the basic fields, the birth time where the inode has
-/// one, the mount id, and the attributes the VFS sets (`STATX_ATTR_MOUNT_ROOT` on the root, and the mask of
-/// those it can set). Not `STATX_ATTR_IMMUTABLE`, `_APPEND` or `_NODUMP`, although lanefs
-/// has them (`lanefs::Attr::statx_attributes`) and answers FUSE_STATX with them: Linux (6.18
-/// included) drops them from a FUSE server's reply, and a call here reports what it would
-/// through the kernel (`cli/tests/run.rs`, `statx_under_lanefs_run_agrees_with_the_kernel`).
+/// one, the mount id, and the attributes the VFS sets (`STATX_ATTR_MOUNT_ROOT` on the root,
+/// and the mask of those it can set). Not `STATX_ATTR_IMMUTABLE`, `_APPEND` or `_NODUMP`,
+/// although lanefs has them (`lanefs::Attr::statx_attributes`) and answers FUSE_STATX with
+/// them: Linux (6.18 included) drops them from a FUSE server's reply, and a call here reports
+/// what it would through the kernel (`cli/tests/run.rs`,
+/// `statx_under_lanefs_run_agrees_with_the_kernel`).
 fn fill_statx(out: &StatOut, m: &Mount, sx: &mut libc::statx) {
     let a = &out.attr;
     // SAFETY: libc::statx is plain old data; all-zero is a valid value.
