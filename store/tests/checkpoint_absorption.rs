@@ -114,6 +114,7 @@ struct Node {
     atime: Timespec,
     mtime: Timespec,
     ctime: Timespec,
+    btime: Option<Timespec>,
     /// `get_flags`, `None` where it does not apply (ENOTTY).
     flags: Option<u32>,
     /// The entry's readdir cookie (0 for the root).
@@ -178,6 +179,7 @@ fn node(fs: &Filesystem, a: &Attr, cookie: u64) -> Node {
         atime: a.atime,
         mtime: a.mtime,
         ctime: a.ctime,
+        btime: a.btime,
         flags: fs.get_flags(a.ino).ok(),
         cookie,
         body,
@@ -308,6 +310,7 @@ struct IVal {
     ctime: Timespec,
     flags: u32,
     parent: u64,
+    btime: Option<Timespec>,
     target: Vec<u8>,
 }
 
@@ -366,6 +369,12 @@ fn read_keys(disk: &SimDisk) -> Keys {
                 k.max_generation = u64_at(v, 36);
             }
             b'i' => {
+                // Bit 31 of the flags: a birth time follows the parent, the target after it.
+                let flags = u32_at(v, 76);
+                let (btime, target) = match flags >> 31 {
+                    0 => (None, 88),
+                    _ => (Some(time_at(v, 88)), 100),
+                };
                 let iv = IVal {
                     generation: u64_at(v, 0),
                     mode: u32_at(v, 8),
@@ -377,9 +386,10 @@ fn read_keys(disk: &SimDisk) -> Keys {
                     atime: time_at(v, 40),
                     mtime: time_at(v, 52),
                     ctime: time_at(v, 64),
-                    flags: u32_at(v, 76),
+                    flags: flags & !(1 << 31),
                     parent: u64_at(v, 80),
-                    target: v[88..].to_vec(),
+                    btime,
+                    target: v[target..].to_vec(),
                 };
                 k.inodes.insert(be64(&key[1..]), iv);
             }
@@ -503,6 +513,9 @@ fn audit(
                 "times a/m/c {:?}/{:?}/{:?} vs live {:?}/{:?}/{:?}",
                 v.atime, v.mtime, v.ctime, n.atime, n.mtime, n.ctime
             ));
+        }
+        if v.btime != n.btime {
+            d.push(format!("birth time {:?} vs live {:?}", v.btime, n.btime));
         }
         if let Some(f) = n.flags
             && f != v.flags
