@@ -137,6 +137,19 @@ impl Drop for LoopExt4 {
     }
 }
 
+/// `--tree DIRSxFILES`.
+fn tree_size(t: &str) -> Result<(usize, usize), String> {
+    let (d, f) = t
+        .split_once('x')
+        .ok_or_else(|| format!("--tree {t}: expected DIRSxFILES"))?;
+    Ok((
+        d.parse()
+            .map_err(|_| format!("--tree {t}: bad directory count"))?,
+        f.parse()
+            .map_err(|_| format!("--tree {t}: bad file count"))?,
+    ))
+}
+
 fn seed_iterations(w: Workload) -> Option<u64> {
     match w {
         Workload::Crunl | Workload::Rndrename => Some(1_000_000),
@@ -198,11 +211,17 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
     }
     let mut loops = Vec::new();
     if a.ext4 {
-        let inodes = if a.scale == Scale::Seed {
+        // Room for the largest cell's trees (each cell removes its own when it ends).
+        let tree = match &a.tree {
+            Some(t) => tree_size(t)?,
+            None => (base.fstree_dirs, base.fstree_files),
+        };
+        let largest = a.threads.iter().max().copied().unwrap_or(1) * tree.0 * (tree.1 + 1);
+        let inodes = (largest as u64 * 11 / 10 + 100_000).max(if a.scale == Scale::Seed {
             24_000_000
         } else {
             2_000_000
-        };
+        });
         for (tag, feats) in [("ext4", &[][..]), ("ext4-fc", &["fast_commit"][..])] {
             match LoopExt4::create(tag, feats, inodes) {
                 Ok(l) => {
@@ -264,15 +283,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
                 p.seconds = s;
             }
             if let Some(t) = &a.tree {
-                let (d, f) = t
-                    .split_once('x')
-                    .ok_or_else(|| format!("--tree {t}: expected DIRSxFILES"))?;
-                p.fstree_dirs = d
-                    .parse()
-                    .map_err(|_| format!("--tree {t}: bad directory count"))?;
-                p.fstree_files = f
-                    .parse()
-                    .map_err(|_| format!("--tree {t}: bad file count"))?;
+                (p.fstree_dirs, p.fstree_files) = tree_size(t)?;
             }
             p.cold = *w == Workload::Fstree && (a.cold || a.compare || a.scale == Scale::Seed);
             p.reopen = a.reopen;
