@@ -18,14 +18,10 @@
 use lanefs::{InodeId, Record, RecordSummary, Timespec, effect};
 use redb::{ReadableTable, Table};
 
-use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
+use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal, USER_FLAGS};
 
 /// Page size of file data (the engine's).
 pub(crate) const PAGE: u64 = 4096;
-
-/// The inode flags a user sets (what `SetFlags` carries).
-pub(super) const USER_FLAGS: u32 =
-    lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL | lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL;
 
 pub(crate) type KvTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
 

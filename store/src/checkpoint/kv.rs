@@ -325,10 +325,14 @@ pub(crate) struct InodeVal {
     pub target: Vec<u8>,
 }
 
+/// The inode flags a user sets (what `SetFlags` carries), the ones an inode value keeps.
+pub(crate) const USER_FLAGS: u32 =
+    lanefs::FS_IMMUTABLE_FL | lanefs::FS_APPEND_FL | lanefs::FS_NODUMP_FL | lanefs::FS_NOATIME_FL;
+
 /// The bit of an inode value's flags that says a birth time follows the parent (no inode
 /// flag a user sets has it).
 const HAS_BTIME: u32 = 1 << 31;
-const _: () = assert!(super::apply::USER_FLAGS & HAS_BTIME == 0);
+const _: () = assert!(USER_FLAGS & HAS_BTIME == 0);
 
 /// Bytes of a time: seconds (i64) and nanoseconds (u32).
 const TIME: usize = U64 + U32;
