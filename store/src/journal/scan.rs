@@ -7,7 +7,8 @@
 //! - if a valid batch after it says the region had been flushed, the journal is damaged
 //!   there, and the scan fails naming the file and offset.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use super::format::{
     BATCH_HEADER, BATCH_MAGIC, BatchHeader, RECORD_LEN, SEGMENT_HEADER, SegmentHeader, records,
@@ -52,13 +53,6 @@ pub(crate) fn scan(
     mut apply: impl FnMut(u64, &[u8]) -> Result<(), String>,
 ) -> Result<End, StoreError> {
     let seqs = segments(disk, store)?;
-    // Each segment's bytes are read once, when the scan reaches it.
-    let read = |seq: u64| -> Result<(PathBuf, Vec<u8>), StoreError> {
-        let p = segment_path(store, seq);
-        let f = disk.open(&p, false).map_err(StoreError::io(&p, "open"))?;
-        let b = f.read_all().map_err(StoreError::io(&p, "read"))?;
-        Ok((p, b))
-    };
     let mut expected = from_lsn;
     let mut end = End {
         segment: 0,
@@ -88,15 +82,18 @@ pub(crate) fn scan(
                 format!("segment {want:016x} is missing"),
             ));
         }
-        let (path, bytes) = read(seq)?;
-        let header = match SegmentHeader::decode(&bytes) {
+        let path = segment_path(store, seq);
+        let (file, head_bytes, n) = head(disk, &path)?;
+        let header = match SegmentHeader::decode(&head_bytes[..n]) {
             Ok(Some(h)) if h.first_lsn != 0 => h,
             Ok(spare) => {
                 match spare {
                     // Made but never used, so zeros throughout (the header is flushed before
                     // anything is written after it).
                     None => {
-                        if let Some(at) = bytes.iter().position(|&b| b != 0) {
+                        let first = first_nonzero(&*file, n as u64)
+                            .map_err(StoreError::io(&path, "read"))?;
+                        if let Some(at) = first {
                             return Err(StoreError::damaged(
                                 &path,
                                 0,
@@ -139,7 +136,8 @@ pub(crate) fn scan(
                 // A torn header: the segment's first write never completed (the header is
                 // flushed before any batch is written after it), unless batches or a later
                 // segment were written after it.
-                if valid_after(&bytes, SEGMENT_HEADER, seq, 0, &uuid).is_some() {
+                let at = SEGMENT_HEADER as u64;
+                if after(&file, &path, at, at, seq, 0, &uuid)?.valid.is_some() {
                     return Err(StoreError::damaged(&path, 0, what));
                 }
                 contiguous(store, &seqs[k..])?;
@@ -193,11 +191,22 @@ pub(crate) fn scan(
         let mut at = SEGMENT_HEADER;
         end.segment = seq;
         end.started = true;
+        let len = file.len().map_err(StoreError::io(&path, "size"))? as usize;
+        let mut seg = Prefix {
+            path: &path,
+            file,
+            len,
+            bytes: head_bytes[..n].to_vec(),
+        };
         loop {
             end.offset = at as u64;
             end.next_lsn = lsn.max(expected);
-            let rest = &bytes[at.min(bytes.len())..];
-            let h = BatchHeader::decode(rest, &uuid);
+            seg.reach(at + BATCH_HEADER)?;
+            let h = BatchHeader::decode(&seg.bytes[at.min(seg.bytes.len())..], &uuid);
+            if let Some(h) = h.filter(|h| h.segment == seq && h.first_lsn == lsn) {
+                seg.reach(at + BATCH_HEADER + h.len as usize)?;
+            }
+            let rest = &seg.bytes[at.min(seg.bytes.len())..];
             let clean_end =
                 rest.len() < BATCH_HEADER || rest[..BATCH_HEADER].iter().all(|&b| b == 0);
             let ok = h.filter(|h| {
@@ -211,7 +220,8 @@ pub(crate) fn scan(
                 // life of the file) or torn. Either way it is the journal's end, unless a
                 // later batch says this place had been flushed (module doc).
                 let stale = h.is_some_and(|h| h.segment != seq || h.first_lsn < lsn);
-                if let Some(off) = flushed_witness(&bytes, at + 1, seq, lsn, &uuid) {
+                let rest_of = after(&seg.file, &path, at as u64, at as u64 + 1, seq, lsn, &uuid)?;
+                if let Some(off) = rest_of.witness {
                     return Err(StoreError::damaged(
                         &path,
                         at as u64,
@@ -245,8 +255,8 @@ pub(crate) fn scan(
                             ));
                         }
                         end.torn = !(clean_end || stale);
-                        end.dirty = bytes[at.min(bytes.len())..].iter().any(|&b| b != 0);
-                        end.later = valid_after(&bytes, at + 1, seq, lsn, &uuid).is_some();
+                        end.dirty = rest_of.nonzero;
+                        end.later = rest_of.valid.is_some();
                         contiguous(store, &seqs[k..])?;
                         later_must_be_unused(disk, store, &seqs[k + 1..], uuid, lsn)?;
                         return Ok(end);
@@ -281,45 +291,108 @@ pub(crate) fn scan(
     Ok(end)
 }
 
-/// The offset of the first valid batch header of segment `seq` at or after `from` that was
-/// written once records from `lsn` on had been flushed.
-fn flushed_witness(
-    bytes: &[u8],
-    from: usize,
+/// Bytes read at a time from a segment. The batches a scan applies are read as it reaches
+/// them; what follows the journal's end (zeros, mostly: a segment is made whole, 64 MiB by
+/// default, before its first batch) is searched through one buffer of this size. An opening
+/// so reads what was written, and passes once over the rest, in memory it reuses.
+const CHUNK: usize = 1 << 20;
+
+/// A segment's bytes from its start, read as far as the scan has needed them.
+struct Prefix<'p> {
+    path: &'p Path,
+    file: Arc<dyn DiskFile>,
+    len: usize,
+    bytes: Vec<u8>,
+}
+
+impl Prefix<'_> {
+    /// Holds at least the first `upto` bytes, or the whole file if it is shorter.
+    fn reach(&mut self, upto: usize) -> Result<(), StoreError> {
+        let have = self.bytes.len();
+        let want = upto.min(self.len);
+        if want <= have {
+            return Ok(());
+        }
+        let to = want.max(have + CHUNK).min(self.len);
+        self.bytes.resize(to, 0);
+        self.file
+            .read_exact_at(&mut self.bytes[have..], have as u64)
+            .map_err(StoreError::io(self.path, "read"))
+    }
+}
+
+/// What follows a place in a segment, from one pass to its end ([`after`]).
+#[derive(Debug, Default)]
+struct After {
+    /// The first valid batch header of the segment with an LSN of at least the one asked
+    /// for, written once records from that LSN on had been flushed (the search stops there).
+    witness: Option<u64>,
+    /// The first valid batch header of the segment with an LSN of at least the one asked for.
+    valid: Option<u64>,
+    /// Whether a byte that is not zero follows.
+    nonzero: bool,
+}
+
+/// Searches segment `seq` after a place: its bytes from `from` for one that is not zero, and
+/// batch headers starting at `magic_from` or later (`from` or `from + 1`) for [`After`]'s
+/// `valid` and `witness`, as of LSN `lsn`.
+#[allow(clippy::too_many_arguments)]
+fn after(
+    f: &Arc<dyn DiskFile>,
+    path: &Path,
+    from: u64,
+    magic_from: u64,
     seq: u64,
     lsn: u64,
     uuid: &[u8; 16],
-) -> Option<usize> {
-    let mut at = from;
-    while at + BATCH_HEADER <= bytes.len() {
-        let next = bytes[at..].windows(4).position(|w| w == BATCH_MAGIC)? + at;
-        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid)
-            && h.segment == seq
-            && h.first_lsn >= lsn
-            && h.flushed > lsn
-        {
-            return Some(next);
+) -> Result<After, StoreError> {
+    let len = f.len().map_err(StoreError::io(path, "size"))?;
+    let finder = memchr::memmem::Finder::new(&BATCH_MAGIC);
+    // Each chunk is read with a batch header's length more, so that a header that starts in
+    // it is whole in the buffer.
+    let mut buf = vec![0u8; CHUNK + BATCH_HEADER];
+    let mut out = After::default();
+    let mut pos = from;
+    while pos < len {
+        let n = ((len - pos) as usize).min(buf.len());
+        f.read_exact_at(&mut buf[..n], pos)
+            .map_err(StoreError::io(path, "read"))?;
+        let own = n.min(CHUNK);
+        out.nonzero = out.nonzero || nonzero_at(&buf[..own]).is_some();
+        for i in finder.find_iter(&buf[..n]) {
+            if i >= own {
+                break;
+            }
+            let off = pos + i as u64;
+            if off < magic_from {
+                continue;
+            }
+            if let Some(h) = BatchHeader::decode(&buf[i..n], uuid)
+                && h.segment == seq
+                && h.first_lsn >= lsn
+            {
+                out.valid.get_or_insert(off);
+                if h.flushed > lsn {
+                    out.witness = Some(off);
+                    return Ok(out);
+                }
+            }
         }
-        at = next + 1;
+        pos += own as u64;
     }
-    None
+    Ok(out)
 }
 
-/// The offset of the first valid batch header of segment `seq` with an LSN of at least `lsn`
-/// at or after `from`.
-fn valid_after(bytes: &[u8], from: usize, seq: u64, lsn: u64, uuid: &[u8; 16]) -> Option<usize> {
-    let mut at = from;
-    while at + BATCH_HEADER <= bytes.len() {
-        let next = bytes[at..].windows(4).position(|w| w == BATCH_MAGIC)? + at;
-        if let Some(h) = BatchHeader::decode(&bytes[next..], uuid)
-            && h.segment == seq
-            && h.first_lsn >= lsn
-        {
-            return Some(next);
-        }
-        at = next + 1;
-    }
-    None
+/// The index of the first byte of `b` that is not zero. (Whole blocks are or-ed together
+/// first, which the compiler vectorises; a byte-at-a-time search is several times slower
+/// over the megabytes of zeros a segment holds.)
+fn nonzero_at(b: &[u8]) -> Option<usize> {
+    const STEP: usize = 4096;
+    let block = b
+        .chunks(STEP)
+        .position(|c| c.iter().fold(0u8, |a, &x| a | x) != 0)?;
+    let at = block * STEP;
+    b[at..].iter().position(|&x| x != 0).map(|i| at + i)
 }
 
 /// Whether segment `seq` was started: its header is neither zeros nor a spare header.
@@ -356,7 +429,7 @@ fn first_nonzero(f: &dyn DiskFile, from: u64) -> std::io::Result<Option<u64>> {
         if n == 0 {
             return Ok(None);
         }
-        if let Some(i) = buf[..n].iter().position(|&b| b != 0) {
+        if let Some(i) = nonzero_at(&buf[..n]) {
             return Ok(Some(at + i as u64));
         }
         at += n as u64;

@@ -266,3 +266,68 @@ fn damage_before_the_tail_names_the_file_and_offset() {
         r => panic!("{r:?}"),
     }
 }
+
+/// A scan reads a segment a chunk at a time (`scan.rs`): batches that cross a chunk's end
+/// come back whole, and damage, a torn tail and bytes after the end are found as far into
+/// the segment as they are, past the first chunk.
+#[test]
+fn a_segment_larger_than_a_read_is_scanned_whole() {
+    let d = SimDisk::new();
+    let mut w = writer(&d, 4 << 20);
+    // About 2.6 MiB of batches of odd lengths, so that they straddle the 1 MiB chunks.
+    let rs: Vec<Vec<u8>> = (0..500).map(|i| vec![i as u8; 5000 + i * 3]).collect();
+    for r in &rs {
+        w.write(&[r]).unwrap();
+        w.flush().unwrap();
+    }
+    drop(w);
+    let (got, end) = all(&d).unwrap();
+    assert_eq!(got, rs);
+    assert!(!end.torn && !end.dirty && !end.later);
+    let path = segment_path(Path::new("/s"), 1);
+    let (_, bytes) = d.files().into_iter().find(|(p, _)| *p == path).unwrap();
+    let batches = batch_offsets(&bytes);
+    assert_eq!(batches.len(), 500);
+    let past = |at: usize| batches.iter().position(|&b| b > at).unwrap();
+    // A flipped byte in a batch of the second chunk: damage there (later batches, in the
+    // third chunk, were written after it was flushed).
+    let second = past(1 << 20);
+    let mut bad = bytes.clone();
+    bad[batches[second] + BATCH_HEADER + 10] ^= 1;
+    d.put(&path, bad);
+    match all(&d) {
+        Err(StoreError::Damaged { offset, .. }) => assert_eq!(offset, batches[second] as u64),
+        r => panic!("{r:?}"),
+    }
+    // The same in the last batch, in the third chunk: a torn tail, dropped.
+    let mut tail = bytes.clone();
+    tail[batches[499] + BATCH_HEADER + 10] ^= 1;
+    d.put(&path, tail);
+    let (got, e) = all(&d).unwrap();
+    assert_eq!(got.len(), 499);
+    assert!(e.torn && e.dirty);
+    assert_eq!(e.offset as usize, batches[499]);
+    // A byte far after the clean end (in the last chunk): the end is dirty.
+    let mut stray = bytes.clone();
+    let last = stray.len() - 1;
+    stray[last] = 1;
+    d.put(&path, stray);
+    let (got, e) = all(&d).unwrap();
+    assert_eq!(got.len(), 500);
+    assert!(!e.torn && e.dirty && !e.later);
+    // A batch of this segment left far after the end (straddling the end of the first chunk
+    // read after it): the next
+    // batch goes to a new segment.
+    let mut left = bytes.clone();
+    let at = end.offset as usize + (1 << 20) - 2;
+    left[at..at + BATCH_HEADER + 16].copy_from_slice(&bytes[batches[499]..][..BATCH_HEADER + 16]);
+    let h = BatchHeader {
+        first_lsn: 501,
+        ..BatchHeader::decode(&bytes[batches[499]..], &UUID).unwrap()
+    };
+    left[at..at + BATCH_HEADER].copy_from_slice(&h.encode(&UUID));
+    d.put(&path, left);
+    let (got, e) = all(&d).unwrap();
+    assert_eq!(got.len(), 500);
+    assert!(e.dirty && e.later);
+}
