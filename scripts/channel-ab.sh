@@ -42,4 +42,4 @@ for w in $WORKLOADS; do
 done
 "$B/lanefs" stats --json "$mb" | python3 -c 'import json, sys; s = json.load(sys.stdin)
 print("new build:", {k: s.get(k) for k in ("transport", "channel_requests",
-      "report_entry_invalidations", "report_new_names_unlocked")})'
+      "report_entry_invalidations", "report_names_unlocked")})'

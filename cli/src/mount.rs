@@ -737,11 +737,11 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     }
     if let (Some(e), Some(u)) = (
         v["report_entry_invalidations"].as_u64(),
-        v["report_new_names_unlocked"].as_u64(),
+        v["report_names_unlocked"].as_u64(),
     ) {
         println!(
             "  library and channel changes told to the kernel: {e} entry invalidations (each \
-             takes the directory's lock in the kernel), {u} new names without one"
+             takes the directory's lock in the kernel), {u} new or removed names without one"
         );
     }
     println!(

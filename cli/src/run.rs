@@ -14,8 +14,10 @@ const LIB: &str = "liblanefs_client.so";
     long_about = "Runs CMD with the lanefs client preloaded (LD_PRELOAD; its children inherit \
                   it). Calls that create, remove, rename and stat names on a lanefs mount go to \
                   the mount's server over shared memory instead of through the kernel, whose \
-                  directory lock serialises them; everything else (reads, writes, mmap, locks, \
-                  other filesystems) goes through the kernel as usual. Set-user-id and \
+                  directory lock serialises them; a file it creates is opened through the kernel \
+                  only when the program first uses the descriptor for more than `close`; \
+                  everything else (reads, writes, mmap, locks, other filesystems) goes through \
+                  the kernel as usual. Set-user-id and \
                   statically linked programs run without the client (through the kernel)."
 )]
 pub struct RunArgs {
@@ -28,6 +30,11 @@ pub struct RunArgs {
     /// `LANEFS_RUN_WARM_STAT=1`.
     #[arg(long)]
     warm_stat: bool,
+    /// Open every file a program creates through the kernel at once, instead of when the
+    /// program first uses its descriptor for more than `close` (a *deferred* descriptor,
+    /// docs/DESIGN.md, "The channel of lanefs run"). Sets `LANEFS_RUN_DEFER=0`.
+    #[arg(long)]
+    no_defer: bool,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     cmd: Vec<OsString>,
@@ -114,6 +121,9 @@ pub fn run(a: RunArgs) -> Result<(), String> {
     }
     if a.warm_stat {
         cmd.env("LANEFS_RUN_WARM_STAT", "1");
+    }
+    if a.no_defer {
+        cmd.env("LANEFS_RUN_DEFER", "0");
     }
     let e = cmd.exec();
     Err(format!("{}: {e}", a.cmd[0].to_string_lossy()))

@@ -436,6 +436,7 @@ fn the_channel_and_the_kernel_agree_at_every_step() {
 /// under it: not after the kernel looked the name up and found nothing, not after the kernel
 /// removed or renamed it away (its dentry turns negative), not while the directory's listing
 /// may be in the kernel's cache. In each of those cases the kernel sees the new name at once.
+/// A removal over the channel takes none when the kernel holds nothing of the name.
 #[test]
 fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed() {
     if !needs_root("new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed") {
@@ -450,7 +451,7 @@ fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed()
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
         (
             n("report_entry_invalidations"),
-            n("report_new_names_unlocked"),
+            n("report_names_unlocked"),
         )
     };
     // Makes `line` over the channel; checks whether it took an entry invalidation.
@@ -506,6 +507,24 @@ fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed()
         names(&p.join("d")),
         ["a", "b", "c", "e", "n", "s", "x", "y", "z"]
     );
+    // Removals: of a name the kernel never saw, the directory's attributes only; of one it
+    // looked up, the entry invalidation, and the kernel sees the name gone at once.
+    made(&mut sh, "mkdir r && ln -s x r/u && ln -s x r/v", false);
+    made(&mut sh, "rm r/u", false);
+    assert!(meta("r/u").is_err());
+    assert!(meta("r/v").unwrap().file_type().is_symlink());
+    made(&mut sh, "rm r/v", true);
+    assert!(meta("r/v").is_err(), "the kernel's entry was dropped");
+    // A file made and closed over the channel (a deferred descriptor the kernel never
+    // opened) and removed again: no entry invalidation either way.
+    made(
+        &mut sh,
+        "python3 -c \"import os; os.close(os.open('r/w', os.O_CREAT | os.O_WRONLY))\"",
+        false,
+    );
+    made(&mut sh, "rm r/w", false);
+    assert!(meta("r/w").is_err());
+    assert!(names(&p.join("r")).is_empty());
 }
 
 /// pjdfstest, the POSIX suite, run under `lanefs run`: the same result as through the

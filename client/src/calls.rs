@@ -3,17 +3,18 @@
 //! when the server answers "not for the channel" (a path leaving the filesystem), calls the
 //! C library's own function. `errno` is set on failure and left alone on success.
 //!
-//! Descriptors are never the channel's: every file is opened through the kernel, so `read`,
-//! `write`, `mmap`, locks, `fork`, `exec` and `close` need nothing from this library. What
-//! goes over the channel is what the kernel serialises or costs a round trip through FUSE:
+//! Descriptors are never the channel's: every file is opened through the kernel (a file
+//! created here when its descriptor is first used, `fds.rs`), so `read`, `write`, `mmap`,
+//! locks, `fork` and `exec` are the kernel's once it is. What goes over the channel is what the kernel serialises or costs a round trip through FUSE:
 //! creating names (`open(O_CREAT)`'s create, `mkdir`, `mknod`, `symlink`, `link`), removing
 //! and renaming them, `stat` on paths (with `lanefs run --warm-stat`, not for a name the
 //! kernel holds: `warm.rs`),
 //! `readlink`, and `chmod`/`chown`/`utimensat` on
 //! paths. (`truncate` on a path stays the kernel's: only it knows that a file is being
-//! executed, ETXTBSY.) `open(O_CREAT)` creates over the channel, then opens the new file
-//! through the kernel without `O_CREAT` (a lookup, which the kernel runs in parallel), so
-//! the program gets a kernel descriptor as always.
+//! executed, ETXTBSY.) `open(O_CREAT)` creates over the channel and returns a deferred
+//! descriptor (`fds.rs`), or, with deferral off, opens the new file through the kernel
+//! without `O_CREAT` (a lookup, which the kernel runs in parallel). This process's
+//! `unlink` and `rename` settle a deferred descriptor of the name's file first.
 
 use std::ffi::{c_char, c_int, c_uint};
 
@@ -44,6 +45,18 @@ fn ret(r: Result<usize, i32>) -> c_int {
     }
 }
 
+/// Settles `fd` if it is a deferred descriptor (`fds.rs`); false, with errno set, if that
+/// failed.
+pub(crate) fn settled(fd: c_int) -> bool {
+    match crate::fds::settle(fd) {
+        Ok(()) => true,
+        Err(e) => {
+            set_errno(e);
+            false
+        }
+    }
+}
+
 /// What the server said, or None if the kernel must be asked (a relative path refused with
 /// EACCES included: see `paths.rs`).
 fn served(at: &Located<'_>, o: Outcome) -> Option<Result<usize, i32>> {
@@ -69,9 +82,28 @@ unsafe fn one(
 ) -> Option<Result<usize, i32>> {
     let mut pb = path_buf();
     let p = read_cstr(path, &mut pb)?;
+    one_at(dirfd, p, op, arg, before, reply, None)
+}
+
+/// [`one`] on a path already read, which also gives the path through the kernel (the
+/// mountpoint and the path from the mount's root) to `kernel_path` when asked.
+fn one_at(
+    dirfd: c_int,
+    p: &[u8],
+    op: u32,
+    arg: &[u8],
+    before: Option<&[u8]>,
+    reply: &mut [u8],
+    kernel_path: Option<&mut Vec<u8>>,
+) -> Option<Result<usize, i32>> {
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
+    if let Some(k) = kernel_path {
+        k.extend_from_slice(&at.mount.point);
+        k.push(b'/');
+        k.extend_from_slice(at.rel);
+    }
     if op != OP_STAT && op != OP_READLINK && op != OP_SETATTR && at.rel == b"." {
         return None; // the mountpoint: EBUSY, EXDEV at its edge, are the kernel's to say
     }
@@ -280,6 +312,9 @@ macro_rules! export_fstatat {
             buf: *mut libc::stat,
             flags: c_int,
         ) -> c_int {
+            if !settled(dirfd) {
+                return -1;
+            }
             if stat_flags_ok(flags) {
                 let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
                 // SAFETY: the C function's contract.
@@ -333,6 +368,9 @@ macro_rules! export_fxstatat {
             buf: *mut libc::stat,
             flags: c_int,
         ) -> c_int {
+            if !settled(dirfd) {
+                return -1;
+            }
             if ver == 1 && stat_flags_ok(flags) {
                 let nofollow = flags & libc::AT_SYMLINK_NOFOLLOW != 0;
                 // SAFETY: the C function's contract.
@@ -365,6 +403,9 @@ pub unsafe extern "C" fn statx(
     mask: c_uint,
     buf: *mut libc::statx,
 ) -> c_int {
+    if !settled(dirfd) {
+        return -1;
+    }
     // The sync flags ask the kernel about its cache; the server's answer is always fresh.
     // Both at once, or the reserved mask bit, are EINVAL, and the unique mount id is the
     // kernel's: those go to the kernel, which answers them.
@@ -543,13 +584,20 @@ unsafe fn do_mknod(
 /// contract) serves the call over the channel, and `None` passes it to the C library's own
 /// `NAME` with the same arguments.
 macro_rules! interpose {
-    ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty => $try:expr;)*) => {$(
+    ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty
+        $(, settling $($fd:ident),+)? => $try:expr;)*) => {$(
         $(#[doc = $doc])*
         ///
         /// # Safety
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            $($(
+                if let Err(e) = crate::fds::settle($fd) {
+                    set_errno(e);
+                    return -1;
+                }
+            )+)?
             // SAFETY: the C function's contract.
             if let Some(r) = unsafe { $try } {
                 return r;
@@ -573,7 +621,7 @@ interpose! {
         => do_mknod(libc::AT_FDCWD, path, mode, dev);
 
     /// Interposed: `mknodat`.
-    fn mknodat(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int
+    fn mknodat(dirfd: c_int, path: CPath, mode: libc::mode_t, dev: libc::dev_t) -> c_int, settling dirfd
         => do_mknod(dirfd, path, mode, dev);
 }
 
@@ -607,12 +655,15 @@ interpose! {
         => do_mkdir(libc::AT_FDCWD, path, mode);
 
     /// Interposed: `mkdirat`.
-    fn mkdirat(dirfd: c_int, path: CPath, mode: libc::mode_t) -> c_int
+    fn mkdirat(dirfd: c_int, path: CPath, mode: libc::mode_t) -> c_int, settling dirfd
         => do_mkdir(dirfd, path, mode);
 
     /// Interposed: `unlink`.
     fn unlink(path: CPath) -> c_int
-        => one(libc::AT_FDCWD, path, OP_UNLINK, &[], None, &mut []).map(ret);
+        => {
+            before_removing(libc::AT_FDCWD, path);
+            one(libc::AT_FDCWD, path, OP_UNLINK, &[], None, &mut []).map(ret)
+        };
 
     /// Interposed: `rmdir`.
     fn rmdir(path: CPath) -> c_int
@@ -625,12 +676,17 @@ interpose! {
 /// As the C library's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: CPath, flags: c_int) -> c_int {
+    if !settled(dirfd) {
+        return -1;
+    }
     let op = match flags {
         0 => Some(OP_UNLINK),
         libc::AT_REMOVEDIR => Some(OP_RMDIR),
         _ => None,
     };
     if let Some(op) = op {
+        // SAFETY: the C function's contract.
+        unsafe { before_removing(dirfd, path) };
         // SAFETY: the C function's contract.
         if let Some(r) = unsafe { one(dirfd, path, op, &[], None, &mut []) } {
             return ret(r);
@@ -639,6 +695,26 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: CPath, flags: c_int) -> c_
     type F = unsafe extern "C" fn(c_int, CPath, c_int) -> c_int;
     // SAFETY: the C library's own function with the caller's arguments.
     unsafe { real!(c"unlinkat", F)(dirfd, path, flags) }
+}
+
+/// Before this process removes, renames or replaces the name at `path`: a deferred
+/// descriptor of the file it names (`fds.rs`) is settled while the name still leads to it
+/// (all of them, for a directory, whose files' paths the change may take).
+///
+/// # Safety
+/// `path` as for [`bytes`].
+unsafe fn before_removing(dirfd: c_int, path: CPath) {
+    if !crate::fds::any() {
+        return;
+    }
+    // SAFETY: the caller's contract.
+    if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true, Ask::Server) } {
+        if a.attr.mode & libc::S_IFMT == libc::S_IFDIR {
+            crate::fds::settle_all();
+        } else {
+            crate::fds::settle_ino(a.attr.ino);
+        }
+    }
 }
 
 /// `renameat2` over the channel.
@@ -651,6 +727,11 @@ unsafe fn do_rename(from: (c_int, CPath), to: (c_int, CPath), flags: c_uint) -> 
     }
     let arg = RenameIn { flags, padding: 0 };
     // SAFETY: the caller's contract.
+    unsafe {
+        before_removing(from.0, from.1);
+        before_removing(to.0, to.1);
+    }
+    // SAFETY: the caller's contract.
     Some(ret(unsafe {
         two(from, to, OP_RENAME, arg.as_bytes(), &mut [])
     }?))
@@ -662,11 +743,12 @@ interpose! {
         => do_rename((libc::AT_FDCWD, old), (libc::AT_FDCWD, new), 0);
 
     /// Interposed: `renameat`.
-    fn renameat(od: c_int, old: CPath, nd: c_int, new: CPath) -> c_int
+    fn renameat(od: c_int, old: CPath, nd: c_int, new: CPath) -> c_int, settling od, nd
         => do_rename((od, old), (nd, new), 0);
 
     /// Interposed: `renameat2`.
-    fn renameat2(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_uint) -> c_int
+    fn renameat2(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_uint) -> c_int,
+        settling od, nd
         => do_rename((od, old), (nd, new), flags);
 }
 
@@ -699,7 +781,8 @@ interpose! {
         => do_link((libc::AT_FDCWD, old), (libc::AT_FDCWD, new), 0);
 
     /// Interposed: `linkat`.
-    fn linkat(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_int) -> c_int
+    fn linkat(od: c_int, old: CPath, nd: c_int, new: CPath, flags: c_int) -> c_int,
+        settling od, nd
         => do_link((od, old), (nd, new), flags);
 }
 
@@ -722,7 +805,7 @@ interpose! {
         => do_symlink(target, libc::AT_FDCWD, path);
 
     /// Interposed: `symlinkat`.
-    fn symlinkat(target: CPath, dirfd: c_int, path: CPath) -> c_int
+    fn symlinkat(target: CPath, dirfd: c_int, path: CPath) -> c_int, settling dirfd
         => do_symlink(target, dirfd, path);
 }
 
@@ -757,7 +840,8 @@ interpose! {
         => do_readlink(libc::AT_FDCWD, path, buf, size);
 
     /// Interposed: `readlinkat`.
-    fn readlinkat(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) -> isize
+    fn readlinkat(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) -> isize,
+        settling dirfd
         => do_readlink(dirfd, path, buf, size);
 }
 
@@ -818,6 +902,9 @@ pub unsafe extern "C" fn fchmodat(
     mode: libc::mode_t,
     flags: c_int,
 ) -> c_int {
+    if !settled(dirfd) {
+        return -1;
+    }
     if flags == 0 {
         // SAFETY: the C function's contract.
         if let Some(r) = unsafe { do_setattr(dirfd, path, &chmod_arg(mode)) } {
@@ -863,6 +950,9 @@ pub unsafe extern "C" fn fchownat(
     gid: libc::gid_t,
     flags: c_int,
 ) -> c_int {
+    if !settled(dirfd) {
+        return -1;
+    }
     if flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
         let arg = chown_arg(uid, gid, flags != 0);
         // SAFETY: the C function's contract.
@@ -939,6 +1029,9 @@ pub unsafe extern "C" fn utimensat(
     times: *const libc::timespec,
     flags: c_int,
 ) -> c_int {
+    if !settled(dirfd) {
+        return -1;
+    }
     if !path.is_null() && flags & !libc::AT_SYMLINK_NOFOLLOW == 0 {
         // SAFETY: the C function's contract.
         if let Some(arg) = unsafe { utimens_arg(times, flags) } {
@@ -991,17 +1084,22 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
         padding: 0,
     };
     let mut out = StatOut::default();
-    // SAFETY: the caller's contract.
-    let made = unsafe {
-        one(
-            dirfd,
-            path,
-            OP_MKNOD,
-            arg.as_bytes(),
-            None,
-            out.as_mut_bytes(),
-        )
-    }?;
+    let mut kernel_path = Vec::new();
+    let made = one_at(
+        dirfd,
+        p,
+        OP_MKNOD,
+        arg.as_bytes(),
+        None,
+        out.as_mut_bytes(),
+        Some(&mut kernel_path),
+    )?;
+    if made.is_ok() {
+        // The kernel opens it when the program first uses the descriptor (`fds.rs`).
+        if let Some(fd) = crate::fds::defer(&kernel_path, out.attr.ino, flags) {
+            return Some(fd);
+        }
+    }
     let kernel_flags = match made {
         // Made: opened without O_CREAT (a lookup, in parallel with others in the directory);
         // it is empty, so O_TRUNC has nothing to do.
@@ -1083,6 +1181,9 @@ macro_rules! export_openat {
             flags: c_int,
             mode: c_uint,
         ) -> c_int {
+            if !settled(dirfd) {
+                return -1;
+            }
             // SAFETY: the C function's contract.
             if let Some(fd) = unsafe { open_create(dirfd, path, flags, mode) } {
                 return fd;

@@ -63,6 +63,7 @@ pub(crate) fn note_cred_change() {
 }
 
 extern "C" fn after_fork_in_child() {
+    crate::fds::after_fork(true);
     crate::real::forget_pid();
     crate::mounts::forget_watch();
     FORK_GEN.fetch_add(1, SeqCst);
@@ -469,15 +470,33 @@ fn connect(m: &Mount) -> Option<Chan> {
     None
 }
 
-/// Registers the `pthread_atfork` child handler (once; `lib.rs` calls it when the library
+/// Before a fork: every deferred descriptor becomes a kernel one (`fds.rs`).
+extern "C" fn before_fork() {
+    crate::fds::before_fork();
+}
+
+/// After a fork, in the parent.
+extern "C" fn after_fork_in_parent() {
+    crate::fds::after_fork(false);
+}
+
+/// Registers the `pthread_atfork` prepare and child handlers (once; `lib.rs` calls it when the library
 /// is loaded, before the program can fork).
 pub(crate) fn register_fork_handler() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // Set up before any fork: a child tells it was forked from its wiped mark.
         let _ = fork_mark();
-        // SAFETY: registering a child handler that only resets this library's caches.
-        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+        // SAFETY: registering a prepare handler that settles deferred descriptors (parent
+        // and child must share their open file descriptions) and a child handler that only
+        // resets this library's caches.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
     });
 }
 

@@ -9,13 +9,18 @@
 //! as they do in the library.
 //!
 //! What it serves, and what it leaves to the kernel (`calls.rs`): the calls that make,
-//! remove, rename and inspect names go over the channel; every descriptor is a kernel
-//! descriptor (a file created over the channel is then opened through the kernel), so
-//! reads, writes, `mmap`, locks, `fork`, `exec` and programs that never call these
-//! functions see one filesystem. A change made over the channel invalidates what the
-//! kernel cached of it before the call returns (the server's engine reports it).
+//! remove, rename and inspect names go over the channel. A file created by `open(O_CREAT)`
+//! is made over the channel and its descriptor is *deferred* (`fds.rs`): the kernel opens
+//! the file only when the program first uses the descriptor for something other than
+//! `close` (every C library function that takes a descriptor settles it first,
+//! `fdcalls.rs`), so a program that creates a file and closes it never has the kernel look
+//! the name up. Every other descriptor is a kernel descriptor: reads, writes, `mmap`, locks,
+//! `fork`, `exec` and programs that never call these functions see one filesystem. A change
+//! made over the channel invalidates what the kernel cached of it before the call returns
+//! (the server's engine reports it).
 //!
-//! Module map: `calls.rs` (the exported functions), `paths.rs` (is this path lanefs's?),
+//! Module map: `calls.rs` (the exported functions on paths), `fdcalls.rs` (those on
+//! descriptors), `fds.rs` (deferred descriptors), `paths.rs` (is this path lanefs's?),
 //! `mounts.rs` (the mount table), `conn.rs` (a thread's channels and one call), `real.rs`
 //! (reaching the C library's own functions without recursion), `warm.rs` (the names whose
 //! `stat` the kernel answers from its caches, faster than the channel).
@@ -27,12 +32,15 @@
 
 mod calls;
 mod conn;
+mod fdcalls;
+mod fds;
 mod mounts;
 mod paths;
 mod real;
 mod warm;
 
 pub use calls::*;
+pub use fdcalls::*;
 
 /// Runs when the library is loaded (an ELF constructor), before the program's `main`: the
 /// fork handler must be in place before the program can fork.

@@ -68,6 +68,21 @@ pub trait Invalidate: Send + Sync {
     fn new_entry(&self, parent: Ino, name: &[u8]) -> bool {
         self.entry(parent, name)
     }
+    /// Whether the cache may hold, or be about to get, an entry or a listing of directory
+    /// `dir` that a removal just made there has to drop, apart from an entry of the removed
+    /// inode itself (which the engine tells from its kernel-held count, read after this).
+    /// Asked after the removal. A cache that cannot tell says true (the default); false
+    /// lets the report drop `dir`'s attributes alone ([`Invalidate::removed_unseen`]).
+    fn may_see_removal(&self, dir: Ino) -> bool {
+        let _ = dir;
+        true
+    }
+    /// A name in `dir` was removed, and the cache held nothing of it
+    /// ([`Invalidate::may_see_removal`] false, and no lookup reference on the inode it named):
+    /// only `dir`'s attributes changed. By default, as [`Invalidate::inode`] of `dir`.
+    fn removed_unseen(&self, dir: Ino) -> bool {
+        self.inode(dir, None)
+    }
     /// The attributes of `ino` changed; `data` is `Some((offset, len))` when the file's
     /// contents in that byte range changed too (`len` 0: to the end of the file).
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool;
@@ -285,6 +300,15 @@ impl Invalidate for Settled<'_> {
     fn new_entry(&self, parent: Ino, name: &[u8]) -> bool {
         let found = self.sink.new_entry(parent, name);
         self.settle(parent, found)
+    }
+
+    fn may_see_removal(&self, dir: Ino) -> bool {
+        self.sink.may_see_removal(dir)
+    }
+
+    fn removed_unseen(&self, dir: Ino) -> bool {
+        let found = self.sink.removed_unseen(dir);
+        self.settle(dir, found)
     }
 
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {

@@ -101,7 +101,7 @@ fn remove_stale_sockets(dir: &Path) {
 /// and `channel_requests` (the channel of `lanefs run`: connections accepted, requests
 /// served), `report_entry_invalidations` (entry invalidations sent for changes library
 /// callers made, the channel's among them: each takes the directory's lock in the kernel)
-/// and `report_new_names_unlocked` (their new names reported without one).
+/// and `report_names_unlocked` (their new and removed names reported without one).
 pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL
@@ -143,7 +143,7 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "channel_connections": session.map(|s| s.channel_connections()),
         "channel_requests": session.map(|s| s.channel_requests()),
         "report_entry_invalidations": session.map(|s| s.report_entry_invalidations()),
-        "report_new_names_unlocked": session.map(|s| s.report_new_names_unlocked()),
+        "report_names_unlocked": session.map(|s| s.report_names_unlocked()),
     })
 }
 

@@ -93,9 +93,9 @@ impl SessionInfo {
         self.report_entries.load(Ordering::Relaxed)
     }
 
-    /// New names library callers made that were reported with the directory's attributes
-    /// only, no entry invalidation (`server/kernel_names.rs`).
-    pub fn report_new_names_unlocked(&self) -> u64 {
+    /// Names library callers made or removed that were reported with the directory's
+    /// attributes only, no entry invalidation (`server/kernel_names.rs`).
+    pub fn report_names_unlocked(&self) -> u64 {
         self.report_names_unlocked.load(Ordering::Relaxed)
     }
 

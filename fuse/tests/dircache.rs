@@ -544,3 +544,51 @@ fn a_hard_linked_file_stays_linkable_while_its_directory_is_listed() {
     });
     m.unmount_and_check();
 }
+
+/// Names made and removed through the library while other threads look them up through the
+/// mount, all the time: after a removal returns, the kernel never finds the name (a LOOKUP
+/// that found it before the removal and is still on its way into the kernel must not leave
+/// an entry behind; a removal skips the entry invalidation only when the kernel can hold
+/// nothing of the name, `server/kernel_names.rs`), and after a creation returns it always
+/// does. The entry timeout is long, so a stale entry would stay.
+#[test]
+fn a_library_removal_leaves_the_kernel_no_entry_of_the_name() {
+    let m = Mounted::new();
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let lib = lanefs::Client::root(m.fs.clone());
+    let tried = std::sync::atomic::AtomicUsize::new(0);
+    for_a_while(6, 3.0, |t, going| {
+        let mut rng = StdRng::seed_from_u64(t as u64);
+        if t < 3 {
+            while going() {
+                let name = format!("n{}-{}", rng.random_range(3..6), rng.random_range(0..4));
+                let _ = std::fs::symlink_metadata(d.join(name));
+            }
+            return;
+        }
+        let mut n = 0u64;
+        while going() {
+            let name = format!("n{t}-{}", n % 4);
+            n += 1;
+            let lp = PathBuf::from("/d").join(&name);
+            lib.write(&lp, b"x").unwrap();
+            if rng.random_bool(0.5) {
+                assert!(
+                    std::fs::symlink_metadata(d.join(&name)).is_ok(),
+                    "{name}, made through the library, is not seen through the mount"
+                );
+            }
+            lib.remove_file(&lp).unwrap();
+            let r = std::fs::symlink_metadata(d.join(&name));
+            assert!(
+                r.is_err(),
+                "{name}, removed through the library, is still seen through the mount"
+            );
+            tried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(tried.into_inner() > 0);
+    check(&m, "d", "the changes");
+    m.unmount_and_check();
+}

@@ -444,10 +444,19 @@ impl Filesystem {
 
     /// Reports the removal of `name` from `parent`, which named `ino`.
     fn report_removal(&self, ctx: &Ctx, parent: Ino, name: &[u8], ino: Ino) {
-        // The inode first, while the kernel's entry for the name still holds it: dropping
-        // the entry can make the kernel let go of the inode, and an invalidation that then
-        // finds nothing would wait for the FORGET ([`crate::notify`]).
         self.report(ctx, |s| {
+            // Nothing of the name in the kernel: no request handing it an entry of `parent`
+            // runs or listing of it is kept (asked first), and it holds no reference on the
+            // inode (read after, with a fence: a request that ended before the first question
+            // has counted its reference). Only `parent`'s attributes change for it.
+            if !s.may_see_removal(parent) && !self.watch.held.holds(ino) {
+                s.removed_unseen(parent);
+                return;
+            }
+            // The inode first, while the kernel's entry for the name still holds it:
+            // dropping the entry can make the kernel let go of the inode, and an
+            // invalidation that then finds nothing would wait for the FORGET
+            // ([`crate::notify`]).
             s.inode(ino, None);
             s.entry(parent, name);
         });

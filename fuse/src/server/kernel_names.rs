@@ -28,6 +28,20 @@
 //!    finds a count makes the full report (entry invalidation, then the listing dropped)
 //!    and then takes out the count it saw, unless a READDIR counted since.
 //!
+//! A name *removed* around the kernel (an unlink or rmdir over the channel) needs the entry
+//! invalidation only if the kernel may hold a dentry for it, or a listing with it. A dentry
+//! for it points to the removed inode, so the kernel holds a lookup reference on that inode
+//! (the engine's kernel-held count, read after the removal), unless a request that hands
+//! the kernel an entry of the directory is still running: a LOOKUP, MKNOD, MKDIR, SYMLINK or
+//! LINK in it may have found or made the name before the removal and not yet counted its
+//! reference. Each of those runs inside [`KernelNames::handing`], which counts it per shard
+//! before the engine call and stops counting after the call (its reference is counted by
+//! then); a removal reads these counts ([`KernelNames::removal_unseen`]) after its engine
+//! call and before it reads the inode's kernel-held count. Either it sees a request
+//! counted, or that request's engine call came after the removal (and found nothing), or
+//! it ended before, and then its reference is counted. A listing is the READDIR count of 2.
+//! When none of these can be there, the removal drops the directory's attributes alone.
+//!
 //! The mark and the count are taken under a shard's lock, and the report reads them under
 //! the same lock after the engine call returned (a lock's release and acquire order them);
 //! while a shard holds nothing, a report reads only its population, after a `SeqCst`
@@ -107,6 +121,9 @@ pub(super) enum Needs {
 /// See the module doc.
 pub(super) struct KernelNames {
     shards: Box<[(AtomicUsize, Mutex<Shard>)]>,
+    /// Per shard: kernel requests running that may hand the kernel an entry of one of its
+    /// directories ([`KernelNames::handing`]).
+    handing: Box<[AtomicUsize]>,
     /// The entry timeout and [`SLACK`]: how long a mark is kept.
     keep: Duration,
 }
@@ -116,6 +133,7 @@ impl KernelNames {
     pub(super) fn new(ttl: Duration) -> KernelNames {
         KernelNames {
             shards: (0..SHARDS).map(|_| Default::default()).collect(),
+            handing: (0..SHARDS).map(|_| AtomicUsize::new(0)).collect(),
             keep: ttl + SLACK,
         }
     }
@@ -202,6 +220,33 @@ impl KernelNames {
         })
     }
 
+    /// A kernel request that may hand the kernel an entry of `dir` (a LOOKUP in it, or a
+    /// request that makes a name in it) is about to look at it; counted until the guard is
+    /// dropped, after the engine call (module doc).
+    pub(super) fn handing(&self, dir: u64) -> Handing<'_> {
+        let c = &self.handing[dir as usize % SHARDS];
+        c.fetch_add(1, SeqCst);
+        fence(SeqCst);
+        Handing(c)
+    }
+
+    /// Whether a name just removed from `dir` by a library caller can be in no entry or
+    /// listing the kernel holds, but for a dentry of the removed inode, which the caller
+    /// asks about next (the engine's kernel-held count): no kernel request handing entries
+    /// of the shard's directories runs, and no READDIR of `dir` was counted (module doc).
+    pub(super) fn removal_unseen(&self, dir: u64) -> bool {
+        fence(SeqCst);
+        if self.handing[dir as usize % SHARDS].load(SeqCst) != 0 {
+            return false;
+        }
+        let (pop, lock) = self.shard(dir);
+        if pop.load(SeqCst) == 0 {
+            return true;
+        }
+        let s = lock.lock().unwrap_or_else(|e| e.into_inner());
+        !s.reads_lost && !s.reads.contains_key(&dir)
+    }
+
     /// The kernel forgot `dir` (a FORGET): its count goes if `held` says the kernel holds no
     /// lookup reference on it any more, asked under the shard's lock (module doc, "Bounds").
     pub(super) fn forgotten(&self, dir: u64, held: impl FnOnce() -> bool) {
@@ -227,9 +272,38 @@ impl KernelNames {
     }
 }
 
+/// A kernel request counted by [`KernelNames::handing`] while it lives.
+pub(super) struct Handing<'a>(&'a AtomicUsize);
+
+impl Drop for Handing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removal_is_unseen_only_without_kernel_requests_or_listings() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        assert!(k.removal_unseen(1));
+        {
+            let _g = k.handing(1);
+            assert!(!k.removal_unseen(1), "a LOOKUP in the directory runs");
+            assert!(!k.removal_unseen(1 + SHARDS as u64), "one in the same shard");
+            assert!(k.removal_unseen(2), "another shard");
+        }
+        assert!(k.removal_unseen(1), "the request ended");
+        k.negative(1, b"x");
+        assert!(k.removal_unseen(1), "a negative dentry is what a removal leaves");
+        k.reading(1);
+        assert!(!k.removal_unseen(1), "a listing was read");
+        assert!(k.removal_unseen(1 + SHARDS as u64), "of another directory");
+        k.listing_dropped(1, 1);
+        assert!(k.removal_unseen(1));
+    }
 
     #[test]
     fn without_an_entry_timeout_nothing_is_marked() {

@@ -43,6 +43,7 @@ impl Server {
         if name == b"." {
             return self.lookup_dot(req, parent, out);
         }
+        let _handing = self.names.handing(parent);
         let mut r = self.fs.lookup(&req.ctx(), node(parent), name);
         if r == Err(Errno::ENOENT) && !self.ttl.is_zero() {
             // The kernel will keep the absence: marked first, then looked at again, so that
@@ -129,9 +130,11 @@ impl Server {
         let a: fuse_mknod_in = req.arg()?;
         let (name, _) = req.name()?;
         let c = req.ctx().with_umask(a.umask);
-        let r = self
-            .fs
-            .mknod(&c, node(ino), name, a.mode, u64::from(a.rdev));
+        let r = {
+            let _handing = self.names.handing(ino);
+            self.fs
+                .mknod(&c, node(ino), name, a.mode, u64::from(a.rdev))
+        };
         self.changed(ino, r, out)
     }
 
@@ -140,7 +143,11 @@ impl Server {
         let a: fuse_mkdir_in = req.arg()?;
         let (name, _) = req.name()?;
         let c = req.ctx().with_umask(a.umask);
-        self.changed(ino, self.fs.mkdir(&c, node(ino), name, a.mode), out)
+        let r = {
+            let _handing = self.names.handing(ino);
+            self.fs.mkdir(&c, node(ino), name, a.mode)
+        };
+        self.changed(ino, r, out)
     }
 
     pub(super) fn unlink(&self, req: &Call) -> Handled {
@@ -166,18 +173,21 @@ impl Server {
         let ino = req.h.nodeid;
         let (name, rest) = req.name()?;
         let (target, _) = cstr(rest)?;
-        self.changed(
-            ino,
-            self.fs.symlink(&req.ctx(), node(ino), name, target),
-            out,
-        )
+        let r = {
+            let _handing = self.names.handing(ino);
+            self.fs.symlink(&req.ctx(), node(ino), name, target)
+        };
+        self.changed(ino, r, out)
     }
 
     pub(super) fn link(&self, req: &Call, out: &mut Out) -> Handled {
         let ino = req.h.nodeid;
         let a: fuse_link_in = req.arg()?;
         let (name, _) = req.name()?;
-        let r = self.fs.link(&req.ctx(), node(a.oldnodeid), node(ino), name);
+        let r = {
+            let _handing = self.names.handing(ino);
+            self.fs.link(&req.ctx(), node(a.oldnodeid), node(ino), name)
+        };
         self.changed(ino, r, out)
     }
 

@@ -14,7 +14,9 @@
 //! A new name (`Invalidate::new_entry`) skips the entry invalidation, and the directory's
 //! lock it takes in the kernel, when the kernel can hold no negative dentry for the name and
 //! no listing of the directory is being read (`kernel_names.rs`): then only the
-//! directory's attributes are dropped. This keeps creates over the channel from
+//! directory's attributes are dropped. A removal (`Invalidate::removed_unseen`) does the
+//! same when the kernel holds nothing of the removed inode and no request handing it
+//! entries of the directory runs. This keeps creates and removals over the channel from
 //! serialising on the kernel's directory lock.
 
 use std::sync::Arc;
@@ -81,6 +83,15 @@ impl Invalidate for EngineSink {
                 found
             }
         }
+    }
+
+    fn may_see_removal(&self, dir: Ino) -> bool {
+        !self.names.removal_unseen(dir.get())
+    }
+
+    fn removed_unseen(&self, dir: Ino) -> bool {
+        self.info.count_report(false);
+        self.kc.inode(dir, None)
     }
 
     fn inode(&self, ino: Ino, data: Option<(u64, u64)>) -> bool {

@@ -1,0 +1,354 @@
+//! The C library's functions that take a descriptor: each settles a deferred descriptor
+//! (`fds.rs`) before the C library's own function runs, so that it acts on the file the
+//! program opened and not on the placeholder. `close` and its kin forget one instead; the
+//! process-wide changes (`fork`, the `exec` family, `posix_spawn`, `system`, `popen`, and
+//! `sendmsg`, which can pass descriptors to another process) settle them all first.
+//!
+//! A process with no deferred descriptor pays one atomic load per call here.
+
+use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
+
+use crate::fds::{closing, closing_range, settle, settle_all};
+use crate::real::{real, set_errno};
+
+/// Defines interposed functions of the form `fn NAME(ARGS) -> RET, fd FD, fail F;`: settle
+/// descriptor `FD` (`F`: what to return, errno set, if that fails), then call the C
+/// library's `NAME`. `all` instead of `fd FD` settles every deferred descriptor.
+macro_rules! settling {
+    ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty,
+        $how:ident $($fd:ident)?, fail $fail:expr;)*) => {$(
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+            settling!(@settle $how $($fd)?, $fail);
+            type F = unsafe extern "C" fn($($ty),*) -> $ret;
+            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(n) => n,
+                Err(_) => panic!("a C name"),
+            };
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(NAME, F)($($arg),*) }
+        }
+    )*};
+    (@settle fd $fd:ident, $fail:expr) => {
+        if let Err(e) = settle($fd) {
+            set_errno(e);
+            #[allow(clippy::redundant_closure_call)]
+            return ($fail)(e);
+        }
+    };
+    (@settle all, $fail:expr) => {
+        settle_all();
+    };
+}
+
+type Off = libc::off_t;
+type Off64 = libc::off64_t;
+type Iov = *const libc::iovec;
+
+fn minus_one<T: From<i8>>(_: i32) -> T {
+    T::from(-1)
+}
+
+settling! {
+    /// Interposed: `read` (settles a deferred descriptor).
+    fn read(fd: c_int, buf: *mut c_void, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `write`.
+    fn write(fd: c_int, buf: *const c_void, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pread`.
+    fn pread(fd: c_int, buf: *mut c_void, n: usize, off: Off) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pread64`.
+    fn pread64(fd: c_int, buf: *mut c_void, n: usize, off: Off64) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pwrite`.
+    fn pwrite(fd: c_int, buf: *const c_void, n: usize, off: Off) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pwrite64`.
+    fn pwrite64(fd: c_int, buf: *const c_void, n: usize, off: Off64) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `__read_chk` (`read` built with `_FORTIFY_SOURCE`).
+    fn __read_chk(fd: c_int, buf: *mut c_void, n: usize, len: usize) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `__pread_chk`.
+    fn __pread_chk(fd: c_int, buf: *mut c_void, n: usize, off: Off, len: usize) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `__pread64_chk`.
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, n: usize, off: Off64, len: usize) -> isize,
+        fd fd, fail minus_one;
+    /// Interposed: `readv`.
+    fn readv(fd: c_int, iov: Iov, n: c_int) -> isize, fd fd, fail minus_one;
+    /// Interposed: `writev`.
+    fn writev(fd: c_int, iov: Iov, n: c_int) -> isize, fd fd, fail minus_one;
+    /// Interposed: `preadv`.
+    fn preadv(fd: c_int, iov: Iov, n: c_int, off: Off) -> isize, fd fd, fail minus_one;
+    /// Interposed: `preadv64`.
+    fn preadv64(fd: c_int, iov: Iov, n: c_int, off: Off64) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pwritev`.
+    fn pwritev(fd: c_int, iov: Iov, n: c_int, off: Off) -> isize, fd fd, fail minus_one;
+    /// Interposed: `pwritev64`.
+    fn pwritev64(fd: c_int, iov: Iov, n: c_int, off: Off64) -> isize, fd fd, fail minus_one;
+    /// Interposed: `preadv2`.
+    fn preadv2(fd: c_int, iov: Iov, n: c_int, off: Off, f: c_int) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `preadv64v2`.
+    fn preadv64v2(fd: c_int, iov: Iov, n: c_int, off: Off64, f: c_int) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `pwritev2`.
+    fn pwritev2(fd: c_int, iov: Iov, n: c_int, off: Off, f: c_int) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `pwritev64v2`.
+    fn pwritev64v2(fd: c_int, iov: Iov, n: c_int, off: Off64, f: c_int) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `lseek`.
+    fn lseek(fd: c_int, off: Off, whence: c_int) -> Off, fd fd, fail minus_one;
+    /// Interposed: `lseek64`.
+    fn lseek64(fd: c_int, off: Off64, whence: c_int) -> Off64, fd fd, fail minus_one;
+    /// Interposed: `fstat`.
+    fn fstat(fd: c_int, buf: *mut libc::stat) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fstat64`.
+    fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int, fd fd, fail minus_one;
+    /// Interposed: glibc's versioned `fstat` (older binaries).
+    fn __fxstat(ver: c_int, fd: c_int, buf: *mut libc::stat) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `__fxstat64`.
+    fn __fxstat64(ver: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `fstatfs`.
+    fn fstatfs(fd: c_int, buf: *mut libc::statfs) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fstatfs64`.
+    fn fstatfs64(fd: c_int, buf: *mut libc::statfs64) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fstatvfs`.
+    fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fstatvfs64`.
+    fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs64) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fsync`.
+    fn fsync(fd: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fdatasync`.
+    fn fdatasync(fd: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `syncfs`.
+    fn syncfs(fd: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `ftruncate`.
+    fn ftruncate(fd: c_int, len: Off) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `ftruncate64`.
+    fn ftruncate64(fd: c_int, len: Off64) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fchmod`.
+    fn fchmod(fd: c_int, mode: libc::mode_t) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fchown`.
+    fn fchown(fd: c_int, uid: libc::uid_t, gid: libc::gid_t) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `futimens`.
+    fn futimens(fd: c_int, t: *const libc::timespec) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `futimes`.
+    fn futimes(fd: c_int, t: *const libc::timeval) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fcntl` (every command: the flags, locks and duplicates are the file's).
+    fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fcntl64`.
+    fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `ioctl`.
+    fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `flock`.
+    fn flock(fd: c_int, op: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `lockf`.
+    fn lockf(fd: c_int, cmd: c_int, len: Off) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `lockf64`.
+    fn lockf64(fd: c_int, cmd: c_int, len: Off64) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `posix_fadvise` (returns the error number).
+    fn posix_fadvise(fd: c_int, off: Off, len: Off, advice: c_int) -> c_int, fd fd,
+        fail |e| e;
+    /// Interposed: `posix_fadvise64`.
+    fn posix_fadvise64(fd: c_int, off: Off64, len: Off64, advice: c_int) -> c_int, fd fd,
+        fail |e| e;
+    /// Interposed: `posix_fallocate` (returns the error number).
+    fn posix_fallocate(fd: c_int, off: Off, len: Off) -> c_int, fd fd, fail |e| e;
+    /// Interposed: `posix_fallocate64`.
+    fn posix_fallocate64(fd: c_int, off: Off64, len: Off64) -> c_int, fd fd, fail |e| e;
+    /// Interposed: `fallocate`.
+    fn fallocate(fd: c_int, mode: c_int, off: Off, len: Off) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `fallocate64`.
+    fn fallocate64(fd: c_int, mode: c_int, off: Off64, len: Off64) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `readahead`.
+    fn readahead(fd: c_int, off: Off64, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `sync_file_range`.
+    fn sync_file_range(fd: c_int, off: Off64, n: Off64, flags: c_uint) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `mmap`.
+    fn mmap(a: *mut c_void, n: usize, prot: c_int, fl: c_int, fd: c_int, off: Off) -> *mut c_void,
+        fd fd, fail |_| libc::MAP_FAILED;
+    /// Interposed: `mmap64`.
+    fn mmap64(a: *mut c_void, n: usize, prot: c_int, fl: c_int, fd: c_int, off: Off64)
+        -> *mut c_void, fd fd, fail |_| libc::MAP_FAILED;
+    /// Interposed: `fdopen`.
+    fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE, fd fd,
+        fail |_| std::ptr::null_mut();
+    /// Interposed: `fdopendir`.
+    fn fdopendir(fd: c_int) -> *mut libc::DIR, fd fd, fail |_| std::ptr::null_mut();
+    /// Interposed: `getdents64`.
+    fn getdents64(fd: c_int, buf: *mut c_void, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `isatty`.
+    fn isatty(fd: c_int) -> c_int, fd fd, fail |_| 0;
+    /// Interposed: `dup`.
+    fn dup(fd: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `sendfile` (the descriptor read).
+    fn sendfile(out: c_int, fd: c_int, off: *mut Off, n: usize) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `sendfile64`.
+    fn sendfile64(out: c_int, fd: c_int, off: *mut Off64, n: usize) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `fgetxattr`.
+    fn fgetxattr(fd: c_int, name: *const c_char, v: *mut c_void, n: usize) -> isize, fd fd,
+        fail minus_one;
+    /// Interposed: `fsetxattr`.
+    fn fsetxattr(fd: c_int, name: *const c_char, v: *const c_void, n: usize, f: c_int) -> c_int,
+        fd fd, fail minus_one;
+    /// Interposed: `flistxattr`.
+    fn flistxattr(fd: c_int, list: *mut c_char, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `fremovexattr`.
+    fn fremovexattr(fd: c_int, name: *const c_char) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `faccessat` (a path relative to the descriptor, or `AT_EMPTY_PATH`).
+    fn faccessat(fd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `execve` (every deferred descriptor is settled first).
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
+        -> c_int, all, fail minus_one;
+    /// Interposed: `execv`.
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int, all, fail minus_one;
+    /// Interposed: `execvp`.
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int, all, fail minus_one;
+    /// Interposed: `execvpe`.
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char)
+        -> c_int, all, fail minus_one;
+    /// Interposed: `fexecve`.
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int,
+        all, fail minus_one;
+    /// Interposed: `posix_spawn`.
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char,
+        acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char, envp: *const *mut c_char) -> c_int, all, fail |e| e;
+    /// Interposed: `posix_spawnp`.
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char,
+        acts: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t,
+        argv: *const *mut c_char, envp: *const *mut c_char) -> c_int, all, fail |e| e;
+    /// Interposed: `system`.
+    fn system(cmd: *const c_char) -> c_int, all, fail minus_one;
+    /// Interposed: `popen`.
+    fn popen(cmd: *const c_char, mode: *const c_char) -> *mut libc::FILE, all,
+        fail |_| std::ptr::null_mut();
+    /// Interposed: `sendmsg` (which may pass descriptors to another process).
+    fn sendmsg(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> isize, all,
+        fail minus_one;
+}
+
+/// Interposed: `close` (a deferred descriptor is forgotten first).
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    closing(fd);
+    type F = unsafe extern "C" fn(c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"close", F)(fd) }
+}
+
+/// Interposed: `close_range`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        closing_range(first, last);
+    }
+    type F = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"close_range", F)(first, last, flags) }
+}
+
+/// Interposed: `closefrom`.
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closefrom(first: c_int) {
+    closing_range(first.max(0) as c_uint, c_uint::MAX);
+    type F = unsafe extern "C" fn(c_int);
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"closefrom", F)(first) }
+}
+
+macro_rules! export_dup2 {
+    ($name:ident, ($($a:ident: $t:ty),*)) => {
+        /// Interposed: `dup2`/`dup3` (the source is settled; a deferred target, which the
+        /// call closes, forgotten).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(old: c_int, new: c_int $(, $a: $t)*) -> c_int {
+            if let Err(e) = settle(old) {
+                set_errno(e);
+                return -1;
+            }
+            if new != old {
+                closing(new);
+            }
+            type F = unsafe extern "C" fn(c_int, c_int $(, $t)*) -> c_int;
+            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(n) => n,
+                Err(_) => panic!("a C name"),
+            };
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(NAME, F)(old, new $(, $a)*) }
+        }
+    };
+}
+export_dup2!(dup2, ());
+export_dup2!(dup3, (flags: c_int));
+
+/// Interposed: `copy_file_range` (both descriptors settled).
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut Off64,
+    fd_out: c_int,
+    off_out: *mut Off64,
+    n: usize,
+    flags: c_uint,
+) -> isize {
+    if let Err(e) = settle(fd_in).and_then(|_| settle(fd_out)) {
+        set_errno(e);
+        return -1;
+    }
+    type F = unsafe extern "C" fn(c_int, *mut Off64, c_int, *mut Off64, usize, c_uint) -> isize;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"copy_file_range", F)(fd_in, off_in, fd_out, off_out, n, flags) }
+}
+
+/// Interposed: `splice` (both descriptors settled).
+///
+/// # Safety
+/// As the C library's function.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut Off64,
+    fd_out: c_int,
+    off_out: *mut Off64,
+    n: usize,
+    flags: c_uint,
+) -> isize {
+    if let Err(e) = settle(fd_in).and_then(|_| settle(fd_out)) {
+        set_errno(e);
+        return -1;
+    }
+    type F = unsafe extern "C" fn(c_int, *mut Off64, c_int, *mut Off64, usize, c_uint) -> isize;
+    // SAFETY: the C library's own function with the caller's arguments.
+    unsafe { real!(c"splice", F)(fd_in, off_in, fd_out, off_out, n, flags) }
+}
