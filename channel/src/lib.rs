@@ -70,7 +70,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// [`Hello::magic`] and [`Shared::magic`]: "LFCH".
 pub const MAGIC: u32 = 0x4C46_4348;
 /// The protocol's version; a client and a server of different versions do not connect.
-pub const VERSION: u32 = 4;
+pub const VERSION: u32 = 5;
 
 /// Where the request and reply buffer starts in the mapping (the header has a page).
 pub const BUF_OFFSET: usize = 4096;
@@ -112,9 +112,27 @@ pub const OP_READLINK: u32 = OP_BASE + 9;
 /// [`StatOut`].
 pub const OP_SETATTR: u32 = OP_BASE + 10;
 
+/// `fsync`/`fdatasync` of a file the client created and has not opened through the kernel
+/// (a deferred descriptor): [`FsyncIn`] and the file's path. The server checks that the path
+/// names the inode, then waits for the store to make every change so far durable, as the
+/// kernel's FSYNC does.
+pub const OP_FSYNC: u32 = OP_BASE + 11;
+
 /// Whether `op` is one of the channel's opcodes.
 pub fn is_channel_op(op: u32) -> bool {
-    (OP_STAT..=OP_SETATTR).contains(&op)
+    (OP_STAT..=OP_FSYNC).contains(&op)
+}
+
+/// The argument of [`OP_FSYNC`].
+#[derive(Clone, Copy, Debug, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct FsyncIn {
+    /// The inode the path must name (else ESTALE).
+    pub ino: u64,
+    /// 1 for `fdatasync`, else 0.
+    pub datasync: u32,
+    /// Zero.
+    pub padding: u32,
 }
 
 /// [`StatIn::flags`], [`SetattrIn::flags`]: do not follow a symlink in the last component.
@@ -322,8 +340,8 @@ mod tests {
     fn opcodes_are_far_from_the_kernels() {
         assert!(!is_channel_op(polyfuse_kernel::FUSE_LOOKUP));
         assert!(!is_channel_op(4096));
-        assert!(is_channel_op(OP_STAT) && is_channel_op(OP_SETATTR));
-        assert!(!is_channel_op(OP_SETATTR + 1));
+        assert!(is_channel_op(OP_STAT) && is_channel_op(OP_FSYNC));
+        assert!(!is_channel_op(OP_FSYNC + 1));
     }
 
     #[test]

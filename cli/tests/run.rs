@@ -449,10 +449,7 @@ fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed()
     let counts = || {
         let s = m.stats();
         let n = |k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}: {s}"));
-        (
-            n("report_entry_invalidations"),
-            n("report_names_unlocked"),
-        )
+        (n("report_entry_invalidations"), n("report_names_unlocked"))
     };
     // Makes `line` over the channel; checks whether it took an entry invalidation.
     let made = |sh: &mut Shell, line: &str, locked: bool| {
@@ -1679,4 +1676,136 @@ fn warm_stats_go_through_the_kernel_and_stay_right() {
         std::fs::metadata(m.path().join("g")).unwrap().ino(),
         std::fs::metadata(m.path().join("g")).unwrap().ino()
     );
+}
+
+/// The child part of [`deferred_descriptors_under_threads_and_forks`], run under `lanefs
+/// run` in `dir`. Eight threads each make files over and over, each file in one of four
+/// ways, and check every step: created and closed at once (the kernel never opens it),
+/// fsynced and closed (over the channel too), written and read back (the descriptor is
+/// opened through the kernel at its first use), and unlinked while open by this process
+/// (kept readable). Every tenth round forks with a file just created: the child writes
+/// through the inherited descriptor, the parent after it; they share one offset. Prints
+/// the names each thread kept.
+fn deferred_child(dir: &Path) {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: umask has no preconditions.
+    unsafe { libc::umask(0o022) };
+    let rounds = 150;
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            s.spawn(move || {
+                for r in 0..rounds {
+                    let p = dir.join(format!("t{t}-{r}"));
+                    let open = |flags: i32| {
+                        // SAFETY: a valid C string.
+                        let fd = unsafe { libc::open(c(&p).as_ptr(), flags, 0o640) };
+                        assert!(fd >= 0, "{p:?}: {}", std::io::Error::last_os_error());
+                        // SAFETY: a descriptor just opened, owned by the File from now on.
+                        unsafe { std::fs::File::from_raw_fd(fd) }
+                    };
+                    let excl = libc::O_CREAT | libc::O_EXCL;
+                    match r % 4 {
+                        0 => drop(open(excl | libc::O_WRONLY)),
+                        1 => {
+                            let f = open(excl | libc::O_WRONLY | libc::O_CLOEXEC);
+                            f.sync_all().unwrap();
+                            f.sync_data().unwrap();
+                        }
+                        2 => {
+                            let mut f = open(excl | libc::O_RDWR);
+                            f.write_all(format!("{t}-{r}").as_bytes()).unwrap();
+                            f.seek(SeekFrom::Start(0)).unwrap();
+                            let mut back = String::new();
+                            f.read_to_string(&mut back).unwrap();
+                            assert_eq!(back, format!("{t}-{r}"));
+                            assert_eq!(f.metadata().unwrap().len(), back.len() as u64);
+                        }
+                        _ => {
+                            let mut f = open(excl | libc::O_RDWR);
+                            std::fs::remove_file(&p).unwrap();
+                            f.write_all(b"gone").unwrap();
+                            f.seek(SeekFrom::Start(0)).unwrap();
+                            let mut back = String::new();
+                            f.read_to_string(&mut back).unwrap();
+                            assert_eq!(back, "gone", "{p:?} unlinked while open");
+                            assert_eq!(f.metadata().unwrap().nlink(), 0);
+                            continue;
+                        }
+                    }
+                    if r % 10 == 5 {
+                        let q = dir.join(format!("fork{t}-{r}"));
+                        let mut f = {
+                            // SAFETY: a valid C string.
+                            let fd =
+                                unsafe { libc::open(c(&q).as_ptr(), excl | libc::O_WRONLY, 0o600) };
+                            assert!(fd >= 0);
+                            // SAFETY: as above.
+                            unsafe { std::fs::File::from_raw_fd(fd) }
+                        };
+                        // SAFETY: the child writes and exits at once, touching no lock.
+                        let pid = unsafe { libc::fork() };
+                        if pid == 0 {
+                            // SAFETY: a write of a static buffer, then _exit.
+                            unsafe {
+                                let ok = libc::write(f.as_raw_fd(), b"child ".as_ptr().cast(), 6);
+                                libc::_exit(if ok == 6 { 0 } else { 1 });
+                            }
+                        }
+                        let mut status = 0;
+                        // SAFETY: waiting for our own child.
+                        unsafe { libc::waitpid(pid, &mut status, 0) };
+                        assert_eq!(status, 0, "the child's write");
+                        f.write_all(b"parent").unwrap();
+                        drop(f);
+                        assert_eq!(std::fs::read(&q).unwrap(), b"child parent", "one offset");
+                        std::fs::remove_file(&q).unwrap();
+                    }
+                }
+            });
+        }
+    });
+    println!("deferred done");
+}
+
+/// Deferred descriptors (a file created over the channel is opened through the kernel at
+/// its first use, `client/src/fds.rs`) under eight threads and forks: every file has the
+/// contents, size, link count and mode its thread gave it, through the mount too, and the
+/// directory holds exactly the files kept.
+#[test]
+fn deferred_descriptors_under_threads_and_forks() {
+    if let Ok(dir) = std::env::var("LANEFS_TEST_DEFERRED") {
+        deferred_child(Path::new(&dir));
+        return;
+    }
+    if !needs_root("deferred_descriptors_under_threads_and_forks") {
+        return;
+    }
+    let m = Mnt::new("");
+    let p = m.path();
+    let out = child_under_run(
+        "deferred_descriptors_under_threads_and_forks",
+        "LANEFS_TEST_DEFERRED",
+        p,
+    );
+    let text = stdout_of_success(&out);
+    assert!(text.contains("deferred done"), "{text}");
+    let mut want = Vec::new();
+    for t in 0..8 {
+        for r in (0..150).filter(|r| r % 4 != 3) {
+            want.push(format!("t{t}-{r}"));
+            let meta = std::fs::metadata(p.join(format!("t{t}-{r}"))).unwrap();
+            assert_eq!(meta.mode() & 0o777, 0o640, "t{t}-{r}");
+            let size = if r % 4 == 2 {
+                format!("{t}-{r}").len() as u64
+            } else {
+                0
+            };
+            assert_eq!((meta.len(), meta.nlink()), (size, 1), "t{t}-{r}");
+        }
+    }
+    want.sort();
+    assert_eq!(names(p), want);
+    assert!(m.channel_requests() > 8 * 150);
 }

@@ -20,9 +20,9 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use lanefs_channel::{
     ASK_HELD, FATTR_ATIME, FATTR_ATIME_NOW, FATTR_GID, FATTR_MODE, FATTR_MTIME, FATTR_MTIME_NOW,
-    FATTR_UID, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK, OP_RENAME,
-    OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn, StatOut,
-    decode_dev, fuse_attr, fuse_mkdir_in, fuse_mknod_in,
+    FATTR_UID, FOLLOW, FsyncIn, HELD, LinkIn, NOFOLLOW, OP_FSYNC, OP_LINK, OP_MKDIR, OP_MKNOD,
+    OP_READLINK, OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn,
+    SetattrIn, StatIn, StatOut, decode_dev, fuse_attr, fuse_mkdir_in, fuse_mknod_in,
 };
 use zerocopy::IntoBytes;
 
@@ -1129,6 +1129,31 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     // for; the kernel's create-and-open is exempt from that check, its open after a create
     // is not. Either way: as asked, through the kernel.
     None
+}
+
+/// `fsync` of a deferred descriptor (`fds.rs`) over the channel: `path` is its path
+/// through the kernel, `ino` its inode. None when the kernel must do it (the descriptor is
+/// then settled first).
+pub(crate) fn fsync_deferred(path: &[u8], ino: u64, datasync: bool) -> Option<Result<usize, i32>> {
+    let arg = FsyncIn {
+        ino,
+        datasync: u32::from(datasync),
+        padding: 0,
+    };
+    match one_at(
+        libc::AT_FDCWD,
+        path,
+        OP_FSYNC,
+        arg.as_bytes(),
+        None,
+        &mut [],
+        None,
+    )? {
+        // Renamed or removed since (by another process): the kernel's descriptor then
+        // decides (the settling fails with ESTALE, as this would).
+        Err(libc::ENOENT) => None,
+        r => Some(r),
+    }
 }
 
 /// Removes the file `open_create` made at `path` if the name still names inode `ino`.

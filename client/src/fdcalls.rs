@@ -123,10 +123,6 @@ settling! {
     fn fstatvfs(fd: c_int, buf: *mut libc::statvfs) -> c_int, fd fd, fail minus_one;
     /// Interposed: `fstatvfs64`.
     fn fstatvfs64(fd: c_int, buf: *mut libc::statvfs64) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `fsync`.
-    fn fsync(fd: c_int) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `fdatasync`.
-    fn fdatasync(fd: c_int) -> c_int, fd fd, fail minus_one;
     /// Interposed: `syncfs`.
     fn syncfs(fd: c_int) -> c_int, fd fd, fail minus_one;
     /// Interposed: `ftruncate`.
@@ -352,3 +348,35 @@ pub unsafe extern "C" fn splice(
     // SAFETY: the C library's own function with the caller's arguments.
     unsafe { real!(c"splice", F)(fd_in, off_in, fd_out, off_out, n, flags) }
 }
+
+macro_rules! export_fsync {
+    ($name:ident, $sym:literal, $datasync:expr) => {
+        /// Interposed: `fsync`/`fdatasync`: of a deferred descriptor, over the channel
+        /// (`fds.rs`); otherwise the C library's.
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
+            if let Some((path, ino)) = crate::fds::deferred(fd) {
+                match crate::calls::fsync_deferred(&path, ino, $datasync) {
+                    Some(Ok(_)) => return 0,
+                    Some(Err(e)) => {
+                        set_errno(e);
+                        return -1;
+                    }
+                    None => {}
+                }
+            }
+            if let Err(e) = settle(fd) {
+                set_errno(e);
+                return -1;
+            }
+            type F = unsafe extern "C" fn(c_int) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!($sym, F)(fd) }
+        }
+    };
+}
+export_fsync!(fsync, c"fsync", false);
+export_fsync!(fdatasync, c"fdatasync", true);

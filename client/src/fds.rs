@@ -28,6 +28,10 @@
 //! descriptor, has lost nothing). This process's own `unlink`, `rename` and `rmdir` settle
 //! every deferred descriptor first, so a program that removes a file it holds open keeps it.
 //!
+//! `fsync` and `fdatasync` of a deferred descriptor go over the channel (`OP_FSYNC`, by
+//! path, checked against the inode) without settling it: create, fsync and close (a mail
+//! spool, fs_mark) never open the file through the kernel either.
+//!
 //! `LANEFS_RUN_DEFER=0` (`lanefs run --no-defer`) turns deferral off.
 //!
 //! State, and why it is safe: which numbers are deferred is a bitmap of atomics ([`BITS`],
@@ -100,10 +104,12 @@ struct Guard(&'static Lock);
 
 impl Lock {
     fn try_lock(&'static self) -> Option<Guard> {
+        // `then`, not `then_some`: a guard made and dropped when the lock is taken would
+        // release it under its holder.
         self.held
             .compare_exchange(false, true, Acquire, Relaxed)
             .is_ok()
-            .then_some(Guard(self))
+            .then(|| Guard(self))
     }
 
     fn lock(&'static self) -> Guard {
@@ -256,13 +262,29 @@ pub(crate) fn defer(path: &[u8], ino: u64, flags: c_int) -> Option<c_int> {
 }
 
 /// `fd` is being closed (by `close`, or as the target of `dup2`): it is no longer deferred.
+/// Waits for a settle of it in progress (another thread's, or `fork`'s): that settle puts
+/// the file in the number's place, and must not do so after the number was closed and
+/// handed out again.
 #[inline]
 pub(crate) fn closing(fd: c_int) {
-    if COUNT.load(Acquire) != 0 && is(fd) && clear(fd) {
-        // The details go when the table is free (never waited for here: `close` may be
-        // called from a signal handler); a later defer of the number overwrites them.
-        if let Some(mut t) = TABLE.try_lock() {
-            t.retain(|(n, _)| *n != fd);
+    if COUNT.load(Acquire) != 0 && is(fd) {
+        closing_slow(fd);
+    }
+}
+
+#[cold]
+fn closing_slow(fd: c_int) {
+    match Busy::enter() {
+        Some(_busy) => {
+            let mut t = TABLE.lock();
+            if clear(fd) {
+                t.retain(|(n, _)| *n != fd);
+            }
+        }
+        // A signal handler that interrupted this thread inside this module (which may hold
+        // the lock): the bit alone; the details stay until the number is deferred again.
+        None => {
+            clear(fd);
         }
     }
 }
@@ -327,6 +349,17 @@ pub(crate) fn settle_ino(ino: u64) {
     for fd in fds {
         let _ = settle(fd);
     }
+}
+
+/// The path through the kernel (without its NUL) and the inode of `fd`, if it is deferred.
+pub(crate) fn deferred(fd: c_int) -> Option<(Vec<u8>, u64)> {
+    if COUNT.load(Acquire) == 0 || !is(fd) {
+        return None;
+    }
+    let _busy = Busy::enter()?;
+    let t = TABLE.lock();
+    let (_, d) = t.iter().find(|(n, _)| *n == fd)?;
+    Some((d.path[..d.path.len() - 1].to_vec(), d.ino))
 }
 
 /// Whether this process has deferred descriptors.
@@ -413,6 +446,19 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_lock_held() {
+        static L: Lock = Lock {
+            held: AtomicBool::new(false),
+            entries: UnsafeCell::new(Vec::new()),
+        };
+        let g = L.try_lock().expect("free");
+        assert!(L.try_lock().is_none());
+        assert!(L.held.load(Relaxed), "still held by the first guard");
+        drop(g);
+        assert!(L.try_lock().is_some());
+    }
 
     #[test]
     fn bits_count_and_clear_once() {

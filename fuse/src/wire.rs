@@ -68,6 +68,7 @@ pub(crate) fn arg_size(opcode: u32) -> usize {
         lanefs_channel::OP_RENAME => size_of::<lanefs_channel::RenameIn>(),
         lanefs_channel::OP_LINK => size_of::<lanefs_channel::LinkIn>(),
         lanefs_channel::OP_SETATTR => size_of::<lanefs_channel::SetattrIn>(),
+        lanefs_channel::OP_FSYNC => size_of::<lanefs_channel::FsyncIn>(),
         // LOOKUP, UNLINK, RMDIR, SYMLINK, REMOVEXATTR (names only), READLINK, STATFS,
         // DESTROY (nothing), and opcodes lanefs answers ENOSYS without reading them.
         _ => 0,

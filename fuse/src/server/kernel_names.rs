@@ -292,12 +292,18 @@ mod tests {
         {
             let _g = k.handing(1);
             assert!(!k.removal_unseen(1), "a LOOKUP in the directory runs");
-            assert!(!k.removal_unseen(1 + SHARDS as u64), "one in the same shard");
+            assert!(
+                !k.removal_unseen(1 + SHARDS as u64),
+                "one in the same shard"
+            );
             assert!(k.removal_unseen(2), "another shard");
         }
         assert!(k.removal_unseen(1), "the request ended");
         k.negative(1, b"x");
-        assert!(k.removal_unseen(1), "a negative dentry is what a removal leaves");
+        assert!(
+            k.removal_unseen(1),
+            "a negative dentry is what a removal leaves"
+        );
         k.reading(1);
         assert!(!k.removal_unseen(1), "a listing was read");
         assert!(k.removal_unseen(1 + SHARDS as u64), "of another directory");

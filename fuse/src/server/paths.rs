@@ -1,4 +1,4 @@
-//! The channel's own requests (`lanefs-channel`: `OP_STAT` to `OP_SETATTR`): a path from the
+//! The channel's own requests (`lanefs-channel`: `OP_STAT` to `OP_FSYNC`): a path from the
 //! filesystem's root and the call to make on it, served by the engine's path resolution
 //! ([`lanefs::At`], confined: a path that leaves the filesystem is answered EXDEV, and the
 //! client makes that call through the kernel). Every directory on the way is checked for
@@ -9,9 +9,9 @@
 
 use lanefs::{At, Attr, Errno, ROOT_INO, SetAttr};
 use lanefs_channel::{
-    ASK_HELD, BORN, FOLLOW, HELD, LinkIn, NOFOLLOW, OP_LINK, OP_MKDIR, OP_MKNOD, OP_READLINK,
-    OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn, SetattrIn, StatIn,
-    StatOut,
+    ASK_HELD, BORN, FOLLOW, FsyncIn, HELD, LinkIn, NOFOLLOW, OP_FSYNC, OP_LINK, OP_MKDIR, OP_MKNOD,
+    OP_READLINK, OP_RENAME, OP_RMDIR, OP_SETATTR, OP_STAT, OP_SYMLINK, OP_UNLINK, RenameIn,
+    SetattrIn, StatIn, StatOut,
 };
 
 use super::reply::{Handled, OK, done, fattr, put, tset};
@@ -87,6 +87,20 @@ impl Server {
             OP_SETATTR => {
                 let s: SetattrIn = req.arg()?;
                 stat_out(at.setattr(path, s.flags & NOFOLLOW == 0, &set_of(&s)), out)
+            }
+            OP_FSYNC => {
+                // A file the client made and has not opened through the kernel: its path
+                // must still name it. The sync is the store's, as for the kernel's FSYNC
+                // (a memory store has nothing to make durable).
+                let f: FsyncIn = req.arg()?;
+                let a = at.stat(path, false)?;
+                if a.ino.get() != f.ino {
+                    return Err(Errno::ESTALE);
+                }
+                if self.volatile_store {
+                    return OK;
+                }
+                done(self.fs.fsync_inode(a.ino, f.datasync != 0))
             }
             _ => Err(Errno::ENOSYS),
         }
