@@ -1766,7 +1766,102 @@ fn deferred_child(dir: &Path) {
             });
         }
     });
+    deferred_edges(dir);
     println!("deferred done");
+}
+
+/// The single-threaded cases of [`deferred_child`], each a way a program uses a new file's
+/// descriptor that the first use must survive.
+fn deferred_edges(dir: &Path) {
+    let c = |n: &str| CString::new(dir.join(n).as_os_str().as_bytes()).unwrap();
+    let create = |n: &str, flags: i32| {
+        // SAFETY: a valid C string.
+        let fd = unsafe { libc::open(c(n).as_ptr(), libc::O_CREAT | libc::O_EXCL | flags, 0o644) };
+        assert!(fd >= 0, "{n}: {}", std::io::Error::last_os_error());
+        fd
+    };
+    let write = |fd: i32, b: &[u8]| {
+        // SAFETY: a write of a live buffer.
+        let r = unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+        assert_eq!(r, b.len() as isize, "{}", std::io::Error::last_os_error());
+    };
+    let in_child = |f: &dyn Fn() -> bool| {
+        // SAFETY: the child runs `f` and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: exiting the child.
+            unsafe { libc::_exit(if f() { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        status == 0
+    };
+    // Standard output reopened on a new file: the C library writes it with its own system
+    // calls, so descriptors 0 to 2 are never deferred.
+    assert!(in_child(&|| {
+        // SAFETY: closing stdout, then a printf and a flush through the C library.
+        unsafe {
+            libc::close(1);
+            let fd = libc::open(c("stdout").as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o644);
+            libc::printf(c"to stdout\n".as_ptr());
+            libc::fflush(std::ptr::null_mut());
+            fd == 1
+        }
+    }));
+    assert_eq!(std::fs::read(dir.join("stdout")).unwrap(), b"to stdout\n");
+    // A failed dup2 onto it, and close_range's close-on-exec.
+    let fd = create("dupfail", libc::O_WRONLY);
+    // SAFETY: dup2 of a number that is not open fails and changes nothing.
+    assert_eq!(unsafe { libc::dup2(60_999, fd) }, -1);
+    let cloexec = libc::CLOSE_RANGE_CLOEXEC as i32;
+    // SAFETY: marks one descriptor close-on-exec.
+    let r = unsafe { libc::close_range(fd as u32, fd as u32, cloexec) };
+    assert_eq!(r, 0);
+    write(fd, b"kept");
+    // SAFETY: reads the descriptor's flags.
+    assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, libc::FD_CLOEXEC);
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(fd) };
+    assert_eq!(std::fs::read(dir.join("dupfail")).unwrap(), b"kept");
+    // Opened again through /proc/self/fd: the file, not the placeholder.
+    let fd = create("proc", libc::O_RDWR);
+    let again = CString::new(format!("/proc/self/fd/{fd}")).unwrap();
+    // SAFETY: a valid C string.
+    let fd2 = unsafe { libc::open(again.as_ptr(), libc::O_WRONLY) };
+    assert!(fd2 >= 0);
+    write(fd2, b"via proc");
+    // SAFETY: closing our descriptors.
+    unsafe { (libc::close(fd), libc::close(fd2)) };
+    assert_eq!(std::fs::read(dir.join("proc")).unwrap(), b"via proc");
+    // Privileges dropped, and the file locked down, before the first write: the file was
+    // opened with the credentials that made it, as the kernel's open(O_CREAT) does.
+    let open_dir = dir.join("open");
+    std::fs::create_dir(&open_dir).unwrap();
+    std::fs::set_permissions(&open_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(
+        in_child(&|| {
+            // SAFETY: plain system call wrappers on valid C strings.
+            unsafe {
+                let log = libc::open(c("log").as_ptr(), libc::O_CREAT | libc::O_WRONLY, 0o600);
+                let ok = libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(65534, 65534, 65534) == 0
+                    && libc::setresuid(65534, 65534, 65534) == 0;
+                let mine = libc::open(
+                    c("open/mine").as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY,
+                    0o644,
+                );
+                let locked = libc::chmod(c("open/mine").as_ptr(), 0) == 0;
+                ok && locked
+                    && libc::write(log, b"root's".as_ptr().cast(), 6) == 6
+                    && libc::write(mine, b"nobody's".as_ptr().cast(), 8) == 8
+            }
+        }),
+        "writes after the privileges or the mode changed"
+    );
+    assert_eq!(std::fs::read(dir.join("log")).unwrap(), b"root's");
+    assert_eq!(std::fs::read(dir.join("open/mine")).unwrap(), b"nobody's");
 }
 
 /// Deferred descriptors (a file created over the channel is opened through the kernel at
@@ -1805,6 +1900,7 @@ fn deferred_descriptors_under_threads_and_forks() {
             assert_eq!((meta.len(), meta.nlink()), (size, 1), "t{t}-{r}");
         }
     }
+    want.extend(["dupfail", "log", "open", "proc", "stdout"].map(String::from));
     want.sort();
     assert_eq!(names(p), want);
     assert!(m.channel_requests() > 8 * 150);

@@ -57,6 +57,28 @@ pub(crate) fn settled(fd: c_int) -> bool {
     }
 }
 
+/// Settles the descriptor a `/proc/self/fd/N` or `/dev/fd/N` path names, if it is deferred
+/// (`fds.rs`); false, with errno set, if that failed.
+///
+/// # Safety
+/// `path` as for [`bytes`].
+pub(crate) unsafe fn proc_fd_settled(path: CPath) -> bool {
+    if !crate::fds::any() {
+        return true;
+    }
+    let mut pb = path_buf();
+    let Some(p) = read_cstr(path, &mut pb) else {
+        return true;
+    };
+    match crate::fds::settle_proc_path(p) {
+        Ok(()) => true,
+        Err(e) => {
+            set_errno(e);
+            false
+        }
+    }
+}
+
 /// What the server said, or None if the kernel must be asked (a relative path refused with
 /// EACCES included: see `paths.rs`).
 fn served(at: &Located<'_>, o: Outcome) -> Option<Result<usize, i32>> {
@@ -86,7 +108,8 @@ unsafe fn one(
 }
 
 /// [`one`] on a path already read, which also gives the path through the kernel (the
-/// mountpoint and the path from the mount's root) to `kernel_path` when asked.
+/// mountpoint and the path from the mount's root) and the mount's device number to
+/// `target` when asked.
 fn one_at(
     dirfd: c_int,
     p: &[u8],
@@ -94,15 +117,16 @@ fn one_at(
     arg: &[u8],
     before: Option<&[u8]>,
     reply: &mut [u8],
-    kernel_path: Option<&mut Vec<u8>>,
+    target: Option<&mut (Vec<u8>, (u32, u32))>,
 ) -> Option<Result<usize, i32>> {
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
-    if let Some(k) = kernel_path {
+    if let Some((k, dev)) = target {
         k.extend_from_slice(&at.mount.point);
         k.push(b'/');
         k.extend_from_slice(at.rel);
+        *dev = at.mount.dev;
     }
     if op != OP_STAT && op != OP_READLINK && op != OP_SETATTR && at.rel == b"." {
         return None; // the mountpoint: EBUSY, EXDEV at its edge, are the kernel's to say
@@ -286,6 +310,10 @@ macro_rules! export_stat {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: CPath, buf: *mut libc::stat) -> c_int {
             // SAFETY: the C function's contract.
+            if !unsafe { proc_fd_settled(path) } {
+                return -1;
+            }
+            // SAFETY: the C function's contract.
             if let Some(r) = unsafe { do_stat(libc::AT_FDCWD, path, buf, $nofollow) } {
                 return r;
             }
@@ -312,7 +340,8 @@ macro_rules! export_fstatat {
             buf: *mut libc::stat,
             flags: c_int,
         ) -> c_int {
-            if !settled(dirfd) {
+            // SAFETY: the C function's contract.
+            if !settled(dirfd) || !unsafe { proc_fd_settled(path) } {
                 return -1;
             }
             if stat_flags_ok(flags) {
@@ -338,6 +367,10 @@ macro_rules! export_xstat {
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(ver: c_int, path: CPath, buf: *mut libc::stat) -> c_int {
+            // SAFETY: the C function's contract.
+            if !unsafe { proc_fd_settled(path) } {
+                return -1;
+            }
             if ver == 1 {
                 // SAFETY: the C function's contract.
                 if let Some(r) = unsafe { do_stat(libc::AT_FDCWD, path, buf, $nofollow) } {
@@ -403,7 +436,8 @@ pub unsafe extern "C" fn statx(
     mask: c_uint,
     buf: *mut libc::statx,
 ) -> c_int {
-    if !settled(dirfd) {
+    // SAFETY: the C function's contract.
+    if !settled(dirfd) || !unsafe { proc_fd_settled(path) } {
         return -1;
     }
     // The sync flags ask the kernel about its cache; the server's answer is always fresh.
@@ -668,6 +702,14 @@ interpose! {
     /// Interposed: `rmdir`.
     fn rmdir(path: CPath) -> c_int
         => one(libc::AT_FDCWD, path, OP_RMDIR, &[], None, &mut []).map(ret);
+
+    /// Interposed: `remove` (the C library's calls `unlink` and `rmdir` where no one sees;
+    /// only deferred descriptors are settled here).
+    fn remove(path: CPath) -> c_int
+        => {
+            before_removing(libc::AT_FDCWD, path);
+            None
+        };
 }
 
 /// Interposed: `unlinkat` (with `AT_REMOVEDIR`, an rmdir).
@@ -697,9 +739,10 @@ pub unsafe extern "C" fn unlinkat(dirfd: c_int, path: CPath, flags: c_int) -> c_
     unsafe { real!(c"unlinkat", F)(dirfd, path, flags) }
 }
 
-/// Before this process removes, renames or replaces the name at `path`: a deferred
-/// descriptor of the file it names (`fds.rs`) is settled while the name still leads to it
-/// (all of them, for a directory, whose files' paths the change may take).
+/// Before this process removes, renames, replaces, `chmod`s or `chown`s the name at `path`:
+/// a deferred descriptor of the file it names (`fds.rs`) is settled while the name still
+/// leads to it and the file still lets it be opened (all of them, for a directory or a
+/// symlink, which their paths may go through).
 ///
 /// # Safety
 /// `path` as for [`bytes`].
@@ -708,12 +751,14 @@ unsafe fn before_removing(dirfd: c_int, path: CPath) {
         return;
     }
     // SAFETY: the caller's contract.
-    if let Some(Ok((a, _))) = unsafe { stat_attr(dirfd, path, true, Ask::Server) } {
-        if a.attr.mode & libc::S_IFMT == libc::S_IFDIR {
-            crate::fds::settle_all();
-        } else {
-            crate::fds::settle_ino(a.attr.ino);
+    match unsafe { stat_attr(dirfd, path, true, Ask::Server) } {
+        Some(Ok((a, _))) if a.attr.mode & libc::S_IFMT == libc::S_IFREG => {
+            crate::fds::settle_ino(a.attr.ino)
         }
+        Some(Err(libc::ENOENT)) => {}
+        // A directory or a symlink (which the paths of deferred files may go through), or
+        // a path the kernel resolves (through a symlink out and back in).
+        _ => crate::fds::settle_all(),
     }
 }
 
@@ -722,15 +767,15 @@ unsafe fn before_removing(dirfd: c_int, path: CPath) {
 /// # Safety
 /// The paths as for [`bytes`].
 unsafe fn do_rename(from: (c_int, CPath), to: (c_int, CPath), flags: c_uint) -> Option<c_int> {
-    if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
-        return None; // RENAME_WHITEOUT and anything newer: the kernel's checks
-    }
-    let arg = RenameIn { flags, padding: 0 };
     // SAFETY: the caller's contract.
     unsafe {
         before_removing(from.0, from.1);
         before_removing(to.0, to.1);
     }
+    if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+        return None; // RENAME_WHITEOUT and anything newer: the kernel's checks
+    }
+    let arg = RenameIn { flags, padding: 0 };
     // SAFETY: the caller's contract.
     Some(ret(unsafe {
         two(from, to, OP_RENAME, arg.as_bytes(), &mut [])
@@ -814,6 +859,10 @@ interpose! {
 /// # Safety
 /// `path` as for [`bytes`]; `buf` writable for `size` bytes.
 unsafe fn do_readlink(dirfd: c_int, path: CPath, buf: *mut c_char, size: usize) -> Option<isize> {
+    // SAFETY: the caller's contract.
+    if !unsafe { proc_fd_settled(path) } {
+        return Some(-1);
+    }
     if size == 0 || buf.is_null() {
         return None;
     }
@@ -852,6 +901,10 @@ interpose! {
 /// # Safety
 /// `path` as for [`bytes`].
 unsafe fn do_setattr(dirfd: c_int, path: CPath, s: &SetattrIn) -> Option<c_int> {
+    if s.valid & (FATTR_MODE | FATTR_UID | FATTR_GID) != 0 {
+        // SAFETY: the caller's contract.
+        unsafe { before_removing(dirfd, path) };
+    }
     let mut out = StatOut::default();
     // SAFETY: the caller's contract.
     let r = unsafe {
@@ -1084,7 +1137,7 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
         padding: 0,
     };
     let mut out = StatOut::default();
-    let mut kernel_path = Vec::new();
+    let mut target = (Vec::new(), (0, 0));
     let made = one_at(
         dirfd,
         p,
@@ -1092,11 +1145,19 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
         arg.as_bytes(),
         None,
         out.as_mut_bytes(),
-        Some(&mut kernel_path),
+        Some(&mut target),
     )?;
-    if made.is_ok() {
-        // The kernel opens it when the program first uses the descriptor (`fds.rs`).
-        if let Some(fd) = crate::fds::defer(&kernel_path, out.attr.ino, flags) {
+    // The kernel opens it when the program first uses the descriptor (`fds.rs`), unless
+    // the mode it got (a default ACL's) keeps its owner from the access asked for.
+    if made.is_ok() && out.attr.mode & need == need {
+        let (path, dev) = target;
+        let m = crate::fds::Made {
+            path,
+            ino: out.attr.ino,
+            btime: out.birth(),
+            dev,
+        };
+        if let Some(fd) = crate::fds::defer(m, flags) {
             return Some(fd);
         }
     }
@@ -1134,7 +1195,11 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
 /// `fsync` of a deferred descriptor (`fds.rs`) over the channel: `path` is its path
 /// through the kernel, `ino` its inode. None when the kernel must do it (the descriptor is
 /// then settled first).
-pub(crate) fn fsync_deferred(path: &[u8], ino: u64, datasync: bool) -> Option<Result<usize, i32>> {
+pub(crate) fn fsync_deferred(
+    made: &crate::fds::Made,
+    datasync: bool,
+) -> Option<Result<usize, i32>> {
+    let (path, ino) = (&made.path, made.ino);
     let arg = FsyncIn {
         ino,
         datasync: u32::from(datasync),
@@ -1182,6 +1247,10 @@ macro_rules! export_open {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(path: CPath, flags: c_int, mode: c_uint) -> c_int {
             // SAFETY: the C function's contract.
+            if !unsafe { proc_fd_settled(path) } {
+                return -1;
+            }
+            // SAFETY: the C function's contract.
             if let Some(fd) = unsafe { open_create(libc::AT_FDCWD, path, flags, mode) } {
                 return fd;
             }
@@ -1206,7 +1275,8 @@ macro_rules! export_openat {
             flags: c_int,
             mode: c_uint,
         ) -> c_int {
-            if !settled(dirfd) {
+            // SAFETY: the C function's contract.
+            if !settled(dirfd) || !unsafe { proc_fd_settled(path) } {
                 return -1;
             }
             // SAFETY: the C function's contract.
@@ -1272,6 +1342,8 @@ macro_rules! export_setid {
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            // Deferred files are opened with the credentials that made them.
+            crate::fds::settle_all();
             type F = unsafe extern "C" fn($($t),*) -> c_int;
             // SAFETY: the C library's own function with the caller's arguments.
             let r = unsafe { real!($sym, F)($($a),*) };
@@ -1302,6 +1374,8 @@ macro_rules! export_isolating {
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> c_int {
+            // Deferred files' paths are this root's and this namespace's.
+            crate::fds::settle_all();
             type F = unsafe extern "C" fn($($t),*) -> c_int;
             // SAFETY: the C library's own function with the caller's arguments.
             let r = unsafe { real!($sym, F)($($a),*) };

@@ -8,12 +8,14 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
+use crate::calls::settled;
 use crate::fds::{closing, closing_range, settle, settle_all};
 use crate::real::{real, set_errno};
 
 /// Defines interposed functions of the form `fn NAME(ARGS) -> RET, fd FD, fail F;`: settle
 /// descriptor `FD` (`F`: what to return, errno set, if that fails), then call the C
-/// library's `NAME`. `all` instead of `fd FD` settles every deferred descriptor.
+/// library's `NAME`. `all` instead of `fd FD` settles every deferred descriptor, `aio CB`
+/// the descriptor of the `aiocb` `CB`.
 macro_rules! settling {
     ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty,
         $how:ident $($fd:ident)?, fail $fail:expr;)*) => {$(
@@ -44,6 +46,12 @@ macro_rules! settling {
     };
     (@settle all, $fail:expr) => {
         settle_all();
+    };
+    (@settle aio $cb:ident, $fail:expr) => {
+        // SAFETY: `$cb` points to the caller's aiocb (the C function's contract).
+        if let Some(fd) = unsafe { $cb.as_ref() }.map(|c| c.aio_fildes) {
+            settling!(@settle fd fd, $fail);
+        }
     };
 }
 
@@ -182,16 +190,12 @@ settling! {
     fn fdopendir(fd: c_int) -> *mut libc::DIR, fd fd, fail |_| std::ptr::null_mut();
     /// Interposed: `getdents64`.
     fn getdents64(fd: c_int, buf: *mut c_void, n: usize) -> isize, fd fd, fail minus_one;
+    /// Interposed: `vdprintf`.
+    fn vdprintf(fd: c_int, fmt: *const c_char, ap: *mut c_void) -> c_int, fd fd, fail minus_one;
     /// Interposed: `isatty`.
     fn isatty(fd: c_int) -> c_int, fd fd, fail |_| 0;
     /// Interposed: `dup`.
     fn dup(fd: c_int) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `sendfile` (the descriptor read).
-    fn sendfile(out: c_int, fd: c_int, off: *mut Off, n: usize) -> isize, fd fd,
-        fail minus_one;
-    /// Interposed: `sendfile64`.
-    fn sendfile64(out: c_int, fd: c_int, off: *mut Off64, n: usize) -> isize, fd fd,
-        fail minus_one;
     /// Interposed: `fgetxattr`.
     fn fgetxattr(fd: c_int, name: *const c_char, v: *mut c_void, n: usize) -> isize, fd fd,
         fail minus_one;
@@ -234,18 +238,100 @@ settling! {
     /// Interposed: `sendmsg` (which may pass descriptors to another process).
     fn sendmsg(sock: c_int, msg: *const libc::msghdr, flags: c_int) -> isize, all,
         fail minus_one;
+    /// Interposed: `sendmmsg`.
+    fn sendmmsg(sock: c_int, msgs: *mut libc::mmsghdr, n: c_uint, flags: c_int) -> c_int, all,
+        fail minus_one;
+    /// Interposed: `execveat`.
+    fn execveat(fd: c_int, path: *const c_char, argv: *const *const c_char,
+        envp: *const *const c_char, flags: c_int) -> c_int, all, fail minus_one;
+    /// Interposed: `epoll_ctl` (the descriptor watched).
+    fn epoll_ctl(ep: c_int, op: c_int, fd: c_int, ev: *mut libc::epoll_event) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `tcgetattr`.
+    fn tcgetattr(fd: c_int, t: *mut libc::termios) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `ttyname`.
+    fn ttyname(fd: c_int) -> *mut c_char, fd fd, fail |_| std::ptr::null_mut();
+    /// Interposed: `ttyname_r` (returns the error number).
+    fn ttyname_r(fd: c_int, buf: *mut c_char, n: usize) -> c_int, fd fd, fail |e| e;
+    /// Interposed: `futimesat` (the directory descriptor, or the file with a null path).
+    fn futimesat(fd: c_int, path: *const c_char, t: *const libc::timeval) -> c_int, fd fd,
+        fail minus_one;
+    /// Interposed: `name_to_handle_at`.
+    fn name_to_handle_at(fd: c_int, path: *const c_char, h: *mut c_void, mnt: *mut c_int,
+        flags: c_int) -> c_int, fd fd, fail minus_one;
+    /// Interposed: `aio_read` (the request's descriptor).
+    fn aio_read(cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `aio_write`.
+    fn aio_write(cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `aio_fsync`.
+    fn aio_fsync(op: c_int, cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
 }
 
-/// Interposed: `close` (a deferred descriptor is forgotten first).
+macro_rules! export_sendfile {
+    ($name:ident, $off:ty) => {
+        /// Interposed: `sendfile`/`sendfile64` (both descriptors settled).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(out: c_int, fd: c_int, off: *mut $off, n: usize) -> isize {
+            if !settled(out) || !settled(fd) {
+                return -1;
+            }
+            type F = unsafe extern "C" fn(c_int, c_int, *mut $off, usize) -> isize;
+            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(n) => n,
+                Err(_) => panic!("a C name"),
+            };
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(NAME, F)(out, fd, off, n) }
+        }
+    };
+}
+export_sendfile!(sendfile, Off);
+export_sendfile!(sendfile64, Off64);
+
+macro_rules! export_poll {
+    ($name:ident, ($($a:ident: $t:ty),*)) => {
+        /// Interposed: `poll`/`ppoll` (every descriptor polled is settled).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fds: *mut libc::pollfd, n: libc::nfds_t $(, $a: $t)*)
+            -> c_int {
+            if crate::fds::any() && !fds.is_null() {
+                for i in 0..n as usize {
+                    // SAFETY: `fds` holds `n` pollfds (the caller's contract).
+                    let _ = settle(unsafe { (*fds.add(i)).fd });
+                }
+            }
+            type F = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t $(, $t)*) -> c_int;
+            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+                concat!(stringify!($name), "\0").as_bytes(),
+            ) {
+                Ok(n) => n,
+                Err(_) => panic!("a C name"),
+            };
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(NAME, F)(fds, n $(, $a)*) }
+        }
+    };
+}
+export_poll!(poll, (timeout: c_int));
+export_poll!(ppoll, (t: *const libc::timespec, mask: *const libc::sigset_t));
+
+/// Interposed: `close` (a deferred descriptor is deferred no longer once closed).
 ///
 /// # Safety
 /// As the C library's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close(fd: c_int) -> c_int {
-    closing(fd);
     type F = unsafe extern "C" fn(c_int) -> c_int;
     // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"close", F)(fd) }
+    closing(fd, || unsafe { real!(c"close", F)(fd) }, |&r| r == 0)
 }
 
 /// Interposed: `close_range`.
@@ -254,12 +340,16 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// As the C library's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
-        closing_range(first, last);
-    }
     type F = unsafe extern "C" fn(c_uint, c_uint, c_int) -> c_int;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"close_range", F)(first, last, flags) }
+    let cloexec = flags & libc::CLOSE_RANGE_CLOEXEC as c_int != 0;
+    closing_range(
+        first,
+        last,
+        cloexec,
+        // SAFETY: the C library's own function with the caller's arguments.
+        || unsafe { real!(c"close_range", F)(first, last, flags) },
+        |&r| r == 0,
+    )
 }
 
 /// Interposed: `closefrom`.
@@ -268,16 +358,21 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
 /// As the C library's function.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn closefrom(first: c_int) {
-    closing_range(first.max(0) as c_uint, c_uint::MAX);
     type F = unsafe extern "C" fn(c_int);
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"closefrom", F)(first) }
+    closing_range(
+        first.max(0) as c_uint,
+        c_uint::MAX,
+        false,
+        // SAFETY: the C library's own function with the caller's arguments.
+        || unsafe { real!(c"closefrom", F)(first) },
+        |_| true,
+    )
 }
 
 macro_rules! export_dup2 {
     ($name:ident, ($($a:ident: $t:ty),*)) => {
         /// Interposed: `dup2`/`dup3` (the source is settled; a deferred target, which the
-        /// call closes, forgotten).
+        /// call closes, is deferred no longer once it succeeded).
         ///
         /// # Safety
         /// As the C library's function.
@@ -287,9 +382,6 @@ macro_rules! export_dup2 {
                 set_errno(e);
                 return -1;
             }
-            if new != old {
-                closing(new);
-            }
             type F = unsafe extern "C" fn(c_int, c_int $(, $t)*) -> c_int;
             const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
                 concat!(stringify!($name), "\0").as_bytes(),
@@ -298,7 +390,11 @@ macro_rules! export_dup2 {
                 Err(_) => panic!("a C name"),
             };
             // SAFETY: the C library's own function with the caller's arguments.
-            unsafe { real!(NAME, F)(old, new $(, $a)*) }
+            let call = || unsafe { real!(NAME, F)(old, new $(, $a)*) };
+            if new == old {
+                return call();
+            }
+            closing(new, call, |&r| r == new)
         }
     };
 }
@@ -358,8 +454,8 @@ macro_rules! export_fsync {
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
-            if let Some((path, ino)) = crate::fds::deferred(fd) {
-                match crate::calls::fsync_deferred(&path, ino, $datasync) {
+            if let Some(made) = crate::fds::deferred(fd) {
+                match crate::calls::fsync_deferred(&made, $datasync) {
                     Some(Ok(_)) => return 0,
                     Some(Err(e)) => {
                         set_errno(e);

@@ -8,48 +8,61 @@
 //! lock file, a marker, the seeds' create-and-unlink) or fsync and close it. So the program
 //! gets a *placeholder* (`/dev/null` opened `O_PATH | O_CLOEXEC`, which reserves the number),
 //! and the kernel opens the file only when the program first does something with the
-//! descriptor other than close it: [`settle`] opens the file's path through the kernel,
-//! checks that it is the inode the channel made, and puts it in the placeholder's place
-//! with `dup3` (so the number, and the close-on-exec flag asked for, are the program's).
+//! descriptor other than close it: [`settle`] opens the file's path through the kernel
+//! (`O_NOFOLLOW | O_NONBLOCK`, so that nothing put at the path meanwhile can make it wait
+//! or follow a link), checks that it is the file the channel made (a regular file of the
+//! mount's device with its inode number and birth time: numbers are reused), and puts it
+//! in the placeholder's place with `dup3` (so the number, and the close-on-exec flag asked
+//! for, are the program's). Descriptors 0 to 2 are never deferred: the C library writes
+//! `stdout` and `stderr` with system calls no one can interpose.
 //!
 //! Every function of the C library that takes a descriptor and is not only `close` settles
-//! it first (`fdcalls.rs`), as do `fork` (the `pthread_atfork` prepare handler: parent and
-//! child then share one open file description, as they must), the `exec` family,
-//! `posix_spawn`, `system` and `popen` (all deferred descriptors). What no interposed function
-//! reaches sees the placeholder, which fails loudly and touches no file: a raw `read` or
-//! `write` is EBADF (an `O_PATH` descriptor), a path relative to it ENOTDIR, an `exec` by
-//! a path this library does not see (`execl`, whose variadic arguments it cannot pass on)
-//! closes it (`O_CLOEXEC`) instead of handing the child a wrong file. `/proc/self/fd/N`
-//! shows `/dev/null` until the descriptor is settled.
+//! it first (`fdcalls.rs`), as do the changes of process state it may not survive:
+//! `fork` (the `pthread_atfork` prepare handler: parent and child then share one open file
+//! description, as they must), the `exec` family, `posix_spawn`, `system`, `popen`, passing
+//! descriptors (`sendmsg`), and credential and root changes (`setuid`, `chroot`: the file is
+//! opened with the credentials that created it). This process's own removal, rename,
+//! `chmod`, `chown`, `utimensat` and `truncate` of the name settle the descriptors of that
+//! file first (of every deferred file, for a directory or a symlink, whose change can move
+//! them), so a program that removes or locks down a file it holds open keeps it. `fsync` and
+//! `fdatasync` of a deferred descriptor go over the channel (`OP_FSYNC`, by path, checked
+//! against the inode) without settling it: create, fsync and close (a mail spool, fs_mark)
+//! never open the file through the kernel either.
 //!
-//! A deferred descriptor names its file by path. If another process renames or removes the
-//! name before this one settles the descriptor, the settling fails with ESTALE, as a
-//! descriptor of NFS does (the file, created empty and never written through this
-//! descriptor, has lost nothing). This process's own `unlink`, `rename` and `rmdir` settle
-//! every deferred descriptor first, so a program that removes a file it holds open keeps it.
-//!
-//! `fsync` and `fdatasync` of a deferred descriptor go over the channel (`OP_FSYNC`, by
-//! path, checked against the inode) without settling it: create, fsync and close (a mail
-//! spool, fs_mark) never open the file through the kernel either.
+//! What no interposed function reaches sees the placeholder, which fails loudly and touches
+//! no file: a raw `read` or `write` is EBADF, a path relative to it ENOTDIR, an `exec` by a
+//! path this library does not see (`execl`, whose variadic arguments stable Rust cannot
+//! take, nor pass on) closes it (`O_CLOEXEC`) instead of handing the child a wrong file,
+//! and `dprintf` (variadic too, and writing with a system call of the C library's own) fails
+//! with EBADF; `/proc/self/fd/N` shows
+//! `/dev/null` until the descriptor is settled (an `open` or `stat` of that path settles it
+//! first). A child that shares this memory without `fork`'s handlers (`vfork`, a raw
+//! `clone`) settles what it uses in its own descriptor table and leaves this process's
+//! bookkeeping alone: its open file description is then its own. A name another process
+//! renames, removes or locks down before this one settles the descriptor makes the settling
+//! fail (ESTALE, or EACCES), as a descriptor of NFS does (the file, created empty and never
+//! written through this descriptor, has lost nothing). Settling needs one free descriptor
+//! number for a moment (EMFILE at the limit).
 //!
 //! `LANEFS_RUN_DEFER=0` (`lanefs run --no-defer`) turns deferral off.
 //!
 //! State, and why it is safe: which numbers are deferred is a bitmap of atomics ([`BITS`],
 //! descriptors below [`MAX_FD`]), read without a lock by every interposed call while
 //! [`COUNT`] is above 0 (one load when it is 0, which is the case in a process that has
-//! none). What each one is (path, inode, flags) is in [`TABLE`], a mutex taken only to defer
-//! or settle (never held across a call into the C library or a channel call, and never taken
-//! by a signal handler that interrupted its holder: [`Busy`]). A bit is set after the table
-//! entry is written and before the number is returned, and cleared before the number is
-//! closed, so a number the kernel hands out again is never taken for deferred. A placeholder
-//! closed behind this library's back (a raw `close`) is recognised when settled (it is no
-//! longer an `O_PATH` `/dev/null`) and forgotten, not overwritten.
+//! none). What each one is (path, inode, flags) is in [`TABLE`], a lock taken to defer, to
+//! settle, and around the `close` or `dup2` that ends a deferred number: a settle and the
+//! call that closes the number never interleave, and the bit is cleared only after the
+//! number was closed, so a thread that finds the bit clear uses what the number is now. A
+//! bit is set after the table entry is written and before the number is returned. The lock
+//! is never waited for by a signal handler that interrupted its holder ([`InTable`]) and is
+//! never held across a channel call. A placeholder closed behind this library's back (a raw
+//! `close`) is recognised when settled (it is no longer an `O_PATH` `/dev/null`) and
+//! forgotten, not overwritten.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
 
-use crate::conn::Busy;
 use crate::real::{close_raw, errno, fd_stat, real};
 
 /// Descriptors at or above this number are never deferred.
@@ -61,17 +74,27 @@ static BITS: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 6
 /// How many bits of [`BITS`] are set.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
+/// The file a deferred descriptor stands for.
+pub(crate) struct Made {
+    /// Its path through the kernel (the mountpoint and the path from the mount's root),
+    /// without NUL.
+    pub path: Vec<u8>,
+    /// Its inode number.
+    pub ino: u64,
+    /// Its birth time, if the server gave one.
+    pub btime: Option<(i64, u32)>,
+    /// The mount's device number.
+    pub dev: (u32, u32),
+}
+
 /// What a deferred descriptor is.
 struct Deferred {
-    /// The file's path through the kernel (the mountpoint and the path from the mount's
-    /// root), NUL-terminated.
-    path: Box<[u8]>,
-    /// The inode the channel made.
-    ino: u64,
+    /// The file, its path NUL-terminated.
+    made: Made,
     /// The flags to open it with (the program's, without `O_CREAT`, `O_EXCL`, `O_TRUNC` and
     /// `O_CLOEXEC`).
     flags: c_int,
-    /// Whether the program asked for `O_CLOEXEC`.
+    /// Whether the program asked for `O_CLOEXEC` (or set it since, `close_range`).
     cloexec: bool,
 }
 
@@ -90,7 +113,7 @@ static OWNER: AtomicI32 = AtomicI32::new(0);
 /// A spin lock around the table. Not `std::sync::Mutex`: the fork handlers must hold it
 /// across `fork` (so that no other thread is changing the table when the child's copy is
 /// made) and release it in both parent and child, which a guard-based mutex cannot; it is
-/// held only for a table change or one settle.
+/// held only for a table change, one settle, or one `close`.
 struct Lock {
     held: AtomicBool,
     entries: UnsafeCell<Vec<(c_int, Deferred)>>,
@@ -143,19 +166,43 @@ impl Drop for Guard {
     }
 }
 
+thread_local! {
+    /// This thread is inside this module (it may hold the table's lock).
+    static IN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The thread is inside this module: a signal handler that interrupts it here must not wait
+/// for the table's lock, which the thread may hold.
+struct InTable(());
+
+impl InTable {
+    fn enter() -> Option<InTable> {
+        IN.with(|b| (!b.replace(true)).then(|| InTable(())))
+    }
+}
+
+impl Drop for InTable {
+    fn drop(&mut self) {
+        IN.with(|b| b.set(false));
+    }
+}
+
 /// This process's id, from the kernel.
 fn own_pid() -> i32 {
     // SAFETY: getpid has no preconditions.
     unsafe { libc::syscall(libc::SYS_getpid) as i32 }
 }
 
+/// Whether this process owns the table (module doc: not a `vfork` child).
+fn owner() -> bool {
+    OWNER.load(Acquire) == own_pid()
+}
+
 /// Before `fork` (the `pthread_atfork` prepare handler): every deferred descriptor is
 /// settled, so that parent and child share its open file description, and the table stays
 /// locked until [`after_fork`], so that no deferral starts meanwhile.
 pub(crate) fn before_fork() {
-    // Not from a signal handler that interrupted this thread inside this module, which may
-    // hold the lock.
-    let Some(_busy) = Busy::enter() else { return };
+    let Some(_in) = InTable::enter() else { return };
     let mut t = TABLE.lock();
     settle_all_locked(&mut t);
     std::mem::forget(t);
@@ -205,16 +252,17 @@ fn clear(fd: c_int) -> bool {
     }
 }
 
-/// A placeholder for a file the channel made at `path` (mountpoint and path from the
-/// mount's root, without NUL), inode `ino`, opened with `flags`: the descriptor to return to
-/// the program, or None (deferral off, no `/dev/null`, a number too high, re-entered): then
-/// the caller opens the file through the kernel.
-pub(crate) fn defer(path: &[u8], ino: u64, flags: c_int) -> Option<c_int> {
+type OpenAt = unsafe extern "C" fn(c_int, *const libc::c_char, c_int, ...) -> c_int;
+
+/// A placeholder for `made`, opened with `flags`: the descriptor to return to the program,
+/// or None (deferral off, no `/dev/null`, a number too low or too high, re-entered, a
+/// process that does not own the table): then the caller opens the file through the
+/// kernel.
+pub(crate) fn defer(made: Made, flags: c_int) -> Option<c_int> {
     if !on() {
         return None;
     }
-    let _busy = Busy::enter()?;
-    type OpenAt = unsafe extern "C" fn(c_int, *const libc::c_char, c_int, ...) -> c_int;
+    let _in = InTable::enter()?;
     // SAFETY: the C library's own `openat` of a constant path.
     let fd = unsafe {
         real!(c"openat", OpenAt)(
@@ -226,16 +274,14 @@ pub(crate) fn defer(path: &[u8], ino: u64, flags: c_int) -> Option<c_int> {
     if fd < 0 {
         return None;
     }
-    let Some((w, m)) = bit(fd) else {
+    let Some((w, m)) = bit(fd).filter(|_| fd > 2) else {
         close_raw(fd);
         return None;
     };
-    let mut p = Vec::with_capacity(path.len() + 1);
-    p.extend_from_slice(path);
-    p.push(0);
+    let mut path = made.path;
+    path.push(0);
     let d = Deferred {
-        path: p.into_boxed_slice(),
-        ino,
+        made: Made { path, ..made },
         flags: flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC),
         cloexec: flags & libc::O_CLOEXEC != 0,
     };
@@ -244,8 +290,6 @@ pub(crate) fn defer(path: &[u8], ino: u64, flags: c_int) -> Option<c_int> {
     match OWNER.load(Acquire) {
         0 => OWNER.store(pid, Release),
         o if o != pid => {
-            // A vfork child or raw clone sharing the owner's memory: its descriptors are
-            // not the owner's to keep track of.
             drop(t);
             close_raw(fd);
             return None;
@@ -261,43 +305,76 @@ pub(crate) fn defer(path: &[u8], ino: u64, flags: c_int) -> Option<c_int> {
     Some(fd)
 }
 
-/// `fd` is being closed (by `close`, or as the target of `dup2`): it is no longer deferred.
-/// Waits for a settle of it in progress (another thread's, or `fork`'s): that settle puts
-/// the file in the number's place, and must not do so after the number was closed and
-/// handed out again.
+/// Runs `call`, which closes `fd` (`close`, `dup2` onto it) and succeeded if `ok` says so:
+/// if `fd` is deferred, under the table's lock, and it is deferred no longer once closed.
 #[inline]
-pub(crate) fn closing(fd: c_int) {
-    if COUNT.load(Acquire) != 0 && is(fd) {
-        closing_slow(fd);
+pub(crate) fn closing<R>(fd: c_int, call: impl FnOnce() -> R, ok: impl Fn(&R) -> bool) -> R {
+    if COUNT.load(Acquire) == 0 || !is(fd) {
+        return call();
     }
+    closing_slow(fd, call, ok)
 }
 
 #[cold]
-fn closing_slow(fd: c_int) {
-    match Busy::enter() {
-        Some(_busy) => {
+fn closing_slow<R>(fd: c_int, call: impl FnOnce() -> R, ok: impl Fn(&R) -> bool) -> R {
+    if !owner() {
+        return call(); // a vfork child closes its own copy
+    }
+    match InTable::enter() {
+        Some(_in) => {
             let mut t = TABLE.lock();
-            if clear(fd) {
+            let r = call();
+            if ok(&r) && clear(fd) {
                 t.retain(|(n, _)| *n != fd);
             }
+            r
         }
         // A signal handler that interrupted this thread inside this module (which may hold
         // the lock): the bit alone; the details stay until the number is deferred again.
         None => {
-            clear(fd);
+            let r = call();
+            if ok(&r) {
+                clear(fd);
+            }
+            r
         }
     }
 }
 
-/// Descriptors `first..=last` are being closed (`close_range`, `closefrom`).
-pub(crate) fn closing_range(first: u32, last: u32) {
-    if COUNT.load(Acquire) == 0 {
-        return;
+/// Runs `call`, which closes descriptors `first..=last` (`close_range`, `closefrom`), or
+/// with `cloexec` marks them close-on-exec, and succeeded if `ok` says so.
+pub(crate) fn closing_range<R>(
+    first: u32,
+    last: u32,
+    cloexec: bool,
+    call: impl FnOnce() -> R,
+    ok: impl Fn(&R) -> bool,
+) -> R {
+    if COUNT.load(Acquire) == 0 || !owner() {
+        return call();
     }
-    let last = (last as usize).min(MAX_FD - 1);
-    for fd in (first as usize)..=last {
-        closing(fd as c_int);
+    let Some(_in) = InTable::enter() else {
+        return call();
+    };
+    let mut t = TABLE.lock();
+    let r = call();
+    if ok(&r) {
+        let last = (last as usize).min(MAX_FD - 1);
+        for fd in (first as usize)..=last {
+            let fd = fd as c_int;
+            if !is(fd) {
+                continue;
+            }
+            if cloexec {
+                if let Some((_, d)) = t.iter_mut().find(|(n, _)| *n == fd) {
+                    d.cloexec = true;
+                }
+            } else if clear(fd) {
+                t.retain(|(n, _)| *n != fd);
+            }
+        }
     }
+    r
 }
 
 /// Opens `fd`'s file through the kernel if `fd` is deferred (see the module doc); the errno
@@ -310,14 +387,14 @@ pub(crate) fn settle(fd: c_int) -> Result<(), i32> {
     settle_slow(fd)
 }
 
-/// Settles every deferred descriptor (before an `exec`, or the rename of a directory by
-/// this process). One that cannot be settled stays deferred.
+/// Settles every deferred descriptor (before an `exec`, a credential change, the change of
+/// a directory by this process). One that cannot be settled stays deferred.
 pub(crate) fn settle_all() {
     if COUNT.load(Acquire) == 0 {
         return;
     }
-    let Some(_busy) = Busy::enter() else { return };
-    settle_all_locked(&mut TABLE.lock());
+    let Some(_in) = InTable::enter() else { return };
+    unsignalled(|| settle_all_locked(&mut TABLE.lock()));
 }
 
 fn settle_all_locked(t: &mut Guard) {
@@ -334,38 +411,77 @@ fn settle_all_locked(t: &mut Guard) {
     }
 }
 
-/// Settles the deferred descriptors of inode `ino` (before this process removes or renames a
-/// name of it).
+/// Settles the deferred descriptors of inode `ino` (before this process removes or changes
+/// a name of it).
 pub(crate) fn settle_ino(ino: u64) {
     if COUNT.load(Acquire) == 0 {
         return;
     }
-    let fds: Vec<c_int> = TABLE
-        .lock()
+    let Some(_in) = InTable::enter() else { return };
+    unsignalled(|| settle_ino_locked(ino));
+}
+
+fn settle_ino_locked(ino: u64) {
+    let mut t = TABLE.lock();
+    let fds: Vec<c_int> = t
         .iter()
-        .filter(|(_, d)| d.ino == ino)
+        .filter(|(_, d)| d.made.ino == ino)
         .map(|(n, _)| *n)
         .collect();
     for fd in fds {
-        let _ = settle(fd);
+        let _ = settle_locked(&mut t, fd);
     }
 }
 
-/// The path through the kernel (without its NUL) and the inode of `fd`, if it is deferred.
-pub(crate) fn deferred(fd: c_int) -> Option<(Vec<u8>, u64)> {
+/// The file `fd` stands for (its path without NUL), if it is deferred.
+pub(crate) fn deferred(fd: c_int) -> Option<Made> {
     if COUNT.load(Acquire) == 0 || !is(fd) {
         return None;
     }
-    let _busy = Busy::enter()?;
+    let _in = InTable::enter()?;
     let t = TABLE.lock();
     let (_, d) = t.iter().find(|(n, _)| *n == fd)?;
-    Some((d.path[..d.path.len() - 1].to_vec(), d.ino))
+    let m = &d.made;
+    Some(Made {
+        path: m.path[..m.path.len() - 1].to_vec(),
+        ..*m
+    })
 }
 
 /// Whether this process has deferred descriptors.
 #[inline]
 pub(crate) fn any() -> bool {
     COUNT.load(Acquire) != 0
+}
+
+/// Settles descriptor N if `path` is `/proc/self/fd/N`, `/proc/PID/fd/N` of this process or
+/// `/dev/fd/N` (whose opening or `stat` would otherwise reach the placeholder).
+pub(crate) fn settle_proc_path(path: &[u8]) -> Result<(), i32> {
+    if COUNT.load(Acquire) == 0 {
+        return Ok(());
+    }
+    let rest = if let Some(r) = path.strip_prefix(b"/dev/fd/") {
+        r
+    } else if let Some(r) = path.strip_prefix(b"/proc/") {
+        let (who, r) = match r.iter().position(|&b| b == b'/') {
+            Some(i) => (&r[..i], &r[i..]),
+            None => return Ok(()),
+        };
+        let me = who == b"self" || who == b"thread-self" || who == own_pid().to_string().as_bytes();
+        match r.strip_prefix(b"/fd/") {
+            Some(r) if me => r,
+            _ => return Ok(()),
+        }
+    } else {
+        return Ok(());
+    };
+    let n = std::str::from_utf8(rest)
+        .ok()
+        .and_then(|s| s.parse::<c_int>().ok());
+    match n {
+        Some(fd) => settle(fd),
+        None => Ok(()),
+    }
 }
 
 /// Whether `fd` is still this library's placeholder: an `O_PATH` descriptor of `/dev/null`.
@@ -379,22 +495,75 @@ fn placeholder(fd: c_int) -> bool {
         && (fl as c_int) & libc::O_PATH != 0
 }
 
+/// Whether descriptor `k` is the file `m` (module doc): a regular file on the mount's
+/// device, with its inode number and, where both have one, its birth time.
+fn is_made(k: c_int, m: &Made) -> bool {
+    // SAFETY: a zeroed statx is a valid out-buffer.
+    let mut sx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx of a descriptor (AT_EMPTY_PATH) into our buffer.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            k,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_BTIME,
+            &mut sx as *mut libc::statx,
+        )
+    };
+    if r != 0 {
+        return false;
+    }
+    let born = match (m.btime, sx.stx_mask & libc::STATX_BTIME != 0) {
+        (Some((s, ns)), true) => sx.stx_btime.tv_sec == s && sx.stx_btime.tv_nsec == ns,
+        _ => true,
+    };
+    u32::from(sx.stx_mode) & libc::S_IFMT == libc::S_IFREG
+        && sx.stx_ino == m.ino
+        && (sx.stx_dev_major, sx.stx_dev_minor) == m.dev
+        && born
+}
+
+/// Runs `f` with every signal blocked on this thread: a settle holds the table's lock across
+/// a kernel `open`, and a signal handler that used a deferred descriptor meanwhile could
+/// neither wait for the lock nor settle without it.
+fn unsignalled<R>(f: impl FnOnce() -> R) -> R {
+    // SAFETY: sigset_t is plain data; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers; blocking signals has no other effect.
+    let blocked = unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0
+    };
+    let r = f();
+    if blocked {
+        // SAFETY: restoring the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    }
+    r
+}
+
 #[cold]
 fn settle_slow(fd: c_int) -> Result<(), i32> {
-    // A signal handler that interrupted this thread inside this module cannot wait for it.
-    let Some(_busy) = Busy::enter() else {
-        return Err(libc::EINTR);
-    };
-    settle_locked(&mut TABLE.lock(), fd)
+    match InTable::enter() {
+        Some(_in) => unsignalled(|| settle_locked(&mut TABLE.lock(), fd)),
+        // A signal handler that interrupted this thread inside this module (settles block
+        // signals; a defer or a close holds the lock for a moment): it cannot wait for the
+        // lock, which the thread may hold, but may take it if it is free.
+        None => match TABLE.try_lock() {
+            Some(mut t) => settle_locked(&mut t, fd),
+            None => Err(libc::EINTR),
+        },
+    }
 }
 
 fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
     if !is(fd) {
         return Ok(()); // settled or closed meanwhile
     }
-    // In a process that shares the owner's memory (a vfork child), the descriptor is
-    // settled in its own table and the owner's bookkeeping is left as it is.
-    let owner = OWNER.load(Acquire) == own_pid();
+    let owner = owner();
     let Some(at) = t.iter().position(|(n, _)| *n == fd) else {
         if owner {
             clear(fd);
@@ -402,7 +571,8 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
         return Ok(());
     };
     if !placeholder(fd) {
-        // Closed behind this library's back, and the number reused: not ours to replace.
+        // Closed behind this library's back (or settled by this vfork child already), and
+        // the number reused: not ours to replace.
         if owner {
             clear(fd);
             t.swap_remove(at);
@@ -410,22 +580,30 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
         return Ok(());
     }
     let d = &t[at].1;
-    type OpenAt = unsafe extern "C" fn(c_int, *const libc::c_char, c_int, ...) -> c_int;
+    // Not waiting for a FIFO's reader, not taking a terminal: the path may name something
+    // else by now, which the check below refuses. (Not O_NOFOLLOW: the kernel would keep
+    // it in the flags `F_GETFL` reports; a link's target is refused by the check too.)
+    let how = d.flags | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
     // SAFETY: the C library's own `openat` of a NUL-terminated path.
-    let k = unsafe {
-        real!(c"openat", OpenAt)(
-            libc::AT_FDCWD,
-            d.path.as_ptr().cast(),
-            d.flags | libc::O_CLOEXEC,
-        )
-    };
+    let k = unsafe { real!(c"openat", OpenAt)(libc::AT_FDCWD, d.made.path.as_ptr().cast(), how) };
     if k < 0 {
-        let e = errno();
-        return Err(if e == libc::ENOENT { libc::ESTALE } else { e });
+        return Err(match errno() {
+            libc::EMFILE
+            | libc::ENFILE
+            | libc::ENOMEM
+            | libc::EACCES
+            | libc::EPERM
+            | libc::EINTR => errno(),
+            _ => libc::ESTALE,
+        });
     }
-    if fd_stat(k).map(|st| st.st_ino) != Ok(d.ino) {
+    if !is_made(k, &d.made) {
         close_raw(k);
         return Err(libc::ESTALE);
+    }
+    if d.flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: F_SETFL of a descriptor this function opened, to the program's flags.
+        unsafe { libc::syscall(libc::SYS_fcntl, k, libc::F_SETFL, d.flags) };
     }
     let flags = if d.cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: dup3 of a descriptor this function just opened onto the placeholder, which
