@@ -29,7 +29,7 @@ use zerocopy::IntoBytes;
 use crate::conn::{Busy, Outcome, call, note_cred_change};
 use crate::mounts::Mount;
 use crate::paths::{Located, forget_cwd, locate};
-use crate::real::{path_buf, read_cstr, real, set_errno};
+use crate::real::{c_name, path_buf, read_cstr, real, set_errno};
 use crate::warm;
 
 type CPath = *const c_char;
@@ -637,12 +637,7 @@ macro_rules! interpose {
                 return r;
             }
             type F = unsafe extern "C" fn($($ty),*) -> $ret;
-            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
-                concat!(stringify!($name), "\0").as_bytes(),
-            ) {
-                Ok(n) => n,
-                Err(_) => panic!("a C name"),
-            };
+            const NAME: &std::ffi::CStr = c_name!($name);
             // SAFETY: the C library's own function with the caller's arguments.
             unsafe { real!(NAME, F)($($arg),*) }
         }

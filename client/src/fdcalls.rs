@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_int, c_uint, c_ulong, c_void};
 
 use crate::calls::settled;
 use crate::fds::{closing, closing_range, settle, settle_all};
-use crate::real::{real, set_errno};
+use crate::real::{c_name, real, set_errno};
 
 /// Defines interposed functions of the form `fn NAME(ARGS) -> RET, fd FD, fail F;`: settle
 /// descriptor `FD` (`F`: what to return, errno set, if that fails), then call the C
@@ -27,12 +27,7 @@ macro_rules! settling {
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
             settling!(@settle $how $($fd)?, $fail);
             type F = unsafe extern "C" fn($($ty),*) -> $ret;
-            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
-                concat!(stringify!($name), "\0").as_bytes(),
-            ) {
-                Ok(n) => n,
-                Err(_) => panic!("a C name"),
-            };
+            const NAME: &std::ffi::CStr = c_name!($name);
             // SAFETY: the C library's own function with the caller's arguments.
             unsafe { real!(NAME, F)($($arg),*) }
         }
@@ -279,12 +274,7 @@ macro_rules! export_sendfile {
                 return -1;
             }
             type F = unsafe extern "C" fn(c_int, c_int, *mut $off, usize) -> isize;
-            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
-                concat!(stringify!($name), "\0").as_bytes(),
-            ) {
-                Ok(n) => n,
-                Err(_) => panic!("a C name"),
-            };
+            const NAME: &std::ffi::CStr = c_name!($name);
             // SAFETY: the C library's own function with the caller's arguments.
             unsafe { real!(NAME, F)(out, fd, off, n) }
         }
@@ -309,12 +299,7 @@ macro_rules! export_poll {
                 }
             }
             type F = unsafe extern "C" fn(*mut libc::pollfd, libc::nfds_t $(, $t)*) -> c_int;
-            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
-                concat!(stringify!($name), "\0").as_bytes(),
-            ) {
-                Ok(n) => n,
-                Err(_) => panic!("a C name"),
-            };
+            const NAME: &std::ffi::CStr = c_name!($name);
             // SAFETY: the C library's own function with the caller's arguments.
             unsafe { real!(NAME, F)(fds, n $(, $a)*) }
         }
@@ -383,12 +368,7 @@ macro_rules! export_dup2 {
                 return -1;
             }
             type F = unsafe extern "C" fn(c_int, c_int $(, $t)*) -> c_int;
-            const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
-                concat!(stringify!($name), "\0").as_bytes(),
-            ) {
-                Ok(n) => n,
-                Err(_) => panic!("a C name"),
-            };
+            const NAME: &std::ffi::CStr = c_name!($name);
             // SAFETY: the C library's own function with the caller's arguments.
             let call = || unsafe { real!(NAME, F)(old, new $(, $a)*) };
             if new == old {
@@ -401,49 +381,33 @@ macro_rules! export_dup2 {
 export_dup2!(dup2, ());
 export_dup2!(dup3, (flags: c_int));
 
-/// Interposed: `copy_file_range` (both descriptors settled).
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn copy_file_range(
-    fd_in: c_int,
-    off_in: *mut Off64,
-    fd_out: c_int,
-    off_out: *mut Off64,
-    n: usize,
-    flags: c_uint,
-) -> isize {
-    if let Err(e) = settle(fd_in).and_then(|_| settle(fd_out)) {
-        set_errno(e);
-        return -1;
-    }
-    type F = unsafe extern "C" fn(c_int, *mut Off64, c_int, *mut Off64, usize, c_uint) -> isize;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"copy_file_range", F)(fd_in, off_in, fd_out, off_out, n, flags) }
+macro_rules! export_two_fds {
+    ($name:ident) => {
+        /// Interposed: `copy_file_range`/`splice` (both descriptors settled).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            fd_in: c_int,
+            off_in: *mut Off64,
+            fd_out: c_int,
+            off_out: *mut Off64,
+            n: usize,
+            flags: c_uint,
+        ) -> isize {
+            if !settled(fd_in) || !settled(fd_out) {
+                return -1;
+            }
+            type F =
+                unsafe extern "C" fn(c_int, *mut Off64, c_int, *mut Off64, usize, c_uint) -> isize;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(c_name!($name), F)(fd_in, off_in, fd_out, off_out, n, flags) }
+        }
+    };
 }
-
-/// Interposed: `splice` (both descriptors settled).
-///
-/// # Safety
-/// As the C library's function.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn splice(
-    fd_in: c_int,
-    off_in: *mut Off64,
-    fd_out: c_int,
-    off_out: *mut Off64,
-    n: usize,
-    flags: c_uint,
-) -> isize {
-    if let Err(e) = settle(fd_in).and_then(|_| settle(fd_out)) {
-        set_errno(e);
-        return -1;
-    }
-    type F = unsafe extern "C" fn(c_int, *mut Off64, c_int, *mut Off64, usize, c_uint) -> isize;
-    // SAFETY: the C library's own function with the caller's arguments.
-    unsafe { real!(c"splice", F)(fd_in, off_in, fd_out, off_out, n, flags) }
-}
+export_two_fds!(copy_file_range);
+export_two_fds!(splice);
 
 macro_rules! export_fsync {
     ($name:ident, $sym:literal, $datasync:expr) => {

@@ -40,6 +40,21 @@ macro_rules! real {
 }
 pub(crate) use real;
 
+/// The C name of the Rust function `$name` as a `&'static CStr` (the C library's function of
+/// the same name is what an interposed function passes a call on to).
+macro_rules! c_name {
+    ($name:ident) => {{
+        const NAME: &std::ffi::CStr = match std::ffi::CStr::from_bytes_with_nul(
+            concat!(stringify!($name), "\0").as_bytes(),
+        ) {
+            Ok(n) => n,
+            Err(_) => panic!("a C name"),
+        };
+        NAME
+    }};
+}
+pub(crate) use c_name;
+
 /// Sets `errno`.
 pub(crate) fn set_errno(e: i32) {
     // SAFETY: the calling thread's errno location is always valid.
