@@ -77,6 +77,14 @@ pub trait Invalidate: Send + Sync {
         let _ = dir;
         true
     }
+    /// Whether a name just made (or renamed to) in `dir` may have something the cache holds
+    /// under it (an entry saying it is absent): asked, after the change, only for a rename
+    /// whose report may then drop the directories' attributes alone. Takes out what it
+    /// found. By default true.
+    fn may_hold_new_name(&self, dir: Ino, name: &[u8]) -> bool {
+        let _ = (dir, name);
+        true
+    }
     /// A name in `dir` was removed, and the cache held nothing of it
     /// ([`Invalidate::may_see_removal`] false, and no lookup reference on the inode it named):
     /// only `dir`'s attributes changed. By default, as [`Invalidate::inode`] of `dir`.
@@ -304,6 +312,10 @@ impl Invalidate for Settled<'_> {
 
     fn may_see_removal(&self, dir: Ino) -> bool {
         self.sink.may_see_removal(dir)
+    }
+
+    fn may_hold_new_name(&self, dir: Ino, name: &[u8]) -> bool {
+        self.sink.may_hold_new_name(dir, name)
     }
 
     fn removed_unseen(&self, dir: Ino) -> bool {

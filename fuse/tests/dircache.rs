@@ -545,12 +545,14 @@ fn a_hard_linked_file_stays_linkable_while_its_directory_is_listed() {
     m.unmount_and_check();
 }
 
-/// Names made and removed through the library while other threads look them up through the
-/// mount, all the time: after a removal returns, the kernel never finds the name (a LOOKUP
-/// that found it before the removal and is still on its way into the kernel must not leave
-/// an entry behind; a removal skips the entry invalidation only when the kernel can hold
-/// nothing of the name, `server/kernel_names.rs`), and after a creation returns it always
-/// does. The entry timeout is long, so a stale entry would stay.
+/// Names made, renamed (over another name or not) and removed through the library while
+/// other threads look them up through the mount, all the time: after a removal or a rename
+/// away returns the kernel never finds the name, after a rename to it finds the inode
+/// renamed, and after a creation returns it finds the file. (A LOOKUP that found a name
+/// before its removal and is still on its way into the kernel must not leave an entry
+/// behind; a change skips the entry invalidation only when the kernel can hold nothing of
+/// the names, `server/kernel_names.rs`.) The entry timeout is long, so a stale entry would
+/// stay.
 #[test]
 fn a_library_removal_leaves_the_kernel_no_entry_of_the_name() {
     let m = Mounted::new();
@@ -562,7 +564,8 @@ fn a_library_removal_leaves_the_kernel_no_entry_of_the_name() {
         let mut rng = StdRng::seed_from_u64(t as u64);
         if t < 3 {
             while going() {
-                let name = format!("n{}-{}", rng.random_range(3..6), rng.random_range(0..4));
+                let r = if rng.random_bool(0.5) { "r" } else { "" };
+                let name = format!("n{}-{}{r}", rng.random_range(3..6), rng.random_range(0..4));
                 let _ = std::fs::symlink_metadata(d.join(name));
             }
             return;
@@ -579,6 +582,29 @@ fn a_library_removal_leaves_the_kernel_no_entry_of_the_name() {
                     "{name}, made through the library, is not seen through the mount"
                 );
             }
+            let name = if rng.random_bool(0.5) {
+                // Renamed, over the other name half the time.
+                let to = format!("{name}r");
+                let tp = PathBuf::from("/d").join(&to);
+                if rng.random_bool(0.5) {
+                    lib.write(&tp, b"y").unwrap();
+                    if rng.random_bool(0.5) {
+                        let _ = std::fs::symlink_metadata(d.join(&to));
+                    }
+                }
+                let ino = lib.metadata(&lp).unwrap().ino().get();
+                lib.rename(&lp, &tp).unwrap();
+                assert!(
+                    std::fs::symlink_metadata(d.join(&name)).is_err(),
+                    "{name}, renamed away through the library, is still seen through the mount"
+                );
+                let seen = std::fs::symlink_metadata(d.join(&to)).map(|m| m.ino());
+                assert_eq!(seen.ok(), Some(ino), "{to}, renamed to, through the mount");
+                (to, tp)
+            } else {
+                (name, lp)
+            };
+            let (name, lp) = name;
             lib.remove_file(&lp).unwrap();
             let r = std::fs::symlink_metadata(d.join(&name));
             assert!(

@@ -14,9 +14,10 @@
 //! A new name (`Invalidate::new_entry`) skips the entry invalidation, and the directory's
 //! lock it takes in the kernel, when the kernel can hold no negative dentry for the name and
 //! no listing of the directory is being read (`kernel_names.rs`): then only the
-//! directory's attributes are dropped. A removal (`Invalidate::removed_unseen`) does the
-//! same when the kernel holds nothing of the removed inode and no request handing it
-//! entries of the directory runs. This keeps creates and removals over the channel from
+//! directory's attributes are dropped. A removal or a rename (`Invalidate::removed_unseen`)
+//! does the same when the kernel holds nothing of the inodes it changed, no request handing
+//! it entries of the directories runs, and (a rename) it keeps no entry saying the new name
+//! is absent. This keeps creates and removals over the channel from
 //! serialising on the kernel's directory lock.
 
 use std::sync::Arc;
@@ -87,6 +88,10 @@ impl Invalidate for EngineSink {
 
     fn may_see_removal(&self, dir: Ino) -> bool {
         !self.names.removal_unseen(dir.get())
+    }
+
+    fn may_hold_new_name(&self, dir: Ino, name: &[u8]) -> bool {
+        self.names.new_name(dir.get(), name) != Needs::Attributes
     }
 
     fn removed_unseen(&self, dir: Ino) -> bool {
