@@ -741,7 +741,7 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
     ) {
         println!(
             "  library and channel changes told to the kernel: {e} entry invalidations (each \
-             takes the directory's lock in the kernel), {u} new or removed names without one"
+             takes the directory's lock in the kernel), {u} names made, removed or renamed without one"
         );
     }
     println!(

@@ -101,7 +101,7 @@ fn remove_stale_sockets(dir: &Path) {
 /// and `channel_requests` (the channel of `lanefs run`: connections accepted, requests
 /// served), `report_entry_invalidations` (entry invalidations sent for changes library
 /// callers made, the channel's among them: each takes the directory's lock in the kernel)
-/// and `report_names_unlocked` (their new and removed names reported without one).
+/// and `report_names_unlocked` (their names made, removed or renamed reported without one).
 pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json::Value {
     let s = fs.stats();
     let ops: serde_json::Map<String, serde_json::Value> = Op::ALL

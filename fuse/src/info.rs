@@ -93,7 +93,7 @@ impl SessionInfo {
         self.report_entries.load(Ordering::Relaxed)
     }
 
-    /// Names library callers made or removed that were reported with the directory's
+    /// Names library callers made, removed or renamed that were reported with the directory's
     /// attributes only, no entry invalidation (`server/kernel_names.rs`).
     pub fn report_names_unlocked(&self) -> u64 {
         self.report_names_unlocked.load(Ordering::Relaxed)
