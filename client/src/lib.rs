@@ -29,6 +29,12 @@
 //! libc name it exports except through `real.rs`; no `std::fs`; errno set only on failure;
 //! nothing that can panic on a program's input; a call re-entered from a signal handler goes
 //! through the kernel; anything this library cannot decide goes through the kernel.
+//!
+//! Locks: one, the table of deferred descriptors (`fds.rs`), a leaf: held to defer, to
+//! settle (across the kernel's `open` and `dup3`, with signals blocked) and around the
+//! program's `close` or `dup2` of a deferred number; never across a channel call, and held
+//! across `fork` by the `pthread_atfork` handlers. A thread's channels are its own
+//! (thread-local, no lock); the mount table is read without one (`mounts.rs`).
 
 mod calls;
 mod conn;
