@@ -77,6 +77,17 @@ pub trait Invalidate: Send + Sync {
         let _ = dir;
         true
     }
+    /// A library caller is about to remove `name` from `parent` (an unlink, an rmdir, a
+    /// rename of it away or over it); [`Invalidate::removal_reported`] follows once the
+    /// change was reported, or failed. Until then the cache may still hold the name's old
+    /// entry, which a report of a new name made there meanwhile must not take as absent.
+    fn removing(&self, parent: Ino, name: &[u8]) {
+        let _ = (parent, name);
+    }
+    /// The removal [`Invalidate::removing`] announced was reported (or failed).
+    fn removal_reported(&self, parent: Ino, name: &[u8]) {
+        let _ = (parent, name);
+    }
     /// Whether a name just made (or renamed to) in `dir` may have something the cache holds
     /// under it (an entry saying it is absent): asked, after the change, only for a rename
     /// whose report may then drop the directories' attributes alone. Takes out what it
@@ -312,6 +323,14 @@ impl Invalidate for Settled<'_> {
 
     fn may_see_removal(&self, dir: Ino) -> bool {
         self.sink.may_see_removal(dir)
+    }
+
+    fn removing(&self, parent: Ino, name: &[u8]) {
+        self.sink.removing(parent, name)
+    }
+
+    fn removal_reported(&self, parent: Ino, name: &[u8]) {
+        self.sink.removal_reported(parent, name)
     }
 
     fn may_hold_new_name(&self, dir: Ino, name: &[u8]) -> bool {

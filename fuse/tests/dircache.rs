@@ -618,3 +618,39 @@ fn a_library_removal_leaves_the_kernel_no_entry_of_the_name() {
     check(&m, "d", "the changes");
     m.unmount_and_check();
 }
+
+/// Names made exclusively, looked up through the mount, and removed, by three threads
+/// through the library over a few shared names (a lock-file dance): a name made again
+/// while the removal of its previous file is still being reported to the kernel must not
+/// be taken as one the kernel holds nothing under; the kernel then kept serving the old,
+/// removed inode under the name (`server/kernel_names.rs`, 3).
+#[test]
+fn a_name_made_again_while_its_removal_is_reported_is_the_new_file() {
+    let m = Mounted::new();
+    let d = m.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    let lib = lanefs::Client::root(m.fs.clone());
+    let won = std::sync::atomic::AtomicUsize::new(0);
+    for_a_while(3, 3.0, |t, going| {
+        let mut k = t;
+        while going() {
+            k += 1;
+            let name = format!("lock{}", k % 3);
+            let lp = PathBuf::from("/d").join(&name);
+            let made = lib.open(&lp, lanefs::OpenOptions::new().write(true).create_new(true));
+            let Ok(f) = made else { continue };
+            let ino = f.metadata().unwrap().ino().get();
+            drop(f);
+            let seen = std::fs::symlink_metadata(d.join(&name)).map(|m| m.ino());
+            assert_eq!(
+                seen.ok(),
+                Some(ino),
+                "{name}: the kernel's inode is not the new file"
+            );
+            lib.remove_file(&lp).unwrap();
+            won.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(won.into_inner() > 0);
+    m.unmount_and_check();
+}

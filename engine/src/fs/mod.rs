@@ -442,6 +442,23 @@ impl Filesystem {
         self.put_refs(i, n, g);
     }
 
+    /// Runs `f`, which removes the names `names` (an unlink, an rmdir, a rename) and reports
+    /// it, between [`Invalidate::removing`] and [`Invalidate::removal_reported`] of each.
+    fn removing<R>(&self, ctx: &Ctx, names: &[(Ino, &[u8])], f: impl FnOnce() -> R) -> R {
+        self.report(ctx, |s| {
+            for &(p, n) in names {
+                s.removing(p, n);
+            }
+        });
+        let r = f();
+        self.report(ctx, |s| {
+            for &(p, n) in names {
+                s.removal_reported(p, n);
+            }
+        });
+        r
+    }
+
     /// Reports the removal of `name` from `parent`, which named `ino`.
     fn report_removal(&self, ctx: &Ctx, parent: Ino, name: &[u8], ino: Ino) {
         self.report(ctx, |s| {

@@ -516,17 +516,21 @@ impl Filesystem {
     /// Removes a non-directory entry.
     pub fn unlink(&self, ctx: &Ctx, parent: impl Into<InodeRef>, name: &[u8]) -> Result<()> {
         let parent = parent.into();
-        let ino = self.remove_locked(ctx, Op::Unlink, parent, name)?;
-        self.report_removal(ctx, parent.ino(), name, ino);
-        Ok(())
+        self.removing(ctx, &[(parent.ino(), name)], || {
+            let ino = self.remove_locked(ctx, Op::Unlink, parent, name)?;
+            self.report_removal(ctx, parent.ino(), name, ino);
+            Ok(())
+        })
     }
 
     /// Removes an empty directory.
     pub fn rmdir(&self, ctx: &Ctx, parent: impl Into<InodeRef>, name: &[u8]) -> Result<()> {
         let parent = parent.into();
-        let ino = self.remove_locked(ctx, Op::Rmdir, parent, name)?;
-        self.report_removal(ctx, parent.ino(), name, ino);
-        Ok(())
+        self.removing(ctx, &[(parent.ino(), name)], || {
+            let ino = self.remove_locked(ctx, Op::Rmdir, parent, name)?;
+            self.report_removal(ctx, parent.ino(), name, ino);
+            Ok(())
+        })
     }
 
     /// `unlink` or `rmdir` (`op`): removes the name and returns the inode it named.
@@ -597,6 +601,22 @@ impl Filesystem {
         flags: u32,
     ) -> Result<()> {
         let (parent, newparent) = (parent.into(), newparent.into());
+        let names = [(parent.ino(), name), (newparent.ino(), newname)];
+        self.removing(ctx, &names, || {
+            self.rename_reported(ctx, parent, name, newparent, newname, flags)
+        })
+    }
+
+    /// [`Filesystem::rename`]'s change and its report.
+    fn rename_reported(
+        &self,
+        ctx: &Ctx,
+        parent: InodeRef,
+        name: &[u8],
+        newparent: InodeRef,
+        newname: &[u8],
+        flags: u32,
+    ) -> Result<()> {
         let [moved, changed] = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
         // Inodes before names, while the kernel's entries still hold them (as
         // `report_removal` does).

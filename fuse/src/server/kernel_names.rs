@@ -5,8 +5,8 @@
 //! around the kernel is reported (`sink.rs`), and the full report costs an entry
 //! invalidation, which Linux (6.18) handles with the directory's `i_rwsem` held exclusively
 //! whether or not it holds a dentry for the name: every create over the channel would take
-//! the lock the channel exists to avoid. The entry invalidation is needed for two things
-//! only, and this table tells when neither can be there, so that the report drops the
+//! the lock the channel exists to avoid. The entry invalidation is needed for three things
+//! only, and this table tells when none can be there, so that the report drops the
 //! directory's attributes alone (an inode invalidation, which takes no inode lock):
 //!
 //! 1. **A negative dentry** for the name, which would hide the new file from the kernel for
@@ -27,6 +27,17 @@
 //!    counted here ([`KernelNames::reading`]) before it reads the directory; a report that
 //!    finds a count makes the full report (entry invalidation, then the listing dropped)
 //!    and then takes out the count it saw, unless a READDIR counted since.
+//!
+//! 3. **An old entry whose removal is being reported.** A library caller's removal of a name
+//!    (an unlink, an rmdir, a rename of it away or over it) is visible in the engine before
+//!    its report has dropped the kernel's entry of the old inode; a new name made there
+//!    meanwhile (by another process over the channel) must not be reported as one the
+//!    kernel holds nothing under, or the kernel would keep serving the old, removed inode.
+//!    Each such removal is counted ([`KernelNames::removing`], by a hash of directory and
+//!    name) before its engine call and until its report is made; a report of a new name that
+//!    finds its slot counted makes the full report, whose entry invalidation drops the old
+//!    entry. The count comes before the removal and the new name after it, so the new name's
+//!    report (after a fence) either sees the count or comes after the old entry was dropped.
 //!
 //! A name *removed* around the kernel (an unlink or rmdir over the channel) needs the entry
 //! invalidation only if the kernel may hold a dentry for it, or a listing with it. A dentry
@@ -79,6 +90,22 @@ pub(super) const NEGATIVES_MAX: usize = 1024;
 /// Directories with READDIRs counted that a shard keeps at most.
 pub(super) const READS_MAX: usize = 4096;
 
+/// Slots of [`KernelNames::removing`]: names that share one count each other as in flight,
+/// which costs an entry invalidation, never a stale entry.
+const REMOVING_SLOTS: usize = 4096;
+
+/// The slot of (`dir`, `name`) in [`KernelNames::removing`] (FNV-1a).
+fn removing_slot(dir: u64, name: &[u8]) -> usize {
+    let h = dir
+        .to_le_bytes()
+        .iter()
+        .chain(name)
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    (h % REMOVING_SLOTS as u64) as usize
+}
+
 /// How long past the entry timeout a mark is kept (see the module doc): far longer than the
 /// kernel takes between reading a LOOKUP's reply and stamping its dentry, even on a loaded
 /// machine (the engine waits at most a second for the kernel to take an inode it is handed,
@@ -124,6 +151,9 @@ pub(super) struct KernelNames {
     /// Per shard: kernel requests running that may hand the kernel an entry of one of its
     /// directories ([`KernelNames::handing`]).
     handing: Box<[AtomicUsize]>,
+    /// Removals by library callers in flight, by a hash of (directory, name)
+    /// ([`KernelNames::removing`]).
+    removing: Box<[AtomicUsize]>,
     /// The entry timeout and [`SLACK`]: how long a mark is kept.
     keep: Duration,
 }
@@ -134,6 +164,7 @@ impl KernelNames {
         KernelNames {
             shards: (0..SHARDS).map(|_| Default::default()).collect(),
             handing: (0..SHARDS).map(|_| AtomicUsize::new(0)).collect(),
+            removing: (0..REMOVING_SLOTS).map(|_| AtomicUsize::new(0)).collect(),
             keep: ttl + SLACK,
         }
     }
@@ -193,6 +224,10 @@ impl KernelNames {
     pub(super) fn new_name(&self, dir: u64, name: &[u8]) -> Needs {
         let (pop, _) = self.shard(dir);
         fence(SeqCst);
+        if self.removing[removing_slot(dir, name)].load(SeqCst) != 0 {
+            // The name's old entry may still be in the kernel (module doc, 3).
+            return Needs::Entry(None);
+        }
         if pop.load(SeqCst) == 0 {
             return Needs::Attributes;
         }
@@ -218,6 +253,18 @@ impl KernelNames {
                 Needs::Attributes
             }
         })
+    }
+
+    /// A library caller is about to remove `name` from `dir` (module doc, 3); counted until
+    /// [`KernelNames::removal_reported`].
+    pub(super) fn removing(&self, dir: u64, name: &[u8]) {
+        self.removing[removing_slot(dir, name)].fetch_add(1, SeqCst);
+        fence(SeqCst);
+    }
+
+    /// The removal [`KernelNames::removing`] counted was reported (or failed).
+    pub(super) fn removal_reported(&self, dir: u64, name: &[u8]) {
+        self.removing[removing_slot(dir, name)].fetch_sub(1, SeqCst);
     }
 
     /// A kernel request that may hand the kernel an entry of `dir` (a LOOKUP in it, or a
@@ -284,6 +331,17 @@ impl Drop for Handing<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_name_while_its_removal_is_reported_takes_the_entry_invalidation() {
+        let k = KernelNames::new(Duration::from_secs(1));
+        k.removing(1, b"a");
+        assert_eq!(k.new_name(1, b"a"), Needs::Entry(None));
+        assert_eq!(k.new_name(1, b"b"), Needs::Attributes, "another name");
+        assert_eq!(k.new_name(2, b"a"), Needs::Attributes, "another directory");
+        k.removal_reported(1, b"a");
+        assert_eq!(k.new_name(1, b"a"), Needs::Attributes);
+    }
 
     #[test]
     fn a_removal_is_unseen_only_without_kernel_requests_or_listings() {

@@ -90,6 +90,14 @@ impl Invalidate for EngineSink {
         !self.names.removal_unseen(dir.get())
     }
 
+    fn removing(&self, parent: Ino, name: &[u8]) {
+        self.names.removing(parent.get(), name);
+    }
+
+    fn removal_reported(&self, parent: Ino, name: &[u8]) {
+        self.names.removal_reported(parent.get(), name);
+    }
+
     fn may_hold_new_name(&self, dir: Ino, name: &[u8]) -> bool {
         self.names.new_name(dir.get(), name) != Needs::Attributes
     }
