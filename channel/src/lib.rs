@@ -115,7 +115,8 @@ pub const OP_SETATTR: u32 = OP_BASE + 10;
 /// `fsync`/`fdatasync` of a file the client created and has not opened through the kernel
 /// (a deferred descriptor): [`FsyncIn`] and the file's path. The server checks that the path
 /// names the inode, then waits for the store to make every change so far durable, as the
-/// kernel's FSYNC does.
+/// kernel's FSYNC does; EXDEV (the kernel's to do) when the kernel holds the inode, whose
+/// dirty pages only the kernel's own FSYNC writes back.
 pub const OP_FSYNC: u32 = OP_BASE + 11;
 
 /// Whether `op` is one of the channel's opcodes.

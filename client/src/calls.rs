@@ -107,8 +107,17 @@ unsafe fn one(
     one_at(dirfd, p, op, arg, before, reply, None)
 }
 
-/// [`one`] on a path already read, which also gives the path through the kernel (the
-/// mountpoint and the path from the mount's root) and the mount's device number to
+/// A path through the kernel (the mountpoint and the path from the mount's root, without
+/// NUL) and the mount's device number, as [`one_at`] gives them: on the stack, since
+/// `open` may be called from a signal handler that interrupted `malloc`.
+struct KernelPath {
+    buf: [u8; crate::fds::PATH_ROOM],
+    /// 0 if the path did not fit.
+    len: usize,
+    dev: (u32, u32),
+}
+
+/// [`one`] on a path already read, which also gives the path through the kernel to
 /// `target` when asked.
 fn one_at(
     dirfd: c_int,
@@ -117,16 +126,21 @@ fn one_at(
     arg: &[u8],
     before: Option<&[u8]>,
     reply: &mut [u8],
-    target: Option<&mut (Vec<u8>, (u32, u32))>,
+    target: Option<&mut KernelPath>,
 ) -> Option<Result<usize, i32>> {
     let busy = Busy::enter()?;
     let mut buf = std::mem::MaybeUninit::uninit();
     let at = locate(dirfd, p, &mut buf)?;
-    if let Some((k, dev)) = target {
-        k.extend_from_slice(&at.mount.point);
-        k.push(b'/');
-        k.extend_from_slice(at.rel);
-        *dev = at.mount.dev;
+    if let Some(k) = target {
+        let (point, rel) = (&at.mount.point[..], at.rel);
+        let len = point.len() + 1 + rel.len();
+        if len < k.buf.len() {
+            k.buf[..point.len()].copy_from_slice(point);
+            k.buf[point.len()] = b'/';
+            k.buf[point.len() + 1..len].copy_from_slice(rel);
+            k.len = len;
+        }
+        k.dev = at.mount.dev;
     }
     if op != OP_STAT && op != OP_READLINK && op != OP_SETATTR && at.rel == b"." {
         return None; // the mountpoint: EBUSY, EXDEV at its edge, are the kernel's to say
@@ -797,6 +811,10 @@ interpose! {
 /// # Safety
 /// The paths as for [`bytes`].
 unsafe fn do_link(from: (c_int, CPath), to: (c_int, CPath), flags: c_int) -> Option<c_int> {
+    // SAFETY: the caller's contract.
+    if !unsafe { proc_fd_settled(from.1) } {
+        return Some(-1);
+    }
     if flags & !libc::AT_SYMLINK_FOLLOW != 0 {
         return None; // AT_EMPTY_PATH: a descriptor, the kernel's
     }
@@ -896,6 +914,10 @@ interpose! {
 /// # Safety
 /// `path` as for [`bytes`].
 unsafe fn do_setattr(dirfd: c_int, path: CPath, s: &SetattrIn) -> Option<c_int> {
+    // SAFETY: the caller's contract.
+    if !unsafe { proc_fd_settled(path) } {
+        return Some(-1);
+    }
     if s.valid & (FATTR_MODE | FATTR_UID | FATTR_GID) != 0 {
         // SAFETY: the caller's contract.
         unsafe { before_removing(dirfd, path) };
@@ -1132,7 +1154,11 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
         padding: 0,
     };
     let mut out = StatOut::default();
-    let mut target = (Vec::new(), (0, 0));
+    let mut target = KernelPath {
+        buf: [0; crate::fds::PATH_ROOM],
+        len: 0,
+        dev: (0, 0),
+    };
     let made = one_at(
         dirfd,
         p,
@@ -1145,12 +1171,11 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
     // The kernel opens it when the program first uses the descriptor (`fds.rs`), unless
     // the mode it got (a default ACL's) keeps its owner from the access asked for.
     if made.is_ok() && out.attr.mode & need == need {
-        let (path, dev) = target;
         let m = crate::fds::Made {
-            path,
+            path: &target.buf[..target.len],
             ino: out.attr.ino,
             btime: out.birth(),
-            dev,
+            dev: target.dev,
         };
         if let Some(fd) = crate::fds::defer(m, flags) {
             return Some(fd);
@@ -1191,10 +1216,10 @@ unsafe fn open_create(dirfd: c_int, path: CPath, flags: c_int, mode: c_uint) -> 
 /// through the kernel, `ino` its inode. None when the kernel must do it (the descriptor is
 /// then settled first).
 pub(crate) fn fsync_deferred(
-    made: &crate::fds::Made,
+    made: &crate::fds::Made<'_>,
     datasync: bool,
 ) -> Option<Result<usize, i32>> {
-    let (path, ino) = (&made.path, made.ino);
+    let (path, ino) = (made.path, made.ino);
     let arg = FsyncIn {
         ino,
         datasync: u32::from(datasync),

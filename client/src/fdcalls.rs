@@ -140,18 +140,10 @@ settling! {
     fn futimens(fd: c_int, t: *const libc::timespec) -> c_int, fd fd, fail minus_one;
     /// Interposed: `futimes`.
     fn futimes(fd: c_int, t: *const libc::timeval) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `fcntl` (every command: the flags, locks and duplicates are the file's).
-    fn fcntl(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `fcntl64`.
-    fn fcntl64(fd: c_int, cmd: c_int, arg: c_ulong) -> c_int, fd fd, fail minus_one;
     /// Interposed: `ioctl`.
     fn ioctl(fd: c_int, req: c_ulong, arg: c_ulong) -> c_int, fd fd, fail minus_one;
     /// Interposed: `flock`.
     fn flock(fd: c_int, op: c_int) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `lockf`.
-    fn lockf(fd: c_int, cmd: c_int, len: Off) -> c_int, fd fd, fail minus_one;
-    /// Interposed: `lockf64`.
-    fn lockf64(fd: c_int, cmd: c_int, len: Off64) -> c_int, fd fd, fail minus_one;
     /// Interposed: `posix_fadvise` (returns the error number).
     fn posix_fadvise(fd: c_int, off: Off, len: Off, advice: c_int) -> c_int, fd fd,
         fail |e| e;
@@ -260,6 +252,18 @@ settling! {
     fn aio_write(cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
     /// Interposed: `aio_fsync`.
     fn aio_fsync(op: c_int, cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `aio_read64`.
+    fn aio_read64(cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `aio_write64`.
+    fn aio_write64(cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `aio_fsync64`.
+    fn aio_fsync64(op: c_int, cb: *mut libc::aiocb) -> c_int, aio cb, fail minus_one;
+    /// Interposed: `lio_listio` (every deferred descriptor settled).
+    fn lio_listio(mode: c_int, list: *const *mut libc::aiocb, n: c_int, ev: *mut libc::sigevent)
+        -> c_int, all, fail minus_one;
+    /// Interposed: `lio_listio64`.
+    fn lio_listio64(mode: c_int, list: *const *mut libc::aiocb, n: c_int,
+        ev: *mut libc::sigevent) -> c_int, all, fail minus_one;
 }
 
 macro_rules! export_sendfile {
@@ -307,6 +311,8 @@ macro_rules! export_poll {
 }
 export_poll!(poll, (timeout: c_int));
 export_poll!(ppoll, (t: *const libc::timespec, mask: *const libc::sigset_t));
+export_poll!(__poll_chk, (timeout: c_int, len: usize));
+export_poll!(__ppoll_chk, (t: *const libc::timespec, mask: *const libc::sigset_t, len: usize));
 
 /// Interposed: `close` (a deferred descriptor is deferred no longer once closed).
 ///
@@ -418,7 +424,8 @@ macro_rules! export_fsync {
         /// As the C library's function.
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name(fd: c_int) -> c_int {
-            if let Some(made) = crate::fds::deferred(fd) {
+            let mut buf = [0; crate::fds::PATH_ROOM];
+            if let Some(made) = crate::fds::deferred(fd, &mut buf) {
                 match crate::calls::fsync_deferred(&made, $datasync) {
                     Some(Ok(_)) => return 0,
                     Some(Err(e)) => {
@@ -440,3 +447,98 @@ macro_rules! export_fsync {
 }
 export_fsync!(fsync, c"fsync", false);
 export_fsync!(fdatasync, c"fdatasync", true);
+
+macro_rules! export_locking {
+    ($name:ident, ($($a:ident: $t:ty),*), $locks:expr) => {
+        /// Interposed: `fcntl`/`lockf` (settles the descriptor; a record lock settles every
+        /// deferred descriptor first and ends deferral in this process, `fds.rs`).
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(fd: c_int, cmd: c_int $(, $a: $t)*) -> c_int {
+            if $locks(cmd) {
+                crate::fds::record_locks();
+            }
+            if !settled(fd) {
+                return -1;
+            }
+            type F = unsafe extern "C" fn(c_int, c_int $(, $t)*) -> c_int;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(c_name!($name), F)(fd, cmd $(, $a)*) }
+        }
+    };
+}
+
+/// Whether `fcntl` command `cmd` takes a POSIX record lock.
+fn fcntl_locks(cmd: c_int) -> bool {
+    matches!(cmd, libc::F_SETLK | libc::F_SETLKW)
+}
+
+export_locking!(fcntl, (arg: c_ulong), fcntl_locks);
+export_locking!(fcntl64, (arg: c_ulong), fcntl_locks);
+export_locking!(lockf, (len: Off), |cmd| cmd != libc::F_TEST);
+export_locking!(lockf64, (len: Off64), |cmd| cmd != libc::F_TEST);
+
+/// Defines interposed functions on a path, `fn NAME(ARGS) -> RET, fail F;` whose first
+/// argument is the path: a path `/proc/self/fd/N` (or `/dev/fd/N`) of a deferred descriptor
+/// is settled first, then the C library's `NAME` runs (`F`: what to return, errno set, if
+/// the settling fails).
+macro_rules! proc_paths {
+    ($($(#[doc = $doc:literal])* fn $name:ident(path: *const c_char $(, $a:ident: $t:ty)*) -> $ret:ty,
+        fail $fail:expr;)*) => {$(
+        $(#[doc = $doc])*
+        ///
+        /// # Safety
+        /// As the C library's function.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(path: *const c_char $(, $a: $t)*) -> $ret {
+            // SAFETY: the C function's contract.
+            if !unsafe { crate::calls::proc_fd_settled(path) } {
+                return $fail;
+            }
+            type F = unsafe extern "C" fn(*const c_char $(, $t)*) -> $ret;
+            // SAFETY: the C library's own function with the caller's arguments.
+            unsafe { real!(c_name!($name), F)(path $(, $a)*) }
+        }
+    )*};
+}
+
+proc_paths! {
+    /// Interposed: `truncate` (a `/proc/self/fd/N` path of a deferred descriptor settled).
+    fn truncate(path: *const c_char, len: Off) -> c_int, fail -1;
+    /// Interposed: `truncate64`.
+    fn truncate64(path: *const c_char, len: Off64) -> c_int, fail -1;
+    /// Interposed: `utime`.
+    fn utime(path: *const c_char, t: *const libc::utimbuf) -> c_int, fail -1;
+    /// Interposed: `utimes`.
+    fn utimes(path: *const c_char, t: *const libc::timeval) -> c_int, fail -1;
+    /// Interposed: `lutimes`.
+    fn lutimes(path: *const c_char, t: *const libc::timeval) -> c_int, fail -1;
+    /// Interposed: `access`.
+    fn access(path: *const c_char, mode: c_int) -> c_int, fail -1;
+    /// Interposed: `euidaccess`.
+    fn euidaccess(path: *const c_char, mode: c_int) -> c_int, fail -1;
+    /// Interposed: `eaccess`.
+    fn eaccess(path: *const c_char, mode: c_int) -> c_int, fail -1;
+    /// Interposed: `setxattr`.
+    fn setxattr(path: *const c_char, name: *const c_char, v: *const c_void, n: usize, f: c_int)
+        -> c_int, fail -1;
+    /// Interposed: `lsetxattr`.
+    fn lsetxattr(path: *const c_char, name: *const c_char, v: *const c_void, n: usize, f: c_int)
+        -> c_int, fail -1;
+    /// Interposed: `getxattr`.
+    fn getxattr(path: *const c_char, name: *const c_char, v: *mut c_void, n: usize) -> isize,
+        fail -1;
+    /// Interposed: `lgetxattr`.
+    fn lgetxattr(path: *const c_char, name: *const c_char, v: *mut c_void, n: usize) -> isize,
+        fail -1;
+    /// Interposed: `listxattr`.
+    fn listxattr(path: *const c_char, list: *mut c_char, n: usize) -> isize, fail -1;
+    /// Interposed: `llistxattr`.
+    fn llistxattr(path: *const c_char, list: *mut c_char, n: usize) -> isize, fail -1;
+    /// Interposed: `removexattr`.
+    fn removexattr(path: *const c_char, name: *const c_char) -> c_int, fail -1;
+    /// Interposed: `lremovexattr`.
+    fn lremovexattr(path: *const c_char, name: *const c_char) -> c_int, fail -1;
+}

@@ -18,8 +18,9 @@
 //!
 //! Every function of the C library that takes a descriptor and is not only `close` settles
 //! it first (`fdcalls.rs`), as do the changes of process state it may not survive:
-//! `fork` (the `pthread_atfork` prepare handler: parent and child then share one open file
-//! description, as they must), the `exec` family, `posix_spawn`, `system`, `popen`, passing
+//! `fork` (the `pthread_atfork` prepare handler, which keeps the table locked and signals
+//! blocked until the fork is done: parent and child then share one open file description,
+//! as they must), the `exec` family, `posix_spawn`, `system`, `popen`, passing
 //! descriptors (`sendmsg`), and credential and root changes (`setuid`, `chroot`: the file is
 //! opened with the credentials that created it). This process's own removal, rename,
 //! `chmod`, `chown`, `utimensat` and `truncate` of the name settle the descriptors of that
@@ -27,7 +28,9 @@
 //! them), so a program that removes or locks down a file it holds open keeps it. `fsync` and
 //! `fdatasync` of a deferred descriptor go over the channel (`OP_FSYNC`, by path, checked
 //! against the inode) without settling it: create, fsync and close (a mail spool, fs_mark)
-//! never open the file through the kernel either.
+//! never open the file through the kernel either. (The server answers "the kernel's" when
+//! the kernel holds the inode, whose dirty pages, of another descriptor or a shared mapping,
+//! only the kernel's own FSYNC writes back; the descriptor is then settled and fsynced.)
 //!
 //! What no interposed function reaches sees the placeholder, which fails loudly and touches
 //! no file: a raw `read` or `write` is EBADF, a path relative to it ENOTDIR, an `exec` by a
@@ -44,13 +47,19 @@
 //! written through this descriptor, has lost nothing). Settling needs one free descriptor
 //! number for a moment (EMFILE at the limit).
 //!
-//! `LANEFS_RUN_DEFER=0` (`lanefs run --no-defer`) turns deferral off.
+//! A process that takes a POSIX record lock (`fcntl(F_SETLK)`, `lockf`) has every deferred
+//! descriptor settled first and defers none from then on: such locks go when the process
+//! closes any descriptor of the file, which settling does (the descriptor it opens) and
+//! closing a placeholder does not. `LANEFS_RUN_DEFER=0` (`lanefs run --no-defer`) turns
+//! deferral off.
 //!
 //! State, and why it is safe: which numbers are deferred is a bitmap of atomics ([`BITS`],
 //! descriptors below [`MAX_FD`]), read without a lock by every interposed call while
 //! [`COUNT`] is above 0 (one load when it is 0, which is the case in a process that has
-//! none). What each one is (path, inode, flags) is in [`TABLE`], a lock taken to defer, to
-//! settle, and around the `close` or `dup2` that ends a deferred number: a settle and the
+//! none). What each one is (path, inode, flags) is in [`TABLE`] (a fixed array by number,
+//! paths in slots of its own pages: nothing here calls `malloc`, which a signal handler
+//! cannot), behind a lock taken to defer, to settle, and around the `close` or `dup2` that
+//! ends a deferred number: a settle and the
 //! call that closes the number never interleave, and the bit is cleared only after the
 //! number was closed, so a thread that finds the bit clear uses what the number is now. A
 //! bit is set after the table entry is written and before the number is returned. The lock
@@ -75,10 +84,11 @@ static BITS: [AtomicU64; MAX_FD / 64] = [const { AtomicU64::new(0) }; MAX_FD / 6
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// The file a deferred descriptor stands for.
-pub(crate) struct Made {
+#[derive(Clone, Copy)]
+pub(crate) struct Made<'p> {
     /// Its path through the kernel (the mountpoint and the path from the mount's root),
     /// without NUL.
-    pub path: Vec<u8>,
+    pub path: &'p [u8],
     /// Its inode number.
     pub ino: u64,
     /// Its birth time, if the server gave one.
@@ -87,10 +97,18 @@ pub(crate) struct Made {
     pub dev: (u32, u32),
 }
 
-/// What a deferred descriptor is.
+/// What a deferred descriptor is; all zeroes (a null path) for none, so that the table's
+/// array is zero-initialised memory (`.bss`), not 4 MB of the library's file.
 struct Deferred {
-    /// The file, its path NUL-terminated.
-    made: Made,
+    /// Its path, NUL-terminated, in a slot of [`Table`]'s arena; null for no entry.
+    path: *mut u8,
+    /// The path's length without the NUL.
+    len: usize,
+    /// The rest of [`Made`]: the birth time is `born` (seconds, nanoseconds) if `has_born`.
+    ino: u64,
+    born: (i64, u32),
+    has_born: bool,
+    dev: (u32, u32),
     /// The flags to open it with (the program's, without `O_CREAT`, `O_EXCL`, `O_TRUNC` and
     /// `O_CLOEXEC`).
     flags: c_int,
@@ -98,11 +116,125 @@ struct Deferred {
     cloexec: bool,
 }
 
-/// The deferred descriptors' details, by number (entries of closed numbers may linger; the
-/// bit says which are live), behind [`Lock`].
+impl Deferred {
+    const NONE: Deferred = Deferred {
+        path: std::ptr::null_mut(),
+        len: 0,
+        ino: 0,
+        born: (0, 0),
+        has_born: false,
+        dev: (0, 0),
+        flags: 0,
+        cloexec: false,
+    };
+
+    fn made(&self) -> Made<'_> {
+        Made {
+            // SAFETY: `path` holds `len` bytes written by `defer` and lives until the entry
+            // is taken out of the table (`Table::take`), which `&self` outlives.
+            path: unsafe { std::slice::from_raw_parts(self.path, self.len) },
+            ino: self.ino,
+            btime: self.has_born.then_some(self.born),
+            dev: self.dev,
+        }
+    }
+}
+
+/// The deferred descriptors' details, by number, and the memory their paths live in. No
+/// call here allocates with `malloc`: a program may create or use a file from a signal
+/// handler that interrupted `malloc` (`open` and `write` are async-signal-safe), so the
+/// table is a fixed array and paths live in slots carved from pages of its own (`mmap`),
+/// kept on free lists, never given back.
+struct Table {
+    slots: [Deferred; MAX_FD],
+    /// Free path slots of [`SMALL`] and [`PATH_ROOM`] bytes: each holds the next's address.
+    free: [*mut u8; 2],
+}
+
+/// The smaller path slot (most paths fit).
+const SMALL: usize = 256;
+/// The larger: a path through the kernel longer than this (NUL included) is not deferred.
+pub(crate) const PATH_ROOM: usize = 4096;
+/// Pages mapped at a time for path slots.
+const CHUNK: usize = 64 * 1024;
+
+impl Table {
+    fn get(&self, fd: c_int) -> Option<&Deferred> {
+        let d = self.slots.get(usize::try_from(fd).ok()?)?;
+        (!d.path.is_null()).then_some(d)
+    }
+
+    fn get_mut(&mut self, fd: c_int) -> Option<&mut Deferred> {
+        let d = self.slots.get_mut(usize::try_from(fd).ok()?)?;
+        (!d.path.is_null()).then_some(d)
+    }
+
+    /// Takes `fd`'s entry out, its path slot back on its free list.
+    fn take(&mut self, fd: c_int) {
+        let Some(d) = usize::try_from(fd)
+            .ok()
+            .and_then(|i| self.slots.get_mut(i))
+            .filter(|d| !d.path.is_null())
+            .map(|d| std::mem::replace(d, Deferred::NONE))
+        else {
+            return;
+        };
+        let class = usize::from(d.len + 1 > SMALL);
+        // SAFETY: the slot came from `alloc` of this class and nothing else refers to it
+        // now that its entry is gone; its first bytes hold the free list's link.
+        unsafe { d.path.cast::<*mut u8>().write_unaligned(self.free[class]) };
+        self.free[class] = d.path;
+    }
+
+    /// A slot for a path of `len` bytes (its NUL included), or None.
+    fn alloc(&mut self, len: usize) -> Option<*mut u8> {
+        let (class, size) = match len {
+            0..=SMALL => (0, SMALL),
+            _ if len <= PATH_ROOM => (1, PATH_ROOM),
+            _ => return None,
+        };
+        if self.free[class].is_null() {
+            // SAFETY: an anonymous private mapping of CHUNK bytes; checked below.
+            let p = unsafe {
+                libc::syscall(
+                    libc::SYS_mmap,
+                    std::ptr::null_mut::<u8>(),
+                    CHUNK,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            if p < 0 {
+                return None;
+            }
+            let base = p as *mut u8;
+            for i in (0..CHUNK / size).rev() {
+                // SAFETY: slot `i` lies inside the fresh mapping; its first bytes hold the
+                // free list's link.
+                unsafe {
+                    let slot = base.add(i * size);
+                    slot.cast::<*mut u8>().write_unaligned(self.free[class]);
+                    self.free[class] = slot;
+                }
+            }
+        }
+        let slot = self.free[class];
+        // SAFETY: a slot on the free list holds the next one's address in its first bytes.
+        self.free[class] = unsafe { slot.cast::<*mut u8>().read_unaligned() };
+        Some(slot)
+    }
+}
+
+/// The deferred descriptors' details, behind [`Lock`] (an entry of a number no longer
+/// deferred may linger until the number is deferred again; the bit says which are live).
 static TABLE: Lock = Lock {
     held: AtomicBool::new(false),
-    entries: UnsafeCell::new(Vec::new()),
+    entries: UnsafeCell::new(Table {
+        slots: [Deferred::NONE; MAX_FD],
+        free: [std::ptr::null_mut(); 2],
+    }),
 };
 
 /// The process that owns [`TABLE`]: one that shares this memory without being it (a
@@ -116,7 +248,7 @@ static OWNER: AtomicI32 = AtomicI32::new(0);
 /// held only for a table change, one settle, or one `close`.
 struct Lock {
     held: AtomicBool,
-    entries: UnsafeCell<Vec<(c_int, Deferred)>>,
+    entries: UnsafeCell<Table>,
 }
 
 // SAFETY: `entries` is reached only through a `Guard`, which exists only while `held` was
@@ -146,7 +278,7 @@ impl Lock {
 }
 
 impl std::ops::Deref for Guard {
-    type Target = Vec<(c_int, Deferred)>;
+    type Target = Table;
     fn deref(&self) -> &Self::Target {
         // SAFETY: this guard holds the lock (see `Lock`).
         unsafe { &*self.0.entries.get() }
@@ -201,16 +333,44 @@ fn owner() -> bool {
 /// Before `fork` (the `pthread_atfork` prepare handler): every deferred descriptor is
 /// settled, so that parent and child share its open file description, and the table stays
 /// locked until [`after_fork`], so that no deferral starts meanwhile.
+/// The thread is inside this module (its [`InTable`] is kept) and every signal is blocked
+/// until [`after_fork`]: a signal handler, or another library's prepare handler (they run
+/// after this one), that creates or uses a file meanwhile goes through the kernel instead
+/// of waiting for the lock this thread holds.
 pub(crate) fn before_fork() {
-    let Some(_in) = InTable::enter() else { return };
+    let Some(inside) = InTable::enter() else {
+        return;
+    };
+    // SAFETY: sigset_t is plain data; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid sigset pointers; blocking signals has no other effect.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+    }
     let mut t = TABLE.lock();
     settle_all_locked(&mut t);
     std::mem::forget(t);
+    std::mem::forget(inside);
+    // SAFETY: the lock is held (by this thread, until `after_fork`): the only writer.
+    unsafe { *FORK_MASK.0.get() = old };
     FORK_HELD.store(true, Release);
 }
 
 /// Whether [`before_fork`] left the table locked.
 static FORK_HELD: AtomicBool = AtomicBool::new(false);
+
+/// The signal mask [`before_fork`] replaced, which [`after_fork`] puts back.
+// SAFETY: sigset_t is plain data, for which all zeroes is a valid (empty) value.
+static FORK_MASK: ForkMask = ForkMask(UnsafeCell::new(unsafe { std::mem::zeroed() }));
+
+struct ForkMask(UnsafeCell<libc::sigset_t>);
+
+// SAFETY: written by `before_fork` and read by `after_fork` only while the table's lock is
+// held for the fork (`FORK_HELD`), by the thread that forks.
+unsafe impl Sync for ForkMask {}
 
 /// After `fork`, in the parent and in the child: the table is unlocked; the child owns its
 /// copy. Also called in the child of a fork that ran no handler, where no other thread is
@@ -219,8 +379,29 @@ pub(crate) fn after_fork(child: bool) {
     if child {
         OWNER.store(own_pid(), Release);
     }
-    if FORK_HELD.swap(false, AcqRel) || child {
+    if FORK_HELD.swap(false, AcqRel) {
+        // SAFETY: `before_fork` saved the mask, under the lock this thread still holds.
+        let old = unsafe { *FORK_MASK.0.get() };
         TABLE.held.store(false, Release);
+        IN.with(|b| b.set(false));
+        // SAFETY: restoring the mask `before_fork` saved.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    } else if child {
+        TABLE.held.store(false, Release);
+    }
+}
+
+/// Whether this process has taken a POSIX record lock (`fcntl`, `lockf`): from then on no
+/// descriptor is deferred. A process's record locks on a file go when it closes *any*
+/// descriptor of the file, so settling (which closes the descriptor it opened, after
+/// `dup3`) would drop them, and closing a never-settled placeholder would not.
+static LOCKS_USED: AtomicBool = AtomicBool::new(false);
+
+/// The process is about to take a POSIX record lock: every deferred descriptor is settled
+/// first, and none is deferred from now on ([`LOCKS_USED`]).
+pub(crate) fn record_locks() {
+    if !LOCKS_USED.swap(true, AcqRel) {
+        settle_all();
     }
 }
 
@@ -258,8 +439,8 @@ type OpenAt = unsafe extern "C" fn(c_int, *const libc::c_char, c_int, ...) -> c_
 /// or None (deferral off, no `/dev/null`, a number too low or too high, re-entered, a
 /// process that does not own the table): then the caller opens the file through the
 /// kernel.
-pub(crate) fn defer(made: Made, flags: c_int) -> Option<c_int> {
-    if !on() {
+pub(crate) fn defer(made: Made<'_>, flags: c_int) -> Option<c_int> {
+    if !on() || LOCKS_USED.load(Acquire) || made.path.is_empty() || made.path.len() >= PATH_ROOM {
         return None;
     }
     let _in = InTable::enter()?;
@@ -278,28 +459,37 @@ pub(crate) fn defer(made: Made, flags: c_int) -> Option<c_int> {
         close_raw(fd);
         return None;
     };
-    let mut path = made.path;
-    path.push(0);
-    let d = Deferred {
-        made: Made { path, ..made },
+    let mut t = TABLE.lock();
+    let pid = own_pid();
+    let path = match OWNER.load(Acquire) {
+        0 => {
+            OWNER.store(pid, Release);
+            t.alloc(made.path.len() + 1)
+        }
+        o if o != pid => None,
+        _ => t.alloc(made.path.len() + 1),
+    };
+    let Some(path) = path else {
+        drop(t);
+        close_raw(fd);
+        return None;
+    };
+    // SAFETY: the slot holds at least `len + 1` bytes (`alloc`) and is this entry's alone.
+    unsafe {
+        std::ptr::copy_nonoverlapping(made.path.as_ptr(), path, made.path.len());
+        path.add(made.path.len()).write(0);
+    }
+    t.take(fd); // a lingering entry of the number
+    t.slots[fd as usize] = Deferred {
+        path,
+        len: made.path.len(),
+        ino: made.ino,
+        born: made.btime.unwrap_or_default(),
+        has_born: made.btime.is_some(),
+        dev: made.dev,
         flags: flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC | libc::O_CLOEXEC),
         cloexec: flags & libc::O_CLOEXEC != 0,
     };
-    let mut t = TABLE.lock();
-    let pid = own_pid();
-    match OWNER.load(Acquire) {
-        0 => OWNER.store(pid, Release),
-        o if o != pid => {
-            drop(t);
-            close_raw(fd);
-            return None;
-        }
-        _ => {}
-    }
-    match t.iter_mut().find(|(n, _)| *n == fd) {
-        Some(e) => e.1 = d,
-        None => t.push((fd, d)),
-    }
     COUNT.fetch_add(1, AcqRel);
     w.fetch_or(m, AcqRel);
     Some(fd)
@@ -325,7 +515,7 @@ fn closing_slow<R>(fd: c_int, call: impl FnOnce() -> R, ok: impl Fn(&R) -> bool)
             let mut t = TABLE.lock();
             let r = call();
             if ok(&r) && clear(fd) {
-                t.retain(|(n, _)| *n != fd);
+                t.take(fd);
             }
             r
         }
@@ -366,11 +556,11 @@ pub(crate) fn closing_range<R>(
                 continue;
             }
             if cloexec {
-                if let Some((_, d)) = t.iter_mut().find(|(n, _)| *n == fd) {
+                if let Some(d) = t.get_mut(fd) {
                     d.cloexec = true;
                 }
             } else if clear(fd) {
-                t.retain(|(n, _)| *n != fd);
+                t.take(fd);
             }
         }
     }
@@ -423,29 +613,29 @@ pub(crate) fn settle_ino(ino: u64) {
 
 fn settle_ino_locked(ino: u64) {
     let mut t = TABLE.lock();
-    let fds: Vec<c_int> = t
-        .iter()
-        .filter(|(_, d)| d.made.ino == ino)
-        .map(|(n, _)| *n)
-        .collect();
-    for fd in fds {
-        let _ = settle_locked(&mut t, fd);
+    for (i, w) in BITS.iter().enumerate() {
+        let mut bits = w.load(Acquire);
+        while bits != 0 {
+            let fd = (i * 64 + bits.trailing_zeros() as usize) as c_int;
+            bits &= bits - 1;
+            if t.get(fd).is_some_and(|d| d.ino == ino) {
+                let _ = settle_locked(&mut t, fd);
+            }
+        }
     }
 }
 
-/// The file `fd` stands for (its path without NUL), if it is deferred.
-pub(crate) fn deferred(fd: c_int) -> Option<Made> {
+/// The file `fd` stands for, if it is deferred, its path copied into `buf`.
+pub(crate) fn deferred<'b>(fd: c_int, buf: &'b mut [u8; PATH_ROOM]) -> Option<Made<'b>> {
     if COUNT.load(Acquire) == 0 || !is(fd) {
         return None;
     }
     let _in = InTable::enter()?;
     let t = TABLE.lock();
-    let (_, d) = t.iter().find(|(n, _)| *n == fd)?;
-    let m = &d.made;
-    Some(Made {
-        path: m.path[..m.path.len() - 1].to_vec(),
-        ..*m
-    })
+    let m = t.get(fd)?.made();
+    let path = buf.get_mut(..m.path.len())?;
+    path.copy_from_slice(m.path);
+    Some(Made { path, ..m })
 }
 
 /// Whether this process has deferred descriptors.
@@ -564,7 +754,7 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
         return Ok(()); // settled or closed meanwhile
     }
     let owner = owner();
-    let Some(at) = t.iter().position(|(n, _)| *n == fd) else {
+    let Some(d) = t.get(fd) else {
         if owner {
             clear(fd);
         }
@@ -575,17 +765,16 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
         // the number reused: not ours to replace.
         if owner {
             clear(fd);
-            t.swap_remove(at);
+            t.take(fd);
         }
         return Ok(());
     }
-    let d = &t[at].1;
     // Not waiting for a FIFO's reader, not taking a terminal: the path may name something
     // else by now, which the check below refuses. (Not O_NOFOLLOW: the kernel would keep
     // it in the flags `F_GETFL` reports; a link's target is refused by the check too.)
     let how = d.flags | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
-    // SAFETY: the C library's own `openat` of a NUL-terminated path.
-    let k = unsafe { real!(c"openat", OpenAt)(libc::AT_FDCWD, d.made.path.as_ptr().cast(), how) };
+    // SAFETY: the C library's own `openat` of a NUL-terminated path (`defer` wrote it).
+    let k = unsafe { real!(c"openat", OpenAt)(libc::AT_FDCWD, d.path.cast(), how) };
     if k < 0 {
         return Err(match errno() {
             libc::EMFILE
@@ -597,7 +786,7 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
             _ => libc::ESTALE,
         });
     }
-    if !is_made(k, &d.made) {
+    if !is_made(k, &d.made()) {
         close_raw(k);
         return Err(libc::ESTALE);
     }
@@ -616,7 +805,7 @@ fn settle_locked(t: &mut Guard, fd: c_int) -> Result<(), i32> {
     }
     if owner {
         clear(fd);
-        t.swap_remove(at);
+        t.take(fd);
     }
     Ok(())
 }
@@ -629,7 +818,10 @@ mod tests {
     fn a_failed_try_lock_leaves_the_lock_held() {
         static L: Lock = Lock {
             held: AtomicBool::new(false),
-            entries: UnsafeCell::new(Vec::new()),
+            entries: UnsafeCell::new(Table {
+                slots: [Deferred::NONE; MAX_FD],
+                free: [std::ptr::null_mut(); 2],
+            }),
         };
         let g = L.try_lock().expect("free");
         assert!(L.try_lock().is_none());

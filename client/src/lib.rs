@@ -49,9 +49,13 @@ pub use calls::*;
 pub use fdcalls::*;
 
 /// Runs when the library is loaded (an ELF constructor), before the program's `main`: the
-/// fork handler must be in place before the program can fork.
+/// fork handler must be in place before the program can fork, and the settings read from
+/// the environment before a signal handler can make the first call.
 extern "C" fn on_load() {
     conn::register_fork_handler();
+    // Read the environment now: the first call may come from a signal handler that
+    // interrupted `malloc`, where reading it (which allocates) is not safe.
+    let _ = (fds::on(), warm::on());
 }
 
 #[used]

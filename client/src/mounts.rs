@@ -170,8 +170,13 @@ fn watch() {
     } else {
         new
     };
+    // Threads making their first calls at once each open one: the first to publish keeps
+    // its own, the others close theirs. (Every descriptor of this process's `mountinfo` has
+    // the same inode number.)
     WATCH_INO.store(crate::real::fd_ino(new), Relaxed);
-    WATCH.store(new, Relaxed);
+    if WATCH.compare_exchange(fd, new, AcqRel, Relaxed).is_err() {
+        crate::real::close_raw(new);
+    }
 }
 
 /// In a forked child: the watch descriptor is the parent's open file; the child opens its

@@ -97,6 +97,12 @@ impl Server {
                 if a.ino.get() != f.ino {
                     return Err(Errno::ESTALE);
                 }
+                if self.fs.held_by_kernel(a.ino) {
+                    // The kernel may hold dirty pages of it (another descriptor, a shared
+                    // mapping), which only its own FSYNC writes back first: the client
+                    // settles the descriptor and fsyncs through the kernel.
+                    return Err(Errno::EXDEV);
+                }
                 if self.volatile_store {
                     return OK;
                 }
