@@ -1834,6 +1834,56 @@ fn deferred_edges(dir: &Path) {
     // SAFETY: closing our descriptors.
     unsafe { (libc::close(fd), libc::close(fd2)) };
     assert_eq!(std::fs::read(dir.join("proc")).unwrap(), b"via proc");
+    // A POSIX record lock taken through another descriptor of the file stays while the
+    // deferred one is first used (settling closes a descriptor of the file, which would drop
+    // it) and goes when the deferred one is closed (as closing any descriptor of it does).
+    let fd = create("locked", libc::O_RDWR);
+    let other = CString::new(dir.join("locked").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid C string.
+    let fd2 = unsafe { libc::open(other.as_ptr(), libc::O_RDWR) };
+    assert!(fd2 >= 0);
+    let lock = |fd: i32, cmd: i32, kind: i32| {
+        // SAFETY: a zeroed flock is a valid argument.
+        let mut l: libc::flock = unsafe { std::mem::zeroed() };
+        l.l_type = kind as i16;
+        l.l_whence = libc::SEEK_SET as i16;
+        // SAFETY: fcntl with a live flock.
+        let r = unsafe { libc::fcntl(fd, cmd, &mut l) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        l.l_type as i32
+    };
+    lock(fd2, libc::F_SETLK, libc::F_WRLCK);
+    write(fd, b"under lock");
+    let held_in_child = |fd: i32| {
+        in_child(&|| {
+            // SAFETY: a zeroed flock is a valid argument.
+            let mut l: libc::flock = unsafe { std::mem::zeroed() };
+            l.l_type = libc::F_WRLCK as i16;
+            // SAFETY: fcntl with a live flock, in the child.
+            unsafe {
+                libc::fcntl(fd, libc::F_GETLK, &mut l) == 0 && l.l_type != libc::F_UNLCK as i16
+            }
+        })
+    };
+    assert!(
+        held_in_child(fd2),
+        "the lock went when the deferred descriptor was first used"
+    );
+    // SAFETY: closing our descriptors.
+    unsafe { (libc::close(fd), libc::close(fd2)) };
+    let fd3 = create("locked2", libc::O_RDWR);
+    // SAFETY: a valid C string.
+    let fd4 = unsafe { libc::open(c("locked2").as_ptr(), libc::O_RDWR) };
+    lock(fd4, libc::F_SETLK, libc::F_WRLCK);
+    // SAFETY: closing the other descriptor, never used.
+    unsafe { libc::close(fd3) };
+    assert!(
+        !held_in_child(fd4),
+        "the lock stayed when a descriptor of the file was closed"
+    );
+    // SAFETY: closing our descriptor.
+    unsafe { libc::close(fd4) };
+    let _ = lock;
     // Privileges dropped, and the file locked down, before the first write: the file was
     // opened with the credentials that made it, as the kernel's open(O_CREAT) does.
     let open_dir = dir.join("open");
@@ -1900,7 +1950,12 @@ fn deferred_descriptors_under_threads_and_forks() {
             assert_eq!((meta.len(), meta.nlink()), (size, 1), "t{t}-{r}");
         }
     }
-    want.extend(["dupfail", "log", "open", "proc", "stdout"].map(String::from));
+    want.extend(
+        [
+            "dupfail", "locked", "locked2", "log", "open", "proc", "stdout",
+        ]
+        .map(String::from),
+    );
     want.sort();
     assert_eq!(names(p), want);
     assert!(m.channel_requests() > 8 * 150);
