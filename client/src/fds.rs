@@ -332,11 +332,11 @@ fn owner() -> bool {
 
 /// Before `fork` (the `pthread_atfork` prepare handler): every deferred descriptor is
 /// settled, so that parent and child share its open file description, and the table stays
-/// locked until [`after_fork`], so that no deferral starts meanwhile.
-/// The thread is inside this module (its [`InTable`] is kept) and every signal is blocked
-/// until [`after_fork`]: a signal handler, or another library's prepare handler (they run
-/// after this one), that creates or uses a file meanwhile goes through the kernel instead
-/// of waiting for the lock this thread holds.
+/// locked until [`after_fork`], so that no deferral starts meanwhile. Until then the thread
+/// also counts as inside this module (its [`InTable`] is kept) and has every signal
+/// blocked: a signal handler, or another library's prepare handler (those registered
+/// earlier run after this one), that creates or uses a file meanwhile goes through the
+/// kernel instead of waiting for the lock this thread holds.
 pub(crate) fn before_fork() {
     let Some(inside) = InTable::enter() else {
         return;
