@@ -521,6 +521,14 @@ fn new_names_over_the_channel_take_the_kernels_directory_lock_only_when_needed()
     );
     made(&mut sh, "rm r/w", false);
     assert!(meta("r/w").is_err());
+    // A rename of names the kernel never saw, and of one it looked up.
+    made(&mut sh, "ln -s x r/m && mv r/m r/n", false);
+    assert!(meta("r/m").is_err());
+    assert!(meta("r/n").unwrap().file_type().is_symlink());
+    made(&mut sh, "mv r/n r/o", true);
+    assert!(meta("r/n").is_err(), "the kernel's entry was dropped");
+    assert!(meta("r/o").unwrap().file_type().is_symlink());
+    made(&mut sh, "rm r/o", true);
     assert!(names(&p.join("r")).is_empty());
 }
 

@@ -601,8 +601,10 @@ impl Filesystem {
         flags: u32,
     ) -> Result<()> {
         let (parent, newparent) = (parent.into(), newparent.into());
-        let names = [(parent.ino(), name), (newparent.ino(), newname)];
-        self.removing(ctx, &names, || {
+        // Only the old name goes (the new one names the moved inode once the rename is
+        // made): a name made there again meanwhile must not be taken as one the kernel
+        // holds nothing under ([`Invalidate::removing`]).
+        self.removing(ctx, &[(parent.ino(), name)], || {
             self.rename_reported(ctx, parent, name, newparent, newname, flags)
         })
     }
