@@ -605,56 +605,44 @@ impl Filesystem {
         // made): a name made there again meanwhile must not be taken as one the kernel
         // holds nothing under ([`Invalidate::removing`]).
         self.removing(ctx, &[(parent.ino(), name)], || {
-            self.rename_reported(ctx, parent, name, newparent, newname, flags)
-        })
-    }
-
-    /// [`Filesystem::rename`]'s change and its report.
-    fn rename_reported(
-        &self,
-        ctx: &Ctx,
-        parent: InodeRef,
-        name: &[u8],
-        newparent: InodeRef,
-        newname: &[u8],
-        flags: u32,
-    ) -> Result<()> {
-        let [moved, changed] = self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
-        // Inodes before names, while the kernel's entries still hold them (as
-        // `report_removal` does).
-        self.report(ctx, |s| {
-            // Nothing of either name in the kernel (as for a removal, `report_removal`: no
-            // request handing it entries of either directory runs and no listing of them
-            // is kept, asked first; no entry saying the new name is absent; no reference
-            // on an inode the rename changed, read after): the directories' attributes
-            // only. Not for a directory moved to another parent, whose listing changed.
-            let (p, np) = (parent.ino(), newparent.ino());
-            if moved.iter().all(Option::is_none)
-                && !s.may_see_removal(p)
-                && (np == p || !s.may_see_removal(np))
-                && !s.may_hold_new_name(np, newname)
-                && changed.iter().flatten().all(|&i| !self.watch.held.holds(i))
-            {
-                s.removed_unseen(p);
-                if np != p {
-                    s.removed_unseen(np);
+            let [moved, changed] =
+                self.rename_inner(ctx, parent, name, newparent, newname, flags)?;
+            // Inodes before names, while the kernel's entries still hold them (as
+            // `report_removal` does).
+            self.report(ctx, |s| {
+                // Nothing of either name in the kernel (as for a removal, `report_removal`: no
+                // request handing it entries of either directory runs and no listing of them
+                // is kept, asked first; no entry saying the new name is absent; no reference
+                // on an inode the rename changed, read after): the directories' attributes
+                // only. Not for a directory moved to another parent, whose listing changed.
+                let (p, np) = (parent.ino(), newparent.ino());
+                if moved.iter().all(Option::is_none)
+                    && !s.may_see_removal(p)
+                    && (np == p || !s.may_see_removal(np))
+                    && !s.may_hold_new_name(np, newname)
+                    && changed.iter().flatten().all(|&i| !self.watch.held.holds(i))
+                {
+                    s.removed_unseen(p);
+                    if np != p {
+                        s.removed_unseen(np);
+                    }
+                    return;
                 }
-                return;
-            }
-            // The inodes whose attributes the rename changed, as another name or an open
-            // descriptor sees them: the one moved (its ctime), the one replaced (its link
-            // count and ctime) or exchanged (its ctime).
-            for i in changed.into_iter().flatten() {
-                s.inode(i, None);
-            }
-            // A directory moved to another parent lists another `..`.
-            for d in moved.into_iter().flatten() {
-                s.listing(d);
-            }
-            s.entry(parent.ino(), name);
-            s.entry(newparent.ino(), newname);
-        });
-        Ok(())
+                // The inodes whose attributes the rename changed, as another name or an open
+                // descriptor sees them: the one moved (its ctime), the one replaced (its link
+                // count and ctime) or exchanged (its ctime).
+                for i in changed.into_iter().flatten() {
+                    s.inode(i, None);
+                }
+                // A directory moved to another parent lists another `..`.
+                for d in moved.into_iter().flatten() {
+                    s.listing(d);
+                }
+                s.entry(parent.ino(), name);
+                s.entry(newparent.ino(), newname);
+            });
+            Ok(())
+        })
     }
 
     /// `rename`'s work; returns the directories it moved to another parent (their `..`
