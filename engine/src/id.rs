@@ -223,15 +223,15 @@ impl InoAlloc {
 }
 
 impl InoAlloc {
-    /// After recovery: numbers below the fresh range that no inode holds (`in_use`) become
-    /// free, in batches on the shared overflow list.
-    pub fn reclaim(&self, mut in_use: Vec<Ino>, stats: &Stats) {
+    /// After recovery: numbers above `floor` and below the fresh range that no inode holds
+    /// (`in_use`) become free, in batches on the shared overflow list.
+    pub fn reclaim(&self, floor: Ino, mut in_use: Vec<Ino>, stats: &Stats) {
         in_use.sort_unstable();
         let end = self.next_ino.load(Relaxed);
         let mut used = in_use.iter().map(|i| i.0).peekable();
         let mut batch = Vec::new();
         let mut spill = Vec::new();
-        for n in (Ino::ROOT.0 + 1)..end {
+        for n in (floor.0.max(Ino::ROOT.0) + 1)..end {
             while used.next_if(|&u| u < n).is_some() {}
             if used.peek() == Some(&n) {
                 continue;
@@ -331,7 +331,7 @@ mod tests {
             generation: Generation(9),
         });
         let used = vec![Ino(2), Ino(5), Ino(2000), Ino(1500)];
-        a.reclaim(used.clone(), &stats);
+        a.reclaim(Ino::ROOT, used.clone(), &stats);
         let got: Vec<u64> = (0..3000).map(|_| a.alloc(&stats).unwrap().ino.0).collect();
         assert!(
             got.iter().all(|n| !used.iter().any(|u| u.0 == *n)),

@@ -57,6 +57,8 @@ named_enum! {
         Handles => "handles",
         /// Per-inode extended attributes.
         Xattr => "xattr",
+        /// The lazily loaded table's miss path in the "before" modes (`fs/lazy.rs`).
+        InodeHash => "inode_hash",
     }
 }
 

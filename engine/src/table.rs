@@ -96,6 +96,21 @@ impl InodeTable {
         unsafe { new.deref() }
     }
 
+    /// Publishes an inode a store loaded (`fs/lazy.rs`), built in place (a directory's
+    /// entries point into its body before it is published), in its slot, which must be
+    /// empty: a number the store holds is never handed out while its inode is not loaded.
+    pub fn install_loaded<'g>(&self, inode: Owned<Inode>, g: &'g Guard) -> &'g Inode {
+        let ino = inode.ino;
+        assert!(ino.0 <= MAX_INO, "ino {ino} beyond table");
+        let slot = &self.leaf_or_alloc(ino)[(ino.0 as usize) & (LEAF - 1)];
+        let new = inode.into_shared(g);
+        // Release: as `install`.
+        let prev = slot.swap(new, AcqRel, g);
+        assert!(prev.is_null(), "slot {ino} loaded while occupied");
+        // SAFETY: as `install`.
+        unsafe { new.deref() }
+    }
+
     /// Empties the slot of `inode` and schedules the inode's destruction after every current
     /// guard. The caller owns the inode's `DEAD` transition, so nothing can reach it any more
     /// except readers already holding a pointer.

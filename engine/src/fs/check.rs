@@ -43,7 +43,11 @@ impl Filesystem {
     /// only by references, and only a nameless regular file (a tmpfile) may be linkable; the
     /// inode, space and xattr bookkeeping matches what exists; the flags word holds known
     /// flags only, and 'i' or 'a' only on a regular file or directory.
+    ///
+    /// A lazily loaded filesystem (`lazy.rs`) is loaded whole first.
     pub fn check_invariants(&self) -> Result<CheckReport, String> {
+        self.load_all()
+            .map_err(|e| format!("loading the whole namespace: {e}"))?;
         let g = epoch::pin();
         let mut errs: Vec<String> = Vec::new();
         let mut inodes: HashMap<InoGen, &Inode> = HashMap::new();

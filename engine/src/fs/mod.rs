@@ -17,6 +17,7 @@ mod cache;
 mod check;
 mod file;
 mod inode_flags;
+mod lazy;
 mod namespace;
 mod readdir;
 mod recovery;
@@ -32,6 +33,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
+pub use lazy::{LoadedEntry, LoadedInode};
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SYMLINK_MAX};
 pub use readdir::{DirEnd, DirEntry};
@@ -294,6 +296,9 @@ pub struct Filesystem {
     /// Unlinked files only the kernel's lookups hold, whose contents may go before their
     /// FORGET (`unlinked.rs`).
     unlinked: unlinked::Unlinked,
+    /// The miss path of a filesystem whose store loads inodes as they are needed
+    /// (`lazy.rs`); `None`: every inode is in the table.
+    lazy: Option<lazy::Lazy>,
 }
 
 fn physical_memory() -> u64 {
@@ -371,6 +376,7 @@ impl Filesystem {
             replaying: AtomicBool::new(true),
             over_forgets: std::sync::atomic::AtomicU64::new(0),
             unlinked: Default::default(),
+            lazy: None,
             cfg,
         }
     }
@@ -559,7 +565,7 @@ impl Filesystem {
     /// inode too (`getattr`: link count 0, no blocks).
     fn iget_emptied<'g>(&self, r: impl Into<InodeRef>, g: &'g Guard) -> Result<&'g Inode> {
         let r = r.into();
-        match self.table.get(r.ino(), g) {
+        match self.tget(r.ino(), g)? {
             Some(i) if !i.is_dead() => match r {
                 InodeRef::Exact(id) if i.generation != id.generation => Err(Errno::ENOENT),
                 _ => Ok(i),
@@ -572,7 +578,16 @@ impl Filesystem {
     /// was read (the entry changed meanwhile).
     #[inline]
     fn iget_racy<'g>(&self, key: InoGen, g: &'g Guard) -> Option<&'g Inode> {
-        self.table.get_gen(key, g)
+        match self.table.get_gen(key, g) {
+            Some(i) => Some(i),
+            // Not loaded yet (`lazy.rs`); a store that fails is met again under the stripe
+            // (`iget_named`), which says EIO.
+            None => self
+                .load_missing(key.ino(), None, g)
+                .ok()
+                .flatten()
+                .filter(|i| i.key() == key),
+        }
     }
 
     /// The inode an entry read under its stripe names. Under the stripe the entry cannot
@@ -581,7 +596,7 @@ impl Filesystem {
     /// and a panic in debug builds.
     #[inline]
     fn iget_named<'g>(&self, de: Dirent, g: &'g Guard) -> Result<&'g Inode> {
-        match self.table.get_gen(de.target, g) {
+        match self.tget(de.target.ino(), g)?.filter(|i| i.key() == de.target) {
             Some(i) => Ok(i),
             None => {
                 debug_assert!(false, "entry names missing inode {:?}", de.target);

@@ -68,6 +68,43 @@ impl Filesystem {
     }
 }
 
+impl Filesystem {
+    /// Starts rebuilding a filesystem whose store loads inodes as they are needed
+    /// (`lazy.rs`): the store holds inodes numbered up to `max_ino`, its root among them,
+    /// which is loaded now; the records after them are then applied as by
+    /// [`Filesystem::recover`], each loading what it touches. What the store's load already
+    /// holds (its highest generation, its cookie lanes, its orphans) is given through the
+    /// same [`Recovery`] calls as for a store loaded whole.
+    pub fn recover_lazy(
+        cfg: crate::Config,
+        store: Arc<dyn Store>,
+        max_ino: u64,
+    ) -> Result<Recovery, ReplayError> {
+        let mut fs = Filesystem::empty(cfg, store);
+        let max_ino = max_ino.max(Ino::ROOT.0);
+        if max_ino > crate::id::MAX_INO {
+            return err(format!("inode number {max_ino} beyond the table"));
+        }
+        fs.lazy = Some(super::lazy::Lazy::new(max_ino));
+        fs.ids.observe(InodeId {
+            ino: Ino(max_ino),
+            generation: Generation(0),
+        });
+        let g = epoch::pin();
+        match fs.tget(Ino::ROOT, &g) {
+            Ok(Some(r)) if r.is_dir() => {}
+            Ok(_) => return err("the store holds no root directory".into()),
+            Err(e) => return err(format!("loading the root: {e}")),
+        }
+        drop(g);
+        Ok(Recovery {
+            fs,
+            root_seen: true,
+            records: 0,
+        })
+    }
+}
+
 /// Notes the ids and cookie a replayed record carries, so that fresh ones come after them.
 pub(super) fn observe(fs: &Filesystem, rec: &Record<'_>) {
     match *rec {
@@ -102,8 +139,9 @@ impl Recovery {
 
     /// The inode `id` names, which must exist.
     fn inode<'g>(&self, id: InodeId, g: &'g epoch::Guard) -> Result<&'g Inode, ReplayError> {
-        match self.fs.table.get_gen(id.key(), g) {
-            Some(i) if i.id() == id && !i.is_dead() => Ok(i),
+        match self.fs.tget(id.ino, g) {
+            Ok(Some(i)) if i.id() == id && !i.is_dead() => Ok(i),
+            Err(e) => err(format!("loading inode {id}: {e}")),
             _ => err(format!("inode {id} does not exist")),
         }
     }
@@ -135,10 +173,13 @@ impl Recovery {
     }
 
     fn new_inode_ok(&self, n: &NewInode<'_>, g: &epoch::Guard) -> Result<(), ReplayError> {
-        if self.fs.table.get(n.id.ino, g).is_some() {
-            return err(format!("inode number {} is in use", n.id.ino));
+        // A lazily loaded store's copy of the number, if any, is loaded (and is then in use);
+        // if it has none, the number is marked seen, never to be loaded.
+        match self.fs.tget(n.id.ino, g) {
+            Ok(None) => Ok(()),
+            Ok(Some(_)) => err(format!("inode number {} is in use", n.id.ino)),
+            Err(e) => err(format!("loading inode number {}: {e}", n.id.ino)),
         }
-        Ok(())
     }
 
     /// Applies one record (see the module doc); an error says what does not fit.
@@ -415,7 +456,10 @@ impl Recovery {
             fs.put_refs(i, 1, &g);
             in_use.push(i.ino);
         }
-        fs.ids.reclaim(in_use, &fs.stats);
+        // A lazily loaded store may hold any number up to its highest: only those above are
+        // handed out again (`lazy.rs`).
+        let floor = fs.lazy.as_ref().map_or(Ino::ROOT, |l| Ino(l.max()));
+        fs.ids.reclaim(floor, in_use, &fs.stats);
         Ok(fs)
     }
 }

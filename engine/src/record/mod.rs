@@ -26,7 +26,8 @@ use std::sync::Arc;
 
 use crate::data::PageEpochs;
 use crate::errno::{Errno, Result};
-use crate::id::InodeId;
+use crate::fs::{LoadedEntry, LoadedInode};
+use crate::id::{Ino, InodeId};
 use crate::time::Timespec;
 
 pub use codec::DecodeError;
@@ -322,6 +323,24 @@ pub trait Store: Send + Sync {
     /// wait on anything an engine operation could hold. EIO if the store cannot read them.
     fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> Result<()> {
         let _ = (inode, first, buf);
+        Err(Errno::EIO)
+    }
+
+    /// The inode with number `ino` as the store holds it, for a filesystem recovered with
+    /// [`crate::Filesystem::recover_lazy`] (`fs/lazy.rs`): `None` if the store holds none.
+    /// Called once per number, the first time it is needed, by whatever thread needs it,
+    /// with no engine lock held; many at once for different numbers. EIO if the store
+    /// cannot read it (the store says why).
+    fn load_inode(&self, ino: Ino) -> Result<Option<LoadedInode>> {
+        let _ = ino;
+        Err(Errno::EIO)
+    }
+
+    /// The entries of directory `dir` as the store holds them, each with its inode unless
+    /// that is a directory (as [`Store::load_inode`] gives it), in any order. Called once
+    /// per directory, as [`Store::load_inode`].
+    fn load_entries(&self, dir: Ino) -> Result<Vec<LoadedEntry>> {
+        let _ = dir;
         Err(Errno::EIO)
     }
 }
