@@ -120,6 +120,11 @@ pub struct Options {
     pub checkpoint_reserve: u64,
     /// The clock of those waits (the host's, unless a test simulates it).
     pub clock: Arc<dyn Clock>,
+    /// Load the namespace as it is needed instead of whole when the store opens: the open
+    /// reads the root and the journal after the checkpoint, and each inode, and each
+    /// directory with its files, is read from the checkpoint the first time it is reached
+    /// (docs/STORE.md, "Loading on demand").
+    pub lazy: bool,
 }
 
 impl Default for Options {
@@ -139,6 +144,7 @@ impl Default for Options {
             checkpoint_cache: 64 << 20,
             checkpoint_reserve: u64::MAX,
             clock: Arc::new(RealClock),
+            lazy: std::env::var_os("LANEFS_LAZY").is_some(),
         }
     }
 }
@@ -157,6 +163,7 @@ impl std::fmt::Debug for Options {
             .field("checkpoint_retry_max", &self.checkpoint_retry_max)
             .field("checkpoint_cache", &self.checkpoint_cache)
             .field("checkpoint_reserve", &self.checkpoint_reserve)
+            .field("lazy", &self.lazy)
             .finish_non_exhaustive()
     }
 }
@@ -176,6 +183,12 @@ pub struct OpenReport {
     pub torn_tail: bool,
     /// Whether stamps come from the time-stamp counter (else a shared counter).
     pub tsc_stamps: bool,
+    /// Whether the namespace is loaded as it is needed ([`Options::lazy`], and a checkpoint
+    /// that counts what it holds).
+    pub lazy: bool,
+    /// When the store was loaded whole: how the counts its checkpoint kept differ from what
+    /// it holds (a bug; the next checkpoint writes the right ones).
+    pub counts_wrong: Option<String>,
 }
 
 /// An open store and the filesystem it holds.
@@ -235,6 +248,14 @@ impl Store for DiskStore {
 
     fn read_pages(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         self.pages.read(inode, first, buf)
+    }
+
+    fn load_inode(&self, ino: lanefs::Ino) -> lanefs::Result<Option<lanefs::LoadedInode>> {
+        self.pages.inode(ino)
+    }
+
+    fn load_entries(&self, dir: lanefs::Ino) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
+        self.pages.entries(dir)
     }
 }
 
@@ -488,10 +509,34 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         disk: opts.disk.clone(),
         dir: dir.to_path_buf(),
     });
-    let mut rec = Filesystem::recover(cfg, store);
-    let loaded = ck.load(&mut rec)?;
-    ck.compact_if_mostly_free(disk, loaded.bytes)?;
-    let loaded = loaded.inodes;
+    let counts = match opts.lazy && ck.lsn() != 0 {
+        true => ck.lazy_counts()?,
+        false => None,
+    };
+    let mut counts_wrong = None;
+    let (mut rec, loaded) = if let Some(counts) = counts {
+        let max = ck.max_ino()?;
+        let mut rec = Filesystem::recover_lazy(cfg, store, max, counts).map_err(|e| {
+            StoreError::Damaged {
+                path: ck.path().to_path_buf(),
+                offset: 0,
+                what: e.to_string(),
+            }
+        })?;
+        ck.begin_lazy(&mut rec)?;
+        (rec, 0)
+    } else {
+        // Whole: a store without a checkpoint, without counts (made before they were
+        // kept), or not opened lazily. The counts are checked against what was loaded.
+        let mut rec = Filesystem::recover(cfg, store);
+        let loaded = ck.load(&mut rec)?;
+        ck.compact_if_mostly_free(disk, loaded.bytes)?;
+        counts_wrong = ck.check_counts(rec.usage());
+        if let Some(w) = &counts_wrong {
+            eprintln!("lanefs: {w} (corrected by the next checkpoint)");
+        }
+        (rec, loaded.inodes)
+    };
     let checkpoint_lsn = ck.lsn();
     let synthesized = rec.records();
     let end = journal::scan(disk, dir, uuid, checkpoint_lsn + 1, |_, bytes| {
@@ -571,6 +616,8 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
             replayed,
             torn_tail: end.torn,
             tsc_stamps: committer.uses_tsc(),
+            lazy: counts.is_some(),
+            counts_wrong,
         },
     })
 }

@@ -43,9 +43,13 @@
 //! did before the seed's patch. Loads then run one at a time.
 //!
 //! # What is not done yet
-//! Loaded inodes stay loaded (no eviction, so memory still grows with what was touched), a
-//! directory is loaded whole with its files, and the size and inode limits count only what
-//! is loaded (docs/STORE.md, "Not built yet").
+//! Loaded inodes stay loaded (no eviction, so memory still grows with what was touched), and
+//! a directory is loaded whole with its files (docs/STORE.md, "Not built yet").
+//!
+//! # Limits
+//! The store says at the start what it holds (`recover_lazy`'s counts), and that is counted
+//! against the size and inode limits then; a load counts nothing, and freeing a loaded inode
+//! gives back what it holds, as for any other.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -279,22 +283,12 @@ impl Filesystem {
         }
         // Recovery holds every inode it has until it ends (`recovery.rs`).
         let refs = u32::from(self.replaying());
-        self.inode_quota.take(1)?;
         let g = crossbeam_epoch::pin();
-        let inode = match self.build(&l, kind, refs) {
-            Ok(i) => Owned::new(i),
-            Err(e) => {
-                self.inode_quota.give(1);
-                return Err(e);
-            }
-        };
-        if let Body::Dir(d) = &inode.body
-            && let Err(e) = self.load_entries(inode.key(), d, &g)
-        {
-            // Entries admitted before the failure stay in the map, naming a directory that
-            // is not published: the next miss on it finds them and fails the same way.
-            self.inode_quota.give(1);
-            return Err(e);
+        let inode = Owned::new(self.build(&l, kind, refs)?);
+        if let Body::Dir(d) = &inode.body {
+            // Entries admitted before a failure stay in the map, naming a directory that is
+            // not published: the next miss on it finds them and fails the same way.
+            self.load_entries(inode.key(), d, &g)?;
         }
         if !x.is_empty() {
             self.xattrs.lock(ino, &self.stats).insert(ino, x);
@@ -334,25 +328,22 @@ impl Filesystem {
         let body = match kind {
             FileType::RegularFile => {
                 let mut d = crate::data::FileData::default();
-                let mut pages = 0;
                 for &(first, end) in &l.zeros {
                     if first >= end || end - 1 > super::MAX_FILE_SIZE / crate::data::PAGE {
+                        d.clear(&self.page_epochs);
                         return Err(self.damaged(format!(
                             "file {}: a run of zeros from page {first} to {end}",
                             l.id
                         )));
                     }
-                    pages += d.add_zeros(first, end, &self.page_epochs);
+                    d.add_zeros(first, end, &self.page_epochs);
                 }
                 for &p in &l.pages {
                     if p > super::MAX_FILE_SIZE / crate::data::PAGE {
+                        d.clear(&self.page_epochs);
                         return Err(self.damaged(format!("file {}: page {p}", l.id)));
                     }
-                    pages += u64::from(d.add_kept(p, &self.page_epochs));
-                }
-                if let Err(e) = self.space.take(pages) {
-                    d.clear(&self.page_epochs);
-                    return Err(e);
+                    d.add_kept(p, &self.page_epochs);
                 }
                 vals.blocks = d.pages() * (crate::data::PAGE / 512);
                 Body::File(parking_lot::RwLock::new(d))

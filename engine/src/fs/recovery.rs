@@ -75,12 +75,22 @@ impl Filesystem {
     /// [`Filesystem::recover`], each loading what it touches. What the store's load already
     /// holds (its highest generation, its cookie lanes, its orphans) is given through the
     /// same [`Recovery`] calls as for a store loaded whole.
+    ///
+    /// `inodes` and `pages` are what the store holds, less its orphans (which records make):
+    /// counted against the filesystem's limits now, since loads count nothing.
     pub fn recover_lazy(
         cfg: crate::Config,
         store: Arc<dyn Store>,
         max_ino: u64,
+        (inodes, pages): (u64, u64),
     ) -> Result<Recovery, ReplayError> {
         let mut fs = Filesystem::empty(cfg, store);
+        if let Err(e) = fs.inode_quota.take(inodes) {
+            return err(format!("{inodes} inodes, over the inode limit: {e}"));
+        }
+        if let Err(e) = fs.space.take(pages) {
+            return err(format!("{pages} pages of data, over the size limit: {e}"));
+        }
         let max_ino = max_ino.max(Ino::ROOT.0);
         if max_ino > crate::id::MAX_INO {
             return err(format!("inode number {max_ino} beyond the table"));
@@ -301,6 +311,11 @@ impl Recovery {
         r.map_err(|e| ReplayError(format!("{e}")))
     }
 
+    /// Inodes, and pages of file data, the filesystem holds so far (what its limits count).
+    pub fn usage(&self) -> (u64, u64) {
+        (self.fs.inode_quota.used(), self.fs.space.used())
+    }
+
     /// Notes that inodes up to generation `generation` existed (a checkpoint's high-water
     /// mark, which covers inodes freed before it): fresh generations come after it.
     pub fn observe_generation(&mut self, generation: Generation) {
@@ -392,6 +407,14 @@ impl Recovery {
         let g = epoch::pin();
         self.inode(inode, &g)?.set_birth(t);
         Ok(())
+    }
+
+    /// Marks number `ino` as one a lazily loaded store (`lazy.rs`) gives through records
+    /// (an orphan, made by [`Recovery::orphan`]), not to be loaded from its copy.
+    pub fn not_loaded(&mut self, ino: Ino) {
+        if let Some(l) = &self.fs.lazy {
+            l.see(ino);
+        }
     }
 
     /// Makes inode `inode` as an **orphan**: an inode with no name, which a checkpoint keeps

@@ -50,6 +50,10 @@ pub(crate) struct Tables<'t> {
     /// The highest cookie of each lane seen by this transaction, and whether it is to be
     /// written ([`Tables::saw_cookie`]; written by [`Tables::end`]).
     pub cookies: std::collections::HashMap<u64, (u64, bool), foldhash::fast::FixedState>,
+    /// Inode keys made less those deleted by this transaction (the superblock's counts).
+    pub inodes: i64,
+    /// Pages (chunk pages and pages in runs) made less those removed.
+    pub pages: i64,
 }
 
 /// Inode values changed by a checkpoint's records and not written to `meta` yet: a
@@ -502,7 +506,10 @@ impl Tables<'_> {
     /// Forgets inode `ino` (freed): its key is deleted, and no value of it is written.
     fn drop_inode(&mut self, ino: u64) -> R<()> {
         self.changed.forget(ino);
-        self.del(&kv::ino_key(kv::INODE, ino)).map(drop)
+        if self.del(&kv::ino_key(kv::INODE, ino))? {
+            self.inodes -= 1;
+        }
+        Ok(())
     }
 
     /// Writes what waits to be written: the open chunk of pages, the inodes changed, the
@@ -618,14 +625,12 @@ impl Tables<'_> {
         // The insert says whether the number was in use (an error abandons the transaction,
         // so what it replaced does not matter then).
         let k = kv::ino_key(kv::INODE, ino);
-        if self
-            .meta
-            .insert(&k[..], &v.encode()[..])
-            .map_err(db)?
-            .is_some()
-            && !root
-        {
+        let was = self.meta.insert(&k[..], &v.encode()[..]).map_err(db)?.is_some();
+        if was && !root {
             return Err(format!("inode number {} is in use", n.id.ino).into());
+        }
+        if !was {
+            self.inodes += 1;
         }
         if root {
             // Made anew over the old one: a value of the old waiting here must not be written.
@@ -723,6 +728,26 @@ impl Tables<'_> {
             .map_err(db)
     }
 
+    /// Removes the chunks of pages `from..to` (keys of `data`), counting their pages.
+    fn clear_chunks(&mut self, from: &[u8], to: &[u8]) -> R<()> {
+        let mut gone = 0i64;
+        let mut bad = None;
+        self.data
+            .retain_in::<&[u8], _>(from..to, |k, v| {
+                match kv::Chunk::mask_of(v) {
+                    Ok(m) => gone += i64::from(m.count_ones()),
+                    Err(e) => bad = Some(format!("{k:?}: {e}")),
+                }
+                false
+            })
+            .map_err(db)?;
+        if let Some(e) = bad {
+            return Err(format!("a chunk of pages removed: {e}").into());
+        }
+        self.pages -= gone;
+        Ok(())
+    }
+
     /// The chunk holding page `page` of file `ino`, opened ([`Tables::open`]).
     fn chunk(&mut self, ino: u64, page: u64) -> R<(&mut OpenChunk, usize)> {
         let (chunk, i) = kv::chunk_at(page);
@@ -767,8 +792,10 @@ impl Tables<'_> {
 
     fn put_page(&mut self, ino: u64, page: u64, bytes: &[u8]) -> R<()> {
         let (o, i) = self.chunk(ino, page)?;
+        let new = o.pages.get(i).is_none();
         o.pages.put(i, bytes);
         o.dirty = true;
+        self.pages += i64::from(new);
         Ok(())
     }
 
@@ -804,8 +831,18 @@ impl Tables<'_> {
     fn put_run(&mut self, ino: u64, first: u64, end: u64) -> R<()> {
         self.zeros
             .insert(&kv::zeros_key(ino, first)[..], &end.to_le_bytes()[..])
-            .map_err(db)
-            .map(drop)
+            .map_err(db)?;
+        self.pages += end.saturating_sub(first) as i64;
+        Ok(())
+    }
+
+    /// Removes run `first..end` of file `ino`.
+    fn del_run(&mut self, ino: u64, first: u64, end: u64) -> R<()> {
+        self.zeros
+            .remove(&kv::zeros_key(ino, first)[..])
+            .map_err(db)?;
+        self.pages -= end.saturating_sub(first) as i64;
+        Ok(())
     }
 
     /// Takes pages `first..end` of file `ino` out of its runs of zeros.
@@ -814,7 +851,7 @@ impl Tables<'_> {
             return Ok(());
         }
         for (s, e) in self.runs_meeting(ino, first, end, false)? {
-            self.zeros.remove(&kv::zeros_key(ino, s)[..]).map_err(db)?;
+            self.del_run(ino, s, e)?;
             if s < first {
                 self.put_run(ino, s, first)?;
             }
@@ -836,7 +873,7 @@ impl Tables<'_> {
         self.flush()?;
         let (mut lo, mut hi) = (first, end);
         for (s, e) in self.runs_meeting(ino, first, end, true)? {
-            self.zeros.remove(&kv::zeros_key(ino, s)[..]).map_err(db)?;
+            self.del_run(ino, s, e)?;
             (lo, hi) = (lo.min(s), hi.max(e));
         }
         // The runs met hold no page: the pages in `lo..hi` are those of `first..end`.
@@ -889,6 +926,7 @@ impl Tables<'_> {
                 if o.pages.get(i).is_some() {
                     o.pages.remove(i);
                     o.dirty = true;
+                    t.pages -= 1;
                 }
             }
             Ok(())
@@ -904,9 +942,9 @@ impl Tables<'_> {
         self.flush()?;
         let from = kv::chunk_key(ino, a);
         if end == u64::MAX {
-            Self::clear(&mut self.data, &from, &kv::ino_key(kv::PAGE_TAG, ino + 1))
+            self.clear_chunks(&from, &kv::ino_key(kv::PAGE_TAG, ino + 1))
         } else if a < b {
-            Self::clear(&mut self.data, &from, &kv::chunk_key(ino, b))
+            self.clear_chunks(&from, &kv::chunk_key(ino, b))
         } else {
             Ok(())
         }

@@ -381,6 +381,7 @@ impl Checkpoint {
                 let mut t = txn.open_table(META).map_err(|e| fail(&e))?;
                 let sb = Superblock {
                     uuid,
+                    counts: Some(kv::Counts::default()),
                     ..Superblock::default()
                 };
                 t.insert(kv::SUPER, &sb.encode()[..])

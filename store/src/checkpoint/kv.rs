@@ -50,19 +50,25 @@ mod super_at {
     pub(super) const LSN: usize = STORE_ID + ID;
     pub(super) const MAX_GENERATION: usize = LSN + U64;
     pub(super) const RECORDS: usize = MAX_GENERATION + U64;
+    /// The superblock's length up to format 4.
+    pub(super) const END_4: usize = RECORDS + U64;
+    /// From format 5: inodes and pages in use ([`super::Counts`]; all ones: unknown).
+    pub(super) const INODES: usize = END_4;
+    pub(super) const PAGES: usize = INODES + U64;
     /// The superblock's length.
-    pub(super) const END: usize = RECORDS + U64;
+    pub(super) const END: usize = PAGES + U64;
 }
 
 /// Length of an encoded superblock.
 const SUPER_LEN: usize = super_at::END;
 /// The checkpoint format version: 3 added the `zeros` table (runs of allocated zeros), 4 the
 /// birth time of an inode value (flagged by `HAS_BTIME`, so values with and without one
-/// mix). A checkpoint of version 2 has no runs, and reads as one of version 3 that has none;
-/// one of version 3 reads as one of version 4 whose inodes have no birth time kept; the first
-/// checkpoint written over either makes it version 4 (an older lanefs refuses it then: it
-/// would read a birth time as part of a symlink's target).
-pub(crate) const VERSION: u32 = 4;
+/// mix), 5 the counts of inodes and pages in the superblock. A checkpoint of version 2 has no
+/// runs, and reads as one of version 3 that has none; one of version 3 reads as one of
+/// version 4 whose inodes have no birth time kept; one of version 4 or older has no counts
+/// (such a store opens whole, and its next checkpoint writes them); the first checkpoint
+/// written over any of them makes it version 5 (an older lanefs refuses it then).
+pub(crate) const VERSION: u32 = 5;
 /// The oldest checkpoint format this lanefs reads.
 const OLDEST: u32 = 2;
 
@@ -262,6 +268,31 @@ pub(crate) struct Superblock {
     pub max_generation: u64,
     /// Records applied over the checkpoint's life.
     pub records: u64,
+    /// What the checkpoint holds, counted (`None`: not known, a checkpoint of format 4 or
+    /// older, or one whose counts went wrong).
+    pub counts: Option<Counts>,
+}
+
+/// Inodes and pages a checkpoint holds: what `statfs` and the filesystem's limits count, so
+/// that a store opened lazily knows them without reading every inode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Inodes (`i` keys), orphans included.
+    pub inodes: u64,
+    /// Pages of file data: pages the `data` table's chunks hold (empty ones too) and pages
+    /// in runs of zeros.
+    pub pages: u64,
+}
+
+impl Counts {
+    /// These counts changed by `inodes` and `pages`; `None` if that goes below zero (they
+    /// were wrong).
+    pub(crate) fn plus(self, inodes: i64, pages: i64) -> Option<Counts> {
+        Some(Counts {
+            inodes: self.inodes.checked_add_signed(inodes)?,
+            pages: self.pages.checked_add_signed(pages)?,
+        })
+    }
 }
 
 impl Superblock {
@@ -278,12 +309,18 @@ impl Superblock {
             &self.max_generation.to_le_bytes(),
         );
         put(&mut b, at::RECORDS, &self.records.to_le_bytes());
+        let c = self.counts.unwrap_or(Counts {
+            inodes: u64::MAX,
+            pages: u64::MAX,
+        });
+        put(&mut b, at::INODES, &c.inodes.to_le_bytes());
+        put(&mut b, at::PAGES, &c.pages.to_le_bytes());
         b
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Superblock, String> {
         use super_at as at;
-        if b.len() != SUPER_LEN || b[at::MAGIC..at::VERSION] != SUPER_MAGIC {
+        if b.len() < at::END_4 || b[at::MAGIC..at::VERSION] != SUPER_MAGIC {
             return Err("not a lanefs checkpoint superblock".into());
         }
         let version = u32_at(b, at::VERSION);
@@ -292,11 +329,25 @@ impl Superblock {
                 "checkpoint format {version}, this lanefs reads {OLDEST} to {VERSION}"
             ));
         }
+        let len = if version < 5 { at::END_4 } else { SUPER_LEN };
+        if b.len() != len {
+            return Err(format!(
+                "a superblock of format {version} of {} bytes, not {len}",
+                b.len()
+            ));
+        }
+        let counts = (version >= 5)
+            .then(|| Counts {
+                inodes: u64_at(b, at::INODES),
+                pages: u64_at(b, at::PAGES),
+            })
+            .filter(|c| c.inodes != u64::MAX);
         Ok(Superblock {
             uuid: store_id_at(b, at::STORE_ID),
             lsn: u64_at(b, at::LSN),
             max_generation: u64_at(b, at::MAX_GENERATION),
             records: u64_at(b, at::RECORDS),
+            counts,
         })
     }
 }
@@ -578,20 +629,31 @@ mod tests {
             lsn: 12,
             max_generation: 99,
             records: 5,
+            counts: Some(Counts {
+                inodes: 7,
+                pages: 1 << 40,
+            }),
         };
         assert_eq!(Superblock::decode(&s.encode()).unwrap(), s);
+        let unknown = Superblock { counts: None, ..s };
+        assert_eq!(Superblock::decode(&unknown.encode()).unwrap(), unknown);
         let mut bad = s.encode();
         bad[8] = 1;
         assert!(
             Superblock::decode(&bad)
                 .unwrap_err()
-                .contains("format 1, this lanefs reads 2 to 4")
+                .contains("format 1, this lanefs reads 2 to 5")
         );
-        bad[8] = 2;
-        assert!(Superblock::decode(&bad).is_ok(), "version 2 is read too");
-        bad[8] = 3;
-        assert!(Superblock::decode(&bad).is_ok(), "version 3 is read too");
+        // Formats 2 to 4: the shorter superblock, without counts.
+        for v in 2..=4 {
+            bad[8] = v;
+            assert!(Superblock::decode(&bad).is_err(), "format {v} is shorter");
+            let old = Superblock::decode(&bad[..super_at::END_4]).unwrap();
+            assert_eq!(old, unknown, "format {v} is read too");
+        }
         bad[8] = 5;
+        assert!(Superblock::decode(&bad[..super_at::END_4]).is_err());
+        bad[8] = 6;
         assert!(Superblock::decode(&bad).is_err());
         assert_eq!(run_of(&zeros_key(3, 7), &9u64.to_le_bytes()), Ok((7, 9)));
         assert!(run_of(&zeros_key(3, 7), &7u64.to_le_bytes()).is_err());

@@ -93,31 +93,8 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         Err(redb::TableError::TableDoesNotExist(_)) => None,
         Err(e) => return Err(db(e)),
     };
-    rec.observe_generation(lanefs::Generation(sb.max_generation));
-    let (c1, c2) = (
-        kv::ino_key(kv::COOKIE, 0),
-        kv::ino_key(kv::COOKIE, u64::MAX),
-    );
-    for kvp in meta.range::<&[u8]>(&c1[..]..=&c2[..]).map_err(db)? {
-        let (k, v) = kvp.map_err(db)?;
-        held += len(&k, &v);
-        let c: [u8; 8] = v
-            .value()
-            .try_into()
-            .map_err(|_| "cookie value not 8 bytes")?;
-        let c = u64::from_le_bytes(c);
-        applied(rec.observe_cookie(c), || {
-            format!("cookie key of lane {}", c >> 48)
-        })?;
-    }
-    let inode = |ino: u64| -> R<InodeVal> {
-        let k = kv::ino_key(kv::INODE, ino);
-        let v = meta
-            .get(&k[..])
-            .map_err(db)?
-            .ok_or_else(|| format!("inode {ino} is named but missing"))?;
-        InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))
-    };
+    held += marks(&meta, sb, rec)?;
+    let inode = |ino: u64| named_inode(&meta, ino);
     // 1. The root.
     let root = inode(1)?;
     applied(
@@ -172,21 +149,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     held += walked;
     // The orphans, once every live entry's cookie is known (an orphan's passing name takes
     // a fresh cookie).
-    let (o1, o2) = (
-        kv::ino_key(kv::ORPHAN, 0),
-        kv::ino_key(kv::ORPHAN, u64::MAX),
-    );
-    for kvp in meta.range::<&[u8]>(&o1[..]..=&o2[..]).map_err(db)? {
-        let (k, v) = kvp.map_err(db)?;
-        held += len(&k, &v);
-        let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
-        let v = inode(ino)?;
-        if v.nlink != 0 {
-            return Err(format!("orphan {ino} has {} links", v.nlink));
-        }
-        let id = v.id(ino);
-        applied(rec.orphan(&new_inode(id, &v)), || format!("orphan {id}"))?;
-    }
+    held += orphans(&meta, rec)?;
     // 3. Every inode's contents, xattrs, attributes and flags.
     let mut count = 0;
     let mut xattrs = ByInode::new(&meta, kv::XATTR)?;
@@ -261,6 +224,87 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
         inodes: count,
         bytes: held,
     })
+}
+
+/// The marks a checkpoint keeps of what was handed out before it: the highest generation,
+/// and each cookie lane's highest cookie. Returns the bytes read.
+fn marks(meta: &Meta, sb: &Superblock, rec: &mut Recovery) -> R<u64> {
+    let mut held = 0;
+    rec.observe_generation(lanefs::Generation(sb.max_generation));
+    let (c1, c2) = (
+        kv::ino_key(kv::COOKIE, 0),
+        kv::ino_key(kv::COOKIE, u64::MAX),
+    );
+    for kvp in meta.range::<&[u8]>(&c1[..]..=&c2[..]).map_err(db)? {
+        let (k, v) = kvp.map_err(db)?;
+        held += len(&k, &v);
+        let c: [u8; 8] = v
+            .value()
+            .try_into()
+            .map_err(|_| "cookie value not 8 bytes")?;
+        let c = u64::from_le_bytes(c);
+        applied(rec.observe_cookie(c), || {
+            format!("cookie key of lane {}", c >> 48)
+        })?;
+    }
+    Ok(held)
+}
+
+/// Inode `ino`, which an entry or an orphan mark names.
+fn named_inode(meta: &Meta, ino: u64) -> R<InodeVal> {
+    let k = kv::ino_key(kv::INODE, ino);
+    let v = meta
+        .get(&k[..])
+        .map_err(db)?
+        .ok_or_else(|| format!("inode {ino} is named but missing"))?;
+    InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))
+}
+
+/// Makes every orphan the checkpoint keeps ([`Recovery::orphan`]). Returns the bytes read.
+fn orphans(meta: &Meta, rec: &mut Recovery) -> R<u64> {
+    let mut held = 0;
+    let (o1, o2) = (
+        kv::ino_key(kv::ORPHAN, 0),
+        kv::ino_key(kv::ORPHAN, u64::MAX),
+    );
+    for kvp in meta.range::<&[u8]>(&o1[..]..=&o2[..]).map_err(db)? {
+        let (k, v) = kvp.map_err(db)?;
+        held += len(&k, &v);
+        let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
+        let v = named_inode(meta, ino)?;
+        if v.nlink != 0 {
+            return Err(format!("orphan {ino} has {} links", v.nlink));
+        }
+        let id = v.id(ino);
+        rec.not_loaded(id.ino);
+        applied(rec.orphan(&new_inode(id, &v)), || format!("orphan {id}"))?;
+    }
+    Ok(held)
+}
+
+/// What a lazily loaded store gives recovery before its records (engine `fs/lazy.rs`): the
+/// marks and the orphans; the root, and everything else, the engine asks for.
+pub(crate) fn begin_lazy(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -> R<()> {
+    let meta = txn.open_table(META).map_err(db)?;
+    marks(&meta, sb, rec)?;
+    if orphans(&meta, rec)? > 0 {
+        // The orphans' passing names moved the root's times: back to the kept ones.
+        let root = named_inode(&meta, 1)?;
+        let change = AttrChange {
+            atime: Some(root.atime),
+            mtime: Some(root.mtime),
+            ctime: Some(root.ctime),
+            ..AttrChange::default()
+        };
+        applied(
+            rec.apply(&Record::SetAttr {
+                inode: InodeId::ROOT,
+                change,
+            }),
+            || "the root".into(),
+        )?;
+    }
+    Ok(())
 }
 
 /// An entry of the tree as [`walk`] read it: a `Create` of the inode it names (with its
@@ -371,7 +415,7 @@ const GAP: u64 = 32;
 
 /// The inodes `want` (sorted, no repeats) names that the checkpoint holds, in `want`'s
 /// order (an inode missing is left out; the caller says what named it).
-fn inodes(meta: &Meta, want: &[u64]) -> R<Vec<(u64, InodeVal)>> {
+pub(super) fn inodes(meta: &Meta, want: &[u64]) -> R<Vec<(u64, InodeVal)>> {
     let mut found = Vec::with_capacity(want.len());
     let mut i = 0;
     while i < want.len() {

@@ -139,6 +139,7 @@ mod checkpointer;
 mod database;
 pub(crate) mod kv;
 mod load;
+mod on_demand;
 mod pages;
 mod recycle;
 mod reserve;
@@ -245,6 +246,64 @@ impl Checkpoint {
         if self.sb.lsn == 0 {
             return Ok(load::Loaded::default());
         }
+        self.read(|txn| load::load(txn, &self.sb, rec))
+    }
+
+    /// The highest inode number the checkpoint holds (1 for none: the root's), for a lazy
+    /// opening (`on_demand.rs`).
+    pub(crate) fn max_ino(&self) -> Result<u64, StoreError> {
+        self.read(|txn| on_demand::max_ino(txn))
+    }
+
+    /// What the checkpoint holds, counted (`None`: it does not know), less its orphans: for a
+    /// lazy opening.
+    pub(crate) fn lazy_counts(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let Some(c) = self.sb.counts else {
+            return Ok(None);
+        };
+        let (oi, op) = self.read(|txn| on_demand::orphan_usage(txn))?;
+        Ok(Some((
+            c.inodes.saturating_sub(oi),
+            c.pages.saturating_sub(op),
+        )))
+    }
+
+    /// After the checkpoint was loaded whole into a filesystem that counts `inodes` and
+    /// `pages`: what its superblock's counts say otherwise (`None`: they agree, or there is
+    /// no checkpoint yet). The counted figures replace the kept ones either way, and the
+    /// next checkpoint writes them.
+    pub(crate) fn check_counts(&mut self, (inodes, pages): (u64, u64)) -> Option<String> {
+        if self.sb.lsn == 0 {
+            return None;
+        }
+        let counted = kv::Counts { inodes, pages };
+        let kept = self.sb.counts.replace(counted);
+        match kept {
+            Some(k) if k != counted => Some(format!(
+                "{}: the superblock counts {} inodes and {} pages, the checkpoint holds {inodes} \
+                 and {pages}",
+                self.path.display(),
+                k.inodes,
+                k.pages
+            )),
+            _ => None,
+        }
+    }
+
+    /// Gives `rec` what a lazy opening needs of the checkpoint before the journal's records:
+    /// its marks and orphans (`load::begin_lazy`). Nothing for a store without a checkpoint.
+    pub(crate) fn begin_lazy(&self, rec: &mut Recovery) -> Result<(), StoreError> {
+        if self.sb.lsn == 0 {
+            return Ok(());
+        }
+        self.read(|txn| load::begin_lazy(txn, &self.sb, rec))
+    }
+
+    /// Runs `f` in a read transaction of the database, damage and panics said with its path.
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, String>,
+    ) -> Result<T, StoreError> {
         let db = self
             .db
             .as_ref()
@@ -254,7 +313,7 @@ impl Checkpoint {
                 let txn = db.begin_read().map_err(|e| {
                     damaged(&self.path, format_args!("reading the checkpoint: {e}"))
                 })?;
-                load::load(&txn, &self.sb, rec).map_err(|e| damaged(&self.path, e))
+                f(&txn).map_err(|e| damaged(&self.path, e))
             },
             |e| damaged(&self.path, e),
         )

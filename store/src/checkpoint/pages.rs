@@ -116,8 +116,8 @@ impl SharedDb {
     }
 }
 
-/// Why a read of pages failed.
-enum ReadFailed {
+/// Why a read of pages, or of an inode (`on_demand.rs`), failed.
+pub(super) enum ReadFailed {
     /// redb's error (the host's, or a panic): the database is to be reopened.
     Db(String),
     /// What was read is wrong (damage): reopening would read the same.
@@ -145,6 +145,43 @@ impl PageReader {
     /// replaces it and reads that ([`SharedDb::busy`]).
     pub(crate) fn read(&self, inode: InodeId, first: u64, buf: &mut [u8]) -> lanefs::Result<()> {
         let n = buf.len() as u64 / PAGE;
+        self.with_db(
+            |d| read_pages(d, inode, first, buf),
+            || format!("file {inode}'s pages {first}..{}", first + n),
+        )
+    }
+
+    /// Inode `ino` as the checkpoint holds it (`on_demand.rs`), read as [`PageReader::read`]
+    /// reads pages: EIO on damage or redb's error, said on stderr.
+    pub(crate) fn inode(&self, ino: lanefs::Ino) -> lanefs::Result<Option<lanefs::LoadedInode>> {
+        self.with_db(
+            |d| {
+                let txn = d.begin_read().map_err(db_err)?;
+                super::on_demand::inode(&txn, ino)
+            },
+            || format!("inode {ino}"),
+        )
+    }
+
+    /// Directory `dir`'s entries as the checkpoint holds them (`on_demand.rs`), as
+    /// [`PageReader::inode`].
+    pub(crate) fn entries(&self, dir: lanefs::Ino) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
+        self.with_db(
+            |d| {
+                let txn = d.begin_read().map_err(db_err)?;
+                super::on_demand::entries(&txn, dir)
+            },
+            || format!("directory {dir}'s entries"),
+        )
+    }
+
+    /// Runs `read` on the database in the slot, retrying on the one that replaces it (see
+    /// [`PageReader::read`]); `what` names what was read, for the message of a failure.
+    fn with_db<T>(
+        &self,
+        mut read: impl FnMut(&Database) -> Result<T, ReadFailed>,
+        what: impl FnOnce() -> String,
+    ) -> lanefs::Result<T> {
         let mut db = match self.slot.get() {
             (n, Some(d)) => Some((n, d)),
             (_, None) => self.slot.replacing(None),
@@ -153,8 +190,8 @@ impl PageReader {
             let Some((n, d)) = db else {
                 break Err("the checkpoint is closed, being reopened after an error".to_string());
             };
-            match guarded(|| read_pages(&d, inode, first, buf), ReadFailed::Db) {
-                Ok(()) => break Ok(()),
+            match guarded(|| read(&d), ReadFailed::Db) {
+                Ok(v) => break Ok(v),
                 Err(ReadFailed::Db(e)) => {
                     // A checkpoint that failed may be reopening it: read that one (once).
                     // Let go of this one first: the reopen waits until no reader holds it.
@@ -171,8 +208,8 @@ impl PageReader {
         };
         r.map_err(|e| {
             eprintln!(
-                "lanefs: reading file {inode}'s pages {first}..{} from {}: {e}",
-                first + n,
+                "lanefs: reading {} from {}: {e}",
+                what(),
                 self.path.display()
             );
             Errno::EIO

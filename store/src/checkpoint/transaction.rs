@@ -176,6 +176,8 @@ impl Checkpoint {
                 open: None,
                 changed: Default::default(),
                 cookies: Default::default(),
+                inodes: 0,
+                pages: 0,
             };
             // The records are read once, into windows of about `RECORD_WINDOW` bytes; each window
             // is looked through for the files whose records cancel out within it
@@ -226,6 +228,7 @@ impl Checkpoint {
                 lsn: upto,
                 max_generation: t.max_generation,
                 records: self.sb.records + applied,
+                counts: self.sb.counts.and_then(|c| c.plus(t.inodes, t.pages)),
             };
             t.meta
                 .insert(kv::SUPER, &sb.encode()[..])
