@@ -166,7 +166,7 @@ impl Engine {
         let secs = t.elapsed().as_secs_f64();
         let figures = Reopened {
             secs,
-            inodes: o.report.loaded,
+            inodes: o.report.loaded + o.fs.loaded_inodes(),
             replayed: o.report.replayed,
         };
         Ok((

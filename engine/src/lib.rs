@@ -92,8 +92,8 @@ pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
     Atime, CheckReport, Config, DirEnd, DirEntry, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
-    Filesystem, InodeRef, LoadedEntry, LoadedInode, Locking, MAX_FILE_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE,
-    RENAME_WHITEOUT, Recovery, ReplayError, SYMLINK_MAX, StatFs, TruncateBy,
+    Filesystem, InodeRef, LoadedEntry, LoadedInode, Locking, MAX_FILE_SIZE, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, RENAME_WHITEOUT, Recovery, ReplayError, SYMLINK_MAX, StatFs, TruncateBy,
 };
 pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};

@@ -144,7 +144,7 @@ impl Default for Options {
             checkpoint_cache: 64 << 20,
             checkpoint_reserve: u64::MAX,
             clock: Arc::new(RealClock),
-            lazy: std::env::var_os("LANEFS_LAZY").is_some(),
+            lazy: true,
         }
     }
 }
@@ -516,13 +516,12 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
     let mut counts_wrong = None;
     let (mut rec, loaded) = if let Some(counts) = counts {
         let max = ck.max_ino()?;
-        let mut rec = Filesystem::recover_lazy(cfg, store, max, counts).map_err(|e| {
-            StoreError::Damaged {
+        let mut rec =
+            Filesystem::recover_lazy(cfg, store, max, counts).map_err(|e| StoreError::Damaged {
                 path: ck.path().to_path_buf(),
                 offset: 0,
                 what: e.to_string(),
-            }
-        })?;
+            })?;
         ck.begin_lazy(&mut rec)?;
         (rec, 0)
     } else {

@@ -28,9 +28,11 @@ fn dir() -> &'static Path {
     Path::new(DIR)
 }
 
-/// On `disk`, segments of `segment` bytes; checkpoints only on demand, no reserve.
+/// On `disk`, segments of `segment` bytes; checkpoints only on demand, no reserve; loaded
+/// whole when opened (this file tests that load; `lazy_open.rs` the other).
 fn opts(disk: &SimDisk, segment: u64) -> Options {
     Options {
+        lazy: false,
         checkpoint_records: u64::MAX / 4,
         checkpoint_segments: 1 << 20,
         journal_segments: 1 << 21,

@@ -31,8 +31,13 @@ fn dir() -> PathBuf {
 }
 
 /// On `disk`: checkpoints on demand only, a commit only on a sync, and redb's page cache.
+/// Loaded whole when opened: an opening compacts a mostly free checkpoint only then (a lazy
+/// one reads too little of it to tell).
 fn cached(disk: &SimDisk) -> Options {
-    on_demand(common::opts(disk, 256 << 10, HOUR))
+    Options {
+        lazy: false,
+        ..on_demand(common::opts(disk, 256 << 10, HOUR))
+    }
 }
 
 /// [`cached`] without the cache: every read of the checkpoint reaches the disk (and its

@@ -65,7 +65,11 @@ fn changes<'a>(c: &'a Client, rng: &mut StdRng, n: usize, open: &mut Vec<lanefs:
             8 => c.symlink(&p, path(rng, "l")),
             9 => {
                 let d = DIRS[rng.random_range(0..DIRS.len())];
-                let to = format!("{}/m{}", DIRS[rng.random_range(0..DIRS.len())], rng.random_range(0..3));
+                let to = format!(
+                    "{}/m{}",
+                    DIRS[rng.random_range(0..DIRS.len())],
+                    rng.random_range(0..3)
+                );
                 c.rename(d, to).or_else(|_| c.create_dir(d))
             }
             10 => c.create_dir(DIRS[rng.random_range(0..DIRS.len())]),
@@ -73,14 +77,28 @@ fn changes<'a>(c: &'a Client, rng: &mut StdRng, n: usize, open: &mut Vec<lanefs:
             12 => c.set_permissions(&p, 0o600 | rng.random_range(0..0o100)),
             13 => c.metadata(&p).and_then(|m| {
                 c.fs()
-                    .setxattr(&Ctx::root(), m.ino(), b"user.k", &[rng.random::<u8>(); 9], 0)
+                    .setxattr(
+                        &Ctx::root(),
+                        m.ino(),
+                        b"user.k",
+                        &[rng.random::<u8>(); 9],
+                        0,
+                    )
                     .map_err(Into::into)
             }),
-            14 => c.open(&p, OpenOptions::new().read(true).write(true)).and_then(|f| {
-                let fs = c.fs();
-                fs.fallocate(&Ctx::root(), f.handle(), lanefs::FALLOC_FL_KEEP_SIZE, 0, 3 << 12)
+            14 => c
+                .open(&p, OpenOptions::new().read(true).write(true))
+                .and_then(|f| {
+                    let fs = c.fs();
+                    fs.fallocate(
+                        &Ctx::root(),
+                        f.handle(),
+                        lanefs::FALLOC_FL_KEEP_SIZE,
+                        0,
+                        3 << 12,
+                    )
                     .map_err(std::io::Error::from)
-            }),
+                }),
             _ => c
                 .open(&p, OpenOptions::new().read(true).write(true))
                 .and_then(|f| {
@@ -138,7 +156,10 @@ fn a_lazy_open_serves_what_a_whole_open_serves() {
         let lazy = open_on(&copy, true);
         assert_eq!(whole.report.counts_wrong, None, "seed {s}");
         assert!(lazy.report.lazy && !whole.report.lazy, "seed {s}");
-        assert_eq!(lazy.report.loaded, 0, "seed {s}: a lazy open loads nothing whole");
+        assert_eq!(
+            lazy.report.loaded, 0,
+            "seed {s}: a lazy open loads nothing whole"
+        );
         // What the limits count: the store's counts against what a whole load counted.
         assert_eq!(lazy.fs.statfs(), whole.fs.statfs(), "seed {s}: statfs");
         let at_open = lazy.fs.loaded_inodes();
@@ -223,7 +244,11 @@ fn threads_missing_at_once_load_each_inode_once() {
     // 20 directories, their 1000 files, the root.
     assert_eq!(fs.loaded_inodes(), 1021);
     fs.check_invariants().unwrap();
-    assert_eq!(fs.loaded_inodes(), 1021, "the check found nothing left to load");
+    assert_eq!(
+        fs.loaded_inodes(),
+        1021,
+        "the check found nothing left to load"
+    );
 }
 
 /// A checkpoint that holds orphans (files open when their last name went), and no record

@@ -18,8 +18,13 @@ use lanefs_store::{Opened, Options, fsck, open};
 const DIR: &str = "/s";
 
 /// On `disk`: a commit only on a sync, checkpoints only on demand.
+/// Loaded whole when opened: the tests count the inodes the checkpoint holds by what the
+/// open loads.
 fn opts(disk: &SimDisk) -> Options {
-    on_demand(common::opts(disk, 64 << 10, HOUR))
+    Options {
+        lazy: false,
+        ..on_demand(common::opts(disk, 64 << 10, HOUR))
+    }
 }
 
 fn reopen(disk: &SimDisk) -> Opened {

@@ -40,7 +40,8 @@
 //!
 //! Under `dirlock` and `coarse` (the benchmarks' "before"), a miss takes one global lock,
 //! `inode_hash`, around its look at the table and again around its insert: what the kernel
-//! did before the seed's patch. Loads then run one at a time.
+//! did before the seed's patch (its reads in between run in parallel, as the kernel's did;
+//! `coarse` itself lets one operation run at a time).
 //!
 //! # What is not done yet
 //! Loaded inodes stay loaded (no eviction, so memory still grows with what was touched), and
@@ -218,37 +219,47 @@ impl Filesystem {
                 return Ok(self.table.get(ino, g));
             }
         }
-        let cell = lazy
-            .shard(ino)
-            .lock()
-            .entry(ino.0)
-            .or_insert_with(Default::default)
-            .clone();
-        let r = *cell.get_or_init(|| {
-            // A load that ended after this thread's look, and took its cell out of the map
-            // before this one put a new one in, set the bit first. A load that fails
-            // publishes nothing and leaves the bit clear: a later miss tries again.
-            if !lazy.unseen(ino) {
-                return Ok(());
-            }
-            let l = match given {
-                Some(l) => Some(l),
-                None => self.store.load_inode(ino)?,
-            };
-            match l {
-                Some(l) => self.publish_loaded(lazy, ino, l, before),
-                None => {
-                    lazy.see(ino);
-                    Ok(())
+        // A load that fails publishes nothing and leaves the bit clear: its waiters, which
+        // did not fail themselves, try again with a cell of their own (a read error of one
+        // thread's is not another's, which may hold the inode already: `given`).
+        let mut given = given;
+        let r = loop {
+            let cell = lazy
+                .shard(ino)
+                .lock()
+                .entry(ino.0)
+                .or_insert_with(Default::default)
+                .clone();
+            let mut ran = false;
+            let r = *cell.get_or_init(|| {
+                ran = true;
+                // A load that ended after this thread's look, and took its cell out of the
+                // map before this one put a new one in, set the bit first.
+                if !lazy.unseen(ino) {
+                    return Ok(());
+                }
+                let l = match given.take() {
+                    Some(l) => Some(l),
+                    None => self.store.load_inode(ino)?,
+                };
+                match l {
+                    Some(l) => self.publish_loaded(lazy, ino, l, before),
+                    None => {
+                        lazy.see(ino);
+                        Ok(())
+                    }
+                }
+            });
+            {
+                let mut m = lazy.shard(ino).lock();
+                if m.get(&ino.0).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    m.remove(&ino.0);
                 }
             }
-        });
-        {
-            let mut m = lazy.shard(ino).lock();
-            if m.get(&ino.0).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                m.remove(&ino.0);
+            if r.is_ok() || ran {
+                break r;
             }
-        }
+        };
         r?;
         Ok(self.table.get(ino, g))
     }
@@ -256,14 +267,17 @@ impl Filesystem {
     /// Publishes inode `l` (a directory with its entries and their files) as number `ino`,
     /// and marks the number seen; the caller holds `ino`'s cell.
     fn publish_loaded(&self, lazy: &Lazy, ino: Ino, l: LoadedInode, before: bool) -> Result<()> {
-        if l.id.ino != ino || l.nlink == 0 {
+        let kind = FileType::from_mode(l.mode)
+            .ok_or_else(|| self.damaged(format!("inode {}: mode {:#o}", l.id, l.mode)))?;
+        // An inode without links is an orphan, which only recovery loads
+        // (`Recovery::load_orphan`); never a directory (a removed directory is made bare).
+        let orphan_ok = self.replaying() && kind != FileType::Directory;
+        if l.id.ino != ino || (l.nlink == 0 && !orphan_ok) {
             return Err(self.damaged(format!(
                 "the store gave inode {} with {} links for number {ino}",
                 l.id, l.nlink
             )));
         }
-        let kind = FileType::from_mode(l.mode)
-            .ok_or_else(|| self.damaged(format!("inode {}: mode {:#o}", l.id, l.mode)))?;
         let mut x = crate::xattr::Xattrs::default();
         for (name, v) in l.xattrs.iter().map(|(n, v)| (&n[..], &v[..])).chain(
             [
@@ -358,49 +372,65 @@ impl Filesystem {
             }
             _ => Body::Special { rdev: l.rdev },
         };
-        let i = Inode::new(l.id, l.nlink, refs, AttrCell::new(vals), body);
+        let i = match l.nlink {
+            // An orphan (see `publish_loaded`): a link replayed after may name it again.
+            0 => Inode::new_unnamed(l.id, refs, false, AttrCell::new(vals), body),
+            n => Inode::new(l.id, n, refs, AttrCell::new(vals), body),
+        };
         i.set_birth(l.btime);
         Ok(i)
     }
 
     /// Puts directory `dir`'s entries (body `d`, not yet published) in the dirent map and
-    /// its index, after publishing the inodes of those that are not directories.
+    /// its index, after publishing the inodes of those that are not directories. Nothing is
+    /// put in the map unless every entry is sound and every file loaded, so a load that
+    /// fails leaves nothing behind, and the next miss tries again from the start.
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
         let entries = self.store.load_entries(dir.ino())?;
-        for e in entries {
-            if !crate::dir::valid_cookie(e.cookie) || e.name.is_empty() {
-                return Err(self.damaged(format!(
-                    "directory {}: entry {} with cookie {:#x}",
-                    dir.ino(),
-                    String::from_utf8_lossy(&e.name),
-                    e.cookie
-                )));
+        let bad = |e: &LoadedEntry, what: &str| {
+            self.damaged(format!(
+                "directory {}: entry {} (inode {}, cookie {:#x}): {what}",
+                dir.ino(),
+                String::from_utf8_lossy(&e.name),
+                e.target,
+                e.cookie
+            ))
+        };
+        let mut names = std::collections::HashSet::with_capacity(entries.len());
+        let mut entries = entries;
+        for e in &mut entries {
+            if !crate::dir::valid_cookie(e.cookie) {
+                return Err(bad(e, "a cookie out of range"));
             }
-            self.dirents.observe_cookie(e.cookie);
-            if let Some(l) = e.inode {
-                let ok = l.id == e.target
-                    && self
-                        .load_missing(e.target.ino, Some(l), g)?
-                        .is_some_and(|i| i.id() == e.target);
+            if super::check_name(&e.name).is_err() || super::is_dot_or_dotdot(&e.name) {
+                return Err(bad(e, "not a name"));
+            }
+            if !names.insert(e.name.clone()) {
+                return Err(bad(e, "a name twice"));
+            }
+            if e.target.ino == dir.ino() {
+                return Err(bad(e, "the directory itself"));
+            }
+            if let Some(l) = e.inode.take() {
+                // Only files come with their inode: a directory's load never waits on
+                // another directory's (see the module doc).
+                if l.id != e.target || l.mode & libc::S_IFMT == libc::S_IFDIR {
+                    return Err(bad(e, "an inode that is not the one named, or a directory"));
+                }
+                let ok = self
+                    .load_missing(e.target.ino, Some(l), g)?
+                    .is_some_and(|i| i.id() == e.target);
                 if !ok {
-                    return Err(self.damaged(format!(
-                        "directory {}: {} names inode {}, which the store does not hold",
-                        dir.ino(),
-                        String::from_utf8_lossy(&e.name),
-                        e.target
-                    )));
+                    return Err(bad(e, "an inode the store does not hold"));
                 }
             }
+        }
+        for e in &entries {
+            self.dirents.observe_cookie(e.cookie);
             let p = self
                 .dirents
                 .admit((dir, d), &e.name, e.target.key(), e.cookie, g, &self.stats)
-                .map_err(|_| {
-                    self.damaged(format!(
-                        "directory {}: {} twice",
-                        dir.ino(),
-                        String::from_utf8_lossy(&e.name)
-                    ))
-                })?;
+                .map_err(|_| bad(e, "refused"))?;
             self.dirents.reveal(p, &self.stats, || {});
         }
         Ok(())

@@ -33,8 +33,8 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
-pub use lazy::{LoadedEntry, LoadedInode};
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
+pub use lazy::{LoadedEntry, LoadedInode};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SYMLINK_MAX};
 pub use readdir::{DirEnd, DirEntry};
 pub use recovery::{Recovery, ReplayError};
@@ -596,7 +596,10 @@ impl Filesystem {
     /// and a panic in debug builds.
     #[inline]
     fn iget_named<'g>(&self, de: Dirent, g: &'g Guard) -> Result<&'g Inode> {
-        match self.tget(de.target.ino(), g)?.filter(|i| i.key() == de.target) {
+        match self
+            .tget(de.target.ino(), g)?
+            .filter(|i| i.key() == de.target)
+        {
             Some(i) => Ok(i),
             None => {
                 debug_assert!(false, "entry names missing inode {:?}", de.target);

@@ -409,6 +409,19 @@ impl Recovery {
         Ok(())
     }
 
+    /// Loads orphan `id` (an inode without links, not a directory) from a lazily loaded
+    /// store (`lazy.rs`), with its contents: held by recovery like every other inode, it is
+    /// freed when recovery ends unless a record after gives it a name (a linkable tmpfile's
+    /// `Link`).
+    pub fn load_orphan(&mut self, id: InodeId) -> Result<(), ReplayError> {
+        let g = epoch::pin();
+        match self.fs.tget(id.ino, &g) {
+            Ok(Some(i)) if i.id() == id && i.nlink() == 0 => Ok(()),
+            Ok(_) => err(format!("orphan {id} is not in the store")),
+            Err(e) => err(format!("loading orphan {id}: {e}")),
+        }
+    }
+
     /// Marks number `ino` as one a lazily loaded store (`lazy.rs`) gives through records
     /// (an orphan, made by [`Recovery::orphan`]), not to be loaded from its copy.
     pub fn not_loaded(&mut self, ino: Ino) {

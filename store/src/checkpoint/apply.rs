@@ -625,7 +625,11 @@ impl Tables<'_> {
         // The insert says whether the number was in use (an error abandons the transaction,
         // so what it replaced does not matter then).
         let k = kv::ino_key(kv::INODE, ino);
-        let was = self.meta.insert(&k[..], &v.encode()[..]).map_err(db)?.is_some();
+        let was = self
+            .meta
+            .insert(&k[..], &v.encode()[..])
+            .map_err(db)?
+            .is_some();
         if was && !root {
             return Err(format!("inode number {} is in use", n.id.ino).into());
         }

@@ -149,7 +149,7 @@ pub(crate) fn load(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -
     held += walked;
     // The orphans, once every live entry's cookie is known (an orphan's passing name takes
     // a fresh cookie).
-    held += orphans(&meta, rec)?;
+    held += orphans(&meta, rec, false)?;
     // 3. Every inode's contents, xattrs, attributes and flags.
     let mut count = 0;
     let mut xattrs = ByInode::new(&meta, kv::XATTR)?;
@@ -260,8 +260,10 @@ fn named_inode(meta: &Meta, ino: u64) -> R<InodeVal> {
     InodeVal::decode(v.value()).map_err(|e| format!("inode {ino}: {e}"))
 }
 
-/// Makes every orphan the checkpoint keeps ([`Recovery::orphan`]). Returns the bytes read.
-fn orphans(meta: &Meta, rec: &mut Recovery) -> R<u64> {
+/// Makes every orphan the checkpoint keeps ([`Recovery::orphan`]); with `lazy`, loads those
+/// that are not directories instead ([`Recovery::load_orphan`]: a record may name them again,
+/// with their contents). Returns the bytes read.
+fn orphans(meta: &Meta, rec: &mut Recovery, lazy: bool) -> R<u64> {
     let mut held = 0;
     let (o1, o2) = (
         kv::ino_key(kv::ORPHAN, 0),
@@ -276,6 +278,10 @@ fn orphans(meta: &Meta, rec: &mut Recovery) -> R<u64> {
             return Err(format!("orphan {ino} has {} links", v.nlink));
         }
         let id = v.id(ino);
+        if lazy && !v.is_dir() {
+            applied(rec.load_orphan(id), || format!("orphan {id}"))?;
+            continue;
+        }
         rec.not_loaded(id.ino);
         applied(rec.orphan(&new_inode(id, &v)), || format!("orphan {id}"))?;
     }
@@ -287,7 +293,7 @@ fn orphans(meta: &Meta, rec: &mut Recovery) -> R<u64> {
 pub(crate) fn begin_lazy(txn: &ReadTransaction, sb: &Superblock, rec: &mut Recovery) -> R<()> {
     let meta = txn.open_table(META).map_err(db)?;
     marks(&meta, sb, rec)?;
-    if orphans(&meta, rec)? > 0 {
+    if orphans(&meta, rec, true)? > 0 {
         // The orphans' passing names moved the root's times: back to the kept ones.
         let root = named_inode(&meta, 1)?;
         let change = AttrChange {

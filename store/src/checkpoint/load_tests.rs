@@ -14,8 +14,10 @@ const FIRST_COOKIE: u64 = 1 << 48;
 fn new_store() -> (SimDisk, &'static Path, crate::Options, crate::Opened) {
     let disk = SimDisk::new();
     let dir = Path::new("/s");
+    // Loaded whole: these tests are about what that load refuses.
     let opts = crate::Options {
         disk: Arc::new(disk.clone()),
+        lazy: false,
         ..crate::Options::default()
     };
     let o = crate::open(dir, Config::default(), opts.clone()).unwrap();

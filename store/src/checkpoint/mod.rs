@@ -255,17 +255,14 @@ impl Checkpoint {
         self.read(|txn| on_demand::max_ino(txn))
     }
 
-    /// What the checkpoint holds, counted (`None`: it does not know), less its orphans: for a
-    /// lazy opening.
+    /// What the checkpoint holds, counted (`None`: it does not know), less its orphaned
+    /// directories (`on_demand::orphan_dirs`): for a lazy opening.
     pub(crate) fn lazy_counts(&self) -> Result<Option<(u64, u64)>, StoreError> {
         let Some(c) = self.sb.counts else {
             return Ok(None);
         };
-        let (oi, op) = self.read(|txn| on_demand::orphan_usage(txn))?;
-        Ok(Some((
-            c.inodes.saturating_sub(oi),
-            c.pages.saturating_sub(op),
-        )))
+        let dirs = self.read(|txn| on_demand::orphan_dirs(txn))?;
+        Ok(Some((c.inodes.saturating_sub(dirs), c.pages)))
     }
 
     /// After the checkpoint was loaded whole into a filesystem that counts `inodes` and

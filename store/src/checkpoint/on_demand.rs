@@ -103,7 +103,8 @@ impl Tables {
         let (a, b) = (kv::ino_key(kv::XATTR, ino), kv::ino_key(kv::XATTR, ino + 1));
         for kvp in self.meta.range::<&[u8]>(&a[..]..&b[..]).map_err(db)? {
             let (k, val) = kvp.map_err(db)?;
-            let (_, name) = kv::split_key(k.value()).ok_or_else(|| damaged("xattr key too short"))?;
+            let (_, name) =
+                kv::split_key(k.value()).ok_or_else(|| damaged("xattr key too short"))?;
             let val = val.value().to_vec();
             match name {
                 ACL_ACCESS => l.access_acl = val,
@@ -126,7 +127,11 @@ impl Tables {
             let (k, c) = kvp.map_err(db)?;
             let chunk = kv::chunk_of(k.value()).ok_or_else(|| damaged("page key too short"))?;
             let c = kv::Chunk::decode(c.value()).map_err(|e| {
-                damaged(format!("file {}: pages from {}: {e}", l.id, chunk * kv::CHUNK))
+                damaged(format!(
+                    "file {}: pages from {}: {e}",
+                    l.id,
+                    chunk * kv::CHUNK
+                ))
             })?;
             for i in 0..kv::CHUNK {
                 let Some(bytes) = c.get(i as usize) else {
@@ -238,30 +243,29 @@ pub(super) fn max_ino(txn: &ReadTransaction) -> Result<u64, String> {
     }
 }
 
-/// Inodes and pages of the orphans the checkpoint read by `txn` holds: what a lazy opening
-/// leaves out of the counts it gives the engine, since records make the orphans again
-/// (`load::begin_lazy`), bare.
-pub(super) fn orphan_usage(txn: &ReadTransaction) -> Result<(u64, u64), String> {
+/// The orphans that are directories in the checkpoint read by `txn`: a lazy opening makes
+/// them again through records (`load::begin_lazy`), which count them, so the counts it gives
+/// the engine leave them out. (The other orphans are loaded, which counts nothing.)
+pub(super) fn orphan_dirs(txn: &ReadTransaction) -> Result<u64, String> {
     let t = Tables::open(txn).map_err(|e| match e {
         ReadFailed::Db(e) | ReadFailed::Damaged(e) => e,
     })?;
-    let text = |e: ReadFailed| match e {
-        ReadFailed::Db(e) | ReadFailed::Damaged(e) => e,
-    };
-    let (mut inodes, mut pages) = (0, 0);
-    let (a, b) = (kv::ino_key(kv::ORPHAN, 0), kv::ino_key(kv::ORPHAN, u64::MAX));
-    for kvp in t.meta.range::<&[u8]>(&a[..]..=&b[..]).map_err(|e| e.to_string())? {
+    let mut dirs = 0;
+    let (a, b) = (
+        kv::ino_key(kv::ORPHAN, 0),
+        kv::ino_key(kv::ORPHAN, u64::MAX),
+    );
+    for kvp in t
+        .meta
+        .range::<&[u8]>(&a[..]..=&b[..])
+        .map_err(|e| e.to_string())?
+    {
         let (k, _) = kvp.map_err(|e| e.to_string())?;
         let (ino, _) = kv::split_key(k.value()).ok_or("orphan key too short")?;
-        let Some(v) = t.inode_val(ino).map_err(text)? else {
-            continue; // the whole load's check says so
-        };
-        inodes += 1;
-        if v.is_file() {
-            let mut l = t.inode(ino, v).map_err(text)?;
-            l.zeros.sort_unstable();
-            pages += l.pages.len() as u64 + l.zeros.iter().map(|(s, e)| e - s).sum::<u64>();
-        }
+        let v = t.inode_val(ino).map_err(|e| match e {
+            ReadFailed::Db(e) | ReadFailed::Damaged(e) => e,
+        })?;
+        dirs += u64::from(v.is_some_and(|v| v.is_dir()));
     }
-    Ok((inodes, pages))
+    Ok(dirs)
 }
