@@ -92,7 +92,8 @@ fn remove_stale_sockets(dir: &Path) {
 /// `data_bytes` (file data stored: blocks used times the block size), of which
 /// `data_memory_bytes` in memory, `data_zero_bytes` allocated zeros (fallocated or written
 /// as zeros: no memory) and `data_store_bytes` held by the store only, `data_memory_bound`
-/// (what file data in memory stays under), `pid` (the serving process), `resident_bytes`
+/// (what file data in memory stays under), `inodes_loaded` (inodes a lazily opened store
+/// has read so far), `pid` (the serving process), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
 /// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
@@ -123,6 +124,8 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "locks": locks,
         "open_handles": fs.open_handles(),
         "inodes_used": st.files - st.ffree,
+        // Read from the store as they were reached (a store opened lazily; 0 otherwise).
+        "inodes_loaded": fs.loaded_inodes(),
         "blocks_used": blocks_used,
         // File data stored, as `df` counts it: blocks in use times the block size.
         "data_bytes": blocks_used * u64::from(st.bsize),
