@@ -72,7 +72,8 @@ pub struct Engine {
 pub struct Reopened {
     /// Seconds `lanefs_store::open` took.
     pub secs: f64,
-    /// Inodes it loaded from the checkpoint.
+    /// Inodes it read from the checkpoint (a lazy opening: the root and its files; the run
+    /// reads the rest as it reaches them).
     pub inodes: u64,
     /// Records it replayed from the journal.
     pub replayed: u64,

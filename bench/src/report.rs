@@ -171,7 +171,7 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
             let _ = writeln!(
                 out,
                 "  disk store checkpointed, closed and opened again before the run: seconds \
-                 (inodes loaded)"
+                 (inodes the opening read)"
             );
             for tg in &targets {
                 let row: Vec<String> = threads

@@ -24,7 +24,9 @@ pub struct MountArgs {
     /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes;
     /// a disk store: its disk's size by default), cache=BYTES (a disk store's file data kept
     /// in memory beyond what changed since its last checkpoint),
-    /// nr_inodes=N, locking=lanes|dirlock|coarse, threads=N (/dev/fuse threads), ttl=SECONDS,
+    /// nr_inodes=N, locking=lanes|dirlock|coarse, load=lazy|whole (a disk store: read its
+    /// namespace as it is reached, the default, or all when it opens), threads=N (/dev/fuse
+    /// threads), ttl=SECONDS,
     /// uring=auto|on|off (serve requests through io_uring when the kernel offers it, the
     /// default; on: or fail; off: through /dev/fuse), mode=OCTAL, uid=N,
     /// gid=N, and the kernel's mount flags: nosuid/suid, nodev/dev, noexec/exec, sync/async,
@@ -105,6 +107,9 @@ struct Plan {
     store: Option<PathBuf>,
     /// Wait for a store another server holds (`--wait`, `-o wait`).
     wait: bool,
+    /// Load a disk store's namespace as it is reached (`-o load=lazy`, the default) or
+    /// whole when it opens (`-o load=whole`).
+    lazy: bool,
 }
 
 fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
@@ -128,6 +133,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
     // read moves an access time (the kernel leaves that to a FUSE server).
     let mut bits: libc::c_ulong = 0;
     let mut wait = a.wait;
+    let mut lazy = true;
     for o in a.options.iter().filter(|o| !o.is_empty()) {
         let (k, v) = o
             .split_once('=')
@@ -181,6 +187,13 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
                 )
             }
             "locking" => fs.locking = need(v)?.parse::<Locking>()?,
+            "load" => {
+                lazy = match need(v)? {
+                    "lazy" => true,
+                    "whole" => false,
+                    _ => return Err(format!("bad load '{o}' (lazy or whole)")),
+                }
+            }
             "threads" => m.threads = need(v)?.parse().map_err(|_| format!("bad threads '{o}'"))?,
             "uring" => m.uring = need(v)?.parse()?,
             "ttl" => {
@@ -209,6 +222,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
         mount: m,
         store,
         wait,
+        lazy,
     })
 }
 
@@ -404,9 +418,18 @@ fn when_unlocked<T>(
 }
 
 /// Opens the store in `dir` ([`when_unlocked`]).
-fn open_store(dir: &Path, cfg: Config, wait: bool) -> Result<lanefs_store::Opened, String> {
+fn open_store(
+    dir: &Path,
+    cfg: Config,
+    wait: bool,
+    lazy: bool,
+) -> Result<lanefs_store::Opened, String> {
+    let opts = lanefs_store::Options {
+        lazy,
+        ..lanefs_store::Options::default()
+    };
     when_unlocked(dir, wait, "--wait (-o wait)", || {
-        lanefs_store::open(dir, cfg.clone(), lanefs_store::Options::default())
+        lanefs_store::open(dir, cfg.clone(), opts.clone())
     })
 }
 
@@ -419,7 +442,7 @@ fn serve(plan: Plan, mp: &Path, verbose: bool, ready: impl FnOnce()) -> Result<(
     let (fs, store) = match &plan.store {
         None => (Filesystem::new(plan.fs), None),
         Some(dir) => {
-            let o = open_store(dir, plan.fs, plan.wait)?;
+            let o = open_store(dir, plan.fs, plan.wait, plan.lazy)?;
             if o.report.torn_tail {
                 eprintln!(
                     "lanefs: {}: dropped a torn journal tail (a commit cut by a crash, never acknowledged)",
@@ -745,8 +768,8 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         );
     }
     println!(
-        "  inodes used {}, blocks used {}, open handles {}",
-        v["inodes_used"], v["blocks_used"], v["open_handles"]
+        "  inodes used {} ({} read from the store so far), blocks used {}, open handles {}",
+        v["inodes_used"], v["inodes_loaded"], v["blocks_used"], v["open_handles"]
     );
     println!(
         "  file data {}, server resident memory {}",

@@ -131,6 +131,9 @@ const LOADING: usize = 64;
 
 type Cell = Arc<OnceLock<Result<()>>>;
 
+/// One shard of the loads under way: each number's cell.
+type LoadingShard = CachePadded<Mutex<HashMap<u64, Cell>>>;
+
 /// A lazily loaded filesystem's side of the miss path (see the module doc).
 pub(crate) struct Lazy {
     /// Numbers up to this one may be held by the store and not loaded.
@@ -138,7 +141,7 @@ pub(crate) struct Lazy {
     /// One bit per number up to `max`: its store copy must not be loaded (see the module doc).
     seen: Box<[AtomicU64]>,
     /// Loads under way, by number.
-    loading: Box<[CachePadded<Mutex<HashMap<u64, Cell>>>]>,
+    loading: Box<[LoadingShard]>,
     /// The "before" modes' global lock (see the module doc).
     inode_hash: Mutex<()>,
     /// Inodes loaded so far.

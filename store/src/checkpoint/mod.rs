@@ -252,7 +252,7 @@ impl Checkpoint {
     /// The highest inode number the checkpoint holds (1 for none: the root's), for a lazy
     /// opening (`on_demand.rs`).
     pub(crate) fn max_ino(&self) -> Result<u64, StoreError> {
-        self.read(|txn| on_demand::max_ino(txn))
+        self.read(on_demand::max_ino)
     }
 
     /// What the checkpoint holds, counted (`None`: it does not know), less its orphaned
@@ -261,7 +261,7 @@ impl Checkpoint {
         let Some(c) = self.sb.counts else {
             return Ok(None);
         };
-        let dirs = self.read(|txn| on_demand::orphan_dirs(txn))?;
+        let dirs = self.read(on_demand::orphan_dirs)?;
         Ok(Some((c.inodes.saturating_sub(dirs), c.pages)))
     }
 
