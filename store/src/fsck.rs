@@ -158,6 +158,7 @@ fn checkpoint(
         dir,
         uuid,
         false,
+        true,
         Compact::Never,
         opts.checkpoint_cache,
     )

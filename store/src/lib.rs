@@ -454,7 +454,15 @@ pub fn compact(dir: &Path, opts: Options) -> Result<CompactReport, StoreError> {
     })?;
     let _lock = lock(&*disk, dir, "compact")?;
     let (uuid, _) = identity(&*disk, dir, false)?;
-    checkpoint::Checkpoint::open(&*disk, dir, uuid, false, checkpoint::Compact::Always, cache)?;
+    checkpoint::Checkpoint::open(
+        &*disk,
+        dir,
+        uuid,
+        false,
+        true,
+        checkpoint::Compact::Always,
+        cache,
+    )?;
     // The journal's segments kept for reuse give their room back too.
     journal::drop_free(&*disk, dir);
     Ok(CompactReport {
@@ -491,6 +499,9 @@ pub fn open(dir: &Path, mut cfg: Config, opts: Options) -> Result<Opened, StoreE
         dir,
         uuid,
         true,
+        // Reading the whole file is what a lazy opening is not to do; a whole one reads it
+        // anyway.
+        !opts.lazy,
         // After loading, which tells whether it can be due without redb reading every page.
         checkpoint::Compact::Never,
         opts.checkpoint_cache,

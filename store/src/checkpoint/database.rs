@@ -153,12 +153,15 @@ impl Checkpoint {
     /// bytes. A store that has none is one whose journal starts at its beginning (else the
     /// checkpoint is missing: damage); with `create` an empty one is made for it, without,
     /// `None` is returned. `compact` says when the file gives its free space back to the
-    /// host first ([`compact`]).
+    /// host first ([`compact`]). `verify` runs redb's integrity check, which reads the whole
+    /// file (a lazy opening leaves it out: docs/STORE.md, "Loading on demand").
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn open(
         disk: &dyn Disk,
         dir: &Path,
         uuid: [u8; 16],
         create: bool,
+        verify: bool,
         compact: Compact,
         cache: usize,
     ) -> Result<Option<Checkpoint>, StoreError> {
@@ -171,7 +174,7 @@ impl Checkpoint {
             Self::make(disk, dir, uuid, cache)?;
         }
         guarded(
-            || Self::open_made(disk, dir, &path, uuid, true, compact, cache),
+            || Self::open_made(disk, dir, &path, uuid, verify, compact, cache),
             |e| damaged(&path, e),
         )
         .map(Some)

@@ -172,7 +172,7 @@ fn a_load_reads_no_more_than_the_pages_in_use_hold() {
     o.store.close().unwrap();
 
     let (uuid, _) = crate::identity::identity(&disk, dir, false).unwrap();
-    let ck = Checkpoint::open(&disk, dir, uuid, false, Compact::Never, 1 << 20)
+    let ck = Checkpoint::open(&disk, dir, uuid, false, true, Compact::Never, 1 << 20)
         .unwrap()
         .unwrap();
     let mut rec = Filesystem::recover(Config::default(), Arc::new(MemoryStore));
