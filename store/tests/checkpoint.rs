@@ -396,7 +396,12 @@ fn a_damaged_or_missing_checkpoint_is_refused_naming_it() {
         std::fs::write(&ck, &bad).unwrap();
         // Either the flips hit bytes redb does not use (the same filesystem comes back), or
         // the open fails naming the checkpoint; never a panic, never another filesystem.
-        match open(dir.path(), Config::default(), Options::default()) {
+        // Opened whole: its integrity check is what refuses the damage.
+        let whole = Options {
+            lazy: false,
+            ..Options::default()
+        };
+        match open(dir.path(), Config::default(), whole) {
             Ok(o) => {
                 o.fs.check_invariants().unwrap();
             }
@@ -1309,8 +1314,14 @@ fn ckpt_path() -> PathBuf {
 
 /// What opening a damaged image gave: the same filesystem, or an error naming `file`.
 fn judge(img: &SimDisk, live: &Tree, file: &Path, what: &str) -> bool {
+    // Opened whole: its integrity check is what refuses the damage (a lazy opening finds it
+    // as it reads: `lazy_open.rs`).
+    let whole = Options {
+        lazy: false,
+        ..manual(img)
+    };
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        open(Path::new(DIR), Config::default(), manual(img)).map(|o| dump(&o.fs, true))
+        open(Path::new(DIR), Config::default(), whole).map(|o| dump(&o.fs, true))
     }));
     match r {
         Err(_) => panic!("{what}: open panicked"),

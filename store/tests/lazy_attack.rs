@@ -54,8 +54,9 @@ use common::{
     Cut, PowerCuts, Tree, Watchdog, assert_same_tree, dump, named_user_acl, pattern, seed,
 };
 use lanefs::{
-    Config, Ctx, Errno, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FS_NOATIME_FL, FS_NODUMP_FL, Fh,
-    FileType, Filesystem, Ino, RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SetAttr,
+    Client, Config, Ctx, Errno, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FS_NOATIME_FL,
+    FS_NODUMP_FL, Fh, FileType, Filesystem, Ino, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    RENAME_WHITEOUT, SetAttr,
 };
 use lanefs_store::disk::{SimDisk, Unflushed};
 use lanefs_store::{OpenReport, Options, StoreHandle, fsck, open};
@@ -1181,15 +1182,49 @@ fn make_orphans(fs: &Filesystem, tag: &str, keep: &mut Vec<Fh>) {
 /// orphans and changes after it; returns the handles that keep the orphans.
 fn populate(fs: &Filesystem, store: Option<&StoreHandle>, writers: usize, seed: u64) -> Vec<Fh> {
     build_tree(fs, writers, seed);
+    let ctx = Ctx::root();
+    let kernel = Ctx::root().via_kernel();
+    let o = resolve(fs, "/o").unwrap();
     let mut keep = Vec::new();
     make_orphans(fs, "1", &mut keep);
+    // Orphans of the other kinds: held by the kernel's lookup references (never forgotten
+    // here) or open: a symlink, a FIFO, a directory.
+    fs.symlink(&ctx, o, b"ksym", b"/somewhere").unwrap();
+    fs.lookup(&kernel, o, b"ksym").unwrap();
+    fs.unlink(&ctx, o, b"ksym").unwrap();
+    let f = fs
+        .mknod(&ctx, o, b"kfifo", libc::S_IFIFO | 0o600, 0)
+        .unwrap();
+    keep.push(fs.open(&ctx, f.ino, libc::O_RDWR).unwrap());
+    fs.unlink(&ctx, o, b"kfifo").unwrap();
+    fs.mkdir(&ctx, o, b"kdir", 0o700).unwrap();
+    fs.lookup(&kernel, o, b"kdir").unwrap();
+    fs.rmdir(&ctx, o, b"kdir").unwrap();
+    // An orphan whose Free comes after the checkpoint, one written after it, and a tmpfile
+    // written before it and named after it.
+    let (_, freed_later) = fs.create(&ctx, o, b"v1", 0o644, libc::O_RDWR).unwrap();
+    fs.write(&ctx, freed_later, 0, &pattern(5, 50_000)).unwrap();
+    fs.unlink(&ctx, o, b"v1").unwrap();
+    let (_, written_later) = fs.create(&ctx, o, b"v2", 0o644, libc::O_RDWR).unwrap();
+    fs.write(&ctx, written_later, 0, &pattern(6, 10_000))
+        .unwrap();
+    fs.unlink(&ctx, o, b"v2").unwrap();
+    let (t, named_later) = fs.tmpfile(&ctx, o, 0o640, libc::O_RDWR).unwrap();
+    fs.write(&ctx, named_later, 0, &pattern(7, 30_000)).unwrap();
     fs.sync_all().unwrap();
     if let Some(s) = store {
         s.checkpoint().unwrap();
     }
     // After the checkpoint, in the journal only: more orphans, and a few changes.
+    fs.release(freed_later).unwrap();
+    fs.write(&ctx, written_later, 40_000, &pattern(8, 30_000))
+        .unwrap();
+    keep.push(written_later);
+    fs.write(&ctx, named_later, 60_000, &pattern(9, 100))
+        .unwrap();
+    fs.link(&ctx, t.ino, o, b"named_later").unwrap();
+    keep.push(named_later);
     make_orphans(fs, "2", &mut keep);
-    let ctx = Ctx::root();
     let g = resolve(fs, "/r/x0/y0/g0").unwrap();
     fs.write_inode(&ctx, g, 1000, b"after the checkpoint")
         .unwrap();
@@ -1420,7 +1455,7 @@ fn race(base: &Base, seed: u64, readers: usize, nops: usize, cuts: usize) -> Rac
         PowerCuts::start(
             &disk,
             move |_, _| {
-                if taken >= cuts || !rng.random_ratio(1, 6) {
+                if taken >= cuts || !rng.random_ratio(1, 4) {
                     return vec![];
                 }
                 taken += 1;
@@ -1437,10 +1472,20 @@ fn race(base: &Base, seed: u64, readers: usize, nops: usize, cuts: usize) -> Rac
     assert!(o.report.lazy, "a lazy open: {:?}", o.report);
     let stop = Arc::new(AtomicBool::new(false));
     let mut rthreads = Vec::new();
+    // The readers start once the writers have done some operations (none to half of them),
+    // so that the writers find more or fewer inodes not loaded yet.
+    let start_after =
+        StdRng::seed_from_u64(seed).random_range(0..=(nops * base.writers / 2) as u64);
+    eprintln!("  readers start after {start_after} operations");
     for r in 0..readers {
-        let (fs, stop) = (o.fs.clone(), stop.clone());
+        let (fs, stop, p) = (o.fs.clone(), stop.clone(), progress.clone());
         let (w, max) = (base.writers, base.max_ino);
         rthreads.push(std::thread::spawn(move || {
+            while p.done.iter().map(|d| d.load(Relaxed)).sum::<u64>() < start_after
+                && !stop.load(Relaxed)
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
             reader(&fs, seed ^ (r as u64 + 1) * 0x9E37, w, max, &stop)
         }));
     }
@@ -1509,6 +1554,22 @@ fn race(base: &Base, seed: u64, readers: usize, nops: usize, cuts: usize) -> Rac
         let (a, b) = t.join().unwrap();
         ops.push(a);
         outcomes.push(b);
+    }
+    if std::env::var_os("LAZY_ATTACK_STATS").is_some() {
+        let mut by: BTreeMap<String, (u32, u32, BTreeMap<i32, u32>)> = BTreeMap::new();
+        for (op, r) in ops.iter().flatten().zip(outcomes.iter().flatten()) {
+            let name = format!("{op:?}");
+            let name = name.split(['(', ' ']).next().unwrap().to_string();
+            let e = by.entry(name).or_default();
+            match r {
+                Ok(_) => e.0 += 1,
+                Err(x) => {
+                    e.1 += 1;
+                    *e.2.entry(*x).or_default() += 1;
+                }
+            }
+        }
+        eprintln!("  ok/failed by operation: {by:?}");
     }
     stop.store(true, Relaxed);
     poker.join().unwrap();
@@ -1777,9 +1838,7 @@ fn many_lazy_reopens_with_few_changes_each() {
         let mut rng = StdRng::seed_from_u64(s ^ 0x0BE7);
         // The model: an in-memory filesystem given the same tree and the same operations.
         let mem = Arc::new(Filesystem::new(cfg()));
-        for fh in populate(&mem, None, 2, s) {
-            mem.release(fh).unwrap();
-        }
+        let _open = populate(&mem, None, 2, s);
         let mut mem_ex = Exec::new(mem.clone());
         let mut models = base.models.clone();
         let mut img = base.disk.crash(Unflushed::Kept);
@@ -1947,4 +2006,90 @@ fn lazy_loads_while_the_checkpoint_cannot_be_read() {
         close(o);
         compare_opens(&disk, "after the read failures");
     }
+}
+
+/// Orphans in the checkpoint: `n` removed directories still open (`dirs`) or open unlinked
+/// files, in a store checkpointed and cut off by a power cut after a sync.
+fn orphan_image(n: usize, dirs: bool) -> SimDisk {
+    let disk = SimDisk::new();
+    let o = open_with(common::on_demand(options(&disk, true)), "orphans");
+    let ctx = Ctx::root();
+    let mut keep = Vec::new();
+    for i in 0..n {
+        let name = format!("o{i}");
+        if dirs {
+            let d = o.fs.mkdir(&ctx, Ino(1), name.as_bytes(), 0o700).unwrap();
+            keep.push(o.fs.opendir(&ctx, d.ino).unwrap());
+            o.fs.rmdir(&ctx, Ino(1), name.as_bytes()).unwrap();
+        } else {
+            let (_, fh) =
+                o.fs.create(&ctx, Ino(1), name.as_bytes(), 0o600, libc::O_RDWR)
+                    .unwrap();
+            keep.push(fh);
+            o.fs.unlink(&ctx, Ino(1), name.as_bytes()).unwrap();
+        }
+    }
+    o.fs.write_inode(
+        &ctx,
+        o.fs.create(&ctx, Ino(1), b"f", 0o600, libc::O_RDWR)
+            .map(|(a, fh)| {
+                o.fs.release(fh).unwrap();
+                a.ino
+            })
+            .unwrap(),
+        0,
+        b"kept",
+    )
+    .unwrap();
+    o.fs.sync_all().unwrap();
+    o.store.checkpoint().unwrap();
+    let img = disk.crash(Unflushed::Lost);
+    drop(keep);
+    close(o);
+    img
+}
+
+/// A store that a power cut left with 4,096 removed directories still open opens lazily:
+/// each orphaned directory is made again by a create in the root that takes a readdir
+/// cookie 2^36 ahead of the opening thread's slot (`Recovery::orphan`,
+/// `Dirents::cookie_far_ahead`), and a slot has 2^48 cookies: the 4,096th panics ("cookie
+/// space of slot N exhausted"), and the store cannot be opened, lazily or whole (a whole
+/// open, and fsck, do the same for every orphan, files too: see the next test).
+#[test]
+fn a_lazy_open_with_4096_orphaned_directories() {
+    let _w = Watchdog::new("orphan dirs", Duration::from_secs(300));
+    let img = orphan_image(4096, true);
+    let o = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        open_on(&img.crash(Unflushed::Kept), true, "lazy")
+    }));
+    let o = o.unwrap_or_else(|_| {
+        panic!("opening lazily a store with 4096 orphaned directories panicked")
+    });
+    assert_eq!(Client::root(o.fs.clone()).read("/f").unwrap(), b"kept");
+    close(o);
+}
+
+/// The same for a whole open of a store left with 4,096 open unlinked files (each orphan,
+/// whatever its kind, passes through a name in the root there), and for fsck.
+#[test]
+fn a_whole_open_with_4096_orphaned_files() {
+    let _w = Watchdog::new("orphan files", Duration::from_secs(300));
+    let img = orphan_image(4096, false);
+    // Lazily it opens (orphaned files are loaded, not made again through a name).
+    let o = open_on(&img.crash(Unflushed::Kept), true, "lazy");
+    close(o);
+    let c = img.crash(Unflushed::Kept);
+    let f = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        fsck::check(dir(), &options(&c, false)).map(|_| ())
+    }));
+    let w = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        open_on(&img.crash(Unflushed::Kept), false, "whole")
+    }));
+    assert!(
+        matches!(f, Ok(Ok(()))) && w.is_ok(),
+        "with 4096 orphaned files: fsck {}, a whole open {}",
+        if f.is_ok() { "ran" } else { "panicked" },
+        if w.is_ok() { "worked" } else { "panicked" },
+    );
+    close(w.unwrap());
 }

@@ -281,6 +281,11 @@ impl Filesystem {
                 l.id, l.nlink
             )));
         }
+        for acl in [&l.access_acl, &l.default_acl] {
+            if !acl.is_empty() && crate::acl::Acl::parse(acl).is_err() {
+                return Err(self.damaged(format!("inode {}: an ACL that does not parse", l.id)));
+            }
+        }
         let mut x = crate::xattr::Xattrs::default();
         for (name, v) in l.xattrs.iter().map(|(n, v)| (&n[..], &v[..])).chain(
             [

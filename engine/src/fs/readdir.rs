@@ -231,16 +231,22 @@ impl Filesystem {
                 // while it is read is read again (`named`), so that none present throughout
                 // the read is missed. A kernel caller gets no attributes (and takes no
                 // reference) for a file that has had several names (method doc).
-                let Ok(mut child) = self.named(i.key(), name, Some(*cookie), false, g) else {
-                    continue;
+                // Gone since the index gave it: not listed. A store that cannot read the
+                // inode (EIO, `lazy.rs`) ends the read.
+                let mut child = match self.named(i.key(), name, Some(*cookie), false, g) {
+                    Ok(c) => c,
+                    Err(Errno::EIO) => return Err(Errno::EIO),
+                    Err(_) => continue,
                 };
                 let withhold = |c: &Inode| c.was_shared() || c.is_dir();
                 let mut withheld = ctx.counts_lookups() && withhold(child);
                 let mut pinned = plus && !withheld && ctx.counts_lookups();
                 if pinned && self.kernel_ref(child).is_err() {
                     // Freed since it was read: read the name again, with a reference.
-                    let Ok(c) = self.named(i.key(), name, Some(*cookie), true, g) else {
-                        continue;
+                    let c = match self.named(i.key(), name, Some(*cookie), true, g) {
+                        Ok(c) => c,
+                        Err(Errno::EIO) => return Err(Errno::EIO),
+                        Err(_) => continue,
                     };
                     child = c;
                     if withhold(child) {
