@@ -19,12 +19,21 @@
 //! | `xattr` | 256 per filesystem | one shard of the extended-attribute table (`xattr.rs`), and the order of xattr records |
 //! | `ino_alloc` | 1 per thread slot | that slot's free inode numbers, fresh numbers and generations |
 //! | `handles` | 1 per thread slot | that slot's shard of the open-file table |
+//! | `inode_hash` | 1 per lazily loaded filesystem | `dirlock` and `coarse` modes only (the seed-000 "before"): taken by a miss of the inode table around its look and again around its insert (`fs/lazy.rs`); a leaf |
 //!
 //! Global locks off every hot path (uncounted; each is a leaf):
 //! - the **inode-number spill list** (`id.rs`, 1 per filesystem): taken when a slot's free
 //!   list passes 8192 numbers (once per 4096 frees) or a slot with no numbers left drains it;
 //! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
 //!   calls the engine and once when it exits;
+//! - the **loads under way** of a lazily loaded filesystem (`fs/lazy.rs`: 64 shards of a
+//!   map from inode number to its load's cell, each a leaf mutex held only to find, add or
+//!   take out a cell, never during a load). A load runs with no engine lock held (it is a
+//!   table miss: `iget` and the functions beside it, before any lock of the operation); it
+//!   waits on another number's cell only for a directory's files, and a file's load waits
+//!   on nothing, so loads never wait in a cycle. While it inserts a directory's entries it
+//!   takes `index_shard` and `dirent_shard` locks as a create does; its store read is a
+//!   leaf;
 //! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
 //!   which a read or write runs after releasing its locks once the store declared file pages
 //!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);

@@ -2093,3 +2093,26 @@ fn a_whole_open_with_4096_orphaned_files() {
     );
     close(w.unwrap());
 }
+
+#[test]
+fn tmp_cookie_jumps_persist() {
+    let mut img = orphan_image(1, true);
+    let ctx = Ctx::root();
+    for cycle in 0..4 {
+        let disk = img.crash(Unflushed::Kept);
+        let o = open_on(&disk, true, "cycle");
+        let d = o.fs.mkdir(&ctx, Ino(1), format!("d{cycle}").as_bytes(), 0o700).unwrap();
+        let h = o.fs.opendir(&ctx, d.ino).unwrap();
+        o.fs.rmdir(&ctx, Ino(1), format!("d{cycle}").as_bytes()).unwrap();
+        let name = format!("c{cycle}");
+        let (_, fh) = o.fs.create(&ctx, Ino(1), name.as_bytes(), 0o600, libc::O_RDWR).unwrap();
+        o.fs.release(fh).unwrap();
+        let c = common::cookie_of(&o.fs, Ino(1), name.as_bytes());
+        eprintln!("cycle {cycle}: cookie of {name}: slot {} seq {:#x} = {} x 2^36", c >> 48, c & ((1 << 48) - 1), (c & ((1 << 48) - 1)) >> 36);
+        o.fs.sync_all().unwrap();
+        o.store.checkpoint().unwrap();
+        img = disk.crash(Unflushed::Lost);
+        let _ = h;
+        close(o);
+    }
+}
