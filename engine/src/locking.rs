@@ -28,12 +28,14 @@
 //!   calls the engine and once when it exits;
 //! - the **loads under way** of a lazily loaded filesystem (`fs/lazy.rs`: 64 shards of a
 //!   map from inode number to its load's cell, each a leaf mutex held only to find, add or
-//!   take out a cell, never during a load). A load runs with no engine lock held (it is a
-//!   table miss: `iget` and the functions beside it, before any lock of the operation); it
-//!   waits on another number's cell only for a directory's files, and a file's load waits
-//!   on nothing, so loads never wait in a cycle. While it inserts a directory's entries it
-//!   takes `index_shard` and `dirent_shard` locks as a create does; its store read is a
-//!   leaf;
+//!   take out a cell, never during a load). A load is a table miss (`iget` and the
+//!   functions beside it): mostly before the operation takes a lock, but also under the
+//!   stripes it holds (`iget_named`, a rename's walk up `..` under `rename` and its
+//!   stripes). It takes only locks ranked below those: while it inserts a directory's
+//!   entries, `index_shard` and `dirent_shard` locks one at a time, as a create does; for
+//!   the files' xattrs, their `xattr` shard; its store read is a leaf. It waits on another
+//!   number's cell only for a directory's files, and a file's load waits on nothing, holds
+//!   no stripe and takes no lock a waiter holds, so loads never wait in a cycle;
 //! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
 //!   which a read or write runs after releasing its locks once the store declared file pages
 //!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);
