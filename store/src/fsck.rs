@@ -91,7 +91,7 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
     let (uuid, created) = identity(disk, dir, false)?;
     debug_assert!(!created);
     let segments = journal::segments(disk, dir)?.len();
-    let ck = checkpoint(disk, dir, uuid, opts)?;
+    let mut ck = checkpoint(disk, dir, uuid, opts)?;
     let store = Arc::new(Reading {
         pages: ck.as_ref().map(Checkpoint::pages),
     });
@@ -101,8 +101,16 @@ fn replay(dir: &Path, opts: &Options, keep: bool) -> Result<Replayed, StoreError
         ..Config::default()
     };
     let mut rec = Filesystem::recover(cfg, store);
-    if let Some(ck) = &ck {
+    if let Some(ck) = &mut ck {
         ck.load(&mut rec)?;
+        // The counts a lazy opening trusts (docs/STORE.md, "Loading on demand"): wrong ones
+        // fail a check; a repair leaves them to the next whole opening (`-o load=whole`),
+        // which corrects them, since no journal cut would.
+        if let Some(wrong) = ck.check_counts(rec.usage())
+            && !keep
+        {
+            return Err(StoreError::damaged(ck.path().to_path_buf(), 0, wrong));
+        }
     }
     let checkpoint_lsn = ck.as_ref().map_or(0, Checkpoint::lsn);
     let loaded = rec.records();
