@@ -10,7 +10,9 @@
 //! written, several chunks), hard links across its directories, symlinks, a FIFO, xattrs, an
 //! ACL and flags, and "pinned" files `p*` that the thread reaches by number only; a read-only
 //! area `/r`; and orphans (open unlinked files, unlinked `O_TMPFILE` files, an open removed
-//! directory) both in the checkpoint and in the journal after it, left by a power cut.
+//! directory, a symlink and a directory held by kernel lookups, an open FIFO) both in the
+//! checkpoint and in the journal after it, orphans of the checkpoint written, freed or (a
+//! tmpfile) named after it, left by a power cut.
 //!
 //! Tests:
 //! - [`race_on_a_lazily_opened_store_matches_the_same_ops_on_a_whole_open`]: writers change
@@ -37,9 +39,28 @@
 //! - [`lazy_loads_while_the_checkpoint_cannot_be_read`]: readers load on demand while reads
 //!   of `checkpoint.redb` fail now and then (and checkpoints fail with them); once reads work
 //!   again, everything loads, and the tree equals a whole open's.
+//! - [`lazy_loads_and_changes_while_the_host_fails`]: the same with writers, then with the
+//!   host full now and then, and power cuts at random flushes (checkpoints committed segment
+//!   by segment after failures among them): every image opens whole and lazily alike with
+//!   the counts right, and the store closes with what it served.
+//! - [`limits_count_what_is_not_loaded`]: the inode and size limits refuse the same creates
+//!   and writes after a lazy open as after a whole one, and removing inodes never loaded
+//!   gives back the same room.
+//! - [`scattered_directories_loaded_at_once`]: big directories of scattered numbers, hard
+//!   links between them, loaded by threads at the same moment.
+//!
+//! Every image any test checks is also probed for the marks a lazy open keeps: new inodes
+//! get numbers and generations no live inode has.
+//!
+//! Failing (a bug of the engine's recovery, see their docs): a lazy open of a store left
+//! with 4,096 orphaned directories, a whole open or fsck of one left with 4,096 orphaned
+//! files, both panic "cookie space of slot 0 exhausted" (and the store cannot be opened);
+//! [`cookies_taken_for_orphans_at_open_stay_taken`] shows that the budget is the store's
+//! whole life, not one open's.
 //!
 //! Seeds: every test prints its seeds; `LANEFS_SEED=<n>` runs that one, `LANEFS_ROUNDS`
-//! runs more of the tests that run several, `LAZY_ATTACK_OPS` sets the operations per writer.
+//! runs more of the tests that run several, `LAZY_ATTACK_OPS` sets the operations per
+//! writer, `LAZY_ATTACK_STATS` prints how the race's operations ended.
 
 mod common;
 
@@ -1293,6 +1314,25 @@ fn compare_opens(img: &SimDisk, what: &str) -> (Shapes, (u64, u64)) {
         "{what}: statfs of the lazy open, loaded"
     );
     check_tree(&l.fs, what);
+    // New inodes, made with most of the namespace not loaded, get numbers and generations
+    // no live inode has (the marks a lazy open keeps instead of reading every inode).
+    let l2 = open_on(&img.crash(Unflushed::Kept), true, what);
+    let ctx = Ctx::root();
+    for i in 0..3 {
+        let name = format!(".probe{i}");
+        let a = l2.fs.mkdir(&ctx, Ino(1), name.as_bytes(), 0o700).unwrap();
+        for n in tw.values() {
+            assert!(
+                a.generation.0 > n.generation.0 && a.ino != n.ino,
+                "{what}: a new inode {}.{} beside a live one {}.{}",
+                a.ino.0,
+                a.generation.0,
+                n.ino.0,
+                n.generation.0
+            );
+        }
+    }
+    close(l2);
     close(l);
     close(w);
     (sh, used_w)
@@ -2119,7 +2159,9 @@ fn cookies_taken_for_orphans_at_open_stay_taken() {
         let _h = o.fs.opendir(&ctx, d.ino).unwrap();
         o.fs.rmdir(&ctx, Ino(1), name.as_bytes()).unwrap();
         let name = format!("c{cycle}");
-        let (_, fh) = o.fs.create(&ctx, Ino(1), name.as_bytes(), 0o600, libc::O_RDWR).unwrap();
+        let (_, fh) =
+            o.fs.create(&ctx, Ino(1), name.as_bytes(), 0o600, libc::O_RDWR)
+                .unwrap();
         o.fs.release(fh).unwrap();
         seqs.push(common::cookie_of(&o.fs, Ino(1), name.as_bytes()) & ((1 << 48) - 1));
         o.fs.sync_all().unwrap();
@@ -2252,7 +2294,11 @@ fn lazy_loads_and_changes_while_the_host_fails() {
         close(o);
         let w = open_on(&disk.crash(Unflushed::Kept), false, "reopened");
         assert_eq!(w.report.counts_wrong, None);
-        assert_same_tree("reopened after the host failures", &live, &dump(&w.fs, true));
+        assert_same_tree(
+            "reopened after the host failures",
+            &live,
+            &dump(&w.fs, true),
+        );
         assert_eq!(used(&w.fs), u, "statfs reopened");
         close(w);
         compare_opens(&disk, "after the host failures");
@@ -2293,7 +2339,13 @@ fn limits_count_what_is_not_loaded() {
         let mut creates = 0;
         let d = resolve(&o.fs, "/w0/a2/b1/c1").unwrap();
         loop {
-            match o.fs.create(&ctx, d, format!("z{creates}").as_bytes(), 0o600, libc::O_RDWR) {
+            match o.fs.create(
+                &ctx,
+                d,
+                format!("z{creates}").as_bytes(),
+                0o600,
+                libc::O_RDWR,
+            ) {
                 Ok((_, fh)) => {
                     o.fs.release(fh).unwrap();
                     creates += 1;
@@ -2339,7 +2391,12 @@ fn limits_count_what_is_not_loaded() {
         }
         out.push(format!("statfs after removing /w0/a0 {:?}", used(&o.fs)));
         let mut more = 0;
-        while o.fs.create(&ctx, d, format!("y{more}").as_bytes(), 0o600, libc::O_RDWR).map(|(_, fh)| o.fs.release(fh).unwrap()).is_ok() {
+        while o
+            .fs
+            .create(&ctx, d, format!("y{more}").as_bytes(), 0o600, libc::O_RDWR)
+            .map(|(_, fh)| o.fs.release(fh).unwrap())
+            .is_ok()
+        {
             more += 1;
             assert!(more < 1000);
         }
@@ -2364,8 +2421,122 @@ fn limits_count_what_is_not_loaded() {
             open(dir(), cfg, options(&base.disk.crash(Unflushed::Kept), lazy)).is_ok()
         })
         .collect();
-    assert_eq!(tight[0], tight[1], "opened under a tight size limit: whole, lazy");
+    assert_eq!(
+        tight[0], tight[1],
+        "opened under a tight size limit: whole, lazy"
+    );
     let (a, b) = (run(false), run(true));
     eprintln!("  whole: {a:?}\n  lazy:  {b:?}");
-    assert_eq!(a[..a.len() - 1], b[..b.len() - 1], "limits, whole (left) and lazy");
+    assert_eq!(
+        a[..a.len() - 1],
+        b[..b.len() - 1],
+        "limits, whole (left) and lazy"
+    );
+}
+
+/// Large directories whose entries' numbers are scattered (made interleaved with other
+/// directories', holes left by removals), hard links from a third directory into both,
+/// changes after the checkpoint; then lazy opens whose threads load the three directories
+/// at the same moment (the linked files reach each thread through two directories): the
+/// same tree as a whole open every time.
+#[test]
+fn scattered_directories_loaded_at_once() {
+    let _w = Watchdog::new("scattered", Duration::from_secs(300));
+    let s = seed::seed("scattered directories");
+    let mut rng = StdRng::seed_from_u64(s);
+    let disk = SimDisk::new();
+    let o = open_with(common::on_demand(options(&disk, true)), "scattered");
+    let ctx = Ctx::root();
+    let fs = &o.fs;
+    let dirs: Vec<Ino> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| fs.mkdir(&ctx, Ino(1), n.as_bytes(), 0o755).unwrap().ino)
+        .collect();
+    let mut files = Vec::new();
+    for i in 0..1200 {
+        for (k, &d) in dirs[..2].iter().enumerate() {
+            let name = format!("f{i}");
+            let (a, fh) = fs
+                .create(&ctx, d, name.as_bytes(), 0o644, libc::O_RDWR)
+                .unwrap();
+            fs.write(
+                &ctx,
+                fh,
+                0,
+                &pattern(i * 2 + k as u64, rng.random_range(0..3000)),
+            )
+            .unwrap();
+            fs.release(fh).unwrap();
+            files.push((d, name, a.ino));
+        }
+        if i % 100 == 0 {
+            fs.mkdir(&ctx, dirs[3], format!("s{i}").as_bytes(), 0o755)
+                .unwrap();
+        }
+    }
+    for (j, (d, name, _)) in files.iter().enumerate() {
+        if j % 3 == 0 {
+            fs.unlink(&ctx, *d, name.as_bytes()).unwrap();
+        }
+    }
+    for l in 0..300 {
+        let (_, _, ino) = &files[rng.random_range(0..files.len() / 3) * 3 + 1];
+        let _ = fs.link(&ctx, *ino, dirs[2], format!("l{l}").as_bytes());
+    }
+    fs.sync_all().unwrap();
+    o.store.checkpoint().unwrap();
+    // After the checkpoint: some moved between the big directories, some removed.
+    for i in (1..1200).step_by(7) {
+        let name = format!("f{i}");
+        let _ = fs.rename(
+            &ctx,
+            dirs[0],
+            name.as_bytes(),
+            dirs[1],
+            format!("g{i}").as_bytes(),
+            0,
+        );
+        let _ = fs.unlink(&ctx, dirs[1], format!("f{}", i + 1).as_bytes());
+    }
+    fs.sync_all().unwrap();
+    let img = disk.crash(Unflushed::Lost);
+    close(o);
+    let (_, u) = compare_opens(&img, "scattered");
+    let want = {
+        let w = open_on(&img.crash(Unflushed::Kept), false, "whole");
+        let t = dump(&w.fs, true);
+        close(w);
+        t
+    };
+    for round in 0..6 {
+        let o = open_on(&img.crash(Unflushed::Kept), true, "lazy");
+        assert!(o.report.lazy);
+        let barrier = Arc::new(std::sync::Barrier::new(4));
+        let threads: Vec<_> = ["/a", "/b", "/c", "/d"]
+            .iter()
+            .enumerate()
+            .map(|(t, d)| {
+                let (fs, b) = (o.fs.clone(), barrier.clone());
+                let d = d.to_string();
+                std::thread::spawn(move || {
+                    b.wait();
+                    let i = resolve(&fs, &d).unwrap();
+                    for (n, c) in list(&fs, i).unwrap() {
+                        let a = fs.getattr(c).unwrap();
+                        if (t + round) % 2 == 0 && a.kind() == FileType::RegularFile {
+                            content(&fs, c, a.size).unwrap();
+                        }
+                        let _ = n;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(used(&o.fs), u, "statfs, round {round}");
+        assert_same_tree(&format!("round {round}"), &want, &dump(&o.fs, true));
+        check_tree(&o.fs, "scattered");
+        close(o);
+    }
 }
