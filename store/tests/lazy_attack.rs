@@ -2090,11 +2090,12 @@ fn orphan_image(n: usize, dirs: bool) -> SimDisk {
 }
 
 /// A store that a power cut left with 4,096 removed directories still open opens lazily:
-/// each orphaned directory is made again by a create in the root that takes a readdir
-/// cookie 2^36 ahead of the opening thread's slot (`Recovery::orphan`,
-/// `Dirents::cookie_far_ahead`), and a slot has 2^48 cookies: the 4,096th panics ("cookie
-/// space of slot N exhausted"), and the store cannot be opened, lazily or whole (a whole
-/// open, and fsck, do the same for every orphan, files too: see the next test).
+/// each orphaned directory is made again by a create in the root under a readdir cookie
+/// 2^36 ahead of the opening thread's slot (`Recovery::orphan`,
+/// `Dirents::cookie_far_ahead`), and a slot has 2^48 cookies. When each orphan took its
+/// cookie for good, the 4,096th panicked ("cookie space of slot N exhausted") and the store
+/// could not be opened, lazily or whole (a whole open, and fsck, make every orphan so, files
+/// too: see the next test).
 #[test]
 fn a_lazy_open_with_4096_orphaned_directories() {
     let _w = Watchdog::new("orphan dirs", Duration::from_secs(300));
@@ -2138,15 +2139,14 @@ fn a_whole_open_with_4096_orphaned_files() {
     close(w.unwrap());
 }
 
-/// What makes the two tests above reachable over a store's life, not only in one open: the
-/// cookies taken far ahead for the orphans stay taken. A lazy open makes one orphaned
-/// directory (a power cut left it), then the opening thread makes an entry: its cookie is
-/// 2^36 past the slot's last one, its record carries it, the checkpoint keeps it as the
-/// lane's highest, and the next open starts from there. So every orphan of every power cut
-/// (every orphan of any kind at a whole open) takes 1/4096 of a slot's cookies for good, and
-/// after 4,096 of them both the open and every create on that slot panic.
+/// What made the two tests above reachable over a store's life, not only in one open: the
+/// cookies taken far ahead for the orphans stayed taken. A lazy open makes one orphaned
+/// directory (a power cut left it), then the opening thread makes an entry: its cookie was
+/// 2^36 past the slot's last one, its record carried it, the checkpoint kept it as the
+/// lane's highest, and the next open started from there, so every orphan of every power cut
+/// spent 1/4096 of a slot's cookies for good. Now the entry's cookie stays below 2^36.
 #[test]
-fn cookies_taken_for_orphans_at_open_stay_taken() {
+fn cookies_for_orphans_at_open_are_not_spent() {
     let mut img = orphan_image(1, true);
     let ctx = Ctx::root();
     let mut seqs = Vec::new();

@@ -207,15 +207,31 @@ impl Dirents {
         slot_base(slot) | seq
     }
 
-    /// A cookie from the calling thread's slot far beyond any it has handed out (2^36 ahead),
-    /// for a name recovery makes and removes at once (an orphan's, `fs/recovery.rs`): the
-    /// records replayed after it cannot carry it, since they were made by a filesystem whose
-    /// slots had handed out fewer cookies since the checkpoint it was loaded from.
-    pub fn cookie_far_ahead(&self) -> u64 {
+    /// Cookie `k` (0, 1, ...) of a range of the calling thread's slot far beyond any it has
+    /// handed out (2^36 ahead), for the names recovery makes and removes at once (orphans',
+    /// `fs/recovery.rs`): the records replayed after them cannot carry one, since they were
+    /// made by a filesystem whose slots had handed out fewer cookies since the checkpoint it
+    /// was loaded from. Nothing is taken: the slot's next cookie stays where it is, and
+    /// [`Dirents::cookie_mark`] and [`Dirents::reset_cookie`] undo what applying the name
+    /// observed of it, so that no cookie space is spent for good (a store with thousands of
+    /// orphans would use a slot up).
+    pub fn cookie_far_ahead(&self, k: u64) -> u64 {
         let slot = current();
-        let seq = self.cookie_seq.get(slot).fetch_add(1 << 36, Relaxed) + (1 << 36);
+        let seq = (self.cookie_seq.get(slot).load(Relaxed) + (1 << 36)).saturating_add(k);
         assert!(seq <= SEQ_MASK, "cookie space of slot {slot} exhausted");
         slot_base(slot) | seq
+    }
+
+    /// The calling thread's slot and where its cookies are (for [`Dirents::reset_cookie`]).
+    pub fn cookie_mark(&self) -> (usize, u64) {
+        let slot = current();
+        (slot, self.cookie_seq.get(slot).load(Relaxed))
+    }
+
+    /// Puts slot `slot`'s cookies back to `seq` (recovery, after an orphan's passing name:
+    /// nothing else ran meanwhile).
+    pub fn reset_cookie(&self, (slot, seq): (usize, u64)) {
+        self.cookie_seq.get(slot).store(seq, Relaxed);
     }
 
     /// Records that `cookie` exists (recovery): its slot's later cookies come after it.

@@ -33,6 +33,8 @@ pub struct Recovery {
     fs: Filesystem,
     root_seen: bool,
     records: u64,
+    /// Orphans made so far ([`Recovery::orphan`]).
+    orphans: u64,
 }
 
 /// Why a record does not fit the state the records before it built.
@@ -64,6 +66,7 @@ impl Filesystem {
             fs,
             root_seen: false,
             records: 0,
+            orphans: 0,
         }
     }
 }
@@ -111,6 +114,7 @@ impl Filesystem {
             fs,
             root_seen: true,
             records: 0,
+            orphans: 0,
         })
     }
 }
@@ -439,20 +443,29 @@ impl Recovery {
     /// can) or frees it first.
     pub fn orphan(&mut self, inode: &NewInode<'_>) -> Result<(), ReplayError> {
         const NAME: &[u8] = b"/orphan";
-        let cookie = self.fs.dirents.cookie_far_ahead();
-        self.apply(&Record::Create {
-            dir: InodeId::ROOT,
-            name: NAME,
-            cookie,
-            inode: *inode,
-            flags: 0,
-        })?;
-        self.apply(&Record::Remove {
-            dir: InodeId::ROOT,
-            name: NAME,
-            inode: inode.id,
-            time: inode.time,
-        })
+        // A cookie of its own (the index keeps a removed one's place a while), which spends
+        // no cookie space: the slot's counter goes back after the name (`cookie_far_ahead`).
+        let mark = self.fs.dirents.cookie_mark();
+        let cookie = self.fs.dirents.cookie_far_ahead(self.orphans);
+        self.orphans += 1;
+        let r = self
+            .apply(&Record::Create {
+                dir: InodeId::ROOT,
+                name: NAME,
+                cookie,
+                inode: *inode,
+                flags: 0,
+            })
+            .and_then(|()| {
+                self.apply(&Record::Remove {
+                    dir: InodeId::ROOT,
+                    name: NAME,
+                    inode: inode.id,
+                    time: inode.time,
+                })
+            });
+        self.fs.dirents.reset_cookie(mark);
+        r
     }
 
     /// Ends recovery and returns the filesystem (see the module doc).
