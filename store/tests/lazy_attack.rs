@@ -1526,7 +1526,7 @@ fn race(base: &Base, seed: u64, readers: usize, nops: usize, cuts: usize) -> Rac
             {
                 std::thread::sleep(Duration::from_micros(200));
             }
-            reader(&fs, seed ^ (r as u64 + 1) * 0x9E37, w, max, &stop)
+            reader(&fs, seed ^ ((r as u64 + 1) * 0x9E37), w, max, &stop)
         }));
     }
     let poker = {
@@ -1555,7 +1555,7 @@ fn race(base: &Base, seed: u64, readers: usize, nops: usize, cuts: usize) -> Rac
         let mut model = base.models[k].clone();
         let p = progress.clone();
         wthreads.push(std::thread::spawn(move || {
-            let mut rng = StdRng::seed_from_u64(seed ^ (k as u64 + 1) * 0x5151_5151);
+            let mut rng = StdRng::seed_from_u64(seed ^ ((k as u64 + 1) * 0x5151_5151));
             let mut ex = Exec::new(fs.clone());
             let (mut ops, mut outs) = (Vec::new(), Vec::new());
             let mut i = 0;
@@ -2237,7 +2237,7 @@ fn lazy_loads_and_changes_while_the_host_fails() {
             let (fs, stop) = (o.fs.clone(), stop.clone());
             let mut model = base.models[k].clone();
             writers.push(std::thread::spawn(move || {
-                let mut rng = StdRng::seed_from_u64(s ^ (k as u64 + 3) * 0x7777);
+                let mut rng = StdRng::seed_from_u64(s ^ ((k as u64 + 3) * 0x7777));
                 let mut ex = Exec::new(fs);
                 let mut errs: BTreeMap<i32, u32> = BTreeMap::new();
                 while !stop.load(Relaxed) {
