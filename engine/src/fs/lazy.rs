@@ -308,8 +308,8 @@ impl Filesystem {
         let g = crossbeam_epoch::pin();
         let inode = Owned::new(self.build(&l, kind, refs)?);
         if let Body::Dir(d) = &inode.body {
-            // Entries admitted before a failure stay in the map, naming a directory that is
-            // not published: the next miss on it finds them and fails the same way.
+            // A failure leaves no entry in the map (`load_entries`); the files it published
+            // are sound, and the next miss on the directory starts again.
             self.load_entries(inode.key(), d, &g)?;
         }
         if !x.is_empty() {
