@@ -92,16 +92,16 @@ pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
     Atime, CheckReport, Config, DirEnd, DirEntry, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE,
-    Filesystem, InodeRef, LoadedEntry, LoadedInode, Locking, MAX_FILE_SIZE, RENAME_EXCHANGE,
-    RENAME_NOREPLACE, RENAME_WHITEOUT, Recovery, ReplayError, SYMLINK_MAX, StatFs, TruncateBy,
+    Filesystem, InodeRef, Locking, MAX_FILE_SIZE, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    RENAME_WHITEOUT, Recovery, ReplayError, SYMLINK_MAX, StatFs, TruncateBy,
 };
 pub use handle::Fh;
 pub use id::{Generation, Ino, InodeId, ROOT_INO};
 pub use path::{At, Client, DirEntryInfo, File, Metadata, OpenOptions};
 pub use perm::{Ctx, MAY_EXEC, MAY_READ, MAY_WRITE, Via, caps};
 pub use record::{
-    AttrChange, Attributes, DecodeError, MemoryStore, NewInode, Record, RecordSummary, Store,
-    SyncDone, effect,
+    AttrChange, Attributes, DecodeError, LoadedEntry, LoadedInode, MemoryStore, NewInode, Record,
+    RecordSummary, Store, SyncDone, effect,
 };
 pub use stats::{LockClass, LockStat, Op, StatsSnapshot};
 pub use time::Timespec;

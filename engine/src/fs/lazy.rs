@@ -65,66 +65,10 @@ use crate::acl::{ACL_ACCESS_NAME, ACL_DEFAULT_NAME};
 use crate::attr::{AttrCell, AttrVals, FileType, flags};
 use crate::dir::DirBody;
 use crate::errno::{Errno, Result};
-use crate::id::{Ino, InodeId};
+use crate::id::Ino;
 use crate::inode::{Body, Inode};
+use crate::record::{LoadedEntry, LoadedInode};
 use crate::stats::LockClass;
-use crate::time::Timespec;
-
-/// An inode as a store keeps it, for [`crate::Store::load_inode`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadedInode {
-    /// Number and generation.
-    pub id: InodeId,
-    /// Type and permission bits.
-    pub mode: u32,
-    /// Owner.
-    pub uid: u32,
-    /// Group.
-    pub gid: u32,
-    /// Link count (a directory's counts its `.` and its subdirectories' `..`).
-    pub nlink: u32,
-    /// Device number (character and block devices).
-    pub rdev: u64,
-    /// Size in bytes (regular files; a symlink's is its target's length).
-    pub size: u64,
-    /// Access time.
-    pub atime: Timespec,
-    /// Modification time.
-    pub mtime: Timespec,
-    /// Change time.
-    pub ctime: Timespec,
-    /// Birth time, if kept.
-    pub btime: Option<Timespec>,
-    /// Inode flags (`FS_*_FL`, the `chattr` ones).
-    pub flags: u32,
-    /// A symlink's target.
-    pub target: Vec<u8>,
-    /// A directory's parent (the root's is itself).
-    pub parent: InodeId,
-    /// Extended attributes other than ACLs, name (with its namespace) and value.
-    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
-    /// The access ACL (`system.posix_acl_access` bytes; empty: none).
-    pub access_acl: Vec<u8>,
-    /// The default ACL (empty: none).
-    pub default_acl: Vec<u8>,
-    /// A regular file's pages whose bytes the store holds (read when asked for).
-    pub pages: Vec<u64>,
-    /// A regular file's runs of allocated zeros, `(first, end)` in pages.
-    pub zeros: Vec<(u64, u64)>,
-}
-
-/// An entry of a directory as a store keeps it, for [`crate::Store::load_entries`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LoadedEntry {
-    /// The name.
-    pub name: Vec<u8>,
-    /// Its readdir cookie.
-    pub cookie: u64,
-    /// The inode it names.
-    pub target: InodeId,
-    /// That inode, unless it is a directory (loaded when it is reached).
-    pub inode: Option<LoadedInode>,
-}
 
 /// Shards of the map of loads under way.
 const LOADING: usize = 64;

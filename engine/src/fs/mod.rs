@@ -34,7 +34,6 @@ use parking_lot::{Mutex, MutexGuard};
 
 pub use check::CheckReport;
 pub use file::{FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, TruncateBy};
-pub use lazy::{LoadedEntry, LoadedInode};
 pub use namespace::{RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, SYMLINK_MAX};
 pub use readdir::{DirEnd, DirEntry};
 pub use recovery::{Recovery, ReplayError};

@@ -15,23 +15,26 @@
 //!   journal entry (framing, sequence numbers and checksums are the store's); its tests keep
 //!   docs/RECORDS.md (the format, and why records replay in the order the store keeps them)
 //!   and the code in step;
+//! - `loaded.rs`: [`LoadedInode`], [`LoadedEntry`], what a store that loads its namespace as
+//!   it is needed gives ([`Store::load_inode`], [`Store::load_entries`]);
 //! - `summary.rs`: [`RecordSummary`], what a checkpoint reads of a record before it decides
 //!   whether to apply it.
 
 mod codec;
 pub mod effect;
+mod loaded;
 mod summary;
 
 use std::sync::Arc;
 
 use crate::data::PageEpochs;
 use crate::errno::{Errno, Result};
-use crate::fs::{LoadedEntry, LoadedInode};
 use crate::id::{Ino, InodeId};
 use crate::time::Timespec;
 
 pub use codec::DecodeError;
 pub use effect::Attributes;
+pub use loaded::{LoadedEntry, LoadedInode};
 pub use summary::RecordSummary;
 
 /// The after-image of a new inode.

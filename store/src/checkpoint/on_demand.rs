@@ -22,8 +22,15 @@ use redb::ReadTransaction;
 
 use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
 use super::load::inodes;
-use super::pages::ReadFailed;
 use super::{DATA, META, ZEROS};
+
+/// Why a read of the checkpoint (an inode, a directory, pages: `pages.rs`) failed.
+pub(super) enum ReadFailed {
+    /// redb's error (the host's, or a panic): the database is to be reopened.
+    Db(String),
+    /// What was read is wrong (damage): reopening would read the same.
+    Damaged(String),
+}
 
 type R<T> = Result<T, ReadFailed>;
 

@@ -16,6 +16,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase};
 
 use super::apply::PAGE;
+use super::on_demand::ReadFailed;
 use super::{DATA, guarded, kv};
 
 /// The checkpoint's open database as the page readers see it (`mod.rs`, "Locking").
@@ -114,14 +115,6 @@ impl SharedDb {
     pub(crate) fn broken(&self) -> bool {
         self.broken.load(SeqCst)
     }
-}
-
-/// Why a read of pages, or of an inode (`on_demand.rs`), failed.
-pub(super) enum ReadFailed {
-    /// redb's error (the host's, or a panic): the database is to be reopened.
-    Db(String),
-    /// What was read is wrong (damage): reopening would read the same.
-    Damaged(String),
 }
 
 /// Reads pages of the checkpoint (cloned into the store the engine calls).
