@@ -64,6 +64,8 @@
 
 mod common;
 
+use common::kind_char;
+
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hasher};
 use std::path::Path;
@@ -213,18 +215,6 @@ struct Shape {
 }
 
 type Shapes = BTreeMap<String, Shape>;
-
-fn kind_char(k: FileType) -> char {
-    match k {
-        FileType::Directory => 'd',
-        FileType::RegularFile => 'f',
-        FileType::Symlink => 'l',
-        FileType::CharDevice => 'c',
-        FileType::BlockDevice => 'b',
-        FileType::NamedPipe => 'p',
-        FileType::Socket => 's',
-    }
-}
 
 fn xattrs(fs: &Filesystem, ino: Ino) -> Vec<(Vec<u8>, Vec<u8>)> {
     let ctx = Ctx::root();

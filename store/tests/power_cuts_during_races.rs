@@ -33,6 +33,8 @@
 
 mod common;
 
+use common::kind_char;
+
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io;
@@ -43,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use common::{opts, seed};
 use lanefs::{
-    Client, Config, FileType, Filesystem, Ino, OpenOptions, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    Client, Config, Filesystem, Ino, OpenOptions, RENAME_EXCHANGE, RENAME_NOREPLACE,
     RENAME_WHITEOUT, XATTR_CREATE, XATTR_REPLACE,
 };
 use lanefs_store::disk::{SimDisk, Unflushed};
@@ -124,18 +126,6 @@ fn hash_of<T: Hash>(t: &T) -> u64 {
     let mut h = DefaultHasher::new();
     t.hash(&mut h);
     h.finish()
-}
-
-fn kind_char(k: FileType) -> char {
-    match k {
-        FileType::Directory => 'd',
-        FileType::RegularFile => 'f',
-        FileType::Symlink => 'l',
-        FileType::CharDevice => 'c',
-        FileType::BlockDevice => 'b',
-        FileType::NamedPipe => 'p',
-        FileType::Socket => 's',
-    }
 }
 
 /// What a walk found: the snapshot of the tree under its root, and for each inode its kind,

@@ -27,7 +27,7 @@ pub use tree::{Node, Tree, assert_same_tree, cookie_of, dump, named_user_acl, tr
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use lanefs::{Config, Filesystem, OpenOptions};
+use lanefs::{Config, FileType, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, SyncPoint, Unflushed};
 use lanefs_store::{Options, StoreHandle};
 use parking_lot::Mutex;
@@ -348,5 +348,18 @@ impl Drop for Watchdog {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// A file type as one letter, as `ls -l` shows it (trees compared by shape).
+pub fn kind_char(k: FileType) -> char {
+    match k {
+        FileType::Directory => 'd',
+        FileType::RegularFile => 'f',
+        FileType::Symlink => 'l',
+        FileType::CharDevice => 'c',
+        FileType::BlockDevice => 'b',
+        FileType::NamedPipe => 'p',
+        FileType::Socket => 's',
     }
 }
