@@ -135,6 +135,12 @@ pub(crate) struct Chunk {
 
 impl Chunk {
     /// Page `i`'s bytes (trailing zeros cut), or `None` for a hole.
+    /// The pages this chunk (number `chunk`) holds, in order: each page's number and bytes
+    /// (empty: a page of zeros, which a file holds as allocated zeros).
+    pub(crate) fn pages(&self, chunk: u64) -> impl Iterator<Item = (u64, &[u8])> + '_ {
+        (0..CHUNK).filter_map(move |i| self.get(i as usize).map(|b| (chunk * CHUNK + i, b)))
+    }
+
     pub(crate) fn get(&self, i: usize) -> Option<&[u8]> {
         self.pages[i].as_deref()
     }
@@ -242,6 +248,15 @@ pub(crate) fn run_of(k: &[u8], v: &[u8]) -> Result<(u64, u64), String> {
         return Err(format!("a run of zeros from page {first} to {end}"));
     }
     Ok((first, end))
+}
+
+/// Adds page `page`, past every page in `runs`, to those runs of zeros: the last run grows
+/// if the page follows it.
+pub(crate) fn push_zero_page(runs: &mut Vec<(u64, u64)>, page: u64) {
+    match runs.last_mut() {
+        Some((_, end)) if *end == page => *end += 1,
+        _ => runs.push((page, page + 1)),
+    }
 }
 
 /// The inode number and the rest of a key `tag ++ ino ++ rest`.

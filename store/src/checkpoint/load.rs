@@ -521,17 +521,10 @@ fn load_pages(
         let chunk = kv::chunk_of(k.value()).ok_or("page key too short")?;
         let c = kv::Chunk::decode(c.value())
             .map_err(|e| format!("{}: pages from {}: {e}", what(), chunk * kv::CHUNK))?;
-        for i in 0..kv::CHUNK {
-            let Some(bytes) = c.get(i as usize) else {
-                continue;
-            };
-            let page = chunk * kv::CHUNK + i;
+        for (page, bytes) in c.pages(chunk) {
             any = true;
             if bytes.is_empty() {
-                match zeros.last_mut() {
-                    Some((_, end)) if *end == page => *end += 1,
-                    _ => zeros.push((page, page + 1)),
-                }
+                kv::push_zero_page(&mut zeros, page);
                 continue;
             }
             if page.saturating_mul(PAGE) >= v.size {

@@ -140,16 +140,9 @@ impl Tables {
                     chunk * kv::CHUNK
                 ))
             })?;
-            for i in 0..kv::CHUNK {
-                let Some(bytes) = c.get(i as usize) else {
-                    continue;
-                };
-                let page = chunk * kv::CHUNK + i;
+            for (page, bytes) in c.pages(chunk) {
                 if bytes.is_empty() {
-                    match l.zeros.last_mut() {
-                        Some((_, end)) if *end == page => *end += 1,
-                        _ => l.zeros.push((page, page + 1)),
-                    }
+                    kv::push_zero_page(&mut l.zeros, page);
                 } else {
                     l.pages.push(page);
                 }
