@@ -23,7 +23,9 @@ pub struct MountArgs {
     /// Mount options, comma-separated, as `mount -o`: ro, rw, allow_other (the default when
     /// root mounts; noallow_other keeps a root mount to root), size=BYTES (k/m/g suffixes;
     /// a disk store: its disk's size by default), cache=BYTES (a disk store's file data kept
-    /// in memory beyond what changed since its last checkpoint),
+    /// in memory beyond what changed since its last checkpoint), inode_cache=BYTES (a disk
+    /// store opened lazily: inodes kept in memory, 256 bytes each, before clean files are
+    /// evicted; an eighth of memory by default),
     /// nr_inodes=N, locking=lanes|dirlock|coarse, load=lazy|whole (a disk store: read its
     /// namespace as it is reached, the default, or all when it opens), threads=N (/dev/fuse
     /// threads), ttl=SECONDS,
@@ -179,6 +181,7 @@ fn plan<'a>(a: &'a MountArgs) -> Result<Plan, String> {
             }
             "size" => fs.max_bytes = Some(size(need(v)?)?),
             "cache" => fs.cache_bytes = Some(size(need(v)?)?),
+            "inode_cache" => fs.inode_cache = Some(size(need(v)?)?),
             "nr_inodes" => {
                 fs.max_inodes = Some(
                     need(v)?
@@ -768,8 +771,22 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         );
     }
     println!(
-        "  inodes used {} ({} read from the store so far), blocks used {}, open handles {}",
-        v["inodes_used"], v["inodes_loaded"], v["blocks_used"], v["open_handles"]
+        "  inodes used {} ({} read from the store so far, {} evicted since), blocks used {}, \
+         open handles {}",
+        v["inodes_used"],
+        v["inodes_loaded"],
+        v["inodes_evicted"],
+        v["blocks_used"],
+        v["open_handles"]
+    );
+    println!(
+        "  inodes in memory {} ({}, bound {})",
+        v["inodes_in_memory"],
+        bytes(&v["inode_cache_bytes"]),
+        match v["inode_cache_bound"].is_null() {
+            true => "none".to_string(),
+            false => bytes(&v["inode_cache_bound"]),
+        }
     );
     println!(
         "  file data {}, server resident memory {}",

@@ -893,6 +893,13 @@ impl FileData {
         new && in_run == 0
     }
 
+    /// Whether no page is in memory (every page the store's or a run of zeros).
+    pub fn all_kept(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(|i| i.pages.values().all(|s| matches!(s, Slot::Kept)))
+    }
+
     /// Sends out of memory every page labelled at or below `kept` (the store holds them);
     /// returns how many went.
     pub fn evict(&mut self, kept: u64, e: &PageEpochs) -> u64 {

@@ -102,12 +102,13 @@ fn fate_of(i: &Inode, new: u64) -> Fate {
 }
 
 // An inode is allocated per file: keep it in mimalloc's 128-byte size class
-// (docs/BENCHMARKS.md, "Memory per file"; the birth time took it past 112).
+// (docs/BENCHMARKS.md, "Memory per file"; the birth time took it past 112, the
+// eviction label to 128).
 // (Not under loom, whose atomics are larger.)
 #[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Body>() == 24);
 #[cfg(not(loom))]
-const _: () = assert!(std::mem::size_of::<Inode>() == 120);
+const _: () = assert!(std::mem::size_of::<Inode>() == 128);
 
 /// Kind-specific contents.
 pub(crate) enum Body {
@@ -127,6 +128,11 @@ pub(crate) struct Inode {
     /// The birth time (`statx`'s `stx_btime`), in nanoseconds from the epoch ([`born`]); set
     /// when the inode is made and never changed after, but by recovery.
     born: AtomicI64,
+    /// The epoch of the store's checkpoints (`data.rs`, [`crate::PageEpochs`]) read after
+    /// the last record that changed this inode was appended: once the store keeps that
+    /// epoch, the store's copy is this inode and the eviction pass may drop it
+    /// (`fs/lazy.rs`, "Eviction"). Only ever raised.
+    label: AtomicU64,
 }
 
 /// An unknown birth time (an inode a checkpoint kept before birth times were kept).
@@ -159,6 +165,31 @@ impl Inode {
             born: AtomicI64::new(born(Some(attr.load().ctime))),
             attr,
             body,
+            label: AtomicU64::new(0),
+        }
+    }
+
+    /// The epoch of this inode's last change (see [`Inode::label`]'s field).
+    #[inline]
+    pub fn label(&self) -> u64 {
+        self.label.load(SeqCst)
+    }
+
+    /// Whether only names hold the inode: links, no reference (no open handle, no kernel
+    /// lookup, no operation holding it), not dead, emptied or being checked (the eviction
+    /// pass's test of the lifecycle word: `fs/lazy.rs`).
+    #[inline]
+    pub fn only_named(&self) -> bool {
+        let w = self.life.load(Acquire);
+        w & NLINK_MASK != 0 && w & (DEAD | LINKABLE | EMPTIED | CHECKING | REFS_MASK) == 0
+    }
+
+    /// Notes a change made in epoch `e` (read after its record was appended).
+    #[inline]
+    pub fn relabel(&self, e: u64) {
+        // Read first: most changes find the label current, and write no shared line.
+        if self.label.load(SeqCst) < e {
+            self.label.fetch_max(e, SeqCst);
         }
     }
 

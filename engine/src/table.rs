@@ -12,6 +12,10 @@
 //! every guard that could have loaded it is gone. A reader may therefore hold a pointer to an
 //! inode that is no longer in the table: callers compare generations ([`InodeTable::get_gen`])
 //! or check the inode's lifecycle word, and never resurrect a dead inode (`inode.rs`).
+//!
+//! The eviction pass of a lazily loaded filesystem (`fs/lazy.rs`) also takes live inodes out
+//! ([`InodeTable::detach`]) and either puts them back ([`InodeTable::reinstall`]) or destroys
+//! them after the same grace period.
 
 use std::sync::atomic::{AtomicPtr, Ordering::*};
 
@@ -71,9 +75,11 @@ impl InodeTable {
     #[inline]
     pub fn get<'g>(&self, ino: Ino, g: &'g Guard) -> Option<&'g Inode> {
         let slot = &self.leaf(ino)?[(ino.0 as usize) & (LEAF - 1)];
-        // SAFETY: inodes leave the table only through `remove`, which defers their destruction
-        // until every guard pinned before the removal is dropped; `g` is such a guard or newer,
-        // so the pointer stays valid for `'g`.
+        // SAFETY: inodes leave the table through `try_remove`, which defers their
+        // destruction until every guard pinned before the removal is dropped, or through
+        // `detach`, whose caller destroys them only after such a grace period
+        // (`fs/lazy.rs`, "Eviction"); `g` is such a guard or newer, so the pointer stays valid
+        // for `'g`.
         unsafe { slot.load(Acquire, g).as_ref() }
     }
 
@@ -92,7 +98,7 @@ impl InodeTable {
         // Release: the inode's fields are visible to whoever loads the pointer with Acquire.
         let prev = slot.swap(new, AcqRel, g);
         assert!(prev.is_null(), "slot {ino} reused while occupied");
-        // SAFETY: `new` was just published and is destroyed only through `remove` (see `get`).
+        // SAFETY: `new` was just published and is destroyed only through `try_remove` (see `get`).
         unsafe { new.deref() }
     }
 
@@ -111,21 +117,57 @@ impl InodeTable {
         unsafe { new.deref() }
     }
 
-    /// Empties the slot of `inode` and schedules the inode's destruction after every current
-    /// guard. The caller owns the inode's `DEAD` transition, so nothing can reach it any more
-    /// except readers already holding a pointer.
-    pub fn remove(&self, inode: &Inode, g: &Guard) {
-        let ino = inode.ino;
-        let slot =
-            &self.leaf(ino).expect("installed inode has a leaf")[(ino.0 as usize) & (LEAF - 1)];
-        let prev = slot.swap(Shared::null(), AcqRel, g);
-        assert!(
-            std::ptr::eq(prev.as_raw(), inode),
-            "slot {ino} held another inode"
-        );
-        // SAFETY: `prev` is unreachable from the table now; readers that loaded it hold guards
-        // pinned no later than this one, and `defer_destroy` waits for all of them.
-        unsafe { g.defer_destroy(prev) };
+    /// Takes `inode` out of its slot without destroying it, if the slot holds it (the
+    /// eviction pass parks it: `fs/lazy.rs`, "Eviction"); the caller owns the pointer
+    /// returned until it gives it back with [`InodeTable::reinstall`] or destroys it after a
+    /// grace period.
+    pub fn detach(&self, inode: &Inode, g: &Guard) -> Option<*mut Inode> {
+        let slot = self.slot_of(inode)?;
+        let cur = Shared::from(inode as *const Inode);
+        // (On success, crossbeam returns the pointer written, not the one replaced.)
+        slot.compare_exchange(cur, Shared::null(), AcqRel, Acquire, g)
+            .ok()
+            .map(|_| cur.as_raw() as *mut Inode)
+    }
+
+    /// Empties the slot of `inode`, if it holds it (false: the eviction pass has it parked,
+    /// `fs/lazy.rs`), and schedules the inode's destruction after every current guard. The
+    /// caller owns the inode's `DEAD` transition, so nothing can reach it any more except
+    /// readers already holding a pointer.
+    pub fn try_remove(&self, inode: &Inode, g: &Guard) -> bool {
+        let Some(slot) = self.slot_of(inode) else {
+            return false;
+        };
+        let cur = Shared::from(inode as *const Inode);
+        match slot.compare_exchange(cur, Shared::null(), AcqRel, Acquire, g) {
+            Ok(_) => {
+                // SAFETY: `cur` is unreachable from the table now; readers that loaded it
+                // hold guards pinned no later than this one, and `defer_destroy` waits for
+                // all of them.
+                unsafe { g.defer_destroy(cur) };
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn slot_of(&self, inode: &Inode) -> Option<&Atomic<Inode>> {
+        Some(&self.leaf(inode.ino)?[(inode.ino.0 as usize) & (LEAF - 1)])
+    }
+
+    /// Puts an inode [`InodeTable::detach`] took out back in its slot, which must be empty.
+    ///
+    /// # Safety
+    /// `inode` came from `detach` and was neither destroyed nor reinstalled since.
+    pub unsafe fn reinstall<'g>(&self, inode: *mut Inode, g: &'g Guard) -> &'g Inode {
+        // SAFETY: the caller says `inode` is a live detached inode, owned by no slot.
+        let ino = unsafe { (*inode).ino };
+        let slot = &self.leaf_or_alloc(ino)[(ino.0 as usize) & (LEAF - 1)];
+        let new = Shared::from(inode as *const Inode);
+        let prev = slot.swap(new, AcqRel, g);
+        assert!(prev.is_null(), "slot {ino} reinstalled while occupied");
+        // SAFETY: as `install`: published again, destroyed only through `try_remove`.
+        unsafe { new.deref() }
     }
 }
 
@@ -246,7 +288,8 @@ mod tests {
         assert!(t.get(Ino(77), &g).is_none());
         let a = t.install(inode(id(77, 1)), &g);
         assert_eq!(t.get(Ino(77), &g).unwrap().id(), id(77, 1));
-        t.remove(a, &g);
+        assert!(t.try_remove(a, &g));
+        assert!(!t.try_remove(a, &g), "removed once");
         assert!(t.get(Ino(77), &g).is_none());
         // The number is reusable at once; the old generation no longer matches.
         t.install(inode(id(77, 2)), &g);

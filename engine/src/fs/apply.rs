@@ -160,7 +160,9 @@ impl Filesystem {
                 }
             }
         }
-        self.table.install(new_inode(n, inherited, place, refs), g)
+        let i = self.table.install(new_inode(n, inherited, place, refs), g);
+        self.label_new(i);
+        i
     }
 
     /// [`Record::Root`]: a new filesystem's root attributes.

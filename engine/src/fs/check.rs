@@ -46,6 +46,8 @@ impl Filesystem {
     ///
     /// A lazily loaded filesystem (`lazy.rs`) is loaded whole first.
     pub fn check_invariants(&self) -> Result<CheckReport, String> {
+        // The whole namespace in the table while it is walked.
+        let _hold = self.hold_eviction();
         self.load_all()
             .map_err(|e| format!("loading the whole namespace: {e}"))?;
         let g = epoch::pin();

@@ -269,8 +269,8 @@ impl Filesystem {
     fn handle_inode<'g>(&self, fh: Fh, g: &'g Guard) -> Result<(Handle, &'g Inode)> {
         let h = self.handles.get(fh, &self.stats)?;
         let i = self
-            .table
-            .get_gen(h.inode, g)
+            .resident(h.inode.ino(), g)
+            .filter(|i| i.key() == h.inode)
             .expect("an open handle keeps its inode");
         Ok((h, i))
     }
@@ -913,8 +913,8 @@ impl Filesystem {
     fn release_inner(&self, fh: Fh, g: &Guard) -> Result<()> {
         let h = self.handles.remove(fh, &self.stats)?;
         let i = self
-            .table
-            .get_gen(h.inode, g)
+            .resident(h.inode.ino(), g)
+            .filter(|i| i.key() == h.inode)
             .expect("an open handle keeps its inode");
         self.put_refs(i, 1, g);
         Ok(())

@@ -53,7 +53,7 @@
 //! gives back what it holds, as for any other.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, OnceLock};
 
 use crossbeam_epoch::{Guard, Owned};
@@ -75,8 +75,42 @@ const LOADING: usize = 64;
 
 type Cell = Arc<OnceLock<Result<()>>>;
 
-/// One shard of the loads under way: each number's cell.
-type LoadingShard = CachePadded<Mutex<HashMap<u64, Cell>>>;
+/// An inode the eviction pass took out of the table, waiting for its grace period, and the
+/// pass's token for this parking (an inode parked again is parked with another).
+struct Parked {
+    inode: *mut Inode,
+    token: u64,
+}
+
+// SAFETY: a parked inode is reachable only through its shard's map, behind the shard's
+// mutex: whoever holds it may reinstall or destroy the inode, from any thread (an `Inode`
+// is `Send` and `Sync`).
+unsafe impl Send for Parked {}
+
+/// One shard of the loads under way and of the parked inodes, by number.
+#[derive(Default)]
+struct Shard {
+    cells: HashMap<u64, Cell>,
+    parked: HashMap<u64, Parked>,
+    /// Numbers above the store's highest at the opening (made since) that were evicted:
+    /// the `seen` bitmap's clear bits, for numbers it does not cover.
+    above: std::collections::HashSet<u64>,
+}
+
+type LoadingShard = CachePadded<Mutex<Shard>>;
+
+/// What one inode is taken to cost in memory, for [`crate::Config::inode_cache`]: the inode
+/// (128 bytes, `inode.rs`), its slot in the table, the allocator's share and a small file's
+/// page map.
+pub const INODE_BYTES: u64 = 256;
+
+/// The eviction pass's own state (see "Eviction" in the module doc), behind its try-lock.
+struct Evictor {
+    /// Where the last pass stopped (a clock hand over the table).
+    hand: u64,
+    /// The last parking's token.
+    token: u64,
+}
 
 /// A lazily loaded filesystem's side of the miss path (see the module doc).
 pub(crate) struct Lazy {
@@ -90,19 +124,60 @@ pub(crate) struct Lazy {
     inode_hash: Mutex<()>,
     /// Inodes loaded so far.
     pub loaded: AtomicU64,
+    /// Inodes evicted so far.
+    evicted: AtomicU64,
+    /// Evictions so far, by shard: a directory's files read before one of theirs was evicted
+    /// are read again (`load_entries`).
+    evictions: Box<[AtomicU64]>,
+    /// Inodes the store held at the opening.
+    store_inodes: u64,
+    /// Inodes in memory above which a pass evicts (`u64::MAX`: never).
+    budget: u64,
+    /// The first epoch whose checkpoint holds the journal replayed at the opening
+    /// (`u64::MAX` until recovery ends): nothing is evicted before the store keeps it.
+    evict_from: AtomicU64,
+    /// The pass's state; try-locked.
+    evictor: Mutex<Evictor>,
+    /// Parked inodes whose grace period ended: (number, token).
+    ready: Arc<Mutex<Vec<(u64, u64)>>>,
+    /// A pass is due: the cache is over its budget, or parked inodes are ready.
+    due: Arc<AtomicBool>,
+    /// The kept epoch a pass that left the cache over its budget saw (`u64::MAX`: none
+    /// did): a pass is due again once the store keeps a later one.
+    retry_after: AtomicU64,
+    /// Holds of [`Filesystem::hold_eviction`]: no pass parks anything while one is held.
+    held_off: AtomicU64,
 }
 
 impl Lazy {
-    pub fn new(max: u64) -> Lazy {
+    /// `max`: the store's highest number; `store_inodes`: the inodes it holds; `cache`: the
+    /// bytes of inodes to keep in memory (`None`: no bound).
+    pub fn new(max: u64, store_inodes: u64, cache: Option<u64>) -> Lazy {
         Lazy {
             max,
             seen: (0..max / 64 + 1).map(|_| AtomicU64::new(0)).collect(),
             loading: (0..LOADING)
-                .map(|_| CachePadded::new(Mutex::new(HashMap::new())))
+                .map(|_| CachePadded::new(Mutex::new(Shard::default())))
                 .collect(),
             inode_hash: Mutex::new(()),
             loaded: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+            evictions: (0..LOADING).map(|_| AtomicU64::new(0)).collect(),
+            store_inodes,
+            budget: cache.map_or(u64::MAX, |b| (b / INODE_BYTES).max(64)),
+            evict_from: AtomicU64::new(u64::MAX),
+            evictor: Mutex::new(Evictor { hand: 0, token: 0 }),
+            ready: Arc::default(),
+            due: Arc::default(),
+            retry_after: AtomicU64::new(u64::MAX),
+            held_off: AtomicU64::new(0),
         }
+    }
+
+    /// Recovery is over: what the store keeps from the current epoch on holds the journal
+    /// it replayed.
+    pub fn recovered(&self, epoch: u64) {
+        self.evict_from.store(epoch, SeqCst);
     }
 
     /// The highest number the store may hold.
@@ -113,19 +188,53 @@ impl Lazy {
     /// Whether the store's copy of `ino` may still be loaded.
     #[inline]
     fn unseen(&self, ino: Ino) -> bool {
-        ino.0 <= self.max && self.seen[(ino.0 / 64) as usize].load(Acquire) & bit(ino) == 0
+        if ino.0 <= self.max {
+            self.seen[(ino.0 / 64) as usize].load(Acquire) & bit(ino) == 0
+        } else {
+            self.shard(ino).lock().above.contains(&ino.0)
+        }
     }
 
-    /// Marks `ino` as one whose store copy must never be loaded (loaded, made or freed).
+    /// [`Lazy::unseen`] with `ino`'s shard locked (`s`).
+    fn unseen_in(&self, s: &Shard, ino: Ino) -> bool {
+        if ino.0 <= self.max {
+            self.seen[(ino.0 / 64) as usize].load(Acquire) & bit(ino) == 0
+        } else {
+            s.above.contains(&ino.0)
+        }
+    }
+
+    /// Marks `ino` as one whose store copy must not be loaded (loaded, made or freed) until
+    /// it is evicted ([`Lazy::unsee`]).
     #[inline]
     pub fn see(&self, ino: Ino) {
         if ino.0 <= self.max {
             self.seen[(ino.0 / 64) as usize].fetch_or(bit(ino), Release);
+        } else {
+            self.shard(ino).lock().above.remove(&ino.0);
         }
     }
 
-    fn shard(&self, ino: Ino) -> &Mutex<HashMap<u64, Cell>> {
-        &self.loading[(ino.0 as usize).wrapping_mul(0x9E37_79B9) % LOADING]
+    /// Marks `ino`, just evicted, as one whose store copy is to be loaded; `s`: its shard.
+    fn unsee(&self, s: &mut Shard, ino: Ino) {
+        if ino.0 <= self.max {
+            self.seen[(ino.0 / 64) as usize].fetch_and(!bit(ino), SeqCst);
+        } else {
+            s.above.insert(ino.0);
+        }
+    }
+
+    fn shard_index(ino: Ino) -> usize {
+        (ino.0 as usize).wrapping_mul(0x9E37_79B9) % LOADING
+    }
+
+    fn shard(&self, ino: Ino) -> &Mutex<Shard> {
+        &self.loading[Self::shard_index(ino)]
+    }
+
+    /// The eviction count of `ino`'s shard.
+    fn evictions_of(&self, ino: Ino) -> u64 {
+        self.evictions[Self::shard_index(ino)].load(SeqCst)
     }
 }
 
@@ -144,36 +253,46 @@ impl Filesystem {
     }
 
     /// The table's miss (see the module doc): `None` when nothing has or had that number.
-    /// `given`: the inode as the store holds it, read already (a directory's file).
+    /// `given`: the inode as the store holds it, read already (a directory's file), with
+    /// the eviction count of its shard taken before the read.
     #[cold]
     pub(super) fn load_missing<'g>(
         &self,
         ino: Ino,
-        given: Option<LoadedInode>,
+        given: Option<(LoadedInode, u64)>,
         g: &'g Guard,
     ) -> Result<Option<&'g Inode>> {
         let Some(lazy) = self.lazy.as_ref() else {
             return Ok(None);
         };
         let before = self.cfg.locking != super::Locking::Lanes;
-        {
-            let _h = before.then(|| self.stats.lock(LockClass::InodeHash, &lazy.inode_hash));
-            if let Some(i) = self.table.get(ino, g) {
-                return Ok(Some(i));
-            }
-            if !lazy.unseen(ino) {
-                // Loaded and published, or freed, since the look above.
-                return Ok(self.table.get(ino, g));
-            }
-        }
-        // A load that fails publishes nothing and leaves the bit clear: its waiters, which
-        // did not fail themselves, try again with a cell of their own (a read error of one
-        // thread's is not another's, which may hold the inode already: `given`).
         let mut given = given;
-        let r = loop {
+        loop {
+            {
+                let _h = before.then(|| self.stats.lock(LockClass::InodeHash, &lazy.inode_hash));
+                if let Some(i) = self.table.get(ino, g) {
+                    return Ok(Some(i));
+                }
+                // Parking and unparking happen under the shard's lock, so under it the
+                // table and the parked map say where the inode is.
+                let mut s = lazy.shard(ino).lock();
+                if let Some(p) = s.parked.remove(&ino.0) {
+                    // SAFETY: a parked inode is live and owned by the map it was just taken
+                    // out of (`Parked`).
+                    return Ok(Some(unsafe { self.table.reinstall(p.inode, g) }));
+                }
+                if !lazy.unseen_in(&s, ino) {
+                    // Loaded and in the table, or freed (or never held).
+                    return Ok(self.table.get(ino, g));
+                }
+            }
+            // A load that fails publishes nothing and leaves the bit clear: its waiters, which
+            // did not fail themselves, try again with a cell of their own (a read error of one
+            // thread's is not another's, which may hold the inode already: `given`).
             let cell = lazy
                 .shard(ino)
                 .lock()
+                .cells
                 .entry(ino.0)
                 .or_insert_with(Default::default)
                 .clone();
@@ -185,8 +304,14 @@ impl Filesystem {
                 if !lazy.unseen(ino) {
                     return Ok(());
                 }
-                let l = match given.take() {
-                    Some(l) => Some(l),
+                // A copy read before an eviction of this shard may be older than the inode
+                // evicted (changed, kept, then evicted): read again. Nothing evicts this
+                // number while its cell loads it (it is neither in the table nor parked).
+                let given = given
+                    .take()
+                    .filter(|(_, stamp)| *stamp == lazy.evictions_of(ino));
+                let l = match given {
+                    Some((l, _)) => Some(l),
                     None => self.store.load_inode(ino)?,
                 };
                 match l {
@@ -199,16 +324,17 @@ impl Filesystem {
             });
             {
                 let mut m = lazy.shard(ino).lock();
-                if m.get(&ino.0).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                    m.remove(&ino.0);
+                if m.cells.get(&ino.0).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                    m.cells.remove(&ino.0);
                 }
             }
-            if r.is_ok() || ran {
-                break r;
+            match r {
+                // Loaded, by this thread or another: look again (it may be parked already).
+                Ok(()) => continue,
+                Err(e) if ran => return Err(e),
+                Err(_) => {}
             }
-        };
-        r?;
-        Ok(self.table.get(ino, g))
+        }
     }
 
     /// Publishes inode `l` (a directory with its entries and their files) as number `ino`,
@@ -265,6 +391,7 @@ impl Filesystem {
         }
         lazy.see(ino);
         lazy.loaded.fetch_add(1, Relaxed);
+        self.note_load(lazy);
         Ok(())
     }
 
@@ -338,6 +465,8 @@ impl Filesystem {
     /// put in the map unless every entry is sound and every file loaded, so a load that
     /// fails leaves nothing behind, and the next miss tries again from the start.
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
+        let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
+        let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
         let entries = self.store.load_entries(dir.ino())?;
         let bad = |e: &LoadedEntry, what: &str| {
             self.damaged(format!(
@@ -369,8 +498,9 @@ impl Filesystem {
                 if l.id != e.target || l.mode & libc::S_IFMT == libc::S_IFDIR {
                     return Err(bad(e, "an inode that is not the one named, or a directory"));
                 }
+                let stamp = stamps[Lazy::shard_index(e.target.ino)];
                 let ok = self
-                    .load_missing(e.target.ino, Some(l), g)?
+                    .load_missing(e.target.ino, Some((l, stamp)), g)?
                     .is_some_and(|i| i.id() == e.target);
                 if !ok {
                     return Err(bad(e, "an inode the store does not hold"));
@@ -426,5 +556,333 @@ impl Filesystem {
     fn damaged(&self, what: String) -> Errno {
         eprintln!("lanefs: loading from the store: {what}");
         Errno::EIO
+    }
+}
+
+// ----- eviction --------------------------------------------------------------------------
+
+impl Filesystem {
+    /// Notes that `rec`, just appended, changed the inodes it names (module doc,
+    /// "Eviction"): they hold changes the store's checkpoint may not hold yet. New inodes are
+    /// labelled when they are installed, after their record (`apply.rs`).
+    pub(super) fn label_changed(&self, rec: &crate::Record<'_>) {
+        use crate::Record::*;
+        let Some(lazy) = self.lazy.as_ref() else {
+            return;
+        };
+        let e = self.page_epochs.label();
+        let one = |id: crate::id::InodeId| self.relabel(lazy, id, e);
+        match *rec {
+            Link { inode, .. } | Remove { inode, .. } => one(inode),
+            Rename {
+                inode, replaced, ..
+            }
+            | RenameWhiteout {
+                inode, replaced, ..
+            } => {
+                one(inode);
+                replaced.into_iter().for_each(one);
+            }
+            SetAttr { inode, .. }
+            | Write { inode, .. }
+            | Allocate { inode, .. }
+            | Punch { inode, .. }
+            | SetXattr { inode, .. }
+            | SetAcl { inode, .. }
+            | RemoveXattr { inode, .. }
+            | SetFlags { inode, .. } => one(inode),
+            Root { .. } | Create { .. } | Tmpfile { .. } | Free { .. } => {}
+        }
+    }
+
+    /// Labels inode `id` with epoch `e`, in the table or parked (not found: not installed
+    /// yet, labelled when it is, or freed).
+    fn relabel(&self, lazy: &Lazy, id: crate::id::InodeId, e: u64) {
+        let g = crossbeam_epoch::pin();
+        if let Some(i) = self.table.get_gen(id.key(), &g) {
+            i.relabel(e);
+            return;
+        }
+        let s = lazy.shard(id.ino).lock();
+        if let Some(p) = s.parked.get(&id.ino.0) {
+            // SAFETY: a parked inode is live while it is in the map, whose lock is held.
+            let i = unsafe { &*p.inode };
+            if i.id() == id {
+                i.relabel(e);
+            }
+        } else if let Some(i) = self.table.get_gen(id.key(), &g) {
+            i.relabel(e);
+        }
+    }
+
+    /// Labels a new inode, installed after its record was appended.
+    pub(super) fn label_new(&self, i: &Inode) {
+        if self.lazy.is_some() {
+            i.relabel(self.page_epochs.label());
+        }
+    }
+
+    /// The inode in slot `ino` if it is in memory (in the table, or parked: taken back),
+    /// without loading it: for the kernel's FORGET and the unlinked files' reaper, which
+    /// only concern inodes in memory.
+    pub(super) fn resident<'g>(&self, ino: Ino, g: &'g Guard) -> Option<&'g Inode> {
+        if let Some(i) = self.table.get(ino, g) {
+            return Some(i);
+        }
+        let lazy = self.lazy.as_ref()?;
+        let mut s = lazy.shard(ino).lock();
+        match s.parked.remove(&ino.0) {
+            // SAFETY: as in `load_missing`.
+            Some(p) => Some(unsafe { self.table.reinstall(p.inode, g) }),
+            None => self.table.get(ino, g),
+        }
+    }
+
+    /// Takes inode `i`, whose `DEAD` transition the caller won, out of the table (or out of
+    /// the parked ones) and schedules its destruction.
+    pub(super) fn unpublish(&self, i: &Inode, g: &Guard) {
+        if self.table.try_remove(i, g) {
+            return;
+        }
+        let lazy = self
+            .lazy
+            .as_ref()
+            .expect("only an evicting filesystem takes inodes out of the table");
+        let mut s = lazy.shard(i.ino).lock();
+        match s.parked.get(&i.ino.0) {
+            Some(p) if std::ptr::eq(p.inode, i) => {
+                let p = s.parked.remove(&i.ino.0).expect("just seen");
+                // SAFETY: the inode is out of the table and now out of the map: nothing
+                // reaches it but threads holding guards pinned before, which
+                // `defer_destroy` waits for.
+                unsafe { g.defer_destroy(crossbeam_epoch::Shared::from(p.inode as *const Inode)) };
+            }
+            // Unparked since the look above; under the lock it stays in the table.
+            _ => assert!(self.table.try_remove(i, g), "inode {} lost", i.ino),
+        }
+    }
+
+    /// Inodes in memory: those made here and those loaded, less those evicted (the store's
+    /// inodes not loaded are counted in the inode quota too).
+    pub fn inodes_in_memory(&self) -> u64 {
+        let used = self.inode_quota.used();
+        match self.lazy.as_ref() {
+            None => used,
+            Some(l) => {
+                let out =
+                    l.store_inodes.saturating_sub(l.loaded.load(Relaxed)) + l.evicted.load(Relaxed);
+                used.saturating_sub(out)
+            }
+        }
+    }
+
+    /// Inodes evicted so far.
+    pub fn inodes_evicted(&self) -> u64 {
+        self.lazy.as_ref().map_or(0, |l| l.evicted.load(Relaxed))
+    }
+
+    /// The bound on inodes in memory ([`crate::Config::inode_cache`]), if this filesystem
+    /// evicts (a lazily opened store).
+    pub fn inode_budget(&self) -> Option<u64> {
+        self.lazy
+            .as_ref()
+            .map(|l| l.budget)
+            .filter(|&b| b != u64::MAX)
+    }
+
+    /// After a load: a pass is due if the cache is over its budget (checked every 64 loads).
+    fn note_load(&self, lazy: &Lazy) {
+        let n = lazy.loaded.load(Relaxed);
+        if lazy.budget != u64::MAX && n % 64 == 0 && self.inodes_in_memory() > lazy.budget {
+            lazy.due.store(true, Relaxed);
+        }
+    }
+
+    /// Runs an eviction pass if one is due: called at the start of an operation, with no
+    /// lock held.
+    #[inline]
+    pub(super) fn evict_if_due(&self) {
+        if let Some(l) = self.lazy.as_ref() {
+            let r = l.retry_after.load(Relaxed);
+            if l.due.load(Relaxed) || r != u64::MAX && r != self.page_epochs.kept_epoch() {
+                self.evict_inodes(false);
+            }
+        }
+    }
+
+    /// One eviction pass (module doc, "Eviction"): finishes the parkings whose grace period
+    /// ended, then, over the budget (or, with `all`, whatever the budget), parks inodes
+    /// until a quarter of the budget is free. Returns the inodes evicted. A thread that
+    /// finds another's pass running leaves it the work.
+    pub fn evict_inodes(&self, all: bool) -> u64 {
+        let Some(lazy) = self.lazy.as_ref() else {
+            return 0;
+        };
+        let Some(mut ev) = lazy.evictor.try_lock() else {
+            return 0;
+        };
+        lazy.due.store(false, Relaxed);
+        // Hands this thread's deferred work (a grace period's end among it) to the epoch
+        // collector, and collects what is due.
+        crossbeam_epoch::pin().flush();
+        let kept = self.page_epochs.kept_epoch();
+        let before = lazy.evicted.load(Relaxed);
+        let ready = std::mem::take(&mut *lazy.ready.lock());
+        for (ino, token) in ready {
+            self.finish_parking(lazy, Ino(ino), token, kept);
+        }
+        let resident = self.inodes_in_memory();
+        lazy.retry_after.store(u64::MAX, Relaxed);
+        if !all && resident <= lazy.budget {
+            return lazy.evicted.load(Relaxed) - before;
+        }
+        if lazy.held_off.load(SeqCst) > 0 || kept < lazy.evict_from.load(SeqCst) {
+            // Again once the store keeps another checkpoint.
+            lazy.retry_after.store(kept, Relaxed);
+            return lazy.evicted.load(Relaxed) - before;
+        }
+        let target = if all {
+            0
+        } else {
+            lazy.budget - lazy.budget / 4
+        };
+        let mut want = resident.saturating_sub(target);
+        // A pass looks at a bounded number of slots, so that it never holds up the
+        // operation that runs it for long; the next due pass goes on from the hand.
+        let mut look = if all { u64::MAX } else { want * 4 + 4096 };
+        let mut parked = Vec::new();
+        let mut g = crossbeam_epoch::pin();
+        let stopped = self.table.for_each_from(Ino(ev.hand), &mut g, |i| {
+            if want == 0 || look == 0 {
+                return false;
+            }
+            look -= 1;
+            if self.evictable(i, kept) {
+                let mut s = lazy.shard(i.ino).lock();
+                // SAFETY of the pointer: `detach` gives it to the map, which owns it now.
+                // The guard is `for_each_from`'s, which is pinned here.
+                let g = crossbeam_epoch::pin();
+                if let Some(p) = self.table.detach(i, &g) {
+                    ev.token += 1;
+                    s.parked.insert(
+                        i.ino.0,
+                        Parked {
+                            inode: p,
+                            token: ev.token,
+                        },
+                    );
+                    parked.push((i.ino.0, ev.token));
+                    want -= 1;
+                }
+            }
+            true
+        });
+        ev.hand = stopped.map_or(ev.hand, |i| i.0 + 1);
+        if want > 0 && look > 0 {
+            // Round the whole table and still over: what is left changed since the kept
+            // checkpoint, or is held; again once the store keeps another.
+            lazy.retry_after.store(kept, Relaxed);
+        } else if want > 0 {
+            lazy.due.store(true, Relaxed);
+        }
+        if !parked.is_empty() {
+            // The grace period: every guard pinned now (each operation that may hold a
+            // parked inode) is dropped before this runs.
+            let (ready, due) = (lazy.ready.clone(), lazy.due.clone());
+            g.defer(move || {
+                ready.lock().extend(parked);
+                due.store(true, Relaxed);
+            });
+            g.flush();
+        }
+        lazy.evicted.load(Relaxed) - before
+    }
+
+    /// Whether `i` may be parked: a file, symlink or special file (directories stay) that
+    /// only names hold, whose last change the store keeps, with no page in memory that the
+    /// store does not hold (those that it holds are sent out first).
+    fn evictable(&self, i: &Inode, kept: u64) -> bool {
+        if i.ino == Ino::ROOT || i.is_dir() || !i.only_named() || i.label() > kept {
+            return false;
+        }
+        match &i.body {
+            Body::File(data) => match data.try_write() {
+                Some(mut d) => {
+                    d.evict(kept, &self.page_epochs);
+                    d.all_kept()
+                }
+                None => false,
+            },
+            _ => true,
+        }
+    }
+
+    /// Ends the parking `token` of inode `ino` once its grace period is over: no operation
+    /// that found the inode in the table before it was parked is still running, so what
+    /// they did to it is done. If it is still only named, unchanged since the store's kept
+    /// epoch and without pages in memory, it goes (the store's copy is it); otherwise it
+    /// goes back in the table. A parking already ended (a miss took the inode back, or a
+    /// free took it) is skipped.
+    fn finish_parking(&self, lazy: &Lazy, ino: Ino, token: u64, kept: u64) {
+        let g = crossbeam_epoch::pin();
+        let mut s = lazy.shard(ino).lock();
+        if s.parked.get(&ino.0).is_none_or(|p| p.token != token) {
+            return;
+        }
+        let p = s.parked.remove(&ino.0).expect("just seen");
+        // SAFETY: live and owned by this thread since it left the map (`Parked`).
+        let i = unsafe { &*p.inode };
+        if !self.evictable(i, kept) {
+            // SAFETY: as above; its slot is empty (a miss would have taken it out of the map).
+            unsafe { self.table.reinstall(p.inode, &g) };
+            return;
+        }
+        if i.attr.flags() & flags::XATTRS != 0 {
+            self.xattrs.lock(ino, &self.stats).remove(&ino);
+        }
+        if let Body::File(data) = &i.body {
+            // Every page is the store's or a run of zeros: nothing to give back but the
+            // counts of pages out of memory.
+            data.write().clear(&self.page_epochs);
+        }
+        // The number's store copy is this inode from now on: the next miss reads it.
+        lazy.unsee(&mut s, ino);
+        lazy.evictions[Lazy::shard_index(ino)].fetch_add(1, SeqCst);
+        lazy.evicted.fetch_add(1, Relaxed);
+        drop(s);
+        // SAFETY: out of the table and the map for longer than the grace period: nothing
+        // else holds it.
+        drop(unsafe { Owned::from_raw(p.inode) });
+    }
+
+    /// Holds eviction off until the returned hold is dropped, with every parked inode back
+    /// in the table: for checks that walk the whole table ([`Filesystem::check_invariants`]).
+    pub fn hold_eviction(&self) -> EvictionHold<'_> {
+        if let Some(lazy) = self.lazy.as_ref() {
+            let _ev = lazy.evictor.lock();
+            lazy.held_off.fetch_add(1, SeqCst);
+            let g = crossbeam_epoch::pin();
+            for shard in lazy.loading.iter() {
+                let mut s = shard.lock();
+                for (_, p) in s.parked.drain() {
+                    // SAFETY: as in `load_missing`.
+                    unsafe { self.table.reinstall(p.inode, &g) };
+                }
+            }
+        }
+        EvictionHold { fs: self }
+    }
+}
+
+/// Eviction held off ([`Filesystem::hold_eviction`]) while it lives.
+pub struct EvictionHold<'a> {
+    fs: &'a Filesystem,
+}
+
+impl Drop for EvictionHold<'_> {
+    fn drop(&mut self) {
+        if let Some(lazy) = self.fs.lazy.as_ref() {
+            lazy.held_off.fetch_sub(1, SeqCst);
+        }
     }
 }

@@ -18,6 +18,7 @@ mod check;
 mod file;
 mod inode_flags;
 mod lazy;
+pub use lazy::{EvictionHold, INODE_BYTES};
 mod namespace;
 mod readdir;
 mod recovery;
@@ -177,6 +178,12 @@ pub struct Config {
     /// a store that holds pages (`fs/cache.rs`); `None`: a sixteenth of physical memory, at
     /// least 64 MiB. Ignored by the memory store, where every page lives in memory.
     pub cache_bytes: Option<u64>,
+    /// Inodes kept in memory by a lazily opened store, in bytes (each counted as
+    /// [`INODE_BYTES`](crate::INODE_BYTES)): past it, inodes that only names hold and whose
+    /// changes the store's checkpoint keeps are evicted, read again when next needed
+    /// (`fs/lazy.rs`, "Eviction"); `None`: an eighth of physical memory, at least 64 MiB.
+    /// Ignored by the memory store and by a store opened whole, which keep every inode.
+    pub inode_cache: Option<u64>,
     /// When reads of files and directories move their access time (an inode's
     /// `FS_NOATIME_FL` and an `O_NOATIME` open keep it whatever this says).
     pub atime: Atime,
@@ -197,6 +204,12 @@ fn kernel_protects(path: &str) -> bool {
 }
 
 impl Config {
+    /// [`Config::inode_cache`], its default filled in.
+    pub fn inode_cache_bytes(&self) -> u64 {
+        self.inode_cache
+            .unwrap_or((physical_memory() / 8).max(64 << 20))
+    }
+
     /// [`Config::cache_bytes`] in pages, its default filled in.
     pub fn cache_pages(&self) -> u64 {
         self.cache_bytes
@@ -218,6 +231,7 @@ impl Default for Config {
             protected_hardlinks: kernel_protects_hardlinks(),
             protected_symlinks: kernel_protects("/proc/sys/fs/protected_symlinks"),
             cache_bytes: None,
+            inode_cache: None,
             atime: Atime::Relative,
             no_dir_atime: false,
         }
@@ -494,6 +508,7 @@ impl Filesystem {
     #[inline]
     fn begin(&self, op: Op) -> Option<MutexGuard<'_, ()>> {
         self.stats.op(op);
+        self.evict_if_due();
         match self.cfg.locking {
             Locking::Coarse => Some(self.stats.lock(LockClass::Coarse, &self.coarse)),
             _ => None,
@@ -540,7 +555,9 @@ impl Filesystem {
             recovery::observe(self, rec);
             Ok(())
         } else if self.durable {
-            self.store.append(rec)
+            self.store.append(rec)?;
+            self.label_changed(rec);
+            Ok(())
         } else {
             Ok(())
         }
@@ -838,7 +855,7 @@ impl Filesystem {
     fn free_inode(&self, i: &Inode, g: &Guard, announce: bool) {
         debug_assert!(i.is_dead());
         if i.is_emptied() {
-            self.table.remove(i, g);
+            self.unpublish(i, g);
             self.unlinked.forget(i);
             if !self.replaying() {
                 self.ids.free(i.ino, &self.stats);
@@ -862,7 +879,7 @@ impl Filesystem {
             self.xattrs.lock(i.ino, &self.stats).remove(&i.ino);
         }
         self.inode_quota.give(1);
-        self.table.remove(i, g);
+        self.unpublish(i, g);
         // After everything given back, before the number can be used again: an asker of
         // `reap_unlinked` waits for this (`unlinked.rs`).
         self.unlinked.forget(i);
@@ -944,7 +961,7 @@ impl Filesystem {
         // Marked before the kernel's count drops, for `reap_unlinked` (`unlinked.rs`).
         let noted = self.unlinked.begin_forget(ino);
         self.watch.held.sub(ino, n);
-        if let Some(i) = self.table.get(ino, &g) {
+        if let Some(i) = self.resident(ino, &g) {
             let (fate, short) = i.put_refs_at_most(n);
             if short > 0
                 && self

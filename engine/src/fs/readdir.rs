@@ -106,8 +106,8 @@ impl Filesystem {
             return Err(Errno::ENOTDIR);
         }
         let i = self
-            .table
-            .get_gen(h.inode, &g)
+            .resident(h.inode.ino(), &g)
+            .filter(|i| i.key() == h.inode)
             .expect("an open handle keeps its inode");
         let d = i.dir().expect("directory handle");
         if d.life.is_dead() {

@@ -98,7 +98,8 @@ impl Filesystem {
         if max_ino > crate::id::MAX_INO {
             return err(format!("inode number {max_ino} beyond the table"));
         }
-        fs.lazy = Some(super::lazy::Lazy::new(max_ino));
+        let cache = fs.cfg.inode_cache_bytes();
+        fs.lazy = Some(super::lazy::Lazy::new(max_ino, inodes, Some(cache)));
         fs.ids.observe(InodeId {
             ino: Ino(max_ino),
             generation: Generation(0),
@@ -509,6 +510,10 @@ impl Recovery {
         // handed out again (`lazy.rs`).
         let floor = fs.lazy.as_ref().map_or(Ino::ROOT, |l| Ino(l.max()));
         fs.ids.reclaim(floor, in_use, &fs.stats);
+        if let Some(l) = fs.lazy.as_ref() {
+            // What the journal replayed changed is in the first checkpoint begun from now.
+            l.recovered(fs.page_epochs.label());
+        }
         Ok(fs)
     }
 }

@@ -235,7 +235,7 @@ impl Filesystem {
                     break; // given back by whoever took it out
                 };
                 let g = epoch::pin();
-                let Some(i) = self.table.get(ino, &g) else {
+                let Some(i) = self.resident(ino, &g) else {
                     self.unlinked.remove(ino); // freed in full
                     break;
                 };
