@@ -669,8 +669,9 @@ impl Filesystem {
         match self.lazy.as_ref() {
             None => used,
             Some(l) => {
-                let out =
-                    l.store_inodes.saturating_sub(l.loaded.load(Relaxed)) + l.evicted.load(Relaxed);
+                // Loads count reloads too, which evictions balance.
+                let out = (l.store_inodes + l.evicted.load(Relaxed))
+                    .saturating_sub(l.loaded.load(Relaxed));
                 used.saturating_sub(out)
             }
         }
