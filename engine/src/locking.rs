@@ -27,8 +27,10 @@
 //! - the **thread-slot pool** (`slots.rs`, 1 per process): taken once when a thread first
 //!   calls the engine and once when it exits;
 //! - the **loads under way** of a lazily loaded filesystem (`fs/lazy.rs`: 64 shards of a
-//!   map from inode number to its load's cell, each a leaf mutex held only to find, add or
-//!   take out a cell, never during a load). A load is a table miss (`iget` and the
+//!   map from inode number to its load's cell, and of the inodes the eviction pass parked,
+//!   each a leaf mutex held only to find, add or take out a cell or a parked inode, never
+//!   during a load; taken also by a change labelling an inode that is not in the table,
+//!   under the locks that order the change). A load is a table miss (`iget` and the
 //!   functions beside it): mostly before the operation takes a lock, but also under the
 //!   stripes it holds (`iget_named`, a rename's walk up `..` under `rename` and its
 //!   stripes). It takes only locks ranked below those: while it inserts a directory's
@@ -36,6 +38,14 @@
 //!   the files' xattrs, their `xattr` shard; its store read is a leaf. It waits on another
 //!   number's cell only for a directory's files, and a file's load waits on nothing, holds
 //!   no stripe and takes no lock a waiter holds, so loads never wait in a cycle;
+//! - the **inode evictor** (`fs/lazy.rs`, 1 per lazily loaded filesystem): try-locked by
+//!   the inode eviction pass, which runs at the start of an operation (no lock held), and
+//!   locked by `hold_eviction` (a check of the whole table, no lock held); inside it the
+//!   pass try-locks one file's `file_data` at a time, and takes a shard of the loads under
+//!   way (a leaf, as above) to park an inode; to drop one, the inode's `xattr` shard and
+//!   inside it the loads shard, the order in which a change that labels a parked inode
+//!   takes them (`relabel`, called from `commit` under whatever locks order the change,
+//!   `xattr` among them). Nothing else is taken under a loads shard;
 //! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
 //!   which a read or write runs after releasing its locks once the store declared file pages
 //!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);
@@ -56,8 +66,11 @@
 //!
 //! Not locks, but shared state with rules of their own:
 //! - the **inode table**: lock-free; slots are written only by `install` (a number fresh from
-//!   the allocator, or a record's during recovery) and `remove` (by the winner of the inode's
-//!   `DEAD` transition);
+//!   the allocator, or a record's during recovery), `install_loaded` (a load, holding the
+//!   number's cell), `try_remove` (by the winner of the inode's `DEAD` transition), and, in a
+//!   lazily loaded filesystem, `detach` and `reinstall` (the eviction pass parking an inode
+//!   and a miss or the pass taking it back), both under the number's shard of the loads
+//!   under way (`fs/lazy.rs`, "Eviction");
 //! - the **lifecycle word** of an inode (`inode.rs`): atomic transitions only; the one that
 //!   empties an unnamed file held only by the kernel's lookups (`Inode::empty`, `EMPTIED`)
 //!   is made under the file's `file_data` lock, taken by `Filesystem::reap_unlinked`

@@ -18,9 +18,10 @@
 //!   nothing but the table's miss path changes: `dget` and the ordered index are untouched.
 //!   A subdirectory's entries load when the subdirectory is first reached by number (a path
 //!   walk, a handle, `..`).
-//! - **The store's copy of a number is read at most once** in a filesystem's life: once a
-//!   number was loaded, made, or freed here, its bit in `seen` is set and a miss on it is a
-//!   miss (a freed inode is never brought back from an older checkpoint). The store's
+//! - **The store's copy of a number is read only when it is the inode**: once a number was
+//!   loaded, made, or freed here, its bit in `seen` is set and a miss on it is a miss (a
+//!   freed inode is never brought back from an older checkpoint), until the inode is evicted
+//!   ("Eviction", below), which the store then holds as it was. The store's
 //!   records made after the open only ever concern loaded inodes (a change reaches an inode
 //!   through the table, which loads it first), so whatever checkpoint the store reads at
 //!   the time of a load holds the inode as it was at the open.
@@ -43,9 +44,40 @@
 //! did before the seed's patch (its reads in between run in parallel, as the kernel's did;
 //! `coarse` itself lets one operation run at a time).
 //!
+//! # Eviction
+//! [`crate::Config::inode_cache`] bounds the inodes in memory ([`INODE_BYTES`] each; the
+//! count is the inode quota's, less the store's inodes not in memory). Past it, a pass
+//! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
+//! 64 loads over the budget, when parked inodes are ready, or when the store keeps a new
+//! checkpoint after a pass that could not get under) walks the table from a clock hand and
+//! evicts, until a quarter of the budget is free, inodes that are:
+//! - not directories (a directory stays with its entries, so the invariant above holds;
+//!   its files may be out, and a lookup of one reads it again);
+//! - **held by names only** ([`Inode::only_named`]): no open handle, no kernel lookup, no
+//!   operation holding a reference, not unlinked;
+//! - **clean**: the epoch an inode is labelled with after each record that changes it
+//!   (`label_changed`, from `commit`, read after the append; a new inode when installed) is
+//!   one the store has kept ([`crate::PageEpochs`], as for file pages: `data.rs`), and
+//!   none of its pages is only in memory. Nothing is evicted before the store keeps a
+//!   checkpoint begun after recovery, which holds the journal the opening replayed.
+//!
+//! Readers hold no reference, so an inode cannot simply be freed: the pass **parks** it
+//! (out of the table, into its shard's `parked` map, under the shard's lock) and defers the
+//! rest to the end of an epoch grace period, after every guard pinned at the parking is
+//! dropped, that is after every operation that could have found the inode in the table.
+//! What those did to it they did to the one copy: a miss on a parked number takes it back
+//! into the table (under the same lock), a change labels it where it is, a free takes it
+//! out of the map. At the end of the grace period the next pass looks again: still only
+//! named and clean, it is dropped, its `seen` bit cleared (so the next miss reads the
+//! store's copy, which is this inode) and its shard's eviction count raised; otherwise it
+//! goes back in the table. So there is never more than one copy of an inode, and a copy
+//! read from the store is never older than one dropped: a directory's load reads its files
+//! with its entries, and uses a file's copy only if no eviction of that file's shard
+//! finished since the read began (else it reads the file again).
+//!
 //! # What is not done yet
-//! Loaded inodes stay loaded (no eviction, so memory still grows with what was touched), and
-//! a directory is loaded whole with its files (docs/STORE.md, "Not built yet").
+//! Directories are not evicted, and a directory is loaded whole with its entries and files
+//! (docs/STORE.md, "Not built yet").
 //!
 //! # Limits
 //! The store says at the start what it holds (`recover_lazy`'s counts), and that is counted
@@ -826,6 +858,9 @@ impl Filesystem {
     /// free took it) is skipped.
     fn finish_parking(&self, lazy: &Lazy, ino: Ino, token: u64, kept: u64) {
         let g = crossbeam_epoch::pin();
+        // The xattr shard first: a change holds it when it labels an inode, which may take
+        // the loads shard (`relabel`).
+        let mut xattrs = self.xattrs.lock(ino, &self.stats);
         let mut s = lazy.shard(ino).lock();
         if s.parked.get(&ino.0).is_none_or(|p| p.token != token) {
             return;
@@ -839,7 +874,7 @@ impl Filesystem {
             return;
         }
         if i.attr.flags() & flags::XATTRS != 0 {
-            self.xattrs.lock(ino, &self.stats).remove(&ino);
+            xattrs.remove(&ino);
         }
         if let Body::File(data) = &i.body {
             // Every page is the store's or a run of zeros: nothing to give back but the
@@ -850,7 +885,7 @@ impl Filesystem {
         lazy.unsee(&mut s, ino);
         lazy.evictions[Lazy::shard_index(ino)].fetch_add(1, SeqCst);
         lazy.evicted.fetch_add(1, Relaxed);
-        drop(s);
+        drop((s, xattrs));
         // SAFETY: out of the table and the map for longer than the grace period: nothing
         // else holds it.
         drop(unsafe { Owned::from_raw(p.inode) });
