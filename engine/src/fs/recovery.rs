@@ -511,8 +511,13 @@ impl Recovery {
         let floor = fs.lazy.as_ref().map_or(Ino::ROOT, |l| Ino(l.max()));
         fs.ids.reclaim(floor, in_use, &fs.stats);
         if let Some(l) = fs.lazy.as_ref() {
-            // What the journal replayed changed is in the first checkpoint begun from now.
-            l.recovered(fs.page_epochs.label());
+            // What the journal replayed changed is in the first checkpoint begun from now;
+            // with nothing replayed, the checkpoint holds every inode as it is.
+            l.recovered(if self.records == 0 {
+                0
+            } else {
+                fs.page_epochs.label()
+            });
         }
         Ok(fs)
     }
