@@ -141,6 +141,8 @@ pub struct PageEpochs {
     wait: (Mutex<()>, Condvar),
     /// Tells the store's checkpointer that a checkpoint is due.
     nudge: OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// A checkpoint was asked for ([`PageEpochs::want_checkpoint`]) and has not begun.
+    wanted: AtomicBool,
 }
 
 impl std::fmt::Debug for PageEpochs {
@@ -172,6 +174,7 @@ impl Default for PageEpochs {
             stalled: AtomicBool::new(false),
             wait: (Mutex::new(()), Condvar::new()),
             nudge: OnceLock::new(),
+            wanted: AtomicBool::new(false),
         }
     }
 }
@@ -182,6 +185,7 @@ impl PageEpochs {
     pub fn begin(&self) -> u64 {
         let epoch = self.current.fetch_add(1, SeqCst);
         self.begun_at.store(self.changed_total(), SeqCst);
+        self.wanted.store(false, SeqCst);
         epoch
     }
 
@@ -212,11 +216,25 @@ impl PageEpochs {
         Some(self.limit.load(Relaxed)).filter(|&l| l != u64::MAX)
     }
 
-    /// Whether a checkpoint is due for the pages changed since the last one began.
+    /// Whether a checkpoint is due for the pages changed since the last one began, or was
+    /// asked for ([`PageEpochs::want_checkpoint`]).
     pub fn due(&self) -> bool {
-        self.changed_total()
-            .saturating_sub(self.begun_at.load(SeqCst))
-            >= self.due.load(Relaxed)
+        self.wanted.load(SeqCst)
+            || self
+                .changed_total()
+                .saturating_sub(self.begun_at.load(SeqCst))
+                >= self.due.load(Relaxed)
+    }
+
+    /// Asks the store for a checkpoint, whatever changed: the inode eviction pass needs one
+    /// to hold what it would evict (`fs/lazy.rs`). [`PageEpochs::due`] says so until the
+    /// next checkpoint begins.
+    pub(crate) fn want_checkpoint(&self) {
+        if !self.wanted.swap(true, SeqCst) {
+            if let Some(nudge) = self.nudge.get() {
+                nudge();
+            }
+        }
     }
 
     /// Pages changed since the last checkpoint that the store holds began: what memory holds

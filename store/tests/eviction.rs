@@ -375,3 +375,40 @@ fn eviction_races_readers_writers_and_checkpoints() {
     assert_eq!(re.report.counts_wrong, None, "seed {s}");
     check(&re.fs, "reopened whole");
 }
+
+/// A store closed cleanly after a checkpoint holds every inode in its checkpoint: opened
+/// lazily, a walk that only reads evicts without waiting for a checkpoint (there is nothing to take one for).
+#[test]
+fn a_store_closed_cleanly_evicts_while_it_is_only_read() {
+    let sim = SimDisk::new();
+    {
+        let o = open_on(&sim, false);
+        let c = Client::root(Arc::new(o.fs));
+        for d in 0..DIRS {
+            c.create_dir(format!("/d{d}")).unwrap();
+            for f in 0..FILES {
+                c.write(format!("/d{d}/f{f}"), [f as u8; 10]).unwrap();
+            }
+        }
+        o.store.checkpoint().unwrap();
+        drop(c);
+        o.store.close().unwrap();
+    }
+    let o = open_on(&sim, true);
+    assert!(o.report.lazy);
+    let want = (DIRS * FILES) as u64;
+    let fs = Arc::new(o.fs);
+    let c = Client::root(fs.clone());
+    for d in 0..DIRS {
+        for f in 0..FILES {
+            assert_eq!(c.metadata(format!("/d{d}/f{f}")).unwrap().len(), 10);
+        }
+    }
+    let o = (fs, o.store);
+    assert!(
+        evict_down_to(&o.0, CACHE + DIRS as u64 + 1),
+        "{} of {want} inodes in memory, {} evicted",
+        o.0.inodes_in_memory(),
+        o.0.inodes_evicted()
+    );
+}

@@ -59,7 +59,10 @@
 //!   (`label_changed`, from `commit`, read after the append; a new inode when installed) is
 //!   one the store has kept ([`crate::PageEpochs`], as for file pages: `data.rs`), and
 //!   none of its pages is only in memory. Nothing is evicted before the store keeps a
-//!   checkpoint begun after recovery, which holds the journal the opening replayed.
+//!   checkpoint begun after recovery, which holds the journal the opening replayed (if it
+//!   replayed any). A pass that finds only changed inodes to evict asks the store for a
+//!   checkpoint ([`crate::PageEpochs::want_checkpoint`]): a store that is mostly read
+//!   appends too few records to make one due.
 //!
 //! Readers hold no reference, so an inode cannot simply be freed: the pass **parks** it
 //! (out of the table, into its shard's `parked` map, under the shard's lock) and defers the
@@ -769,9 +772,15 @@ impl Filesystem {
         if !all && resident <= lazy.budget {
             return lazy.evicted.load(Relaxed) - before;
         }
-        if lazy.held_off.load(SeqCst) > 0 || kept < lazy.evict_from.load(SeqCst) {
-            // Again once the store keeps another checkpoint.
+        if lazy.held_off.load(SeqCst) > 0 {
             lazy.retry_after.store(kept, Relaxed);
+            return lazy.evicted.load(Relaxed) - before;
+        }
+        if kept < lazy.evict_from.load(SeqCst) {
+            // Again once the store keeps a checkpoint, which may not come of itself (a
+            // store that is only read appends few records).
+            lazy.retry_after.store(kept, Relaxed);
+            self.page_epochs.want_checkpoint();
             return lazy.evicted.load(Relaxed) - before;
         }
         let target = if all {
@@ -784,12 +793,14 @@ impl Filesystem {
         // operation that runs it for long; the next due pass goes on from the hand.
         let mut look = if all { u64::MAX } else { want * 4 + 4096 };
         let mut parked = Vec::new();
+        let mut dirty = false;
         let mut g = crossbeam_epoch::pin();
         let stopped = self.table.for_each_from(Ino(ev.hand), &mut g, |i| {
             if want == 0 || look == 0 {
                 return false;
             }
             look -= 1;
+            dirty |= i.label() > kept && !i.is_dir() && i.only_named();
             if self.evictable(i, kept) {
                 let mut s = lazy.shard(i.ino).lock();
                 // SAFETY of the pointer: `detach` gives it to the map, which owns it now.
@@ -812,9 +823,13 @@ impl Filesystem {
         });
         ev.hand = stopped.map_or(ev.hand, |i| i.0 + 1);
         if want > 0 && look > 0 {
-            // Round the whole table and still over: what is left changed since the kept
-            // checkpoint, or is held; again once the store keeps another.
+            // Round the whole table and still over: what is left is held, or changed since
+            // the kept checkpoint; again once the store keeps another, asked for if that
+            // would let some go.
             lazy.retry_after.store(kept, Relaxed);
+            if dirty {
+                self.page_epochs.want_checkpoint();
+            }
         } else if want > 0 {
             lazy.due.store(true, Relaxed);
         }
