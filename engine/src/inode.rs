@@ -131,9 +131,14 @@ pub(crate) struct Inode {
     /// The epoch of the store's checkpoints (`data.rs`, [`crate::PageEpochs`]) read after
     /// the last record that changed this inode was appended: once the store keeps that
     /// epoch, the store's copy is this inode and the eviction pass may drop it
-    /// (`fs/lazy.rs`, "Eviction"). Only ever raised.
+    /// (`fs/lazy.rs`, "Eviction"). Only ever raised. Its top bit, [`YOUNG`], is the
+    /// eviction clock's second chance.
     label: AtomicU64,
 }
+
+/// The top bit of [`Inode::label`]: not passed by the eviction clock yet (epochs never
+/// reach it).
+const YOUNG: u64 = 1 << 63;
 
 /// An unknown birth time (an inode a checkpoint kept before birth times were kept).
 const UNBORN: i64 = i64::MIN;
@@ -165,14 +170,22 @@ impl Inode {
             born: AtomicI64::new(born(Some(attr.load().ctime))),
             attr,
             body,
-            label: AtomicU64::new(0),
+            label: AtomicU64::new(YOUNG),
         }
     }
 
     /// The epoch of this inode's last change (see [`Inode::label`]'s field).
     #[inline]
     pub fn label(&self) -> u64 {
-        self.label.load(SeqCst)
+        self.label.load(SeqCst) & !YOUNG
+    }
+
+    /// Whether the eviction pass has not passed this inode since it was made or loaded,
+    /// and marks it passed: a new inode gets one turn of the clock before it may go, so a
+    /// directory's files loaded with it are not evicted before they are asked for.
+    #[inline]
+    pub fn pass_young(&self) -> bool {
+        self.label.load(Relaxed) & YOUNG != 0 && self.label.fetch_and(!YOUNG, SeqCst) & YOUNG != 0
     }
 
     /// Whether only names hold the inode: links, no reference (no open handle, no kernel
@@ -188,8 +201,10 @@ impl Inode {
     #[inline]
     pub fn relabel(&self, e: u64) {
         // Read first: most changes find the label current, and write no shared line.
-        if self.label.load(SeqCst) < e {
-            self.label.fetch_max(e, SeqCst);
+        if self.label.load(SeqCst) & !YOUNG < e {
+            let _ = self.label.fetch_update(SeqCst, SeqCst, |w| {
+                (w & !YOUNG < e).then_some(w & YOUNG | e)
+            });
         }
     }
 

@@ -50,7 +50,10 @@
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
 //! 64 loads over the budget, when parked inodes are ready, or when the store keeps a new
 //! checkpoint after a pass that could not get under) walks the table from a clock hand and
-//! evicts, until a quarter of the budget is free, inodes that are:
+//! evicts, until a quarter of the budget is free, inodes that the hand passed once already
+//! since they were loaded or made (a second chance, as the kernel's `I_REFERENCED`: a
+//! directory's files come in with it, and would otherwise go before they are asked for),
+//! and that are:
 //! - not directories (a directory stays with its entries, so the invariant above holds;
 //!   its files may be out, and a lookup of one reads it again);
 //! - **held by names only** ([`Inode::only_named`]): no open handle, no kernel lookup, no
@@ -801,6 +804,10 @@ impl Filesystem {
             }
             look -= 1;
             dirty |= i.label() > kept && !i.is_dir() && i.only_named();
+            // A second chance for what came in since the hand last passed (`all`: none).
+            if i.pass_young() && !all {
+                return true;
+            }
             if self.evictable(i, kept) {
                 let mut s = lazy.shard(i.ino).lock();
                 // SAFETY of the pointer: `detach` gives it to the map, which owns it now.
