@@ -3,7 +3,7 @@
 # once (Python's os.walk and os.stat, under `lanefs run`, so the kernel holds no inode), with
 # the inode cache bounded (`-o inode_cache=$CACHE`) and with the default bound, after the
 # kernel's caches are dropped before each mount; and the scan's rate.
-# Usage (root): CACHE=64m ROUNDS=2 scripts/inode-cache-bench.sh [STORE] [MNT]
+# Usage (root): CACHE=64m ROUNDS=2 [OPTS="inode_cache=64m load=lazy"] scripts/inode-cache-bench.sh [STORE] [MNT]
 # STORE is built by scripts/store-mount-bench.sh (default /var/tmp/lanefs-big) if missing.
 set -euo pipefail
 L=${LANEFS:-$(dirname "$0")/../target/release/lanefs}
@@ -16,7 +16,7 @@ fi
 mkdir -p "$MNT"
 wait_gone() { while pgrep -f "lanefs mount --store $STORE" >/dev/null; do sleep 0.1; done; }
 for round in $(seq 1 "$ROUNDS"); do
-  for opt in "inode_cache=$CACHE" "load=lazy"; do
+  for opt in ${OPTS:-"inode_cache=$CACHE" "load=lazy"}; do
     sync; echo 3 > /proc/sys/vm/drop_caches
     "$L" mount --store "$STORE" -o "$opt" --background "$MNT"
     out=$("$L" run --mount "$MNT" -- python3 - "$MNT" <<'PY'

@@ -770,7 +770,14 @@ impl Filesystem {
         for (ino, token) in ready {
             self.finish_parking(lazy, Ino(ino), token, kept);
         }
-        let resident = self.inodes_in_memory();
+        // Parked inodes still count as in memory until their grace period ends; they are
+        // on their way out, so a pass parks only what goes beyond them.
+        let pending: u64 = lazy
+            .loading
+            .iter()
+            .map(|s| s.lock().parked.len() as u64)
+            .sum();
+        let resident = self.inodes_in_memory().saturating_sub(pending);
         lazy.retry_after.store(u64::MAX, Relaxed);
         if !all && resident <= lazy.budget {
             return lazy.evicted.load(Relaxed) - before;
