@@ -11,34 +11,36 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{HOUR, Tree, assert_same_tree, dump, on_demand, seed};
+use common::{Tree, assert_same_tree, dump, seed};
 use lanefs::{Client, Config, Ctx, Filesystem, INODE_BYTES, OpenOptions};
 use lanefs_store::disk::{SimDisk, Unflushed};
-use lanefs_store::{Opened, Options, open};
+use lanefs_store::{Opened, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// Inodes the cache holds (the smallest budget there is).
 const CACHE: u64 = 64;
 
-fn options(sim: &SimDisk, lazy: bool) -> Options {
-    Options {
-        lazy,
-        checkpoint_reserve: 0,
-        ..on_demand(common::opts(sim, 1 << 20, HOUR))
-    }
-}
-
 fn open_on(sim: &SimDisk, lazy: bool) -> Opened {
     let cfg = Config {
         inode_cache: Some(CACHE * INODE_BYTES),
         ..Config::default()
     };
-    open(&PathBuf::from("/s"), cfg, options(sim, lazy)).unwrap()
+    open(&PathBuf::from("/s"), cfg, common::lazy_opts(sim, lazy)).unwrap()
 }
 
 const DIRS: usize = 8;
 const FILES: usize = 60;
+
+/// `DIRS` directories of `FILES` files each, file `f` of directory `d` holding `bytes(d, f)`.
+fn files(c: &Client, bytes: impl Fn(usize, usize) -> Vec<u8>) {
+    for d in 0..DIRS {
+        c.create_dir(format!("/d{d}")).unwrap();
+        for f in 0..FILES {
+            c.write(format!("/d{d}/f{f}"), bytes(d, f)).unwrap();
+        }
+    }
+}
 
 fn file(rng: &mut StdRng) -> String {
     format!(
@@ -113,13 +115,7 @@ fn shape(fs: &Filesystem) -> Tree {
 fn make(sim: &SimDisk, rng: &mut StdRng, crash: bool) -> SimDisk {
     let o = open_on(sim, false);
     let c = Client::root(Arc::new(o.fs));
-    for d in 0..DIRS {
-        c.create_dir(format!("/d{d}")).unwrap();
-        for f in 0..FILES {
-            c.write(format!("/d{d}/f{f}"), vec![(d * FILES + f) as u8; f * 50])
-                .unwrap();
-        }
-    }
+    files(&c, |d, f| vec![(d * FILES + f) as u8; f * 50]);
     for _ in 0..200 {
         change(&c, rng);
     }
@@ -231,13 +227,7 @@ fn eviction_races_readers_writers_and_checkpoints() {
     {
         let o = open_on(&sim, false);
         let c = Client::root(Arc::new(o.fs));
-        for d in 0..DIRS {
-            c.create_dir(format!("/d{d}")).unwrap();
-            for f in 0..FILES {
-                c.write(format!("/d{d}/f{f}"), [(d * FILES + f) as u8; 100])
-                    .unwrap();
-            }
-        }
+        files(&c, |d, f| vec![(d * FILES + f) as u8; 100]);
         for w in 0..3 {
             c.create_dir(format!("/w{w}")).unwrap();
         }
@@ -384,12 +374,7 @@ fn a_store_closed_cleanly_evicts_while_it_is_only_read() {
     {
         let o = open_on(&sim, false);
         let c = Client::root(Arc::new(o.fs));
-        for d in 0..DIRS {
-            c.create_dir(format!("/d{d}")).unwrap();
-            for f in 0..FILES {
-                c.write(format!("/d{d}/f{f}"), [f as u8; 10]).unwrap();
-            }
-        }
+        files(&c, |_, f| vec![f as u8; 10]);
         o.store.checkpoint().unwrap();
         drop(c);
         o.store.close().unwrap();

@@ -9,10 +9,10 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use common::{HOUR, assert_same_tree, dump, on_demand, seed};
+use common::{assert_same_tree, dump, seed};
 use lanefs::{Client, Config, Ctx, Filesystem, OpenOptions};
 use lanefs_store::disk::{SimDisk, Unflushed};
-use lanefs_store::{Opened, Options, open};
+use lanefs_store::{Opened, open};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -20,16 +20,8 @@ fn dir() -> PathBuf {
     PathBuf::from("/s")
 }
 
-fn options(sim: &SimDisk, lazy: bool) -> Options {
-    Options {
-        lazy,
-        checkpoint_reserve: 0,
-        ..on_demand(common::opts(sim, 1 << 20, HOUR))
-    }
-}
-
 fn open_on(sim: &SimDisk, lazy: bool) -> Opened {
-    open(&dir(), Config::default(), options(sim, lazy)).unwrap()
+    open(&dir(), Config::default(), common::lazy_opts(sim, lazy)).unwrap()
 }
 
 const DIRS: [&str; 6] = ["/a", "/b", "/a/c", "/b/d", "/a/c/e", "/x"];
@@ -394,7 +386,7 @@ fn damage_met_by_a_lazy_opening_is_eio_never_a_panic() {
         let img = sim.crash(Unflushed::Kept);
         img.put(&file, b);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            match open(&dir(), Config::default(), options(&img, true)) {
+            match open(&dir(), Config::default(), common::lazy_opts(&img, true)) {
                 Ok(o) => Ok(walk_tolerant(&o.fs)),
                 Err(e) => Err(e),
             }

@@ -34,6 +34,16 @@ use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The options of a test store on `disk` opened lazily (`lazy`) or whole, checkpointed only
+/// on demand, with no reserve kept for checkpoints.
+pub fn lazy_opts(disk: &SimDisk, lazy: bool) -> Options {
+    Options {
+        lazy,
+        checkpoint_reserve: 0,
+        ..on_demand(opts(disk, 1 << 20, HOUR))
+    }
+}
+
 /// A commit or checkpoint interval that never comes during a test: only syncs (or a
 /// checkpoint on demand) make one happen.
 pub const HOUR: Duration = Duration::from_secs(3600);
