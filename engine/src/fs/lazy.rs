@@ -655,8 +655,14 @@ impl Filesystem {
 
     /// Labels a new inode, installed after its record was appended.
     pub(super) fn label_new(&self, i: &Inode) {
-        if self.lazy.is_some() {
+        if let Some(lazy) = self.lazy.as_ref() {
             i.relabel(self.page_epochs.label());
+            // New inodes count as loads do: a pass is due once they take the cache over its
+            // budget (checked for one number in 64, cheaply, as numbers come in batches).
+            if lazy.budget != u64::MAX && i.ino.0 % 64 == 0 && self.inodes_in_memory() > lazy.budget
+            {
+                lazy.due.store(true, Relaxed);
+            }
         }
     }
 
@@ -936,6 +942,18 @@ impl Filesystem {
             }
         }
         EvictionHold { fs: self }
+    }
+}
+
+impl Drop for Lazy {
+    fn drop(&mut self) {
+        for shard in self.loading.iter() {
+            for (_, p) in shard.lock().parked.drain() {
+                // SAFETY: the filesystem is being dropped, so no operation runs and nothing
+                // but this map holds a parked inode (`Parked`).
+                drop(unsafe { Owned::from_raw(p.inode) });
+            }
+        }
     }
 }
 
