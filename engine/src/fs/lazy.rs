@@ -913,8 +913,11 @@ impl Filesystem {
         }
         if let Body::File(data) = &i.body {
             // Every page is the store's or a run of zeros: nothing to give back but the
-            // counts of pages out of memory.
-            data.write().clear(&self.page_epochs);
+            // counts of pages out of memory. Try-locked, as `file_data` ranks above the
+            // `xattr` shard held here; nothing else can hold it, as nothing reaches the inode.
+            data.try_write()
+                .expect("an unreachable inode's data lock is free")
+                .clear(&self.page_epochs);
         }
         // The number's store copy is this inode from now on: the next miss reads it.
         lazy.unsee(&mut s, ino);
