@@ -659,10 +659,7 @@ impl Filesystem {
             i.relabel(self.page_epochs.label());
             // New inodes count as loads do: a pass is due once they take the cache over its
             // budget (checked for one number in 64, cheaply, as numbers come in batches).
-            if lazy.budget != u64::MAX && i.ino.0 % 64 == 0 && self.inodes_in_memory() > lazy.budget
-            {
-                lazy.due.store(true, Relaxed);
-            }
+            self.note_growth(lazy, i.ino.0);
         }
     }
 
@@ -737,7 +734,12 @@ impl Filesystem {
 
     /// After a load: a pass is due if the cache is over its budget (checked every 64 loads).
     fn note_load(&self, lazy: &Lazy) {
-        let n = lazy.loaded.load(Relaxed);
+        self.note_growth(lazy, lazy.loaded.load(Relaxed));
+    }
+
+    /// One more inode in memory, `n` a number that changes with each (a load count, an inode
+    /// number): a pass is due if the cache is over its budget, looked at for one `n` in 64.
+    fn note_growth(&self, lazy: &Lazy, n: u64) {
         if lazy.budget != u64::MAX && n % 64 == 0 && self.inodes_in_memory() > lazy.budget {
             lazy.due.store(true, Relaxed);
         }
