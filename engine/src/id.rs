@@ -118,7 +118,7 @@ impl InoGen {
     }
 
     #[inline]
-    pub fn from_raw(raw: u64) -> InoGen {
+    pub const fn from_raw(raw: u64) -> InoGen {
         InoGen(raw)
     }
 

@@ -248,6 +248,12 @@ impl Inode {
         InoGen::new(self.ino, self.generation)
     }
 
+    /// What an entry naming this inode holds: its packed number and generation, and its type.
+    #[inline]
+    pub(crate) fn named_as(&self) -> (InoGen, FileType) {
+        (self.key(), self.kind())
+    }
+
     #[inline]
     pub fn kind(&self) -> FileType {
         FileType::from_mode(self.attr.mode()).expect("valid type bits")

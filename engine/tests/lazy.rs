@@ -456,7 +456,7 @@ fn export(fs: &Filesystem) -> Snapshot {
                 name,
                 cookie,
                 target: cid,
-                inode: (!is_dir).then_some(l),
+                kind: a.kind(),
             });
         }
         s.entries.insert(id.ino.0, entries);
@@ -707,7 +707,7 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
     let (fs, store) = open_lazy(&snap, cfg(locking), Duration::ZERO);
     let c = Client::root(fs.clone());
 
-    // The open loaded the root and its files, nothing else.
+    // The open loaded the root and its entries, nothing else.
     assert_eq!(
         store.inode_counts(),
         HashMap::from([(1, 1)]),
@@ -718,11 +718,7 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
         HashMap::from([(1, 1)]),
         "open: load_entries"
     );
-    let root_files = snap.entries[&1]
-        .iter()
-        .filter(|e| e.inode.is_some())
-        .count() as u64;
-    assert_eq!(fs.loaded_inodes(), 1 + root_files, "open: inodes loaded");
+    assert_eq!(fs.loaded_inodes(), 1, "open: inodes loaded");
     // What the store holds is counted from the start.
     assert_eq!(
         orig.statfs().ffree,
@@ -735,7 +731,7 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
         "open: space counted"
     );
 
-    // A path walk loads the directories on its way (with their files), nothing beside.
+    // A path walk loads the directories on its way (with their entries), nothing beside.
     let m = c.metadata("/n/0/1/2").unwrap();
     assert_eq!(m.ino(), snap.id("/n/0/1/2").ino);
     let on_the_way: HashSet<u64> = ["/", "/n", "/n/0", "/n/0/1", "/n/0/1/2"]
@@ -744,6 +740,11 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
         .collect();
     let loaded: HashSet<u64> = store.entry_counts().into_keys().collect();
     assert_eq!(loaded, on_the_way, "directories a walk of /n/0/1/2 loaded");
+    assert_eq!(
+        store.inode_counts().into_keys().collect::<HashSet<u64>>(),
+        on_the_way,
+        "inodes a walk of /n/0/1/2 loaded"
+    );
 
     // A file reached by number is loaded alone, its directory not.
     let id = snap.id("/wide/s3/f4");
@@ -803,6 +804,41 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
     assert_eq!(c.read("/a/b/big").unwrap(), want_big);
     assert!(c.metadata("/a/b/c/new").unwrap().ino().0 > snap.max_ino());
     fs.check_invariants().unwrap();
+}
+
+/// A plain listing tells each entry's type from the entry: it loads the directory, and none
+/// of the inodes its entries name (what made a cold scan of a store with a bounded cache
+/// load every file of every directory it listed).
+#[test]
+fn a_listing_reads_no_file() {
+    deadline(60, "listing", || {
+        let (_orig, snap) = original(Locking::Lanes);
+        let (fs, store) = open_lazy(&snap, cfg(Locking::Lanes), Duration::ZERO);
+        let c = Client::root(fs.clone());
+        // A plain listing tells each entry's type from the entry: it loads the directory, and
+        // none of the inodes its entries name.
+        let listed = c.read_dir("/wide/s1").unwrap();
+        let want_kinds: Vec<(Vec<u8>, Ino, FileType)> = snap.entries[&snap.id("/wide/s1").ino.0]
+            .iter()
+            .map(|e| {
+                let l = &snap.inodes[&e.target.ino.0];
+                (e.name.clone(), e.target.ino, FileType::from_mode(l.mode).unwrap())
+            })
+            .collect();
+        let got_kinds: Vec<_> = listed.into_iter().map(|e| (e.name, e.ino, e.kind)).collect();
+        assert_eq!(got_kinds, want_kinds, "a listing of /wide/s1");
+        assert!(want_kinds.len() > 1, "/wide/s1 has entries");
+        for (name, ino, _) in &want_kinds {
+            assert_eq!(
+                store.inode_counts().get(&ino.0),
+                None,
+                "listing /wide/s1 loaded {}",
+                String::from_utf8_lossy(name)
+            );
+        }
+        fs.check_invariants()
+            .unwrap_or_else(|e| panic!("after the listing: {e}"));
+    });
 }
 
 #[test]
@@ -1375,7 +1411,7 @@ fn a_freed_inode_is_never_loaded_again() {
             "victim2: loaded again"
         );
 
-        // Loaded with its directory, unlinked, freed.
+        // Reached through its directory, unlinked, freed.
         let v = snap.id("/d1/victim");
         assert_eq!(
             c.metadata("/d1/victim").unwrap().attr.generation,
@@ -1390,7 +1426,7 @@ fn a_freed_inode_is_never_loaded_again() {
         );
         assert_eq!(
             store.inode_counts().get(&v.ino.0),
-            None,
+            Some(&1),
             "victim: loaded again"
         );
 
@@ -1403,7 +1439,7 @@ fn a_freed_inode_is_never_loaded_again() {
         assert_eq!(b, snap.data[&o.ino.0]);
         drop(f);
         gone(o, "openme");
-        assert_eq!(store.inode_counts().get(&o.ino.0), None);
+        assert_eq!(store.inode_counts().get(&o.ino.0), Some(&1));
 
         // A directory not loaded yet, removed: its number and entries are never asked again.
         let e = snap.id("/d1/emptydir");
@@ -1418,8 +1454,9 @@ fn a_freed_inode_is_never_loaded_again() {
             "a full directory not loaded yet"
         );
 
-        // Two names in two directories: the second directory's load brings the store's copy
-        // (link count 2) again, which must not replace the live inode (link count 1).
+        // Two names in two directories: the second name, reached after its directory's
+        // load, names the live inode (link count 1), never the store's copy (link count 2),
+        // which is read once.
         let h = snap.id("/hl/a");
         assert_eq!(c.metadata("/hl/a").unwrap().attr.nlink, 2);
         c.remove_file("/hl/a").unwrap();
@@ -1436,7 +1473,7 @@ fn a_freed_inode_is_never_loaded_again() {
         );
         c.remove_file("/hl2/b").unwrap();
         gone(h, "hard-linked");
-        assert_eq!(store.inode_counts().get(&h.ino.0), None);
+        assert_eq!(store.inode_counts().get(&h.ino.0), Some(&1));
 
         // New inodes may take the freed numbers, with new generations; the old ids stay gone.
         let freed: HashSet<u64> = [v, v2, o, e, h].iter().map(|i| i.ino.0).collect();
@@ -1466,14 +1503,13 @@ fn a_freed_inode_is_never_loaded_again() {
         }
         fs.check_invariants().unwrap();
         store.assert_each_loaded_once("freed");
-        for id in [v, o, h] {
+        for id in [v, v2, o, h] {
             assert_eq!(
                 store.inode_counts().get(&id.ino.0),
-                None,
-                "{id} asked of the store"
+                Some(&1),
+                "{id} asked of the store once, when first reached"
             );
         }
-        assert_eq!(store.inode_counts().get(&v2.ino.0), Some(&1));
     });
 }
 
@@ -1516,12 +1552,12 @@ fn three_files() -> Snapshot {
 }
 
 /// A store whose directory `/big` holds, after two good entries, one it cannot have written
-/// (a file with no link): every walk into `/big` is refused with EIO. The load fails after
-/// the first two entries are in the dirent map (`lazy.rs`, `load_entries`, and the comment
-/// in `publish_loaded`: "the next miss on it finds them and fails the same way"), and the
-/// next load of `/big` — the path walk's own retry (`Filesystem::named` tries 8 times
-/// through `iget_racy`), or the next call — publishes `a0` a second time: `Dirents::reveal`
-/// panics ("name published twice under its stripe lock") instead of failing the same way.
+/// (a cookie out of range): every walk into `/big` is refused with EIO, the first and the
+/// next (the path walk's own retry, `Filesystem::named` tries 8 times through `iget_racy`,
+/// or the next call), and none panics: a load puts no entry in the dirent map before it has
+/// checked them all (`lazy.rs`, `load_entries`), so a second load never meets a name the
+/// first published (`Dirents::reveal` would panic: "name published twice under its stripe
+/// lock").
 #[test]
 fn a_directory_load_that_fails_halfway_fails_the_same_way_again() {
     deadline(60, "halfway", || {
@@ -1529,11 +1565,8 @@ fn a_directory_load_that_fails_halfway_fails_the_same_way_again() {
         let big = snap.id("/big").ino.0;
         let order: Vec<_> = snap.entries[&big].iter().map(|e| e.name.clone()).collect();
         assert_eq!(order, [b"a0".to_vec(), b"a1".to_vec(), b"a2".to_vec()]);
-        // The third entry's file: damaged.
-        let e = &mut snap.entries.get_mut(&big).unwrap()[2];
-        e.inode.as_mut().unwrap().nlink = 0;
-        let a2 = e.target.ino.0;
-        snap.inodes.get_mut(&a2).unwrap().nlink = 0;
+        // The third entry: damaged.
+        snap.entries.get_mut(&big).unwrap()[2].cookie = 1;
         let snap = Arc::new(snap);
         let (fs, _store) = open_lazy(&snap, cfg(Locking::Lanes), Duration::ZERO);
         let c = Client::root(fs.clone());
@@ -1551,6 +1584,45 @@ fn a_directory_load_that_fails_halfway_fails_the_same_way_again() {
         );
         // The rest of the tree is unharmed.
         assert_eq!(c.read("/other").unwrap(), b"o");
+    });
+}
+
+/// A store whose directory `/big` names, among sound files, one it cannot have written (a
+/// file with no link): the directory loads and lists (its entries are sound, and a listing
+/// reads no file), the damaged file is refused with EIO each time it is reached, and its
+/// neighbours are unharmed. Since a directory's load reads no file, the damage is found only
+/// when the file is reached (`Filesystem::iget_named`); a debug build must not panic there
+/// either.
+#[test]
+fn a_damaged_file_is_refused_where_it_is_reached() {
+    deadline(60, "damaged file", || {
+        let mut snap = three_files();
+        let big = snap.id("/big").ino.0;
+        let a2 = snap.id("/big/a2").ino.0;
+        snap.inodes.get_mut(&a2).unwrap().nlink = 0;
+        let snap = Arc::new(snap);
+        let (fs, _store) = open_lazy(&snap, cfg(Locking::Lanes), Duration::ZERO);
+        let c = Client::root(fs.clone());
+        let names: Vec<Vec<u8>> = c
+            .read_dir("/big")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, [b"a0".to_vec(), b"a1".to_vec(), b"a2".to_vec()]);
+        for attempt in 1..=2 {
+            let r = no_panic(|| c.metadata("/big/a2").map(|m| m.ino()).map_err(errno));
+            assert_eq!(r, Ok(Err(libc::EIO)), "walk {attempt} to the damaged file");
+            let r = no_panic(|| c.read("/big/a2").map_err(errno));
+            assert_eq!(r, Ok(Err(libc::EIO)), "read {attempt} of the damaged file");
+        }
+        assert_eq!(
+            no_panic(|| fs.getattr(Ino(a2)).err()),
+            Ok(Some(Errno::EIO))
+        );
+        assert_eq!(c.read("/big/a0").unwrap(), b"a0");
+        assert_eq!(c.read("/big/a1").unwrap(), b"a1");
+        assert_eq!(fs.getattr(Ino(big)).unwrap().ino, Ino(big));
     });
 }
 
@@ -1581,12 +1653,11 @@ fn a_store_naming_one_name_twice_is_damaged_not_a_panic() {
 }
 
 /// A store's read error (EIO) on one file, loaded by number, while its directory is being
-/// loaded by another thread: the directory's load waits on that file's cell and gets the
-/// other thread's error instead of publishing the copy it was given (`load_missing`: the
-/// `given` copy is used only by whoever runs the cell's initializer), so it fails after
-/// admitting `a0` into the dirent map; its next try (the path walk's own retry) panics in
-/// `Dirents::reveal`, as in `a_directory_load_that_fails_halfway_fails_the_same_way_again`.
-/// A transient error on one file makes its whole directory unreachable.
+/// loaded by another thread: the error is that file's alone. The directory's load reads no
+/// file, so the walk beside it succeeds (or, had it reached the file, fails with EIO), never
+/// panics, and once the error is gone the file loads. (When a directory loaded its files, a
+/// transient error on one made its whole directory unreachable: the load failed after
+/// admitting the first entries, and its retry panicked in `Dirents::reveal`.)
 #[test]
 fn a_read_error_on_a_file_during_its_directorys_load_is_not_a_panic() {
     deadline(60, "read error", || {
@@ -1725,21 +1796,19 @@ fn records_after_the_snapshot_replay_onto_the_lazy_tree() {
     });
 }
 
-/// A store whose directory lists itself as one of its files (damaged) must get EIO. The
-/// directory's load (`load_entries`) calls `load_missing` on its own number, whose cell
-/// (`OnceLock`) the same thread is initializing: the re-entrant `get_or_init` never returns.
+/// A store whose directory lists itself as one of its entries (damaged) must get EIO, and
+/// not hang: a load that reached the directory's own number would wait on the cell
+/// (`OnceLock`) its own thread is initializing (`load_entries` refuses such an entry).
 #[test]
 fn a_store_listing_a_directory_in_itself_is_damaged_not_a_hang() {
     let mut snap = three_files();
     let big = snap.id("/big");
-    let mut me = snap.inodes[&big.ino.0].clone();
-    me.mode = libc::S_IFREG | 0o644; // as a file: its inode comes with the entry
     let cookie = snap.entries[&big.ino.0][2].cookie + 1;
     snap.entries.get_mut(&big.ino.0).unwrap().push(LoadedEntry {
         name: b"me".to_vec(),
         cookie,
         target: big,
-        inode: Some(me),
+        kind: FileType::RegularFile,
     });
     let snap = Arc::new(snap);
     let r = deadline(60, "self", move || {

@@ -62,6 +62,7 @@ use hashbrown::HashTable;
 use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
+use crate::attr::FileType;
 use crate::errno::Result;
 use crate::id::InoGen;
 use crate::slots::{NSLOTS, PerSlot, current};
@@ -241,14 +242,15 @@ impl Dirents {
             .fetch_max(cookie & SEQ_MASK, Relaxed);
     }
 
-    /// Admits `name -> target` with `cookie` into directory `parent` (body `dir`): the
-    /// creating half of the removal protocol (`life.rs`). The caller holds the stripe of
-    /// `(parent, name)` and has seen the name absent. ENOENT if the directory was removed.
+    /// Admits `name -> target` (an inode and its type) with `cookie` into directory
+    /// `parent` (body `dir`): the creating half of the removal protocol (`life.rs`). The
+    /// caller holds the stripe of `(parent, name)` and has seen the name absent. ENOENT if
+    /// the directory was removed.
     pub fn admit(
         &self,
         (parent, dir): (InoGen, &DirBody),
         name: &[u8],
-        target: InoGen,
+        target: (InoGen, FileType),
         cookie: u64,
         g: &Guard,
         stats: &Stats,
@@ -278,7 +280,13 @@ impl Dirents {
     /// counted index place of the entry it replaces, so the directory's entry count never
     /// changes, and a read that has returned that name never meets it again at another
     /// cookie.
-    pub fn heir(&self, parent: InoGen, name: &[u8], target: InoGen, cookie: u64) -> Pending {
+    pub fn heir(
+        &self,
+        parent: InoGen,
+        name: &[u8],
+        target: (InoGen, FileType),
+        cookie: u64,
+    ) -> Pending {
         Pending {
             entry: Entry::new(parent, name, target, cookie),
             parent,
@@ -407,7 +415,10 @@ impl Dirents {
             let src = find(&src_shard, hs, sp, sn).expect("source entry under its stripe");
             // SAFETY: `src` points into a table we hold write-locked and do not change until
             // the last use of `src` below.
-            let src_target = unsafe { &*src }.dirent().target;
+            let src_target = {
+                let de = unsafe { &*src }.dirent();
+                (de.target, de.kind)
+            };
             let dst_table = dst_shard.as_deref_mut().unwrap_or(&mut *src_shard);
             match how {
                 RenameMap::Exchange => {
@@ -648,16 +659,22 @@ mod tests {
         DirBody::new(InoGen::ROOT)
     }
 
+    const FILE: (InoGen, FileType) = (InoGen::from_raw(42), FileType::RegularFile);
+
     fn create(d: &Dirents, key: InoGen, dir: &DirBody, name: &[u8], stats: &Stats) -> Result<u64> {
+        create_as(d, key, dir, name, FILE, stats)
+    }
+
+    fn create_as(
+        d: &Dirents,
+        key: InoGen,
+        dir: &DirBody,
+        name: &[u8],
+        target: (InoGen, FileType),
+        stats: &Stats,
+    ) -> Result<u64> {
         let g = crossbeam_epoch::pin();
-        let p = d.admit(
-            (key, dir),
-            name,
-            InoGen::from_raw(42),
-            d.next_cookie(),
-            &g,
-            stats,
-        )?;
+        let p = d.admit((key, dir), name, target, d.next_cookie(), &g, stats)?;
         let c = p.cookie();
         d.reveal(p, stats, || {});
         Ok(c)
@@ -684,14 +701,7 @@ mod tests {
         let g = crossbeam_epoch::pin();
         let key = InoGen::from_raw(7 | 3 << 28);
         let p = d
-            .admit(
-                (key, &dd),
-                b"x",
-                InoGen::from_raw(42),
-                d.next_cookie(),
-                &g,
-                &stats,
-            )
+            .admit((key, &dd), b"x", FILE, d.next_cookie(), &g, &stats)
             .unwrap();
         assert_eq!(d.get(key, b"x", &stats), None, "admitted, not yet visible");
         assert_eq!(d.count(&dd, &g), 1, "but counted");
@@ -805,14 +815,7 @@ mod tests {
             let key = InoGen::from_raw(6);
             let g = crossbeam_epoch::pin();
             let p = d
-                .admit(
-                    (key, &dd),
-                    b"x",
-                    InoGen::from_raw(42),
-                    d.next_cookie(),
-                    &g,
-                    &stats,
-                )
+                .admit((key, &dd), b"x", FILE, d.next_cookie(), &g, &stats)
                 .unwrap();
             let removed = std::thread::scope(|s| {
                 let remover = s.spawn(|| {
@@ -842,14 +845,11 @@ mod tests {
         let (d, dd, stats) = (Dirents::new(), dir(), Stats::default());
         let g = crossbeam_epoch::pin();
         let key = InoGen::from_raw(5);
-        for n in [&b"a"[..], b"b"] {
-            create(&d, key, &dd, n, &stats).unwrap();
-        }
-        // Exchange: targets swap, cookies stay.
-        let (a, b) = (
-            d.get(key, b"a", &stats).unwrap(),
-            d.get(key, b"b", &stats).unwrap(),
-        );
+        create(&d, key, &dd, b"a", &stats).unwrap();
+        let link = (InoGen::from_raw(43), FileType::Symlink);
+        create_as(&d, key, &dd, b"b", link, &stats).unwrap();
+        // Exchange: targets swap with their types, cookies stay.
+        let a = d.get(key, b"a", &stats).unwrap();
         d.rename_visible(
             (key, b"a"),
             &dd,
@@ -861,6 +861,9 @@ mod tests {
             || {},
         );
         assert_eq!(d.get(key, b"a", &stats).unwrap().cookie, a.cookie);
+        let named = |n: &[u8]| d.get(key, n, &stats).map(|e| (e.target, e.kind));
+        assert_eq!((named(b"a"), named(b"b")), (Some(link), Some(FILE)));
+        let b = d.get(key, b"b", &stats).unwrap();
         // Replace: b names what a named, a is gone.
         d.rename_visible(
             (key, b"a"),
@@ -876,13 +879,14 @@ mod tests {
         assert_eq!(
             d.get(key, b"b", &stats).unwrap(),
             Dirent {
-                cookie: b.cookie,
-                ..b
+                target: link.0,
+                kind: link.1,
+                cookie: b.cookie
             }
         );
         // Move: a new name with a new cookie, the old one gone, counts follow.
         let p = d
-            .admit((key, &dd), b"c", b.target, d.next_cookie(), &g, &stats)
+            .admit((key, &dd), b"c", (b.target, b.kind), d.next_cookie(), &g, &stats)
             .unwrap();
         d.rename_visible(
             (key, b"b"),
@@ -902,11 +906,11 @@ mod tests {
         let c = d.get(key, b"c", &stats).unwrap();
         let wt = InoGen::from_raw(77);
         let w = d
-            .admit((key, &dd), b"c", wt, d.next_cookie(), &g, &stats)
+            .admit((key, &dd), b"c", (wt, FileType::CharDevice), d.next_cookie(), &g, &stats)
             .unwrap();
         let wcookie = w.cookie();
         let p = d
-            .admit((key, &dd), b"e", c.target, d.next_cookie(), &g, &stats)
+            .admit((key, &dd), b"e", (c.target, c.kind), d.next_cookie(), &g, &stats)
             .unwrap();
         d.rename_visible(
             (key, b"c"),
@@ -940,9 +944,9 @@ mod tests {
         d.read_batch(key, &dd, 2, &end, 1, &g, &stats, &mut first);
         assert_eq!(first, [(a.cookie, Name::from_slice(b"a"))]);
         let wt = InoGen::from_raw(77);
-        let w = d.heir(key, b"a", wt, a.cookie);
+        let w = d.heir(key, b"a", (wt, FileType::CharDevice), a.cookie);
         let p = d
-            .admit((key, &dd), b"z", a.target, d.next_cookie(), &g, &stats)
+            .admit((key, &dd), b"z", (a.target, a.kind), d.next_cookie(), &g, &stats)
             .unwrap();
         d.rename_visible(
             (key, b"a"),
@@ -958,6 +962,7 @@ mod tests {
             d.get(key, b"a", &stats).unwrap(),
             Dirent {
                 target: wt,
+                kind: FileType::CharDevice,
                 cookie: a.cookie
             },
             "the whiteout has the source's cookie"

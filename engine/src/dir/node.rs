@@ -1,6 +1,9 @@
-//! One directory entry in memory: a single heap allocation holding what the entry names, its
-//! cookie, and its key (`parent` ++ `name`), shared by the dirent map (which owns it) and the
-//! ordered index (which refers to it by address).
+//! One directory entry in memory: a single heap allocation holding what the entry names (the
+//! inode and its type), its cookie, and its key (`parent` ++ `name`), shared by the dirent
+//! map (which owns it) and the ordered index (which refers to it by address).
+//!
+//! The type is kept so that readdir tells each entry's `d_type` without the inode, which a
+//! lazily loaded store would otherwise read for every entry listed (`fs/lazy.rs`).
 //!
 //! Why by hand: no crate offers a concurrent map and an ordered index that share entries, and
 //! keeping each name twice (a `BTreeMap` of names beside the hash map) costs about 250 bytes a
@@ -20,8 +23,9 @@
 
 use std::alloc::{Layout, alloc, dealloc, handle_alloc_error};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::*};
 
+use crate::attr::FileType;
 use crate::id::InoGen;
 
 /// Longest name (`NAME_MAX`).
@@ -31,8 +35,12 @@ pub const NAME_MAX: usize = 255;
 pub(crate) type Name = smallvec::SmallVec<[u8; 16]>;
 
 /// The header of a node; the key bytes (the parent's `InoGen` little-endian, then the name)
-/// follow it in the same allocation, at `KEY_OFFSET`. 16 bytes: a 16-byte name makes a
-/// 40-byte node.
+/// follow it in the same allocation, at `KEY_OFFSET`, and then one byte, the target's type
+/// (its `d_type`, an `AtomicU8`). 16 bytes: a 16-byte name makes a 41-byte node.
+///
+/// `target` and the type change together, only in a rename, under the write lock of the
+/// map shard that holds the node; readers of either take that shard's lock (`mod.rs`), so
+/// they always see a pair a rename wrote.
 #[repr(C)]
 pub(super) struct Node {
     /// The inode the entry names (an `InoGen`); changed in place by a rename over it.
@@ -60,7 +68,7 @@ impl Node {
 }
 
 fn node_layout(key_len: usize) -> Layout {
-    Layout::from_size_align(KEY_OFFSET + key_len, std::mem::align_of::<Node>())
+    Layout::from_size_align(KEY_OFFSET + key_len + 1, std::mem::align_of::<Node>())
         .expect("small layout")
 }
 
@@ -74,15 +82,21 @@ unsafe impl Send for Entry {}
 // SAFETY: shared access reads immutable fields and an atomic.
 unsafe impl Sync for Entry {}
 
-/// What an entry says: the inode it names and its cookie.
+/// What an entry says: the inode it names, that inode's type, and its cookie.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Dirent {
     pub target: InoGen,
+    pub kind: FileType,
     pub cookie: u64,
 }
 
 impl Entry {
-    pub(super) fn new(parent: InoGen, name: &[u8], target: InoGen, cookie: u64) -> Entry {
+    pub(super) fn new(
+        parent: InoGen,
+        name: &[u8],
+        (target, kind): (InoGen, FileType),
+        cookie: u64,
+    ) -> Entry {
         let len = 8 + name.len();
         assert!(cookie < 1 << COOKIE_BITS && name.len() <= NAME_MAX);
         let layout = node_layout(len);
@@ -92,7 +106,7 @@ impl Entry {
             handle_alloc_error(layout)
         };
         // SAFETY: `raw` is a fresh allocation of `layout`: the header fits at its start
-        // (aligned for `Node`), and `len` bytes fit at `KEY_OFFSET`.
+        // (aligned for `Node`), and `len` bytes and the type byte fit at `KEY_OFFSET`.
         unsafe {
             raw.write(Node {
                 target: AtomicU64::new(target.raw()),
@@ -101,6 +115,7 @@ impl Entry {
             let key = (raw as *mut u8).add(KEY_OFFSET);
             std::ptr::copy_nonoverlapping(parent.raw().to_le_bytes().as_ptr(), key, 8);
             std::ptr::copy_nonoverlapping(name.as_ptr(), key.add(8), name.len());
+            key.add(len).write(kind.dirent_type());
         }
         Entry(ptr)
     }
@@ -134,16 +149,34 @@ impl Entry {
         k.len() == 8 + name.len() && k[..8] == parent.raw().to_le_bytes() && k[8..] == *name
     }
 
+    /// The type byte after the key.
+    #[inline]
+    fn kind_cell(&self) -> &AtomicU8 {
+        let len = self.node().key_len();
+        // SAFETY: the node lives as long as its owner, and its byte after the key was
+        // initialised in `Entry::new`; it is only ever accessed as this atomic from then on
+        // (an `AtomicU8` has the size and alignment of a `u8`).
+        unsafe { AtomicU8::from_ptr((self.0.as_ptr() as *mut u8).add(KEY_OFFSET + len)) }
+    }
+
+    /// What the entry says. The caller holds the lock of the map shard that holds it (or
+    /// owns it), so the target and its type are a pair a rename wrote (`Node`).
     pub(super) fn dirent(&self) -> Dirent {
+        let t = self.kind_cell().load(Relaxed);
         Dirent {
             target: InoGen::from_raw(self.node().target.load(Acquire)),
+            kind: FileType::from_mode(u32::from(t) << 12).expect("a type written by `new`"),
             cookie: self.node().cookie(),
         }
     }
 
-    /// Points the entry at another inode; returns the one it named.
-    pub(super) fn retarget(&self, to: InoGen) -> InoGen {
-        InoGen::from_raw(self.node().target.swap(to.raw(), AcqRel))
+    /// Points the entry at another inode, of type `kind`; returns the one it named, with its
+    /// type. The caller holds the write lock of the map shard that holds it.
+    pub(super) fn retarget(&self, (to, kind): (InoGen, FileType)) -> (InoGen, FileType) {
+        let old = self.dirent();
+        self.node().target.store(to.raw(), Release);
+        self.kind_cell().store(kind.dirent_type(), Relaxed);
+        (old.target, old.kind)
     }
 
     /// The index's word for this node: its address (even: nodes are 8-aligned).
@@ -181,7 +214,8 @@ mod tests {
     #[test]
     fn key_layout() {
         let p = InoGen::from_raw(0x0102);
-        let k = Entry::new(p, b"abc", InoGen::from_raw(5), 1 << 48);
+        let reg = FileType::RegularFile;
+        let k = Entry::new(p, b"abc", (InoGen::from_raw(5), reg), 1 << 48);
         assert_eq!(k.parent(), p);
         assert_eq!(k.name(), b"abc");
         assert!(k.is(p, b"abc") && !k.is(p, b"ab") && !k.is(InoGen::from_raw(0x0103), b"abc"));
@@ -189,12 +223,17 @@ mod tests {
             k.dirent(),
             Dirent {
                 target: InoGen::from_raw(5),
+                kind: reg,
                 cookie: 1 << 48
             }
         );
-        assert_eq!(k.retarget(InoGen::from_raw(9)), InoGen::from_raw(5));
-        assert_eq!(k.dirent().target, InoGen::from_raw(9));
-        let long = Entry::new(p, &[b'x'; NAME_MAX], InoGen::from_raw(1), (1 << 55) - 1);
+        let link = (InoGen::from_raw(9), FileType::Symlink);
+        assert_eq!(k.retarget(link), (InoGen::from_raw(5), reg));
+        assert_eq!((k.dirent().target, k.dirent().kind), link);
+        assert_eq!(k.name(), b"abc", "the type byte is not part of the key");
+        let sock = (InoGen::from_raw(1), FileType::Socket);
+        let long = Entry::new(p, &[b'x'; NAME_MAX], sock, (1 << 55) - 1);
+        assert_eq!(long.dirent().kind, FileType::Socket);
         assert_eq!(long.name().len(), NAME_MAX);
         assert_eq!(long.node().cookie(), (1 << 55) - 1);
     }

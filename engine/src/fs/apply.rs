@@ -83,7 +83,7 @@ impl Filesystem {
         let pending =
             match self
                 .dirents
-                .admit((dir.key(), d), name, n.id.key(), cookie, g, &self.stats)
+                .admit((dir.key(), d), name, named_as(&n), cookie, g, &self.stats)
             {
                 Ok(p) => p,
                 Err(e) => return undo(e),
@@ -209,7 +209,7 @@ impl Filesystem {
         let pending =
             match self
                 .dirents
-                .admit((dir.key(), d), name, inode.key(), cookie, g, &self.stats)
+                .admit((dir.key(), d), name, inode.named_as(), cookie, g, &self.stats)
             {
                 Ok(p) => p,
                 Err(e) => return unlink(e),
@@ -348,12 +348,12 @@ impl Filesystem {
                 let source = self.dirents.get(d1.key(), from_name, &self.stats);
                 let made = match source {
                     Some(de) if de.cookie == wcookie => {
-                        Ok(self.dirents.heir(d1.key(), from_name, w.id.key(), wcookie))
+                        Ok(self.dirents.heir(d1.key(), from_name, named_as(&w), wcookie))
                     }
                     _ => self.dirents.admit(
                         (d1.key(), dd1),
                         from_name,
-                        w.id.key(),
+                        named_as(&w),
                         wcookie,
                         g,
                         &self.stats,
@@ -458,7 +458,7 @@ impl Filesystem {
                 let pending = match self.dirents.admit(
                     (k2.0, dd2),
                     to_name,
-                    src.key(),
+                    src.named_as(),
                     cookie,
                     g,
                     &self.stats,
@@ -774,6 +774,12 @@ use Place::{Named, Unnamed};
 
 /// The inode a [`NewInode`] describes, with inode flags `inherited`, made at `place` with
 /// `refs` references.
+/// What an entry naming the inode `n` makes holds: its number and generation, and its type.
+fn named_as(n: &NewInode<'_>) -> (InoGen, FileType) {
+    let kind = FileType::from_mode(n.mode).expect("records carry valid types");
+    (n.id.key(), kind)
+}
+
 fn new_inode(n: &NewInode<'_>, inherited: u32, place: Place, refs: u32) -> Inode {
     let kind = FileType::from_mode(n.mode).expect("records carry valid types");
     let parent = match place {

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use crossbeam_epoch as epoch;
 
 use super::Filesystem;
-use crate::attr::flags;
+use crate::attr::{FileType, flags};
 use crate::dir::FIRST_COOKIE;
 use crate::id::{Ino, InoGen};
 use crate::inode::{Body, Inode};
@@ -26,6 +26,7 @@ struct MapEntry {
     parent: InoGen,
     name: Vec<u8>,
     target: InoGen,
+    kind: FileType,
     cookie: u64,
 }
 
@@ -34,9 +35,9 @@ impl Filesystem {
     /// Meant for quiescent moments (no operation running): concurrent changes show up as
     /// false violations.
     ///
-    /// Checked: every entry names a live inode of the right generation from a live directory,
-    /// and has its twin in that directory's ordered index (same cookie, same name) and vice
-    /// versa; entry counts per directory; every inode's link count equals the names it has
+    /// Checked: every entry names a live inode of the right generation and type from a live
+    /// directory, and has its twin in that directory's ordered index (same cookie, same name)
+    /// and vice versa; entry counts per directory; every inode's link count equals the names it has
     /// (directories: 2 + subdirectories); every directory but the root has exactly one name,
     /// in the directory its `..` names; no entry lives in a removed directory; every linked
     /// inode is reachable from the root and the tree has no cycle; unlinked inodes are kept
@@ -62,6 +63,7 @@ impl Filesystem {
                 parent,
                 name: name.to_vec(),
                 target: de.target,
+                kind: de.kind,
                 cookie: de.cookie,
             })
         });
@@ -92,6 +94,14 @@ impl Filesystem {
             }
             match inodes.get(&e.target) {
                 Some(c) if !c.is_dead() => {
+                    if c.kind() != e.kind {
+                        errs.push(format!(
+                            "entry {p}/{shown}: says {:?}, inode {:?} is a {:?}",
+                            e.kind,
+                            e.target,
+                            c.kind()
+                        ));
+                    }
                     names_of
                         .entry(e.target)
                         .or_default()

@@ -11,13 +11,14 @@
 //!   counted from names), xattrs and ACLs, inode flags, birth time, and a file's pages (each
 //!   one left in the store, read when asked for, as for a checkpoint loaded whole) and runs
 //!   of zeros.
-//! - **A directory is loaded with its entries**, and with the inodes of those that are not
-//!   directories, before it is published: a directory in the table has every entry of it in
-//!   the dirent map, and every entry names an inode in the table or a directory the store
-//!   holds. So a lookup that misses in the map means the name does not exist, as before, and
-//!   nothing but the table's miss path changes: `dget` and the ordered index are untouched.
-//!   A subdirectory's entries load when the subdirectory is first reached by number (a path
-//!   walk, a handle, `..`).
+//! - **A directory is loaded with its entries**, before it is published: a directory in the
+//!   table has every entry of it in the dirent map, and every entry names an inode in the
+//!   table or one the store holds. So a lookup that misses in the map means the name does
+//!   not exist, as before, and nothing but the table's miss path changes: `dget` and the
+//!   ordered index are untouched. The inodes the entries name are not loaded with them: an
+//!   entry holds its target's type ([`LoadedEntry::kind`]), which is all a readdir needs, so
+//!   listing a directory of a million files reads no file; a file loads when it is reached
+//!   by number (a lookup, a handle), and a subdirectory, with its own entries, likewise.
 //! - **The store's copy of a number is read only when it is the inode**: once a number was
 //!   loaded, made, or freed here, its bit in `seen` is set and a miss on it is a miss (a
 //!   freed inode is never brought back from an older checkpoint), until the inode is evicted
@@ -34,8 +35,8 @@
 //! the `loading` map (64 shards, held only to find or add a number's cell, never during a
 //! load); threads missing on one number meet at its `OnceLock` and all get the one copy that
 //! the first published (a slot is written only by `InodeTable::install_loaded`, which
-//! asserts it was empty). A directory's load loads its files through the same cells, never
-//! another directory, so loads never wait in a cycle. A load takes no engine lock but the
+//! asserts it was empty). A load never loads another inode, so loads wait on each other
+//! only at one number's cell. A load takes no engine lock but the
 //! dirent map's and the index's shards while it inserts a directory's entries, as a create
 //! does; a store's read is a leaf (`locking.rs`).
 //!
@@ -74,15 +75,14 @@
 //! What those did to it they did to the one copy: a miss on a parked number takes it back
 //! into the table (under the same lock), a change labels it where it is, a free takes it
 //! out of the map. At the end of the grace period the next pass looks again: still only
-//! named and clean, it is dropped, its `seen` bit cleared (so the next miss reads the
-//! store's copy, which is this inode) and its shard's eviction count raised; otherwise it
-//! goes back in the table. So there is never more than one copy of an inode, and a copy
-//! read from the store is never older than one dropped: a directory's load reads its files
-//! with its entries, and uses a file's copy only if no eviction of that file's shard
-//! finished since the read began (else it reads the file again).
+//! named and clean, it is dropped and its `seen` bit cleared (so the next miss reads the
+//! store's copy, which is this inode); otherwise it goes back in the table. So there is
+//! never more than one copy of an inode, and a copy read from the store is never older
+//! than one dropped: the store is read for a number only under its cell, once its `seen`
+//! bit is clear, and the bit is cleared only after the drop.
 //!
 //! # What is not done yet
-//! Directories are not evicted, and a directory is loaded whole with its entries and files
+//! Directories are not evicted, and a directory is loaded whole with its entries
 //! (docs/STORE.md, "Not built yet").
 //!
 //! # Limits
@@ -164,9 +164,6 @@ pub(crate) struct Lazy {
     pub loaded: AtomicU64,
     /// Inodes evicted so far.
     evicted: AtomicU64,
-    /// Evictions so far, by shard: a directory's files read before one of theirs was evicted
-    /// are read again (`load_entries`).
-    evictions: Box<[AtomicU64]>,
     /// Inodes the store held at the opening.
     store_inodes: u64,
     /// Inodes in memory above which a pass evicts (`u64::MAX`: never).
@@ -200,7 +197,6 @@ impl Lazy {
             inode_hash: Mutex::new(()),
             loaded: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
-            evictions: (0..LOADING).map(|_| AtomicU64::new(0)).collect(),
             store_inodes,
             budget: cache.map_or(u64::MAX, |b| (b / INODE_BYTES).max(64)),
             evict_from: AtomicU64::new(u64::MAX),
@@ -269,11 +265,6 @@ impl Lazy {
     fn shard(&self, ino: Ino) -> &Mutex<Shard> {
         &self.loading[Self::shard_index(ino)]
     }
-
-    /// The eviction count of `ino`'s shard.
-    fn evictions_of(&self, ino: Ino) -> u64 {
-        self.evictions[Self::shard_index(ino)].load(SeqCst)
-    }
 }
 
 fn bit(ino: Ino) -> u64 {
@@ -286,25 +277,17 @@ impl Filesystem {
     pub(super) fn tget<'g>(&self, ino: Ino, g: &'g Guard) -> Result<Option<&'g Inode>> {
         match self.table.get(ino, g) {
             Some(i) => Ok(Some(i)),
-            None => self.load_missing(ino, None, g),
+            None => self.load_missing(ino, g),
         }
     }
 
     /// The table's miss (see the module doc): `None` when nothing has or had that number.
-    /// `given`: the inode as the store holds it, read already (a directory's file), with
-    /// the eviction count of its shard taken before the read.
     #[cold]
-    pub(super) fn load_missing<'g>(
-        &self,
-        ino: Ino,
-        given: Option<(LoadedInode, u64)>,
-        g: &'g Guard,
-    ) -> Result<Option<&'g Inode>> {
+    pub(super) fn load_missing<'g>(&self, ino: Ino, g: &'g Guard) -> Result<Option<&'g Inode>> {
         let Some(lazy) = self.lazy.as_ref() else {
             return Ok(None);
         };
         let before = self.cfg.locking != super::Locking::Lanes;
-        let mut given = given;
         loop {
             {
                 let _h = before.then(|| self.stats.lock(LockClass::InodeHash, &lazy.inode_hash));
@@ -326,7 +309,7 @@ impl Filesystem {
             }
             // A load that fails publishes nothing and leaves the bit clear: its waiters, which
             // did not fail themselves, try again with a cell of their own (a read error of one
-            // thread's is not another's, which may hold the inode already: `given`).
+            // thread's may not be another's).
             let cell = lazy
                 .shard(ino)
                 .lock()
@@ -342,17 +325,9 @@ impl Filesystem {
                 if !lazy.unseen(ino) {
                     return Ok(());
                 }
-                // A copy read before an eviction of this shard may be older than the inode
-                // evicted (changed, kept, then evicted): read again. Nothing evicts this
-                // number while its cell loads it (it is neither in the table nor parked).
-                let given = given
-                    .take()
-                    .filter(|(_, stamp)| *stamp == lazy.evictions_of(ino));
-                let l = match given {
-                    Some((l, _)) => Some(l),
-                    None => self.store.load_inode(ino)?,
-                };
-                match l {
+                // Nothing evicts this number while its cell loads it (it is neither in the
+                // table nor parked), so the store's copy, read now, is the inode.
+                match self.store.load_inode(ino)? {
                     Some(l) => self.publish_loaded(lazy, ino, l, before),
                     None => {
                         lazy.see(ino);
@@ -375,7 +350,7 @@ impl Filesystem {
         }
     }
 
-    /// Publishes inode `l` (a directory with its entries and their files) as number `ino`,
+    /// Publishes inode `l` (a directory with its entries) as number `ino`,
     /// and marks the number seen; the caller holds `ino`'s cell.
     fn publish_loaded(&self, lazy: &Lazy, ino: Ino, l: LoadedInode, before: bool) -> Result<()> {
         let kind = FileType::from_mode(l.mode)
@@ -499,12 +474,11 @@ impl Filesystem {
     }
 
     /// Puts directory `dir`'s entries (body `d`, not yet published) in the dirent map and
-    /// its index, after publishing the inodes of those that are not directories. Nothing is
-    /// put in the map unless every entry is sound and every file loaded, so a load that
-    /// fails leaves nothing behind, and the next miss tries again from the start.
+    /// its index. Nothing is put in the map unless every entry is sound, so a load that
+    /// fails leaves nothing behind, and the next miss tries again from the start. The
+    /// inodes the entries name are not loaded (module doc); an entry that names one the
+    /// store does not hold is found when it is reached (`iget_named`: EIO).
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
-        let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
-        let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
         let entries = self.store.load_entries(dir.ino())?;
         let bad = |e: &LoadedEntry, what: &str| {
             self.damaged(format!(
@@ -516,40 +490,25 @@ impl Filesystem {
             ))
         };
         let mut names = std::collections::HashSet::with_capacity(entries.len());
-        let mut entries = entries;
-        for e in &mut entries {
+        for e in &entries {
             if !crate::dir::valid_cookie(e.cookie) {
                 return Err(bad(e, "a cookie out of range"));
             }
             if super::check_name(&e.name).is_err() || super::is_dot_or_dotdot(&e.name) {
                 return Err(bad(e, "not a name"));
             }
-            if !names.insert(e.name.clone()) {
+            if !names.insert(&e.name[..]) {
                 return Err(bad(e, "a name twice"));
             }
             if e.target.ino == dir.ino() {
                 return Err(bad(e, "the directory itself"));
-            }
-            if let Some(l) = e.inode.take() {
-                // Only files come with their inode: a directory's load never waits on
-                // another directory's (see the module doc).
-                if l.id != e.target || l.mode & libc::S_IFMT == libc::S_IFDIR {
-                    return Err(bad(e, "an inode that is not the one named, or a directory"));
-                }
-                let stamp = stamps[Lazy::shard_index(e.target.ino)];
-                let ok = self
-                    .load_missing(e.target.ino, Some((l, stamp)), g)?
-                    .is_some_and(|i| i.id() == e.target);
-                if !ok {
-                    return Err(bad(e, "an inode the store does not hold"));
-                }
             }
         }
         for e in &entries {
             self.dirents.observe_cookie(e.cookie);
             let p = self
                 .dirents
-                .admit((dir, d), &e.name, e.target.key(), e.cookie, g, &self.stats)
+                .admit((dir, d), &e.name, (e.target.key(), e.kind), e.cookie, g, &self.stats)
                 .map_err(|_| bad(e, "refused"))?;
             self.dirents.reveal(p, &self.stats, || {});
         }
@@ -591,7 +550,7 @@ impl Filesystem {
     }
 
     /// A store that gave something no store could have written: said once on stderr, EIO.
-    fn damaged(&self, what: String) -> Errno {
+    pub(super) fn damaged(&self, what: String) -> Errno {
         eprintln!("lanefs: loading from the store: {what}");
         Errno::EIO
     }
@@ -923,7 +882,6 @@ impl Filesystem {
         }
         // The number's store copy is this inode from now on: the next miss reads it.
         lazy.unsee(&mut s, ino);
-        lazy.evictions[Lazy::shard_index(ino)].fetch_add(1, SeqCst);
         lazy.evicted.fetch_add(1, Relaxed);
         drop((s, xattrs));
         // SAFETY: out of the table and the map for longer than the grace period: nothing

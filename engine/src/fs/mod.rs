@@ -599,7 +599,7 @@ impl Filesystem {
             // Not loaded yet (`lazy.rs`); a store that fails is met again under the stripe
             // (`iget_named`), which says EIO.
             None => self
-                .load_missing(key.ino(), None, g)
+                .load_missing(key.ino(), g)
                 .ok()
                 .flatten()
                 .filter(|i| i.key() == key),
@@ -617,6 +617,13 @@ impl Filesystem {
             .filter(|i| i.key() == de.target)
         {
             Some(i) => Ok(i),
+            // A lazily loaded store's entry naming an inode it does not hold: damage, found
+            // only now, as a directory's load reads no file (`lazy.rs`).
+            None if self.lazy.is_some() => Err(self.damaged(format!(
+                "an entry names inode {} ({:#x} with its generation), which the store does not hold",
+                de.target.ino(),
+                de.target.raw()
+            ))),
             None => {
                 debug_assert!(false, "entry names missing inode {:?}", de.target);
                 Err(Errno::EIO)

@@ -225,6 +225,27 @@ impl Filesystem {
             }
             for (cookie, name) in &batch {
                 off = *cookie;
+                if !plus {
+                    // The entry is all a plain read needs: the inode it names and that
+                    // inode's type, a pair read under the entry's map shard lock, which no
+                    // rename changes halfway (`dir/node.rs`). The inode is not reached, so
+                    // a lazily loaded store reads no file to list a directory. Gone, or made
+                    // again at another cookie, since the index gave it: not listed.
+                    let Some(de) = self.dget(i.key(), name).filter(|de| de.cookie == *cookie)
+                    else {
+                        continue;
+                    };
+                    let e = DirEntry {
+                        ino: de.target.ino(),
+                        offset: *cookie,
+                        kind: de.kind,
+                        name: &name[..],
+                    };
+                    if !f(e, None) {
+                        return Ok(false);
+                    }
+                    continue;
+                }
                 // The index gives order and names; the map says whether the entry is (still)
                 // published, with this cookie (a name made again has a new one and is
                 // reported at that), and what it names now: a name pointed at another inode

@@ -1,6 +1,7 @@
 //! What a store gives a filesystem that loads its namespace as it is needed (engine
 //! `fs/lazy.rs`): an inode, and a directory's entries, as the store keeps them.
 
+use crate::attr::FileType;
 use crate::id::InodeId;
 use crate::time::Timespec;
 
@@ -56,6 +57,6 @@ pub struct LoadedEntry {
     pub cookie: u64,
     /// The inode it names.
     pub target: InodeId,
-    /// That inode, unless it is a directory (loaded when it is reached).
-    pub inode: Option<LoadedInode>,
+    /// That inode's type, which readdir reports without loading the inode.
+    pub kind: FileType,
 }

@@ -17,7 +17,7 @@
 //!   one range over numbers close together (`load::inodes`), and those that are not
 //!   directories are read whole, as above.
 
-use lanefs::{Ino, InodeId, LoadedEntry, LoadedInode};
+use lanefs::{FileType, Ino, InodeId, LoadedEntry, LoadedInode};
 use redb::ReadTransaction;
 
 use super::kv::{self, ACL_ACCESS, ACL_DEFAULT, EntryVal, InodeVal};
@@ -174,7 +174,7 @@ pub(super) fn inode(txn: &ReadTransaction, ino: Ino) -> R<Option<LoadedInode>> {
 /// inode unless that is a directory.
 pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
     let t = Tables::open(txn)?;
-    let mut out = Vec::new();
+    let mut read = Vec::new();
     let (a, b) = (
         kv::ino_key(kv::ENTRY, dir.0),
         kv::ino_key(kv::ENTRY, dir.0 + 1),
@@ -188,39 +188,49 @@ pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
                 String::from_utf8_lossy(name)
             ))
         })?;
-        out.push(LoadedEntry {
-            name: name.to_vec(),
-            cookie: e.cookie,
-            target: e.target,
-            inode: None,
-        });
+        read.push((name.to_vec(), e));
     }
-    let mut want: Vec<u64> = out.iter().map(|e| e.target.ino.0).collect();
+    // Each entry's type is its inode's: the inodes' values are read in one ascending walk
+    // (a directory's files mostly have neighbouring numbers), and only their fixed part
+    // decoded; xattrs, pages and runs are read when the inode itself is loaded.
+    let mut want: Vec<u64> = read.iter().map(|(_, e)| e.target.ino.0).collect();
     want.sort_unstable();
     want.dedup();
     let found = inodes(&t.meta, &want).map_err(damaged)?;
-    for e in &mut out {
+    let mut out = Vec::with_capacity(read.len());
+    for (name, e) in read {
         let ino = e.target.ino.0;
+        let shown = || String::from_utf8_lossy(&name).into_owned();
         let v = match found.binary_search_by_key(&ino, |(i, _)| *i) {
             Ok(i) => &found[i].1,
             Err(_) => {
                 return Err(damaged(format!(
                     "entry {dir}/{}: inode {ino} is named but missing",
-                    String::from_utf8_lossy(&e.name)
+                    shown()
                 )));
             }
         };
         if v.generation != e.target.generation.0 {
             return Err(damaged(format!(
                 "entry {dir}/{}: names generation {}, the inode has {}",
-                String::from_utf8_lossy(&e.name),
+                shown(),
                 e.target.generation,
                 v.generation
             )));
         }
-        if !v.is_dir() {
-            e.inode = Some(t.inode(ino, v.clone())?);
-        }
+        let kind = FileType::from_mode(v.mode).ok_or_else(|| {
+            damaged(format!(
+                "entry {dir}/{}: inode {ino} has mode {:#o}",
+                shown(),
+                v.mode
+            ))
+        })?;
+        out.push(LoadedEntry {
+            name,
+            cookie: e.cookie,
+            target: e.target,
+            kind,
+        });
     }
     Ok(out)
 }
