@@ -822,10 +822,17 @@ fn a_listing_reads_no_file() {
             .iter()
             .map(|e| {
                 let l = &snap.inodes[&e.target.ino.0];
-                (e.name.clone(), e.target.ino, FileType::from_mode(l.mode).unwrap())
+                (
+                    e.name.clone(),
+                    e.target.ino,
+                    FileType::from_mode(l.mode).unwrap(),
+                )
             })
             .collect();
-        let got_kinds: Vec<_> = listed.into_iter().map(|e| (e.name, e.ino, e.kind)).collect();
+        let got_kinds: Vec<_> = listed
+            .into_iter()
+            .map(|e| (e.name, e.ino, e.kind))
+            .collect();
         assert_eq!(got_kinds, want_kinds, "a listing of /wide/s1");
         assert!(want_kinds.len() > 1, "/wide/s1 has entries");
         for (name, ino, _) in &want_kinds {
@@ -1616,10 +1623,7 @@ fn a_damaged_file_is_refused_where_it_is_reached() {
             let r = no_panic(|| c.read("/big/a2").map_err(errno));
             assert_eq!(r, Ok(Err(libc::EIO)), "read {attempt} of the damaged file");
         }
-        assert_eq!(
-            no_panic(|| fs.getattr(Ino(a2)).err()),
-            Ok(Some(Errno::EIO))
-        );
+        assert_eq!(no_panic(|| fs.getattr(Ino(a2)).err()), Ok(Some(Errno::EIO)));
         assert_eq!(c.read("/big/a0").unwrap(), b"a0");
         assert_eq!(c.read("/big/a1").unwrap(), b"a1");
         assert_eq!(fs.getattr(Ino(big)).unwrap().ino, Ino(big));

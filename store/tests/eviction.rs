@@ -402,3 +402,89 @@ fn a_store_closed_cleanly_evicts_while_it_is_only_read() {
         o.0.inodes_evicted()
     );
 }
+
+/// A kernel caller's READDIRPLUS takes a lookup reference on each entry it gets attributes
+/// for, which keeps that inode in memory until the kernel forgets it (which it does only
+/// under its own memory pressure): with the cache three quarters full or more, a listing
+/// gives the kernel names only (no attributes, no reference), and the files it lists stay
+/// evictable. With room in the cache, the same listing gives attributes and references, as
+/// it always did.
+#[test]
+fn a_full_cache_lists_names_only_to_the_kernel() {
+    let sim = SimDisk::new();
+    {
+        let o = open_on(&sim, false);
+        let c = Client::root(Arc::new(o.fs));
+        files(&c, |d, f| vec![d as u8; f]);
+        o.store.checkpoint().unwrap();
+        drop(c);
+        o.store.close().unwrap();
+    }
+    let kernel = Ctx::root().via_kernel();
+    // (name, inode number, attributes given) of each entry of /d0 but `.` and `..`.
+    let list = |fs: &Arc<Filesystem>| {
+        let d0 = Client::root(fs.clone()).metadata("/d0").unwrap().ino();
+        let fh = fs.opendir(&kernel, d0).unwrap();
+        let mut got = Vec::new();
+        fs.readdir(&kernel, fh, 0, true, |e, a| {
+            if e.name != b"." && e.name != b".." {
+                got.push((e.name.to_vec(), e.ino, a.is_some()));
+            }
+            true
+        })
+        .unwrap();
+        fs.releasedir(fh).unwrap();
+        got
+    };
+
+    // Room in the cache: attributes, and a lookup reference the kernel holds.
+    let roomy = {
+        let cfg = Config {
+            inode_cache: Some(100_000 * INODE_BYTES),
+            ..Config::default()
+        };
+        let disk = sim.crash(Unflushed::Kept);
+        let o = open(&PathBuf::from("/s"), cfg, common::lazy_opts(&disk, true)).unwrap();
+        (Arc::new(o.fs), o.store)
+    };
+    let (roomy, _roomy_store) = roomy;
+    let got = list(&roomy);
+    assert_eq!(got.len(), FILES);
+    for (name, ino, attrs) in &got {
+        let name = String::from_utf8_lossy(name);
+        assert!(attrs, "{name}: no attributes with room in the cache");
+        assert!(roomy.held_by_kernel(*ino), "{name}: not held by the kernel");
+    }
+
+    // The cache full: names only, and nothing held.
+    let Opened { fs, store, .. } = open_on(&sim.crash(Unflushed::Kept), true);
+    store.checkpoint().unwrap();
+    let fs = Arc::new(fs);
+    let c = Client::root(fs.clone());
+    for d in 1..DIRS {
+        for f in 0..FILES {
+            c.metadata(format!("/d{d}/f{f}")).unwrap();
+        }
+    }
+    assert!(
+        fs.inodes_in_memory() >= CACHE - CACHE / 4,
+        "{} inodes in memory, with a cache of {CACHE}",
+        fs.inodes_in_memory()
+    );
+    let got = list(&fs);
+    assert_eq!(got.len(), FILES);
+    for (name, ino, attrs) in &got {
+        let name = String::from_utf8_lossy(name);
+        assert!(!attrs, "{name}: attributes given with the cache full");
+        assert!(!fs.held_by_kernel(*ino), "{name}: held by the kernel");
+    }
+    // What was listed is still read right, and goes again.
+    for f in 0..FILES {
+        assert_eq!(c.read(format!("/d0/f{f}")).unwrap(), vec![0u8; f]);
+    }
+    assert!(
+        evict_down_to(&fs, CACHE + DIRS as u64 + 1),
+        "{} inodes in memory after the listing, with a cache of {CACHE}",
+        fs.inodes_in_memory()
+    );
+}

@@ -886,7 +886,14 @@ mod tests {
         );
         // Move: a new name with a new cookie, the old one gone, counts follow.
         let p = d
-            .admit((key, &dd), b"c", (b.target, b.kind), d.next_cookie(), &g, &stats)
+            .admit(
+                (key, &dd),
+                b"c",
+                (b.target, b.kind),
+                d.next_cookie(),
+                &g,
+                &stats,
+            )
             .unwrap();
         d.rename_visible(
             (key, b"b"),
@@ -906,11 +913,25 @@ mod tests {
         let c = d.get(key, b"c", &stats).unwrap();
         let wt = InoGen::from_raw(77);
         let w = d
-            .admit((key, &dd), b"c", (wt, FileType::CharDevice), d.next_cookie(), &g, &stats)
+            .admit(
+                (key, &dd),
+                b"c",
+                (wt, FileType::CharDevice),
+                d.next_cookie(),
+                &g,
+                &stats,
+            )
             .unwrap();
         let wcookie = w.cookie();
         let p = d
-            .admit((key, &dd), b"e", (c.target, c.kind), d.next_cookie(), &g, &stats)
+            .admit(
+                (key, &dd),
+                b"e",
+                (c.target, c.kind),
+                d.next_cookie(),
+                &g,
+                &stats,
+            )
             .unwrap();
         d.rename_visible(
             (key, b"c"),
@@ -946,7 +967,14 @@ mod tests {
         let wt = InoGen::from_raw(77);
         let w = d.heir(key, b"a", (wt, FileType::CharDevice), a.cookie);
         let p = d
-            .admit((key, &dd), b"z", (a.target, a.kind), d.next_cookie(), &g, &stats)
+            .admit(
+                (key, &dd),
+                b"z",
+                (a.target, a.kind),
+                d.next_cookie(),
+                &g,
+                &stats,
+            )
             .unwrap();
         d.rename_visible(
             (key, b"a"),

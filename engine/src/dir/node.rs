@@ -7,7 +7,7 @@
 //!
 //! Why by hand: no crate offers a concurrent map and an ordered index that share entries, and
 //! keeping each name twice (a `BTreeMap` of names beside the hash map) costs about 250 bytes a
-//! file where one node of `16 + 8 + name` bytes costs about 66 (docs/BENCHMARKS.md, "Memory
+//! file where one node of `16 + 8 + name + 1` bytes costs about 66 (docs/BENCHMARKS.md, "Memory
 //! per file").
 //!
 //! # A node's life

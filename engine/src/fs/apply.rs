@@ -206,14 +206,17 @@ impl Filesystem {
             self.settle(inode, inode.unlink_failed(was_linkable), g);
             Err(e)
         };
-        let pending =
-            match self
-                .dirents
-                .admit((dir.key(), d), name, inode.named_as(), cookie, g, &self.stats)
-            {
-                Ok(p) => p,
-                Err(e) => return unlink(e),
-            };
+        let pending = match self.dirents.admit(
+            (dir.key(), d),
+            name,
+            inode.named_as(),
+            cookie,
+            g,
+            &self.stats,
+        ) {
+            Ok(p) => p,
+            Err(e) => return unlink(e),
+        };
         if let Err(e) = self.commit(rec) {
             self.dirents.cancel(pending, d, g, &self.stats);
             return unlink(e);
@@ -348,7 +351,9 @@ impl Filesystem {
                 let source = self.dirents.get(d1.key(), from_name, &self.stats);
                 let made = match source {
                     Some(de) if de.cookie == wcookie => {
-                        Ok(self.dirents.heir(d1.key(), from_name, named_as(&w), wcookie))
+                        Ok(self
+                            .dirents
+                            .heir(d1.key(), from_name, named_as(&w), wcookie))
                     }
                     _ => self.dirents.admit(
                         (d1.key(), dd1),

@@ -180,6 +180,11 @@ pub(crate) struct Lazy {
     /// The kept epoch a pass that left the cache over its budget saw (`u64::MAX`: none
     /// did): a pass is due again once the store keeps a later one.
     retry_after: AtomicU64,
+    /// Inodes in memory below which growth makes no pass due (0: none): set by a pass that
+    /// went round the table short of its goal to a quarter of the budget above what it
+    /// left, so that a table of inodes held (by handles, or by the kernel) is walked again
+    /// once per quarter of the budget loaded or made, not every 64.
+    quiet_below: AtomicU64,
     /// Holds of [`Filesystem::hold_eviction`]: no pass parks anything while one is held.
     held_off: AtomicU64,
 }
@@ -204,6 +209,7 @@ impl Lazy {
             ready: Arc::default(),
             due: Arc::default(),
             retry_after: AtomicU64::new(u64::MAX),
+            quiet_below: AtomicU64::new(0),
             held_off: AtomicU64::new(0),
         }
     }
@@ -508,7 +514,14 @@ impl Filesystem {
             self.dirents.observe_cookie(e.cookie);
             let p = self
                 .dirents
-                .admit((dir, d), &e.name, (e.target.key(), e.kind), e.cookie, g, &self.stats)
+                .admit(
+                    (dir, d),
+                    &e.name,
+                    (e.target.key(), e.kind),
+                    e.cookie,
+                    g,
+                    &self.stats,
+                )
                 .map_err(|_| bad(e, "refused"))?;
             self.dirents.reveal(p, &self.stats, || {});
         }
@@ -699,9 +712,23 @@ impl Filesystem {
     /// One more inode in memory, `n` a number that changes with each (a load count, an inode
     /// number): a pass is due if the cache is over its budget, looked at for one `n` in 64.
     fn note_growth(&self, lazy: &Lazy, n: u64) {
-        if lazy.budget != u64::MAX && n % 64 == 0 && self.inodes_in_memory() > lazy.budget {
-            lazy.due.store(true, Relaxed);
+        if lazy.budget != u64::MAX && n % 64 == 0 {
+            let m = self.inodes_in_memory();
+            if m > lazy.budget && m >= lazy.quiet_below.load(Relaxed) {
+                lazy.due.store(true, Relaxed);
+            }
         }
+    }
+
+    /// Whether the inode cache is bounded and at least three quarters full (where a pass
+    /// leaves it): a kernel caller's `READDIRPLUS` then gets entries without attributes,
+    /// which take no lookup reference (`readdir.rs`), since every inode the kernel holds
+    /// stays in memory until it forgets it, which it does only under its own memory
+    /// pressure.
+    pub(super) fn cache_tight(&self) -> bool {
+        self.lazy.as_ref().is_some_and(|l| {
+            l.budget != u64::MAX && self.inodes_in_memory() >= l.budget - l.budget / 4
+        })
     }
 
     /// Runs an eviction pass if one is due: called at the start of an operation, with no
@@ -803,11 +830,16 @@ impl Filesystem {
             true
         });
         ev.hand = stopped.map_or(ev.hand, |i| i.0 + 1);
+        if want == 0 {
+            lazy.quiet_below.store(0, Relaxed);
+        }
         if want > 0 && look > 0 {
             // Round the whole table and still over: what is left is held, or changed since
             // the kept checkpoint; again once the store keeps another, asked for if that
             // would let some go.
             lazy.retry_after.store(kept, Relaxed);
+            lazy.quiet_below
+                .store(self.inodes_in_memory() + lazy.budget / 4, Relaxed);
             if dirty {
                 self.page_epochs.want_checkpoint();
             }

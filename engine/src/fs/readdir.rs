@@ -90,7 +90,9 @@ impl Filesystem {
     /// but a readdirplus refreshes every entry of a directory the kernel knows. A
     /// directory's: the kernel does not order a listing's attributes against a change
     /// inside the directory (a mkdir in it), and keeps what a listing read before the change
-    /// brought, even with no attribute timeout, until its clock ticks.)
+    /// brought, even with no attribute timeout, until its clock ticks.) Nor do any entries
+    /// of it while a bounded inode cache is three quarters full or more (`lazy.rs`): every
+    /// inode the kernel holds stays in memory until it forgets it.
     pub fn readdir(
         &self,
         ctx: &Ctx,
@@ -215,6 +217,10 @@ impl Filesystem {
             }
             off = 2;
         }
+        // A kernel caller's READDIRPLUS takes a lookup reference on each entry it gets
+        // attributes for, which keeps the inode in memory until the kernel forgets it; with
+        // a bounded inode cache nearly full, it gets names only (`Filesystem::cache_tight`).
+        let names_only = !plus || ctx.counts_lookups() && self.cache_tight();
         let mut batch: Vec<(u64, Name)> = Vec::with_capacity(BATCH);
         loop {
             batch.clear();
@@ -225,7 +231,7 @@ impl Filesystem {
             }
             for (cookie, name) in &batch {
                 off = *cookie;
-                if !plus {
+                if names_only {
                     // The entry is all a plain read needs: the inode it names and that
                     // inode's type, a pair read under the entry's map shard lock, which no
                     // rename changes halfway (`dir/node.rs`). The inode is not reached, so
