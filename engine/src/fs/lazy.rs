@@ -49,16 +49,21 @@
 //! [`crate::Config::inode_cache`] bounds the inodes in memory ([`INODE_BYTES`] each; the
 //! count is the inode quota's, less the store's inodes not in memory). Past it, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
-//! 64 loads over the budget, when parked inodes are ready, or when the store keeps a new
-//! checkpoint after a pass that could not get under) walks the table from a clock hand and
-//! evicts, until a quarter of the budget is free, inodes that the hand passed once already
-//! since they were loaded or made (a second chance, as the kernel's `I_REFERENCED`: a
-//! directory's files come in with it, and would otherwise go before they are asked for),
-//! and that are:
+//! 64 loads or new inodes over the budget, when parked inodes are ready, or when the store
+//! keeps a new checkpoint after a pass that could not get under; a pass that went round the
+//! table short of its goal makes growth wait for another quarter of the budget before the
+//! next, so that a table of held inodes is not walked every 64 loads) walks the table from
+//! a clock hand and evicts, until a quarter of the budget is free, inodes that the hand
+//! passed once already since they were loaded or made (a second chance, as the kernel's
+//! `I_REFERENCED`: a file stat'd once just after its load would otherwise go before it is
+//! asked for again), and that are:
 //! - not directories (a directory stays with its entries, so the invariant above holds;
 //!   its files may be out, and a lookup of one reads it again);
 //! - **held by names only** ([`Inode::only_named`]): no open handle, no kernel lookup, no
-//!   operation holding a reference, not unlinked;
+//!   operation holding a reference, not unlinked (a kernel's lookup lasts until it forgets
+//!   the inode, under its own memory pressure, so while the cache is three quarters full
+//!   or more, a kernel's READDIRPLUS gets names without attributes, which take no lookup:
+//!   `readdir.rs`);
 //! - **clean**: the epoch an inode is labelled with after each record that changes it
 //!   (`label_changed`, from `commit`, read after the append; a new inode when installed) is
 //!   one the store has kept ([`crate::PageEpochs`], as for file pages: `data.rs`), and
