@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Barrier, Mutex};
 
 use lanefs::{
-    Attr, Client, Config, Ctx, Errno, FileType, Filesystem, Ino, RENAME_EXCHANGE,
+    Attr, Client, Config, Ctx, Errno, FileType, Filesystem, Ino, Locking, RENAME_EXCHANGE,
     RENAME_NOREPLACE, RENAME_WHITEOUT,
 };
 use rand::rngs::StdRng;
@@ -30,6 +30,8 @@ fn new_fs() -> Arc<Filesystem> {
         protected_hardlinks: false,
         protected_symlinks: false,
         max_inodes: Some(1 << 20),
+        // Ignored by the memory store: a kernel's readdirplus still gets attributes.
+        inode_cache: Some(64 * lanefs::INODE_BYTES),
         ..Config::default()
     }))
 }
@@ -246,7 +248,10 @@ fn quiescent_listing(
         let mut by = Vec::new();
         for how in HOWS {
             let l = list(fs, d, path, how, rng);
-            let m: BTreeMap<_, _> = l.iter().map(|e| (e.name.clone(), (e.ino, e.kind))).collect();
+            let m: BTreeMap<_, _> = l
+                .iter()
+                .map(|e| (e.name.clone(), (e.ino, e.kind)))
+                .collect();
             by.push((how, m));
         }
         for (how, m) in &by[1..] {
@@ -275,7 +280,8 @@ fn quiescent_listing(
 
 fn thread_rng(seed: u64, round: u64, t: u64) -> StdRng {
     StdRng::seed_from_u64(
-        seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
+        seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ (t + 1).wrapping_mul(0xD1B5_4A32_D192_ED03),
     )
 }
 
@@ -290,9 +296,28 @@ fn thread_rng(seed: u64, round: u64, t: u64) -> StdRng {
 /// inodes, check_invariants, no kernel reference left.
 #[test]
 fn exchanges_keep_entry_types_with_their_inodes() {
-    let seed = seed::seed("exchanges_keep_entry_types_with_their_inodes");
-    let rounds = seed::rounds(20);
-    let fs = new_fs();
+    exchanges(
+        "exchanges_keep_entry_types_with_their_inodes",
+        Locking::Lanes,
+        seed::rounds(40),
+    );
+}
+
+/// [`exchanges_keep_entry_types_with_their_inodes`] under the benchmarks' "before" locking
+/// modes (a directory lock per mutation; one global lock), fewer rounds.
+#[test]
+fn exchanges_keep_entry_types_dirlock_and_coarse() {
+    let r = seed::rounds(40).div_ceil(4);
+    exchanges("exchanges_keep_entry_types (dirlock)", Locking::DirLock, r);
+    exchanges("exchanges_keep_entry_types (coarse)", Locking::Coarse, r);
+}
+
+fn exchanges(name: &str, locking: Locking, rounds: u64) {
+    let seed = seed::seed(name);
+    let fs = Arc::new(Filesystem::new(Config {
+        locking,
+        ..(*new_fs()).config().clone()
+    }));
     let ctx = Ctx::root();
     let p = fs.mkdir(&ctx, Ino::ROOT, b"p", 0o755).unwrap().ino;
     let q = fs.mkdir(&ctx, Ino::ROOT, b"q", 0o755).unwrap().ino;
@@ -329,7 +354,8 @@ fn exchanges_keep_entry_types_with_their_inodes() {
                     for _ in 0..ops_per_round {
                         let a = &slots[rng.random_range(0..slots.len())];
                         let b = &slots[rng.random_range(0..slots.len())];
-                        let r = fs.rename(&ctx, dirs[a.0].1, &a.1, dirs[b.0].1, &b.1, RENAME_EXCHANGE);
+                        let r =
+                            fs.rename(&ctx, dirs[a.0].1, &a.1, dirs[b.0].1, &b.1, RENAME_EXCHANGE);
                         assert_eq!(
                             r,
                             Ok(()),
@@ -423,7 +449,7 @@ fn exchanges_keep_entry_types_with_their_inodes() {
         kernel_holds_none(&fs, all_inos.iter().copied(), &what);
     }
     eprintln!(
-        "exchanges: {} exchanges, {} listings over {rounds} rounds",
+        "{name}: {} exchanges, {} listings over {rounds} rounds",
         exchanges.load(Relaxed),
         listings.load(Relaxed)
     );
@@ -453,7 +479,7 @@ struct Model {
 #[test]
 fn renames_whiteouts_links_against_a_model() {
     let seed = seed::seed("renames_whiteouts_links_against_a_model");
-    let rounds = seed::rounds(20);
+    let rounds = seed::rounds(40);
     let fs = new_fs();
     let ctx = Ctx::root();
     let p = fs.mkdir(&ctx, Ino::ROOT, b"p", 0o755).unwrap().ino;
@@ -480,7 +506,11 @@ fn renames_whiteouts_links_against_a_model() {
     let counts: Vec<AtomicU64> = (0..8).map(|_| AtomicU64::new(0)).collect();
     let listings = AtomicU64::new(0);
     let stages: Vec<Ino> = (0..writers)
-        .map(|w| fs.mkdir(&ctx, stage, format!("t{w}").as_bytes(), 0o755).unwrap().ino)
+        .map(|w| {
+            fs.mkdir(&ctx, stage, format!("t{w}").as_bytes(), 0o755)
+                .unwrap()
+                .ino
+        })
         .collect();
     for round in 0..rounds {
         let done = AtomicU64::new(0);
@@ -488,8 +518,9 @@ fn renames_whiteouts_links_against_a_model() {
         let suspects: Mutex<Vec<(String, Ino, FileType)>> = Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for w in 0..writers {
-                let (fs, locks, model, done, start, counts, keep_link, stages) =
-                    (&fs, &locks, &model, &done, &start, &counts, &keep_link, &stages);
+                let (fs, locks, model, done, start, counts, keep_link, stages, keep_seq) = (
+                    &fs, &locks, &model, &done, &start, &counts, &keep_link, &stages, &keep_seq,
+                );
                 s.spawn(move || {
                     let mut rng = thread_rng(seed, round, w);
                     let ctx = Ctx::root();
@@ -530,15 +561,17 @@ fn renames_whiteouts_links_against_a_model() {
                                 if t != FileType::Directory {
                                     keep_link(fs, x.ino);
                                 }
-                                let r = fs.rename(&ctx, my_stage, b"x", ad.1, &an, RENAME_NOREPLACE);
+                                let r =
+                                    fs.rename(&ctx, my_stage, b"x", ad.1, &an, RENAME_NOREPLACE);
                                 assert_eq!(r, Ok(()), "{what}: move a new {t:?} in");
                                 model.names.lock().unwrap().insert(a, x.ino);
                                 counts[0].fetch_add(1, Relaxed);
                             }
                             // Rename `a` to `b` with some flags.
                             2..=6 => {
-                                let flags = [0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT]
-                                    [(op - 2) as usize];
+                                let flags =
+                                    [0, 0, RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT]
+                                        [(op - 2) as usize];
                                 let (src, dst) = (at(a), at(b));
                                 let r = fs.rename(&ctx, ad.1, &an, bd.1, &bn, flags);
                                 let want = match (src, dst) {
@@ -593,7 +626,11 @@ fn renames_whiteouts_links_against_a_model() {
                                         (FileType::CharDevice, 0),
                                         "{what}: the whiteout left is a 0/0 character device"
                                     );
-                                    model.types.lock().unwrap().insert(wa.ino, FileType::CharDevice);
+                                    model
+                                        .types
+                                        .lock()
+                                        .unwrap()
+                                        .insert(wa.ino, FileType::CharDevice);
                                     keep_link(fs, wa.ino);
                                     model.names.lock().unwrap().insert(a, wa.ino);
                                     counts[4].fetch_add(1, Relaxed);
@@ -619,8 +656,13 @@ fn renames_whiteouts_links_against_a_model() {
                                         "{what}: link of a directory"
                                     ),
                                     (Some(x), None) => {
-                                        let got = r.unwrap_or_else(|e| panic!("{what}: link {e:?}"));
-                                        assert_eq!((got.ino, got.kind()), (x, ty(x)), "{what}: link");
+                                        let got =
+                                            r.unwrap_or_else(|e| panic!("{what}: link {e:?}"));
+                                        assert_eq!(
+                                            (got.ino, got.kind()),
+                                            (x, ty(x)),
+                                            "{what}: link"
+                                        );
                                         model.names.lock().unwrap().insert(b, x);
                                         counts[5].fetch_add(1, Relaxed);
                                     }
@@ -632,7 +674,20 @@ fn renames_whiteouts_links_against_a_model() {
                                 match at(a) {
                                     None => assert_eq!(r, Err(Errno::ENOENT), "{what}: unlink"),
                                     Some(x) if ty(x) == FileType::Directory => {
-                                        assert_eq!(r, Err(Errno::EISDIR), "{what}: unlink a dir")
+                                        assert_eq!(r, Err(Errno::EISDIR), "{what}: unlink a dir");
+                                        // Retired to /keep instead (never freed).
+                                        let n = format!("d{}", keep_seq.fetch_add(1, Relaxed));
+                                        let r = fs.rename(
+                                            &ctx,
+                                            ad.1,
+                                            &an,
+                                            keep,
+                                            n.as_bytes(),
+                                            RENAME_NOREPLACE,
+                                        );
+                                        assert_eq!(r, Ok(()), "{what}: retire a directory");
+                                        model.names.lock().unwrap().remove(&a);
+                                        counts[7].fetch_add(1, Relaxed);
                                     }
                                     Some(_) => {
                                         assert_eq!(r, Ok(()), "{what}: unlink");
@@ -661,7 +716,8 @@ fn renames_whiteouts_links_against_a_model() {
                             let t = model.types.lock().unwrap().get(&e.ino).copied();
                             match t {
                                 Some(t) => assert_eq!(
-                                    e.kind, t,
+                                    e.kind,
+                                    t,
                                     "seed {seed} round {round}: {how:?} of {path}: {} listed as \
                                      inode {} of type {:?}, which is a {t:?}",
                                     show(&e.name),
@@ -704,14 +760,18 @@ fn renames_whiteouts_links_against_a_model() {
                 .filter(|(s, _)| **s / PER_DIR == di)
                 .map(|(s, i)| (slot_name(*s), (*i, types[i])))
                 .collect();
-            assert_eq!(m, &want, "{what}: listing of {} and the model differ", dirs[di].0);
+            assert_eq!(
+                m, &want,
+                "{what}: listing of {} and the model differ",
+                dirs[di].0
+            );
         }
         kernel_holds_none(&fs, types.keys().copied(), &what);
     }
     let c: Vec<u64> = counts.iter().map(|c| c.load(Relaxed)).collect();
     eprintln!(
         "model: created {}, moved {}, replaced {}, exchanged {}, whiteouts {}, linked {}, \
-         unlinked {}; {} listings over {rounds} rounds",
+         unlinked {}, directories retired {}; {} listings over {rounds} rounds",
         c[0],
         c[1],
         c[2],
@@ -719,6 +779,7 @@ fn renames_whiteouts_links_against_a_model() {
         c[4],
         c[5],
         c[6],
+        c[7],
         listings.load(Relaxed)
     );
 }
@@ -735,7 +796,7 @@ fn renames_whiteouts_links_against_a_model() {
 #[test]
 fn reused_numbers_under_other_types() {
     let seed = seed::seed("reused_numbers_under_other_types");
-    let rounds = seed::rounds(20);
+    let rounds = seed::rounds(40);
     let fs = new_fs();
     let ctx = Ctx::root();
     let p = fs.mkdir(&ctx, Ino::ROOT, b"p", 0o755).unwrap().ino;
@@ -869,11 +930,7 @@ fn reused_numbers_under_other_types() {
         check(&fs, &what);
         let mut rng = thread_rng(seed, round, 999);
         quiescent_listing(&fs, &dirs, &mut rng, &what);
-        kernel_holds_none(
-            &fs,
-            (1..=max_ino.load(Relaxed) + 64).map(Ino),
-            &what,
-        );
+        kernel_holds_none(&fs, (1..=max_ino.load(Relaxed) + 64).map(Ino), &what);
     }
     eprintln!(
         "reuse: {} operations succeeded, {} listings over {rounds} rounds",

@@ -171,7 +171,7 @@ pub(super) fn inode(txn: &ReadTransaction, ino: Ino) -> R<Option<LoadedInode>> {
 }
 
 /// Directory `dir`'s entries as the checkpoint read by `txn` holds them, each with its
-/// inode unless that is a directory.
+/// target's type.
 pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
     let t = Tables::open(txn)?;
     let mut read = Vec::new();
