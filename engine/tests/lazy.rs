@@ -269,14 +269,22 @@ impl Store for ModelStore {
         self.pause();
         Ok(self.snap.inodes.get(&ino.0).cloned())
     }
-    fn load_entries(&self, dir: Ino) -> Result<Vec<LoadedEntry>> {
+    fn load_entries(&self, dir: Ino, files: u64) -> Result<Vec<LoadedEntry>> {
         *self.entry_loads.lock().unwrap().entry(dir.0).or_default() += 1;
         if !self.snap.is_dir(dir.0) {
             self.fault(format!("load_entries({dir}): not a directory"));
         }
         self.pause();
         self.served.lock().unwrap().insert(dir.0);
-        Ok(self.snap.entries.get(&dir.0).cloned().unwrap_or_default())
+        let mut entries = self.snap.entries.get(&dir.0).cloned().unwrap_or_default();
+        if entries.len() as u64 <= files {
+            for e in &mut entries {
+                if e.kind != FileType::Directory && e.inode.is_none() {
+                    e.inode = self.snap.inodes.get(&e.target.ino.0).cloned();
+                }
+            }
+        }
+        Ok(entries)
     }
 }
 
@@ -457,6 +465,7 @@ fn export(fs: &Filesystem) -> Snapshot {
                 cookie,
                 target: cid,
                 kind: a.kind(),
+                inode: None,
             });
         }
         s.entries.insert(id.ino.0, entries);
@@ -707,7 +716,7 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
     let (fs, store) = open_lazy(&snap, cfg(locking), Duration::ZERO);
     let c = Client::root(fs.clone());
 
-    // The open loaded the root and its entries, nothing else.
+    // The open loaded the root and its files, nothing else.
     assert_eq!(
         store.inode_counts(),
         HashMap::from([(1, 1)]),
@@ -718,7 +727,11 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
         HashMap::from([(1, 1)]),
         "open: load_entries"
     );
-    assert_eq!(fs.loaded_inodes(), 1, "open: inodes loaded");
+    let root_files = snap.entries[&1]
+        .iter()
+        .filter(|e| e.kind != FileType::Directory)
+        .count() as u64;
+    assert_eq!(fs.loaded_inodes(), 1 + root_files, "open: inodes loaded");
     // What the store holds is counted from the start.
     assert_eq!(
         orig.statfs().ffree,
@@ -731,7 +744,7 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
         "open: space counted"
     );
 
-    // A path walk loads the directories on its way (with their entries), nothing beside.
+    // A path walk loads the directories on its way (with their files), nothing beside.
     let m = c.metadata("/n/0/1/2").unwrap();
     assert_eq!(m.ino(), snap.id("/n/0/1/2").ino);
     let on_the_way: HashSet<u64> = ["/", "/n", "/n/0", "/n/0/1", "/n/0/1/2"]
@@ -806,45 +819,76 @@ fn lazily_loaded_tree_is_the_tree(locking: Locking) {
     fs.check_invariants().unwrap();
 }
 
-/// A plain listing tells each entry's type from the entry: it loads the directory, and none
-/// of the inodes its entries name (what made a cold scan of a store with a bounded cache
-/// load every file of every directory it listed).
+/// A plain listing tells each entry's type from the entry: it loads the directory listed,
+/// never a subdirectory it names; and with no room in the inode cache for the directory's
+/// files, none of those either (what made a cold scan of a store with a bounded cache load
+/// every file of every directory it listed, and evict them again before their turn).
 #[test]
-fn a_listing_reads_no_file() {
+fn a_listing_reads_no_inode_it_names() {
     deadline(60, "listing", || {
         let (_orig, snap) = original(Locking::Lanes);
-        let (fs, store) = open_lazy(&snap, cfg(Locking::Lanes), Duration::ZERO);
-        let c = Client::root(fs.clone());
-        // A plain listing tells each entry's type from the entry: it loads the directory, and
-        // none of the inodes its entries name.
-        let listed = c.read_dir("/wide/s1").unwrap();
-        let want_kinds: Vec<(Vec<u8>, Ino, FileType)> = snap.entries[&snap.id("/wide/s1").ino.0]
+        let wide = snap.id("/wide").ino.0;
+        let want: Vec<(Vec<u8>, Ino, FileType)> = snap.entries[&wide]
             .iter()
             .map(|e| {
                 let l = &snap.inodes[&e.target.ino.0];
-                (
-                    e.name.clone(),
-                    e.target.ino,
-                    FileType::from_mode(l.mode).unwrap(),
-                )
+                let kind = FileType::from_mode(l.mode).unwrap();
+                (e.name.clone(), e.target.ino, kind)
             })
             .collect();
-        let got_kinds: Vec<_> = listed
-            .into_iter()
-            .map(|e| (e.name, e.ino, e.kind))
+        let dirs: Vec<u64> = want
+            .iter()
+            .filter(|w| w.2 == FileType::Directory)
+            .map(|w| w.1.0)
             .collect();
-        assert_eq!(got_kinds, want_kinds, "a listing of /wide/s1");
-        assert!(want_kinds.len() > 1, "/wide/s1 has entries");
-        for (name, ino, _) in &want_kinds {
+        assert!(
+            dirs.len() > 1 && want.len() > 64,
+            "/wide: {} entries",
+            want.len()
+        );
+        let small = Config {
+            inode_cache: Some(64 * INODE_BYTES),
+            ..cfg(Locking::Lanes)
+        };
+        for config in [cfg(Locking::Lanes), small] {
+            let bounded = config.inode_cache.is_some();
+            let (fs, store) = open_lazy(&snap, config, Duration::ZERO);
+            let c = Client::root(fs.clone());
+            c.metadata("/wide").unwrap();
+            let loaded = fs.loaded_inodes();
+            let got: Vec<_> = c
+                .read_dir("/wide")
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.name, e.ino, e.kind))
+                .collect();
+            assert_eq!(got, want, "a listing of /wide (bounded: {bounded})");
             assert_eq!(
-                store.inode_counts().get(&ino.0),
-                None,
-                "listing /wide/s1 loaded {}",
-                String::from_utf8_lossy(name)
+                fs.loaded_inodes(),
+                loaded,
+                "the listing loaded (bounded: {bounded})"
             );
+            for d in &dirs {
+                assert!(
+                    !store.entry_counts().contains_key(d),
+                    "directory {d} loaded"
+                );
+                assert!(
+                    !store.inode_counts().contains_key(d),
+                    "directory {d} loaded"
+                );
+            }
+            if bounded {
+                // No room for /wide's files: it loaded alone, and a file loads when reached.
+                let w = want.iter().find(|w| w.2 == FileType::RegularFile).unwrap();
+                let path = format!("/wide/{}", String::from_utf8_lossy(&w.0));
+                assert_eq!(c.metadata(&path).unwrap().ino(), w.1);
+                assert_eq!(fs.loaded_inodes(), loaded + 1, "a stat of {path}");
+                assert_eq!(store.inode_counts().get(&w.1.0), Some(&1));
+            }
+            fs.check_invariants()
+                .unwrap_or_else(|e| panic!("after the listing (bounded: {bounded}): {e}"));
         }
-        fs.check_invariants()
-            .unwrap_or_else(|e| panic!("after the listing: {e}"));
     });
 }
 
@@ -1418,7 +1462,7 @@ fn a_freed_inode_is_never_loaded_again() {
             "victim2: loaded again"
         );
 
-        // Reached through its directory, unlinked, freed.
+        // Loaded with its directory, unlinked, freed.
         let v = snap.id("/d1/victim");
         assert_eq!(
             c.metadata("/d1/victim").unwrap().attr.generation,
@@ -1433,7 +1477,7 @@ fn a_freed_inode_is_never_loaded_again() {
         );
         assert_eq!(
             store.inode_counts().get(&v.ino.0),
-            Some(&1),
+            None,
             "victim: loaded again"
         );
 
@@ -1446,7 +1490,7 @@ fn a_freed_inode_is_never_loaded_again() {
         assert_eq!(b, snap.data[&o.ino.0]);
         drop(f);
         gone(o, "openme");
-        assert_eq!(store.inode_counts().get(&o.ino.0), Some(&1));
+        assert_eq!(store.inode_counts().get(&o.ino.0), None);
 
         // A directory not loaded yet, removed: its number and entries are never asked again.
         let e = snap.id("/d1/emptydir");
@@ -1461,9 +1505,8 @@ fn a_freed_inode_is_never_loaded_again() {
             "a full directory not loaded yet"
         );
 
-        // Two names in two directories: the second name, reached after its directory's
-        // load, names the live inode (link count 1), never the store's copy (link count 2),
-        // which is read once.
+        // Two names in two directories: the second directory's load brings the store's copy
+        // (link count 2) again, which must not replace the live inode (link count 1).
         let h = snap.id("/hl/a");
         assert_eq!(c.metadata("/hl/a").unwrap().attr.nlink, 2);
         c.remove_file("/hl/a").unwrap();
@@ -1480,7 +1523,7 @@ fn a_freed_inode_is_never_loaded_again() {
         );
         c.remove_file("/hl2/b").unwrap();
         gone(h, "hard-linked");
-        assert_eq!(store.inode_counts().get(&h.ino.0), Some(&1));
+        assert_eq!(store.inode_counts().get(&h.ino.0), None);
 
         // New inodes may take the freed numbers, with new generations; the old ids stay gone.
         let freed: HashSet<u64> = [v, v2, o, e, h].iter().map(|i| i.ino.0).collect();
@@ -1510,13 +1553,14 @@ fn a_freed_inode_is_never_loaded_again() {
         }
         fs.check_invariants().unwrap();
         store.assert_each_loaded_once("freed");
-        for id in [v, v2, o, h] {
+        for id in [v, o, h] {
             assert_eq!(
                 store.inode_counts().get(&id.ino.0),
-                Some(&1),
-                "{id} asked of the store once, when first reached"
+                None,
+                "{id} asked of the store"
             );
         }
+        assert_eq!(store.inode_counts().get(&v2.ino.0), Some(&1));
     });
 }
 
@@ -1595,28 +1639,40 @@ fn a_directory_load_that_fails_halfway_fails_the_same_way_again() {
 }
 
 /// A store whose directory `/big` names, among sound files, one it cannot have written (a
-/// file with no link): the directory loads and lists (its entries are sound, and a listing
+/// file with no link), loaded by a filesystem whose inode cache has no room for the
+/// directory's files: the directory loads and lists (its entries are sound, and a listing
 /// reads no file), the damaged file is refused with EIO each time it is reached, and its
-/// neighbours are unharmed. Since a directory's load reads no file, the damage is found only
-/// when the file is reached (`Filesystem::iget_named`); a debug build must not panic there
-/// either.
+/// neighbours are unharmed. Its files not read with it, the damage is found only when the
+/// file is reached (`Filesystem::iget_named`); a debug build must not panic there either.
 #[test]
 fn a_damaged_file_is_refused_where_it_is_reached() {
     deadline(60, "damaged file", || {
-        let mut snap = three_files();
+        // More files than a 64-inode cache has room for.
+        let orig = Filesystem::new(cfg(Locking::Lanes));
+        let c = Client::root(Arc::new(orig));
+        c.create_dir("/big").unwrap();
+        for n in 0..100 {
+            c.write(format!("/big/a{n}"), format!("a{n}")).unwrap();
+        }
+        c.write("/other", b"o").unwrap();
+        let mut snap = export(c.fs());
         let big = snap.id("/big").ino.0;
         let a2 = snap.id("/big/a2").ino.0;
         snap.inodes.get_mut(&a2).unwrap().nlink = 0;
         let snap = Arc::new(snap);
-        let (fs, _store) = open_lazy(&snap, cfg(Locking::Lanes), Duration::ZERO);
+        let small = Config {
+            inode_cache: Some(64 * lanefs::INODE_BYTES),
+            ..cfg(Locking::Lanes)
+        };
+        let (fs, store) = open_lazy(&snap, small, Duration::ZERO);
         let c = Client::root(fs.clone());
-        let names: Vec<Vec<u8>> = c
-            .read_dir("/big")
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
-        assert_eq!(names, [b"a0".to_vec(), b"a1".to_vec(), b"a2".to_vec()]);
+        let names = c.read_dir("/big").unwrap().len();
+        assert_eq!(names, 100);
+        assert_eq!(
+            store.inode_counts().get(&a2),
+            None,
+            "no file loaded by the listing"
+        );
         for attempt in 1..=2 {
             let r = no_panic(|| c.metadata("/big/a2").map(|m| m.ino()).map_err(errno));
             assert_eq!(r, Ok(Err(libc::EIO)), "walk {attempt} to the damaged file");
@@ -1813,6 +1869,7 @@ fn a_store_listing_a_directory_in_itself_is_damaged_not_a_hang() {
         cookie,
         target: big,
         kind: FileType::RegularFile,
+        inode: None,
     });
     let snap = Arc::new(snap);
     let r = deadline(60, "self", move || {

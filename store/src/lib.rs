@@ -254,8 +254,12 @@ impl Store for DiskStore {
         self.pages.inode(ino)
     }
 
-    fn load_entries(&self, dir: lanefs::Ino) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
-        self.pages.entries(dir)
+    fn load_entries(
+        &self,
+        dir: lanefs::Ino,
+        files: u64,
+    ) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
+        self.pages.entries(dir, files)
     }
 }
 

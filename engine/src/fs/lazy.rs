@@ -15,10 +15,13 @@
 //!   table has every entry of it in the dirent map, and every entry names an inode in the
 //!   table or one the store holds. So a lookup that misses in the map means the name does
 //!   not exist, as before, and nothing but the table's miss path changes: `dget` and the
-//!   ordered index are untouched. The inodes the entries name are not loaded with them: an
-//!   entry holds its target's type ([`LoadedEntry::kind`]), which is all a readdir needs, so
-//!   listing a directory of a million files reads no file; a file loads when it is reached
-//!   by number (a lookup, a handle), and a subdirectory, with its own entries, likewise.
+//!   ordered index are untouched. An entry holds its target's type
+//!   ([`LoadedEntry::kind`]), which is all a plain readdir needs, so a listing loads none of
+//!   the inodes it names. While the inode cache has room for them (a quarter of its budget
+//!   free after them), a directory's files come with it, read by the store in one go
+//!   ([`Store::load_entries`]); otherwise a file loads when it is first reached by number
+//!   (a lookup, a handle), one read each. A subdirectory loads, with its entries, when it
+//!   is first reached.
 //! - **The store's copy of a number is read only when it is the inode**: once a number was
 //!   loaded, made, or freed here, its bit in `seen` is set and a miss on it is a miss (a
 //!   freed inode is never brought back from an older checkpoint), until the inode is evicted
@@ -35,8 +38,8 @@
 //! the `loading` map (64 shards, held only to find or add a number's cell, never during a
 //! load); threads missing on one number meet at its `OnceLock` and all get the one copy that
 //! the first published (a slot is written only by `InodeTable::install_loaded`, which
-//! asserts it was empty). A load never loads another inode, so loads wait on each other
-//! only at one number's cell. A load takes no engine lock but the
+//! asserts it was empty). A directory's load loads its files through the same cells, never
+//! another directory, so loads never wait in a cycle. A load takes no engine lock but the
 //! dirent map's and the index's shards while it inserts a directory's entries, as a create
 //! does; a store's read is a leaf (`locking.rs`).
 //!
@@ -83,8 +86,11 @@
 //! named and clean, it is dropped and its `seen` bit cleared (so the next miss reads the
 //! store's copy, which is this inode); otherwise it goes back in the table. So there is
 //! never more than one copy of an inode, and a copy read from the store is never older
-//! than one dropped: the store is read for a number only under its cell, once its `seen`
-//! bit is clear, and the bit is cleared only after the drop.
+//! than one dropped: the store is read for a number under its cell, once its `seen` bit is
+//! clear, and the bit is cleared only after the drop; a directory's load, which reads its
+//! files with its entries, uses a file's copy only if no eviction of that file's shard
+//! finished since the read began (else it reads the file again), and an eviction raises
+//! its shard's count.
 //!
 //! # What is not done yet
 //! Directories are not evicted, and a directory is loaded whole with its entries
@@ -169,6 +175,9 @@ pub(crate) struct Lazy {
     pub loaded: AtomicU64,
     /// Inodes evicted so far.
     evicted: AtomicU64,
+    /// Evictions so far, by shard: a directory's files read before one of theirs was evicted
+    /// are read again (`load_entries`).
+    evictions: Box<[AtomicU64]>,
     /// Inodes the store held at the opening.
     store_inodes: u64,
     /// Inodes in memory above which a pass evicts (`u64::MAX`: never).
@@ -207,6 +216,7 @@ impl Lazy {
             inode_hash: Mutex::new(()),
             loaded: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            evictions: (0..LOADING).map(|_| AtomicU64::new(0)).collect(),
             store_inodes,
             budget: cache.map_or(u64::MAX, |b| (b / INODE_BYTES).max(64)),
             evict_from: AtomicU64::new(u64::MAX),
@@ -276,6 +286,11 @@ impl Lazy {
     fn shard(&self, ino: Ino) -> &Mutex<Shard> {
         &self.loading[Self::shard_index(ino)]
     }
+
+    /// The eviction count of `ino`'s shard.
+    fn evictions_of(&self, ino: Ino) -> u64 {
+        self.evictions[Self::shard_index(ino)].load(SeqCst)
+    }
 }
 
 fn bit(ino: Ino) -> u64 {
@@ -288,17 +303,25 @@ impl Filesystem {
     pub(super) fn tget<'g>(&self, ino: Ino, g: &'g Guard) -> Result<Option<&'g Inode>> {
         match self.table.get(ino, g) {
             Some(i) => Ok(Some(i)),
-            None => self.load_missing(ino, g),
+            None => self.load_missing(ino, None, g),
         }
     }
 
     /// The table's miss (see the module doc): `None` when nothing has or had that number.
+    /// `given`: the inode as the store holds it, read already (a directory's file), with
+    /// the eviction count of its shard taken before the read.
     #[cold]
-    pub(super) fn load_missing<'g>(&self, ino: Ino, g: &'g Guard) -> Result<Option<&'g Inode>> {
+    pub(super) fn load_missing<'g>(
+        &self,
+        ino: Ino,
+        given: Option<(LoadedInode, u64)>,
+        g: &'g Guard,
+    ) -> Result<Option<&'g Inode>> {
         let Some(lazy) = self.lazy.as_ref() else {
             return Ok(None);
         };
         let before = self.cfg.locking != super::Locking::Lanes;
+        let mut given = given;
         loop {
             {
                 let _h = before.then(|| self.stats.lock(LockClass::InodeHash, &lazy.inode_hash));
@@ -320,7 +343,7 @@ impl Filesystem {
             }
             // A load that fails publishes nothing and leaves the bit clear: its waiters, which
             // did not fail themselves, try again with a cell of their own (a read error of one
-            // thread's may not be another's).
+            // thread's is not another's, which may hold the inode already: `given`).
             let cell = lazy
                 .shard(ino)
                 .lock()
@@ -336,9 +359,18 @@ impl Filesystem {
                 if !lazy.unseen(ino) {
                     return Ok(());
                 }
-                // Nothing evicts this number while its cell loads it (it is neither in the
-                // table nor parked), so the store's copy, read now, is the inode.
-                match self.store.load_inode(ino)? {
+                // A copy read before an eviction of this shard may be older than the inode
+                // evicted (changed, kept, then evicted): read again. Nothing evicts this
+                // number while its cell loads it (it is neither in the table nor parked),
+                // so the store's copy, read now, is the inode.
+                let given = given
+                    .take()
+                    .filter(|(_, stamp)| *stamp == lazy.evictions_of(ino));
+                let l = match given {
+                    Some((l, _)) => Some(l),
+                    None => self.store.load_inode(ino)?,
+                };
+                match l {
                     Some(l) => self.publish_loaded(lazy, ino, l, before),
                     None => {
                         lazy.see(ino);
@@ -361,7 +393,8 @@ impl Filesystem {
         }
     }
 
-    /// Publishes inode `l` (a directory with its entries) as number `ino`,
+    /// Publishes inode `l` (a directory with its entries, and its files if they came with
+    /// it) as number `ino`,
     /// and marks the number seen; the caller holds `ino`'s cell.
     fn publish_loaded(&self, lazy: &Lazy, ino: Ino, l: LoadedInode, before: bool) -> Result<()> {
         let kind = FileType::from_mode(l.mode)
@@ -485,12 +518,17 @@ impl Filesystem {
     }
 
     /// Puts directory `dir`'s entries (body `d`, not yet published) in the dirent map and
-    /// its index. Nothing is put in the map unless every entry is sound, so a load that
-    /// fails leaves nothing behind, and the next miss tries again from the start. The
-    /// inodes the entries name are not loaded (module doc); an entry that names one the
-    /// store does not hold is found when it is reached (`iget_named`: EIO).
+    /// its index, after publishing the inodes of its files if they came with it (module
+    /// doc). Nothing is put in the map unless every entry is sound and every file given
+    /// loaded, so a load that fails leaves nothing behind, and the next miss tries again
+    /// from the start. An entry that names an inode the store does not hold is found when
+    /// it is reached (`iget_named`: EIO).
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
-        let entries = self.store.load_entries(dir.ino())?;
+        let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
+        // Room for files while a quarter of the budget stays free after them.
+        let room = (lazy.budget - lazy.budget / 4).saturating_sub(self.inodes_in_memory());
+        let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
+        let mut entries = self.store.load_entries(dir.ino(), room)?;
         let bad = |e: &LoadedEntry, what: &str| {
             self.damaged(format!(
                 "directory {}: entry {} (inode {}, cookie {:#x}): {what}",
@@ -501,18 +539,35 @@ impl Filesystem {
             ))
         };
         let mut names = std::collections::HashSet::with_capacity(entries.len());
-        for e in &entries {
+        for e in &mut entries {
             if !crate::dir::valid_cookie(e.cookie) {
                 return Err(bad(e, "a cookie out of range"));
             }
             if super::check_name(&e.name).is_err() || super::is_dot_or_dotdot(&e.name) {
                 return Err(bad(e, "not a name"));
             }
-            if !names.insert(&e.name[..]) {
+            if !names.insert(e.name.clone()) {
                 return Err(bad(e, "a name twice"));
             }
             if e.target.ino == dir.ino() {
                 return Err(bad(e, "the directory itself"));
+            }
+            if let Some(l) = e.inode.take() {
+                // Only files come with their inode: a directory's load never waits on
+                // another directory's (see the module doc).
+                if l.id != e.target
+                    || l.mode & libc::S_IFMT == libc::S_IFDIR
+                    || FileType::from_mode(l.mode) != Some(e.kind)
+                {
+                    return Err(bad(e, "an inode that is not the one named, or a directory"));
+                }
+                let stamp = stamps[Lazy::shard_index(e.target.ino)];
+                let ok = self
+                    .load_missing(e.target.ino, Some((l, stamp)), g)?
+                    .is_some_and(|i| i.id() == e.target);
+                if !ok {
+                    return Err(bad(e, "an inode the store does not hold"));
+                }
             }
         }
         for e in &entries {
@@ -919,6 +974,7 @@ impl Filesystem {
         }
         // The number's store copy is this inode from now on: the next miss reads it.
         lazy.unsee(&mut s, ino);
+        lazy.evictions[Lazy::shard_index(ino)].fetch_add(1, SeqCst);
         lazy.evicted.fetch_add(1, Relaxed);
         drop((s, xattrs));
         // SAFETY: out of the table and the map for longer than the grace period: nothing

@@ -599,7 +599,7 @@ impl Filesystem {
             // Not loaded yet (`lazy.rs`); a store that fails is met again under the stripe
             // (`iget_named`), which says EIO.
             None => self
-                .load_missing(key.ino(), g)
+                .load_missing(key.ino(), None, g)
                 .ok()
                 .flatten()
                 .filter(|i| i.key() == key),
@@ -618,7 +618,7 @@ impl Filesystem {
         {
             Some(i) => Ok(i),
             // A lazily loaded store's entry naming an inode it does not hold: damage, found
-            // only now, as a directory's load reads no file (`lazy.rs`).
+            // only now when the directory's load did not read its files (`lazy.rs`).
             None if self.lazy.is_some() => Err(self.damaged(format!(
                 "an entry names inode {} ({:#x} with its generation), which the store does not hold",
                 de.target.ino(),

@@ -59,4 +59,7 @@ pub struct LoadedEntry {
     pub target: InodeId,
     /// That inode's type, which readdir reports without loading the inode.
     pub kind: FileType,
+    /// That inode, when [`crate::Store::load_entries`] was asked for the directory's files
+    /// and it is not a directory.
+    pub inode: Option<LoadedInode>,
 }

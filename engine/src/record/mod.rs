@@ -339,11 +339,14 @@ pub trait Store: Send + Sync {
         Err(Errno::EIO)
     }
 
-    /// The entries of directory `dir` as the store holds them, each with its inode unless
-    /// that is a directory (as [`Store::load_inode`] gives it), in any order. Called once
-    /// per directory, as [`Store::load_inode`].
-    fn load_entries(&self, dir: Ino) -> Result<Vec<LoadedEntry>> {
-        let _ = dir;
+    /// The entries of directory `dir` as the store holds them, each with its target's type,
+    /// in any order; if the directory has at most `files` entries, each that is not a
+    /// directory comes with its inode too, as [`Store::load_inode`] gives it (the engine
+    /// asks for them while its inode cache has room for them: one read of the store for a
+    /// directory's files instead of one for each). Called once per directory, as
+    /// [`Store::load_inode`].
+    fn load_entries(&self, dir: Ino, files: u64) -> Result<Vec<LoadedEntry>> {
+        let _ = (dir, files);
         Err(Errno::EIO)
     }
 }

@@ -171,8 +171,9 @@ pub(super) fn inode(txn: &ReadTransaction, ino: Ino) -> R<Option<LoadedInode>> {
 }
 
 /// Directory `dir`'s entries as the checkpoint read by `txn` holds them, each with its
-/// target's type.
-pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
+/// target's type, and, if there are at most `files` entries, with its inode unless that is
+/// a directory.
+pub(super) fn entries(txn: &ReadTransaction, dir: Ino, files: u64) -> R<Vec<LoadedEntry>> {
     let t = Tables::open(txn)?;
     let mut read = Vec::new();
     let (a, b) = (
@@ -191,8 +192,9 @@ pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
         read.push((name.to_vec(), e));
     }
     // Each entry's type is its inode's: the inodes' values are read in one ascending walk
-    // (a directory's files mostly have neighbouring numbers), and only their fixed part
-    // decoded; xattrs, pages and runs are read when the inode itself is loaded.
+    // (a directory's files mostly have neighbouring numbers); the files' xattrs, pages and
+    // runs only if they are asked for.
+    let with_files = read.len() as u64 <= files;
     let mut want: Vec<u64> = read.iter().map(|(_, e)| e.target.ino.0).collect();
     want.sort_unstable();
     want.dedup();
@@ -225,11 +227,17 @@ pub(super) fn entries(txn: &ReadTransaction, dir: Ino) -> R<Vec<LoadedEntry>> {
                 v.mode
             ))
         })?;
+        let inode = if with_files && kind != FileType::Directory {
+            Some(t.inode(ino, v.clone())?)
+        } else {
+            None
+        };
         out.push(LoadedEntry {
             name,
             cookie: e.cookie,
             target: e.target,
             kind,
+            inode,
         });
     }
     Ok(out)

@@ -158,11 +158,15 @@ impl PageReader {
 
     /// Directory `dir`'s entries as the checkpoint holds them (`on_demand.rs`), as
     /// [`PageReader::inode`].
-    pub(crate) fn entries(&self, dir: lanefs::Ino) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
+    pub(crate) fn entries(
+        &self,
+        dir: lanefs::Ino,
+        files: u64,
+    ) -> lanefs::Result<Vec<lanefs::LoadedEntry>> {
         self.with_db(
             |d| {
                 let txn = d.begin_read().map_err(db_err)?;
-                super::on_demand::entries(&txn, dir)
+                super::on_demand::entries(&txn, dir, files)
             },
             || format!("directory {dir}'s entries"),
         )
