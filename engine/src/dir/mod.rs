@@ -413,9 +413,9 @@ impl Dirents {
                 t.find(h, |e| e.is(p, n)).map(|e| e as *const Entry)
             };
             let src = find(&src_shard, hs, sp, sn).expect("source entry under its stripe");
-            // SAFETY: `src` points into a table we hold write-locked and do not change until
-            // the last use of `src` below.
             let src_target = {
+                // SAFETY: `src` points into a table we hold write-locked and do not change
+                // until the last use of `src` below.
                 let de = unsafe { &*src }.dirent();
                 (de.target, de.kind)
             };
