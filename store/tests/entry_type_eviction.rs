@@ -369,6 +369,42 @@ fn quiescent(fs: &Arc<Filesystem>, start: &Start, rng: &mut StdRng, what: &str) 
     tree
 }
 
+/// The checkpointer thread of a race: checkpoints (counted in `checkpoints`) and syncs at
+/// random until `finished()` was true before its last step, and two power-cut images of
+/// `disk` at most, taken at random moments, into `images`.
+fn checkpointer(
+    store: &StoreHandle,
+    disk: &SimDisk,
+    images: &Mutex<Vec<(String, SimDisk)>>,
+    checkpoints: &AtomicU64,
+    (seed, round): (u64, u64),
+    finished: impl Fn() -> bool,
+) {
+    let mut rng = thread_rng(seed, round, 300);
+    let mut n = 0u64;
+    loop {
+        let last = finished();
+        if rng.random_bool(0.3) {
+            store.sync().unwrap();
+        } else {
+            store.checkpoint().unwrap();
+            checkpoints.fetch_add(1, Relaxed);
+        }
+        if n < 2 && rng.random_bool(0.3) {
+            let how = [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(seed ^ n)]
+                [rng.random_range(0..3)];
+            images
+                .lock()
+                .unwrap()
+                .push((format!("round {round} image {n} {how:?}"), disk.crash(how)));
+            n += 1;
+        }
+        if last {
+            break;
+        }
+    }
+}
+
 fn thread_rng(seed: u64, round: u64, t: u64) -> StdRng {
     StdRng::seed_from_u64(
         seed ^ round.wrapping_mul(0x9E37_79B9_7F4A_7C15)
@@ -522,34 +558,12 @@ fn lazy_store_entry_types_race_eviction_and_checkpoints() {
             }
             // The checkpointer: checkpoints, syncs, power-cut images.
             {
-                let (store, disk, done, go, counts, images) =
-                    (&store, &disk, &done, &go, &counts, &images);
+                let (store, disk, counts, images) = (&store, &disk, &counts, &images);
+                let finished = || done.load(SeqCst) == writers;
+                let go = &go;
                 s.spawn(move || {
-                    let mut rng = thread_rng(seed, round, 300);
                     go.wait();
-                    let mut n = 0u64;
-                    loop {
-                        let finished = done.load(SeqCst) == writers;
-                        match rng.random_range(0..3) {
-                            0 => store.sync().unwrap(),
-                            _ => {
-                                store.checkpoint().unwrap();
-                                counts[3].fetch_add(1, Relaxed);
-                            }
-                        }
-                        if n < 2 && rng.random_bool(0.3) {
-                            let how = [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(seed ^ n)]
-                                [rng.random_range(0..3)];
-                            images.lock().unwrap().push((
-                                format!("round {round} image {n} {how:?}"),
-                                disk.crash(how),
-                            ));
-                            n += 1;
-                        }
-                        if finished {
-                            break;
-                        }
-                    }
+                    checkpointer(store, disk, images, &counts[3], (seed, round), finished)
                 });
             }
             go.wait();
@@ -1104,33 +1118,12 @@ fn lazy_store_reused_numbers_race_eviction() {
                 });
             }
             {
-                let (store, disk, done, go, counts, images) =
-                    (&store, &disk, &done, &go, &counts, &images);
+                let (store, disk, counts, images) = (&store, &disk, &counts, &images);
+                let finished = || done.load(SeqCst) == writers;
+                let go = &go;
                 s.spawn(move || {
-                    let mut rng = thread_rng(seed, round, 300);
                     go.wait();
-                    let mut n = 0u64;
-                    loop {
-                        let finished = done.load(SeqCst) == writers;
-                        if rng.random_bool(0.3) {
-                            store.sync().unwrap();
-                        } else {
-                            store.checkpoint().unwrap();
-                            counts[2].fetch_add(1, Relaxed);
-                        }
-                        if n < 2 && rng.random_bool(0.3) {
-                            let how = [Unflushed::Lost, Unflushed::Kept, Unflushed::Torn(seed ^ n)]
-                                [rng.random_range(0..3)];
-                            images.lock().unwrap().push((
-                                format!("round {round} image {n} {how:?}"),
-                                disk.crash(how),
-                            ));
-                            n += 1;
-                        }
-                        if finished {
-                            break;
-                        }
-                    }
+                    checkpointer(store, disk, images, &counts[2], (seed, round), finished)
                 });
             }
             go.wait();
