@@ -316,6 +316,44 @@ fn list(fs: &Arc<Filesystem>, dir: Ino, d: usize, how: How, rng: &mut StdRng) ->
 
 type Tree = BTreeMap<(usize, Vec<u8>), (Ino, FileType)>;
 
+/// Directory `dir` (number `d`) listed every way, which must agree, and each entry looked up
+/// by name, which must give the listed inode and type: (name, its attributes, a label for
+/// messages).
+fn listed_as_stat(
+    fs: &Arc<Filesystem>,
+    dir: Ino,
+    d: usize,
+    rng: &mut StdRng,
+    what: &str,
+) -> Vec<(Vec<u8>, Attr, String)> {
+    let ctx = Ctx::root();
+    let mut first: Option<BTreeMap<Vec<u8>, (Ino, FileType)>> = None;
+    for how in HOWS {
+        let m: BTreeMap<_, _> = list(fs, dir, d, how, rng)
+            .into_iter()
+            .map(|e| (e.name, (e.ino, e.kind)))
+            .collect();
+        match &first {
+            None => first = Some(m),
+            Some(f) => assert_eq!(f, &m, "{what}: d{d}: listings by {:?} and {how:?}", HOWS[0]),
+        }
+    }
+    let mut out = Vec::new();
+    for (name, (ino, kind)) in first.unwrap() {
+        let w = format!("{what}: d{d}/{}", show(&name));
+        let a = fs
+            .lookup(&ctx, dir, &name)
+            .unwrap_or_else(|e| panic!("{w}: listed but lookup {e:?}"));
+        assert_eq!(
+            (a.ino, a.kind()),
+            (ino, kind),
+            "{w}: listed (ino, type) vs stat"
+        );
+        out.push((name, a, w));
+    }
+    out
+}
+
 /// At a quiescent moment: every directory listed every way (the same), each entry compared
 /// with `lookup` of its name (ino and type) and with the start's rule; each starting inode
 /// named exactly once; check_invariants. Returns the tree.
@@ -328,27 +366,8 @@ fn quiescent(fs: &Arc<Filesystem>, start: &Start, rng: &mut StdRng, what: &str) 
             .unwrap_or_else(|e| panic!("{what}: d{d}: {e:?}"))
             .ino;
         assert_eq!(dir, start.dirs[d], "{what}: d{d} is another directory");
-        let mut first: Option<BTreeMap<Vec<u8>, (Ino, FileType)>> = None;
-        for how in HOWS {
-            let m: BTreeMap<_, _> = list(fs, dir, d, how, rng)
-                .into_iter()
-                .map(|e| (e.name, (e.ino, e.kind)))
-                .collect();
-            match &first {
-                None => first = Some(m),
-                Some(f) => assert_eq!(f, &m, "{what}: d{d}: listings by {:?} and {how:?}", HOWS[0]),
-            }
-        }
-        for (name, (ino, kind)) in first.unwrap() {
-            let w = format!("{what}: d{d}/{}", show(&name));
-            let a = fs
-                .lookup(&ctx, dir, &name)
-                .unwrap_or_else(|e| panic!("{w}: listed but lookup {e:?}"));
-            assert_eq!(
-                (a.ino, a.kind()),
-                (ino, kind),
-                "{w}: listed (ino, type) vs stat"
-            );
+        for (name, a, w) in listed_as_stat(fs, dir, d, rng, what) {
+            let (ino, kind) = (a.ino, a.kind());
             start.check(ino, kind, &w);
             tree.insert((d, name), (ino, kind));
         }
@@ -811,27 +830,8 @@ fn quiescent_reused(
     let ctx = Ctx::root();
     let mut tree = GenTree::new();
     for (d, &dir) in dirs.iter().enumerate() {
-        let mut first: Option<BTreeMap<Vec<u8>, (Ino, FileType)>> = None;
-        for how in HOWS {
-            let m: BTreeMap<_, _> = list(fs, dir, d, how, rng)
-                .into_iter()
-                .map(|e| (e.name, (e.ino, e.kind)))
-                .collect();
-            match &first {
-                None => first = Some(m),
-                Some(f) => assert_eq!(f, &m, "{what}: d{d}: listings by {:?} and {how:?}", HOWS[0]),
-            }
-        }
-        for (name, (ino, kind)) in first.unwrap() {
-            let w = format!("{what}: d{d}/{}", show(&name));
-            let a = fs
-                .lookup(&ctx, dir, &name)
-                .unwrap_or_else(|e| panic!("{w}: listed but lookup {e:?}"));
-            assert_eq!(
-                (a.ino, a.kind()),
-                (ino, kind),
-                "{w}: listed (ino, type) vs stat"
-            );
+        for (name, a, w) in listed_as_stat(fs, dir, d, rng, what) {
+            let (ino, kind) = (a.ino, a.kind());
             // Whiteouts (0/0 character devices) are made by renames, unregistered.
             if kind != FileType::CharDevice || a.rdev != 0 {
                 assert!(
