@@ -394,8 +394,7 @@ impl Filesystem {
     }
 
     /// Publishes inode `l` (a directory with its entries, and its files if they came with
-    /// it) as number `ino`,
-    /// and marks the number seen; the caller holds `ino`'s cell.
+    /// it) as number `ino`, and marks the number seen; the caller holds `ino`'s cell.
     fn publish_loaded(&self, lazy: &Lazy, ino: Ino, l: LoadedInode, before: bool) -> Result<()> {
         let kind = FileType::from_mode(l.mode)
             .ok_or_else(|| self.damaged(format!("inode {}: mode {:#o}", l.id, l.mode)))?;
