@@ -1718,7 +1718,12 @@ fn check_image(cut: &Cut<Note>, rep: &Replayed, writers: usize) {
             .filter(|(p, _)| under(p, &root))
             .map(|(p, s)| (p.clone(), s.clone()))
             .collect();
-        let (lo, hi) = (cut.note.acked[k] as usize, cut.note.begun[k] as usize);
+        // Acknowledged before the image was taken, begun before it was done with: the note is
+        // read on both sides of the image, since the writers go on while it is taken.
+        let (lo, hi) = (
+            cut.note.acked[k] as usize,
+            cut.note_after.begun[k] as usize,
+        );
         let snaps = &rep.snaps[k];
         if !(lo..=hi.min(snaps.len() - 1)).any(|j| snaps[j] == mine) {
             let near = (0..snaps.len())

@@ -225,8 +225,13 @@ pub struct Cut<T> {
     /// What became of the writes not flushed yet.
     pub how: Unflushed,
     pub disk: SimDisk,
-    /// What the test knew when it was taken ([`PowerCuts::start`]'s `note`).
+    /// What the test knew just before it was taken ([`PowerCuts::start`]'s `note`): a lower
+    /// bound (whatever was acknowledged then is in the image).
     pub note: T,
+    /// `note` again, just after it was taken: an upper bound (whatever began after this
+    /// is not in the image). The hook does not stop other threads, which may write between
+    /// the first `note` and the image.
+    pub note_after: T,
 }
 
 impl<T> Cut<T> {
@@ -269,7 +274,8 @@ impl PowerCuts<()> {
 impl<T: Send + 'static> PowerCuts<T> {
     /// At each call of the hook (its number, 1, 2, ..., and whether before or after the
     /// flush), one image for each way `ways` gives (none: no image then), with what `note`
-    /// says the test knew at that moment (how far it had got, what was acknowledged).
+    /// says the test knew just before and just after the images were taken (how far it had
+    /// got, what was acknowledged).
     pub fn start(
         disk: &SimDisk,
         mut ways: impl FnMut(u64, SyncPoint) -> Vec<Unflushed> + Send + 'static,
@@ -287,15 +293,18 @@ impl<T: Send + 'static> PowerCuts<T> {
             if ways.is_empty() {
                 return;
             }
-            let note = note();
+            let before = note();
+            let disks: Vec<_> = ways.into_iter().map(|how| (how, d.crash(how))).collect();
+            let after = note();
             let mut c = c.lock();
-            for how in ways {
+            for (how, disk) in disks {
                 c.push(Cut {
                     call,
                     at,
                     how,
-                    disk: d.crash(how),
-                    note: note.clone(),
+                    disk,
+                    note: before.clone(),
+                    note_after: after.clone(),
                 });
             }
         });
