@@ -780,8 +780,9 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         v["open_handles"]
     );
     println!(
-        "  inodes in memory {} ({}, bound {})",
+        "  inodes in memory {}, entries {} ({}, bound {})",
         v["inodes_in_memory"],
+        v["entries_in_memory"],
         bytes(&v["inode_cache_bytes"]),
         match v["inode_cache_bound"].is_null() {
             true => "none".to_string(),

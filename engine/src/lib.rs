@@ -91,7 +91,7 @@ pub use data::{PAGE, PageEpochs};
 pub use dir::NAME_MAX;
 pub use errno::{Errno, Result};
 pub use fs::{
-    Atime, CheckReport, Config, DirEnd, DirEntry, EvictionHold, FALLOC_FL_KEEP_SIZE,
+    Atime, CheckReport, Config, DirEnd, DirEntry, ENTRY_BYTES, EvictionHold, FALLOC_FL_KEEP_SIZE,
     FALLOC_FL_PUNCH_HOLE, Filesystem, INODE_BYTES, InodeRef, Locking, MAX_FILE_SIZE,
     RENAME_EXCHANGE, RENAME_NOREPLACE, RENAME_WHITEOUT, Recovery, ReplayError, SYMLINK_MAX, StatFs,
     TruncateBy,

@@ -93,9 +93,11 @@ fn remove_stale_sockets(dir: &Path) {
 /// `data_memory_bytes` in memory, `data_zero_bytes` allocated zeros (fallocated or written
 /// as zeros: no memory) and `data_store_bytes` held by the store only, `data_memory_bound`
 /// (what file data in memory stays under), `inodes_loaded` (inodes a lazily opened store
-/// has read so far), `inodes_evicted` (of those, evicted since), `inodes_in_memory`,
-/// `inode_cache_bytes` (their memory, at `lanefs::INODE_BYTES` each) and
-/// `inode_cache_bound` (the `inode_cache=` bound, null when inodes are not evicted), `pid` (the serving process), `resident_bytes`
+/// has read so far), `inodes_evicted` (of those, evicted since), `directories_evicted` (of those, directories),
+/// `inodes_in_memory`, `entries_in_memory` (directory entries read from the store, as the
+/// bounded cache counts them), `inode_cache_bytes` (what the bounded cache counts as held:
+/// `lanefs::INODE_BYTES` an inode, `lanefs::ENTRY_BYTES` an entry) and `inode_cache_bound`
+/// (the `inode_cache=` bound, null when inodes are not evicted), `pid` (the serving process), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
 /// has used, user and system), and, given the mount's session, `transport` (`io_uring` or
 /// `/dev/fuse`), `uring_queues`, `requests` (FUSE requests received, FORGETs included),
@@ -129,8 +131,10 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         // Read from the store as they were reached (a store opened lazily; 0 otherwise).
         "inodes_loaded": fs.loaded_inodes(),
         "inodes_evicted": fs.inodes_evicted(),
+        "directories_evicted": fs.directories_evicted(),
         "inodes_in_memory": fs.inodes_in_memory(),
-        "inode_cache_bytes": fs.inodes_in_memory() * lanefs::INODE_BYTES,
+        "entries_in_memory": fs.entries_in_memory(),
+        "inode_cache_bytes": fs.inode_cache_bytes(),
         "inode_cache_bound": fs.inode_budget().map(|b| b * lanefs::INODE_BYTES),
         "blocks_used": blocks_used,
         // File data stored, as `df` counts it: blocks in use times the block size.

@@ -1720,10 +1720,7 @@ fn check_image(cut: &Cut<Note>, rep: &Replayed, writers: usize) {
             .collect();
         // Acknowledged before the image was taken, begun before it was done with: the note is
         // read on both sides of the image, since the writers go on while it is taken.
-        let (lo, hi) = (
-            cut.note.acked[k] as usize,
-            cut.note_after.begun[k] as usize,
-        );
+        let (lo, hi) = (cut.note.acked[k] as usize, cut.note_after.begun[k] as usize);
         let snaps = &rep.snaps[k];
         if !(lo..=hi.min(snaps.len() - 1)).any(|j| snaps[j] == mine) {
             let near = (0..snaps.len())

@@ -639,6 +639,53 @@ impl Dirents {
     pub fn len(&self) -> usize {
         self.map.iter().map(|s| s.read().len()).sum()
     }
+
+    /// Entries in the dirent map, counted shard by shard (each read-locked in turn): for
+    /// the bounded inode cache's pass, not for a hot path.
+    pub fn total(&self) -> u64 {
+        self.map.iter().map(|s| s.read().len() as u64).sum()
+    }
+
+    /// Calls `f` with the inode each entry of directory `dir` (key `key`) names, read
+    /// without the map's locks (a rename may change it meanwhile), until `f` says stop.
+    pub fn for_each_target(
+        &self,
+        key: InoGen,
+        dir: &DirBody,
+        g: &Guard,
+        stats: &Stats,
+        mut f: impl FnMut(InoGen) -> bool,
+    ) {
+        let Some(set) = dir.runs.load(g) else { return };
+        for (slot, run) in set.iter() {
+            let _s = stats.lock(LockClass::IndexShard, &self.index[index_shard(key, slot)]);
+            // SAFETY: we hold the run's shard lock.
+            for &w in unsafe { run.words() }
+                .iter()
+                .filter(|&&w| !index::is_tomb(w))
+            {
+                // SAFETY: a live word of a run read under its shard lock.
+                let target = unsafe { index::word_node(w).as_ref().target_racy() };
+                if !f(target) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes every entry of directory `dir` (key `key`) out of the map and the index, for
+    /// the inode cache's eviction of the directory: the caller holds no stripe, since
+    /// nothing else can reach the directory (`fs/lazy.rs`, "Eviction"). Returns how many
+    /// went.
+    pub fn forget_dir(&self, key: InoGen, dir: &DirBody, g: &Guard, stats: &Stats) -> u64 {
+        let mut names = Vec::new();
+        self.for_each_indexed(key, dir, g, |_, n| names.push(Name::from_slice(n)));
+        let mut gone = 0;
+        for n in &names {
+            gone += u64::from(self.remove(key, dir, n, g, stats, |_| {}).is_some());
+        }
+        gone
+    }
 }
 
 /// Removes the entry `(p, n)` from a locked map shard.

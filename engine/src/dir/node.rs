@@ -61,6 +61,13 @@ impl Node {
         self.cookie_len & ((1 << COOKIE_BITS) - 1)
     }
 
+    /// The inode the entry names, read without the map shard's lock: a rename may change
+    /// it at any moment (for a caller that needs only a recent value).
+    #[inline]
+    pub(super) fn target_racy(&self) -> InoGen {
+        InoGen::from_raw(self.target.load(Acquire))
+    }
+
     #[inline]
     fn key_len(&self) -> usize {
         (self.cookie_len >> COOKIE_BITS) as usize

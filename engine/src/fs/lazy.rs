@@ -129,6 +129,10 @@ type Cell = Arc<OnceLock<Result<()>>>;
 struct Parked {
     inode: *mut Inode,
     token: u64,
+    /// A directory whose parking is ending in a drop: its entries are leaving the dirent
+    /// map, which its shard's lock is not held for. A miss waits for the end
+    /// ([`Lazy::dropped`]) and then finds it in the table again or reads the store's copy.
+    dropping: bool,
 }
 
 // SAFETY: a parked inode is reachable only through its shard's map, behind the shard's
@@ -153,6 +157,12 @@ type LoadingShard = CachePadded<Mutex<Shard>>;
 /// page map.
 pub const INODE_BYTES: u64 = 256;
 
+/// What one directory entry loaded from the store is taken to cost, for the same bound: its
+/// node in the dirent map (key, name, target, type, cookie), its slot there and its word in
+/// the directory's ordered index. About 150 bytes were measured for 10-byte names
+/// (docs/BENCHMARKS.md, seed 000).
+pub const ENTRY_BYTES: u64 = 128;
+
 /// The eviction pass's own state (see "Eviction" in the module doc), behind its try-lock.
 struct Evictor {
     /// Where the last pass stopped (a clock hand over the table).
@@ -175,6 +185,8 @@ pub(crate) struct Lazy {
     pub loaded: AtomicU64,
     /// Inodes evicted so far.
     evicted: AtomicU64,
+    /// Of those, directories (with their entries).
+    evicted_dirs: AtomicU64,
     /// Evictions so far, by shard: a directory's files read before one of theirs was evicted
     /// are read again (`load_entries`).
     evictions: Box<[AtomicU64]>,
@@ -201,6 +213,12 @@ pub(crate) struct Lazy {
     quiet_below: AtomicU64,
     /// Holds of [`Filesystem::hold_eviction`]: no pass parks anything while one is held.
     held_off: AtomicU64,
+    /// Directory entries in memory, counted against the budget: the dirent map's length as
+    /// the last pass counted it, plus the entries loaded since, less those dropped since.
+    entries: AtomicU64,
+    /// One per shard of `loading`: notified when a parked directory's drop ends (a miss on
+    /// it waits, with the shard's lock).
+    dropped: Box<[parking_lot::Condvar]>,
 }
 
 impl Lazy {
@@ -216,6 +234,7 @@ impl Lazy {
             inode_hash: Mutex::new(()),
             loaded: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
+            evicted_dirs: AtomicU64::new(0),
             evictions: (0..LOADING).map(|_| AtomicU64::new(0)).collect(),
             store_inodes,
             budget: cache.map_or(u64::MAX, |b| (b / INODE_BYTES).max(64)),
@@ -226,6 +245,8 @@ impl Lazy {
             retry_after: AtomicU64::new(u64::MAX),
             quiet_below: AtomicU64::new(0),
             held_off: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+            dropped: (0..LOADING).map(|_| parking_lot::Condvar::new()).collect(),
         }
     }
 
@@ -287,6 +308,16 @@ impl Lazy {
         &self.loading[Self::shard_index(ino)]
     }
 
+    /// Takes `ino` out of the parked inodes of its shard (`s`, locked), if it is there:
+    /// after waiting, with the lock, for the end of its drop if it is a directory being
+    /// dropped (which leaves it in the table again, or gone, its store copy the one to read).
+    fn unpark(&self, s: &mut parking_lot::MutexGuard<'_, Shard>, ino: Ino) -> Option<Parked> {
+        while s.parked.get(&ino.0).is_some_and(|p| p.dropping) {
+            self.dropped[Self::shard_index(ino)].wait(s);
+        }
+        s.parked.remove(&ino.0)
+    }
+
     /// The eviction count of `ino`'s shard.
     fn evictions_of(&self, ino: Ino) -> u64 {
         self.evictions[Self::shard_index(ino)].load(SeqCst)
@@ -331,7 +362,7 @@ impl Filesystem {
                 // Parking and unparking happen under the shard's lock, so under it the
                 // table and the parked map say where the inode is.
                 let mut s = lazy.shard(ino).lock();
-                if let Some(p) = s.parked.remove(&ino.0) {
+                if let Some(p) = lazy.unpark(&mut s, ino) {
                     // SAFETY: a parked inode is live and owned by the map it was just taken
                     // out of (`Parked`).
                     return Ok(Some(unsafe { self.table.reinstall(p.inode, g) }));
@@ -524,8 +555,9 @@ impl Filesystem {
     /// it is reached (`iget_named`: EIO).
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
         let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
-        // Room for files while a quarter of the budget stays free after them.
-        let room = (lazy.budget - lazy.budget / 4).saturating_sub(self.inodes_in_memory());
+        // Room for files while a quarter of the budget stays free after them and their
+        // entries (half an inode each, `ENTRY_BYTES`).
+        let room = (lazy.budget - lazy.budget / 4).saturating_sub(self.cache_load(lazy)) * 2 / 3;
         let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
         let mut entries = self.store.load_entries(dir.ino(), room)?;
         let bad = |e: &LoadedEntry, what: &str| {
@@ -584,6 +616,8 @@ impl Filesystem {
                 .map_err(|_| bad(e, "refused"))?;
             self.dirents.reveal(p, &self.stats, || {});
         }
+        lazy.entries.fetch_add(entries.len() as u64, Relaxed);
+        self.check_growth(lazy);
         Ok(())
     }
 
@@ -641,14 +675,33 @@ impl Filesystem {
         };
         let e = self.page_epochs.label();
         let one = |id: crate::id::InodeId| self.relabel(lazy, id, e);
+        // A record that changes a directory's entries labels the directory too: its store
+        // copy (entries among it) is the one to read after it is evicted only once that
+        // record is kept.
         match *rec {
-            Link { inode, .. } | Remove { inode, .. } => one(inode),
+            Link { dir, inode, .. } | Remove { dir, inode, .. } => {
+                one(dir);
+                one(inode);
+            }
+            Create { dir, .. } => one(dir),
             Rename {
-                inode, replaced, ..
+                from,
+                to,
+                inode,
+                replaced,
+                ..
             }
             | RenameWhiteout {
-                inode, replaced, ..
+                from,
+                to,
+                inode,
+                replaced,
+                ..
             } => {
+                one(from);
+                if to != from {
+                    one(to);
+                }
                 one(inode);
                 replaced.into_iter().for_each(one);
             }
@@ -660,7 +713,7 @@ impl Filesystem {
             | SetAcl { inode, .. }
             | RemoveXattr { inode, .. }
             | SetFlags { inode, .. } => one(inode),
-            Root { .. } | Create { .. } | Tmpfile { .. } | Free { .. } => {}
+            Root { .. } | Tmpfile { .. } | Free { .. } => {}
         }
     }
 
@@ -703,7 +756,7 @@ impl Filesystem {
         }
         let lazy = self.lazy.as_ref()?;
         let mut s = lazy.shard(ino).lock();
-        match s.parked.remove(&ino.0) {
+        match lazy.unpark(&mut s, ino) {
             // SAFETY: as in `load_missing`.
             Some(p) => Some(unsafe { self.table.reinstall(p.inode, g) }),
             None => self.table.get(ino, g),
@@ -749,9 +802,33 @@ impl Filesystem {
         }
     }
 
+    /// Directory entries in memory, as the bounded cache counts them (see `Lazy::entries`;
+    /// 0 unless the filesystem loads lazily).
+    pub fn entries_in_memory(&self) -> u64 {
+        self.lazy.as_ref().map_or(0, |l| l.entries.load(Relaxed))
+    }
+
+    /// What the bounded cache holds, in inodes: the inodes in memory and the entries, each
+    /// [`ENTRY_BYTES`] of an inode's [`INODE_BYTES`].
+    fn cache_load(&self, lazy: &Lazy) -> u64 {
+        self.inodes_in_memory() + lazy.entries.load(Relaxed) * ENTRY_BYTES / INODE_BYTES
+    }
+
+    /// The bytes the bounded cache counts as held: inodes and directory entries.
+    pub fn inode_cache_bytes(&self) -> u64 {
+        self.inodes_in_memory() * INODE_BYTES + self.entries_in_memory() * ENTRY_BYTES
+    }
+
     /// Inodes evicted so far.
     pub fn inodes_evicted(&self) -> u64 {
         self.lazy.as_ref().map_or(0, |l| l.evicted.load(Relaxed))
+    }
+
+    /// Of [`Filesystem::inodes_evicted`], directories, each with its entries.
+    pub fn directories_evicted(&self) -> u64 {
+        self.lazy
+            .as_ref()
+            .map_or(0, |l| l.evicted_dirs.load(Relaxed))
     }
 
     /// The bound on inodes in memory ([`crate::Config::inode_cache`]), if this filesystem
@@ -771,8 +848,15 @@ impl Filesystem {
     /// One more inode in memory, `n` a number that changes with each (a load count, an inode
     /// number): a pass is due if the cache is over its budget, looked at for one `n` in 64.
     fn note_growth(&self, lazy: &Lazy, n: u64) {
-        if lazy.budget != u64::MAX && n % 64 == 0 {
-            let m = self.inodes_in_memory();
+        if n % 64 == 0 {
+            self.check_growth(lazy);
+        }
+    }
+
+    /// A pass is due if the cache is over its budget (and past `quiet_below`).
+    fn check_growth(&self, lazy: &Lazy) {
+        if lazy.budget != u64::MAX {
+            let m = self.cache_load(lazy);
             if m > lazy.budget && m >= lazy.quiet_below.load(Relaxed) {
                 lazy.due.store(true, Relaxed);
             }
@@ -785,9 +869,9 @@ impl Filesystem {
     /// stays in memory until it forgets it, which it does only under its own memory
     /// pressure.
     pub(super) fn cache_tight(&self) -> bool {
-        self.lazy.as_ref().is_some_and(|l| {
-            l.budget != u64::MAX && self.inodes_in_memory() >= l.budget - l.budget / 4
-        })
+        self.lazy
+            .as_ref()
+            .is_some_and(|l| l.budget != u64::MAX && self.cache_load(l) >= l.budget - l.budget / 4)
     }
 
     /// Runs an eviction pass if one is due: called at the start of an operation, with no
@@ -823,6 +907,10 @@ impl Filesystem {
         for (ino, token) in ready {
             self.finish_parking(lazy, Ino(ino), token, kept);
         }
+        // The entries as the map holds them now: loads add to the count and drops take
+        // from it, but creates and removals in loaded directories do not (they would all
+        // write one shared counter), so each pass counts again.
+        lazy.entries.store(self.dirents.total(), Relaxed);
         // Parked inodes still count as in memory until their grace period ends; they are
         // on their way out, so a pass parks only what goes beyond them.
         let pending: u64 = lazy
@@ -830,7 +918,7 @@ impl Filesystem {
             .iter()
             .map(|s| s.lock().parked.len() as u64)
             .sum();
-        let resident = self.inodes_in_memory().saturating_sub(pending);
+        let resident = self.cache_load(lazy).saturating_sub(pending);
         lazy.retry_after.store(u64::MAX, Relaxed);
         if !all && resident <= lazy.budget {
             return lazy.evicted.load(Relaxed) - before;
@@ -863,12 +951,16 @@ impl Filesystem {
                 return false;
             }
             look -= 1;
-            dirty |= i.label() > kept && !i.is_dir() && i.only_named();
+            dirty |= i.label() > kept && i.only_named();
             // A second chance for what came in since the hand last passed (`all`: none).
             if i.pass_young() && !all {
                 return true;
             }
             if self.evictable(i, kept) {
+                // What it frees: itself, and a directory its entries.
+                let frees = 1 + i.dir().map_or(0, |d| {
+                    self.dirents.count(d, &crossbeam_epoch::pin()) * ENTRY_BYTES / INODE_BYTES
+                });
                 let mut s = lazy.shard(i.ino).lock();
                 // SAFETY of the pointer: `detach` gives it to the map, which owns it now.
                 // The guard is `for_each_from`'s, which is pinned here.
@@ -880,10 +972,11 @@ impl Filesystem {
                         Parked {
                             inode: p,
                             token: ev.token,
+                            dropping: false,
                         },
                     );
                     parked.push((i.ino.0, ev.token));
-                    want -= 1;
+                    want = want.saturating_sub(frees);
                 }
             }
             true
@@ -898,7 +991,7 @@ impl Filesystem {
             // would let some go.
             lazy.retry_after.store(kept, Relaxed);
             lazy.quiet_below
-                .store(self.inodes_in_memory() + lazy.budget / 4, Relaxed);
+                .store(self.cache_load(lazy) + lazy.budget / 4, Relaxed);
             if dirty {
                 self.page_epochs.want_checkpoint();
             }
@@ -918,14 +1011,27 @@ impl Filesystem {
         lazy.evicted.load(Relaxed) - before
     }
 
-    /// Whether `i` may be parked: a file, symlink or special file (directories stay) that
-    /// only names hold, whose last change the store keeps, with no page in memory that the
-    /// store does not hold (those that it holds are sent out first).
+    /// Whether `i` may be parked: an inode other than the root that only names hold, whose
+    /// last change the store keeps, with no page in memory that the store does not hold
+    /// (those that it holds are sent out first), and, a directory, none of whose entries
+    /// names an inode in the table (directories go after what they name, so that what is
+    /// in memory stays reachable from what is in memory, and a directory whose files are
+    /// asked for is not read again for each).
     fn evictable(&self, i: &Inode, kept: u64) -> bool {
-        if i.ino == Ino::ROOT || i.is_dir() || !i.only_named() || i.label() > kept {
+        if i.ino == Ino::ROOT || !i.only_named() || i.label() > kept {
             return false;
         }
         match &i.body {
+            Body::Dir(d) => {
+                let g = crossbeam_epoch::pin();
+                let mut any = false;
+                self.dirents
+                    .for_each_target(i.key(), d, &g, &self.stats, |target| {
+                        any = self.table.get(target.ino(), &g).is_some();
+                        !any
+                    });
+                !any
+            }
             Body::File(data) => match data.try_write() {
                 Some(mut d) => {
                     d.evict(kept, &self.page_epochs);
@@ -951,6 +1057,11 @@ impl Filesystem {
         let mut s = lazy.shard(ino).lock();
         if s.parked.get(&ino.0).is_none_or(|p| p.token != token) {
             return;
+        }
+        // SAFETY: a parked inode is live while it is in the map, whose lock is held.
+        if unsafe { &*s.parked[&ino.0].inode }.is_dir() {
+            drop((s, xattrs));
+            return self.finish_dir_parking(lazy, ino, kept);
         }
         let p = s.parked.remove(&ino.0).expect("just seen");
         // SAFETY: live and owned by this thread since it left the map (`Parked`).
@@ -979,6 +1090,57 @@ impl Filesystem {
         // SAFETY: out of the table and the map for longer than the grace period: nothing
         // else holds it.
         drop(unsafe { Owned::from_raw(p.inode) });
+    }
+
+    /// [`Filesystem::finish_parking`] for a directory, whose parking is still current: its
+    /// entries leave the dirent map before its store copy may be read, without the shard's
+    /// lock (they take the map's and the index's), so the directory stays parked, marked
+    /// `dropping`, and a miss on it waits for the end ([`Lazy::unpark`]).
+    fn finish_dir_parking(&self, lazy: &Lazy, ino: Ino, kept: u64) {
+        let g = crossbeam_epoch::pin();
+        let ptr = {
+            let mut s = lazy.shard(ino).lock();
+            let p = s.parked.get_mut(&ino.0).expect("parked, as its caller saw");
+            p.dropping = true;
+            p.inode
+        };
+        let end = |s: &mut parking_lot::MutexGuard<'_, Shard>| {
+            s.parked
+                .remove(&ino.0)
+                .expect("nothing unparks a dropping inode");
+            lazy.dropped[Lazy::shard_index(ino)].notify_all();
+        };
+        // SAFETY: parked, so live, and nothing but this thread takes it out of the map
+        // while it is dropping (`Parked`).
+        let i = unsafe { &*ptr };
+        if !self.evictable(i, kept) {
+            let mut s = lazy.shard(ino).lock();
+            end(&mut s);
+            // SAFETY: as above; its slot is empty (a miss waits while it is dropping).
+            unsafe { self.table.reinstall(ptr, &g) };
+            return;
+        }
+        // Nothing reaches the directory (its grace period is over, and a miss waits), so no
+        // other thread reads or changes its entries: they go without their stripes.
+        let d = i.dir().expect("a directory");
+        let gone = self.dirents.forget_dir(i.key(), d, &g, &self.stats);
+        let mut xattrs = self.xattrs.lock(ino, &self.stats);
+        let mut s = lazy.shard(ino).lock();
+        if i.attr.flags() & flags::XATTRS != 0 {
+            xattrs.remove(&ino);
+        }
+        lazy.unsee(&mut s, ino);
+        lazy.evictions[Lazy::shard_index(ino)].fetch_add(1, SeqCst);
+        lazy.evicted.fetch_add(1, Relaxed);
+        lazy.evicted_dirs.fetch_add(1, Relaxed);
+        let _ = lazy
+            .entries
+            .fetch_update(Relaxed, Relaxed, |e| Some(e.saturating_sub(gone)));
+        end(&mut s);
+        drop((s, xattrs));
+        // SAFETY: out of the table and the map for longer than the grace period: nothing
+        // else holds it.
+        drop(unsafe { Owned::from_raw(ptr) });
     }
 
     /// Holds eviction off until the returned hold is dropped, with every parked inode back

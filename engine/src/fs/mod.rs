@@ -18,7 +18,7 @@ mod check;
 mod file;
 mod inode_flags;
 mod lazy;
-pub use lazy::{EvictionHold, INODE_BYTES};
+pub use lazy::{ENTRY_BYTES, EvictionHold, INODE_BYTES};
 mod namespace;
 mod readdir;
 mod recovery;
@@ -178,10 +178,12 @@ pub struct Config {
     /// a store that holds pages (`fs/cache.rs`); `None`: a sixteenth of physical memory, at
     /// least 64 MiB. Ignored by the memory store, where every page lives in memory.
     pub cache_bytes: Option<u64>,
-    /// Inodes kept in memory by a lazily opened store, in bytes (each counted as
-    /// [`INODE_BYTES`](crate::INODE_BYTES)): past it, inodes that only names hold and whose
-    /// changes the store's checkpoint keeps are evicted, read again when next needed
-    /// (`fs/lazy.rs`, "Eviction"); `None`: an eighth of physical memory, at least 64 MiB.
+    /// Inodes and directory entries kept in memory by a lazily opened store, in bytes (each
+    /// inode counted as [`INODE_BYTES`](crate::INODE_BYTES), each entry read from the store
+    /// as [`ENTRY_BYTES`](crate::ENTRY_BYTES)): past it, inodes that only names hold and
+    /// whose changes the store's checkpoint keeps are evicted, directories with their
+    /// entries, read again when next needed (`fs/lazy.rs`, "Eviction"); `None`: an eighth
+    /// of physical memory, at least 64 MiB.
     /// Ignored by the memory store and by a store opened whole, which keep every inode.
     pub inode_cache: Option<u64>,
     /// When reads of files and directories move their access time (an inode's
