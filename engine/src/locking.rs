@@ -45,7 +45,15 @@
 //!   way (a leaf, as above) to park an inode; to drop one, the inode's `xattr` shard and
 //!   inside it the loads shard, the order in which a change that labels a parked inode
 //!   takes them (`relabel`, called from `commit` under whatever locks order the change,
-//!   `xattr` among them). Nothing else is taken under a loads shard;
+//!   `xattr` among them). Nothing else is taken under a loads shard. To drop a directory
+//!   the pass also takes, with no loads shard held, the `index_shard` and `dirent_shard`
+//!   locks of its entries one at a time (as a removal does, but without stripes: nothing
+//!   else can reach them), and before that, to check that none of its entries names an
+//!   inode in memory, its index shards one at a time. While it does, a miss on that
+//!   directory waits on the loads shard's condition variable (releasing the shard) for the
+//!   drop to end: a wait ranked as a lock just below `stripe`, as the missing operation
+//!   may hold stripes, `rename` or `dirlock`s, none of which the drop takes, and holds no
+//!   `dirent_shard`, `index_shard`, `xattr` or loads shard lock, which it does take;
 //! - the **evictor** (`fs/cache.rs`, 1 per filesystem): try-locked by the eviction pass,
 //!   which a read or write runs after releasing its locks once the store declared file pages
 //!   kept; inside it the pass try-locks one file's `file_data` at a time (never waits);

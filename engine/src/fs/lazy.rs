@@ -50,7 +50,10 @@
 //!
 //! # Eviction
 //! [`crate::Config::inode_cache`] bounds the inodes in memory ([`INODE_BYTES`] each; the
-//! count is the inode quota's, less the store's inodes not in memory). Past it, a pass
+//! count is the inode quota's, less the store's inodes not in memory) and the directory
+//! entries ([`ENTRY_BYTES`] each; counted by each pass over the dirent map's shards, and
+//! between passes kept up by directories' loads and drops, not by creates and removals,
+//! which would all write one counter). Past it, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
 //! 64 loads or new inodes over the budget, when parked inodes are ready, or when the store
 //! keeps a new checkpoint after a pass that could not get under; a pass that went round the
@@ -60,15 +63,19 @@
 //! passed once already since they were loaded or made (a second chance, as the kernel's
 //! `I_REFERENCED`: a file stat'd once just after its load would otherwise go before it is
 //! asked for again), and that are:
-//! - not directories (a directory stays with its entries, so the invariant above holds;
-//!   its files may be out, and a lookup of one reads it again);
+//! - not the root, and, a directory, one none of whose entries names an inode in the table
+//!   (its files and subdirectories go first: what is in memory stays reachable from what
+//!   is in memory, and a directory whose files are being asked for is not read again for
+//!   each); its entries go with it ("Directories", below);
 //! - **held by names only** ([`Inode::only_named`]): no open handle, no kernel lookup, no
 //!   operation holding a reference, not unlinked (a kernel's lookup lasts until it forgets
 //!   the inode, under its own memory pressure, so while the cache is three quarters full
 //!   or more, a kernel's READDIRPLUS gets names without attributes, which take no lookup:
 //!   `readdir.rs`);
-//! - **clean**: the epoch an inode is labelled with after each record that changes it
-//!   (`label_changed`, from `commit`, read after the append; a new inode when installed) is
+//! - **clean**: the epoch an inode is labelled with after each record that changes it (a
+//!   directory's entries among it: a create, link, removal or rename labels the directories
+//!   whose entries it changes; `label_changed`, from `commit`, read after the append; a new
+//!   inode when installed) is
 //!   one the store has kept ([`crate::PageEpochs`], as for file pages: `data.rs`), and
 //!   none of its pages is only in memory. Nothing is evicted before the store keeps a
 //!   checkpoint begun after recovery, which holds the journal the opening replayed (if it
@@ -92,8 +99,28 @@
 //! finished since the read began (else it reads the file again), and an eviction raises
 //! its shard's count.
 //!
+//! ## Directories
+//! A directory's entries are reached only through the directory's inode, taken from the
+//! table by the operation that reads or changes them, within its epoch guard (a lookup, a
+//! path walk, a listing, a rename's walk up `..`: each `tget`s the directory first, as a
+//! directory not loaded yet has no entry in the map). So once a parked directory's grace
+//! period is over, nothing reads or changes its entries but the thread that ends the
+//! parking, and the invariant above ("a directory in the table has every entry") holds
+//! with a directory out of the table having none: the ending (`finish_dir_parking`)
+//! marks the parked directory `dropping`, checks it again, takes its entries out of the
+//! dirent map and the index (without their stripes, since no one else can reach them), and
+//! only then clears its `seen` bit, so a load that follows finds the map without them. The
+//! entries leave without the loads shard's lock (that lock is a leaf), so a miss on the
+//! number meanwhile finds it parked and `dropping`, and waits for the end on its shard's
+//! condition variable ([`Lazy::unpark`]), after which it finds the directory in the table
+//! again (checked again and kept) or reads the store's copy. The wait holds no lock but
+//! what the missing operation holds, which ranks above everything the ending takes
+//! (`locking.rs`). An open directory handle, or the kernel's lookup, holds the directory,
+//! so a listing under way keeps it; a listing resumed by cookie after the directory went
+//! meets the same cookies, which the store keeps.
+//!
 //! # What is not done yet
-//! Directories are not evicted, and a directory is loaded whole with its entries
+//! A directory is loaded whole with its entries, and its entries cannot go apart from it
 //! (docs/STORE.md, "Not built yet").
 //!
 //! # Limits
@@ -811,7 +838,8 @@ impl Filesystem {
     /// What the bounded cache holds, in inodes: the inodes in memory and the entries, each
     /// [`ENTRY_BYTES`] of an inode's [`INODE_BYTES`].
     fn cache_load(&self, lazy: &Lazy) -> u64 {
-        self.inodes_in_memory() + lazy.entries.load(Relaxed) * ENTRY_BYTES / INODE_BYTES
+        let entries = lazy.entries.load(Relaxed) * ENTRY_BYTES;
+        self.inodes_in_memory() + entries.div_ceil(INODE_BYTES)
     }
 
     /// The bytes the bounded cache counts as held: inodes and directory entries.
