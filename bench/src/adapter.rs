@@ -144,9 +144,12 @@ impl Engine {
     /// Checkpoints, closes and opens the disk store again (timed): the filesystem a remount
     /// or a restarted program gets, whose namespace is read from the disk. Inode numbers
     /// are kept, so the directories a workload prepared are the same after it.
-    pub fn reopen(mut self) -> Result<(Engine, Reopened), String> {
+    pub fn reopen(mut self, inode_cache: Option<u64>) -> Result<(Engine, Reopened), String> {
         let (store, dir) = self.store.take().ok_or("not on a disk store")?;
-        let cfg = self.cfg.clone();
+        let cfg = Config {
+            inode_cache: inode_cache.or(self.cfg.inode_cache),
+            ..self.cfg.clone()
+        };
         let closed = store
             .checkpoint()
             .map_err(|e| e.to_string())

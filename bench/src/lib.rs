@@ -145,6 +145,9 @@ pub struct Params {
     /// store again (timed, [`Cell::reopened`]), so that the workload runs on the namespace as
     /// a remount or a restarted program reads it from the disk (seed 000's cold scan).
     pub reopen: bool,
+    /// With [`Params::reopen`]: the opened store's [`lanefs::Config::inode_cache`] (`None`:
+    /// the default bound).
+    pub inode_cache: Option<u64>,
 }
 
 impl Params {
@@ -160,6 +163,7 @@ impl Params {
             iterations: None,
             cold: false,
             reopen: false,
+            inode_cache: None,
         }
     }
 
@@ -175,6 +179,7 @@ impl Params {
             iterations: None,
             cold: false,
             reopen: false,
+            inode_cache: None,
         }
     }
 }
@@ -225,6 +230,25 @@ pub struct Cell {
     pub commits: Option<Commits>,
     /// With [`Params::reopen`]: the store's opening before the run.
     pub reopened: Option<Reopen>,
+    /// With [`Params::reopen`]: what the reopened store held in memory after the run.
+    pub cache_after: Option<CacheAfter>,
+}
+
+/// What a reopened (lazily loaded) store held in memory after a run.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CacheAfter {
+    /// Inodes in memory.
+    pub inodes: u64,
+    /// Directory entries in memory.
+    pub entries: u64,
+    /// Inodes evicted during the run.
+    pub evicted: u64,
+    /// Of those, directories.
+    pub dirs_evicted: u64,
+    /// What the bounded cache counts those as ([`lanefs::Filesystem::inode_cache_bytes`]).
+    pub cache_bytes: u64,
+    /// The bench process's resident memory.
+    pub rss: u64,
 }
 
 /// A disk store's opening after the set-up ([`Params::reopen`]).
@@ -594,6 +618,7 @@ pub fn run_cell_reporting(
             .collect(),
     };
     let mut reopened = None;
+    let mut reopened_fs: Option<Arc<lanefs::Filesystem>> = None;
     if let Some(e) = on_store.take().filter(|_| p.reopen) {
         progress(Stage::Reopen);
         // The workload's own handle goes first: the store is closed only when unshared.
@@ -601,8 +626,9 @@ pub fn run_cell_reporting(
         let e =
             Arc::try_unwrap(e).map_err(|_| "the store's adapter is still in use".to_string())?;
         let (e, r) = e
-            .reopen()
+            .reopen(p.inode_cache)
             .map_err(|e| format!("opening the store again: {e}"))?;
+        reopened_fs = Some(e.fs.clone());
         reopened = Some(Reopen {
             seconds: r.secs,
             inodes: r.inodes,
@@ -786,6 +812,14 @@ pub fn run_cell_reporting(
             _ => None,
         },
         reopened,
+        cache_after: reopened_fs.map(|fs| CacheAfter {
+            inodes: fs.inodes_in_memory(),
+            entries: fs.entries_in_memory(),
+            evicted: fs.inodes_evicted(),
+            dirs_evicted: fs.directories_evicted(),
+            cache_bytes: fs.inode_cache_bytes(),
+            rss: rss_bytes(),
+        }),
     })
 }
 
@@ -851,6 +885,7 @@ mod tests {
             iterations: None,
             cold: false,
             reopen: false,
+            inode_cache: None,
         };
         // A tmpfs path: on a disk, fsmark's fsyncs can take longer than the 50 ms window
         // when the machine is busy, and the cell would measure nothing.

@@ -191,6 +191,34 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
                 }
             }
         }
+        if cs.iter().any(|c| c.cache_after.is_some()) {
+            let _ = writeln!(
+                out,
+                "  the reopened store after the run: inodes / entries in memory (counted bytes), \
+                 evicted (directories), process resident memory"
+            );
+            for tg in &targets {
+                let row: Vec<String> = threads
+                    .iter()
+                    .filter_map(|t| {
+                        let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
+                        let a = c.cache_after?;
+                        Some(format!(
+                            "T={t}: {} / {} ({:.0} MiB), {} ({}), {:.0} MiB",
+                            human(a.inodes as f64),
+                            human(a.entries as f64),
+                            a.cache_bytes as f64 / (1 << 20) as f64,
+                            human(a.evicted as f64),
+                            human(a.dirs_evicted as f64),
+                            a.rss as f64 / (1 << 20) as f64
+                        ))
+                    })
+                    .collect();
+                if !row.is_empty() {
+                    let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
+                }
+            }
+        }
         let tmax = *threads.last().unwrap_or(&1);
         let _ = writeln!(out, "  latency at T={tmax} (sampled): p50 / p99");
         for tg in &targets {
@@ -305,6 +333,7 @@ mod tests {
             cold: false,
             caches_dropped: false,
             reopened: None,
+            cache_after: None,
         }
     }
 

@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// opening is timed and reported), so that the run reads the namespace as a remount does.
     #[arg(long, requires = "store")]
     reopen: bool,
+    /// With --reopen: bound the reopened store's inode cache (inodes and directory entries)
+    /// to SIZE bytes (`64m`, `1g`; default: the library's, an eighth of memory), and report
+    /// what it holds after the run.
+    #[arg(long, requires = "reopen", value_parser = crate::mount::parse_size)]
+    inode_cache: Option<u64>,
     /// Each thread does exactly this many operations (instead of a time window).
     #[arg(long)]
     iterations: Option<u64>,
@@ -287,6 +292,7 @@ pub fn run(a: BenchArgs) -> Result<(), String> {
             }
             p.cold = *w == Workload::Fstree && (a.cold || a.compare || a.scale == Scale::Seed);
             p.reopen = a.reopen;
+            p.inode_cache = a.inode_cache;
             p.iterations = a.iterations.or(if a.scale == Scale::Seed {
                 seed_iterations(*w)
             } else {

@@ -90,6 +90,11 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
+/// A size in bytes with an optional `k`, `m` or `g` suffix (`64m`).
+pub(crate) fn parse_size(v: &str) -> Result<u64, String> {
+    size(v)
+}
+
 fn size(v: &str) -> Result<u64, String> {
     let (num, mul) = match v.char_indices().last() {
         Some((i, 'k' | 'K')) => (&v[..i], 1u64 << 10),
