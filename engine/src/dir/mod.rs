@@ -673,16 +673,28 @@ impl Dirents {
         }
     }
 
-    /// Takes every entry of directory `dir` (key `key`) out of the map and the index, for
-    /// the inode cache's eviction of the directory: the caller holds no stripe, since
-    /// nothing else can reach the directory (`fs/lazy.rs`, "Eviction"). Returns how many
-    /// went.
-    pub fn forget_dir(&self, key: InoGen, dir: &DirBody, g: &Guard, stats: &Stats) -> u64 {
+    /// Takes every entry of directory `dir` (key `key`) out of the map and frees it, for the
+    /// inode cache's eviction of the directory: the caller holds no stripe, since nothing
+    /// else can reach the directory (`fs/lazy.rs`, "Eviction"). The index is left as it is,
+    /// its words pointing at freed nodes. Returns how many went.
+    ///
+    /// # Safety
+    /// Nothing reads `dir`'s index after this: the caller destroys `dir` next (dropping its
+    /// run set reads no node: `index.rs`, `Runs`), and no other thread can reach it.
+    pub unsafe fn forget_dir(&self, key: InoGen, dir: &DirBody, g: &Guard, stats: &Stats) -> u64 {
         let mut names = Vec::new();
         self.for_each_indexed(key, dir, g, |_, n| names.push(Name::from_slice(n)));
         let mut gone = 0;
         for n in &names {
-            gone += u64::from(self.remove(key, dir, n, g, stats, |_| {}).is_some());
+            let h = self.hash(key, n);
+            let entry = {
+                let mut shard =
+                    stats.write(LockClass::DirentShard, &self.map[Self::shard_index(h)]);
+                let found = shard.find_entry(h, |e| e.is(key, n)).ok();
+                found.map(|f| f.remove().0)
+            };
+            // Out of the map; the index's word for it is never read again (the contract).
+            gone += u64::from(entry.is_some());
         }
         gone
     }

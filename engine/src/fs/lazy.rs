@@ -1151,7 +1151,9 @@ impl Filesystem {
         // Nothing reaches the directory (its grace period is over, and a miss waits), so no
         // other thread reads or changes its entries: they go without their stripes.
         let d = i.dir().expect("a directory");
-        let gone = self.dirents.forget_dir(i.key(), d, &g, &self.stats);
+        // SAFETY: nothing else reaches the directory (above), and this thread destroys it
+        // below without reading its index.
+        let gone = unsafe { self.dirents.forget_dir(i.key(), d, &g, &self.stats) };
         let mut xattrs = self.xattrs.lock(ino, &self.stats);
         let mut s = lazy.shard(ino).lock();
         if i.attr.flags() & flags::XATTRS != 0 {
