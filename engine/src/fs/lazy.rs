@@ -17,8 +17,8 @@
 //!   not exist, as before, and nothing but the table's miss path changes: `dget` and the
 //!   ordered index are untouched. An entry holds its target's type
 //!   ([`LoadedEntry::kind`]), which is all a plain readdir needs, so a listing loads none of
-//!   the inodes it names. While the inode cache has room for them (a quarter of its budget
-//!   free after them), a directory's files come with it, read by the store in one go
+//!   the inodes it names. While the inode cache's budget has room for them and their
+//!   entries, a directory's files come with it, read by the store in one go
 //!   ([`Store::load_entries`]); otherwise a file loads when it is first reached by number
 //!   (a lookup, a handle), one read each. A subdirectory loads, with its entries, when it
 //!   is first reached.
@@ -582,9 +582,10 @@ impl Filesystem {
     /// it is reached (`iget_named`: EIO).
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
         let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
-        // Room for files while a quarter of the budget stays free after them and their
-        // entries (half an inode each, `ENTRY_BYTES`).
-        let room = (lazy.budget - lazy.budget / 4).saturating_sub(self.cache_load(lazy)) * 2 / 3;
+        // Room for files while the budget holds them and their entries (half an inode
+        // each, `ENTRY_BYTES`); a pass leaves the cache at three quarters of it, so a
+        // scan's directories come with their files until the next pass is due.
+        let room = lazy.budget.saturating_sub(self.cache_load(lazy)) * 2 / 3;
         let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
         let mut entries = self.store.load_entries(dir.ino(), room)?;
         let bad = |e: &LoadedEntry, what: &str| {
