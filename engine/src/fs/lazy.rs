@@ -196,7 +196,15 @@ struct Evictor {
     hand: u64,
     /// The last parking's token.
     token: u64,
+    /// What the pass under way still has to free, in inodes (0: none under way). A pass
+    /// runs in steps of at most [`STEP`], one per operation that finds one due, so that
+    /// the threads share its work instead of one thread doing all of it.
+    goal: u64,
 }
+
+/// The most a step of an eviction pass parks, in inodes (a directory's entries included),
+/// and the most parkings whose grace period ended that it finishes.
+const STEP: u64 = 1024;
 
 /// A lazily loaded filesystem's side of the miss path (see the module doc).
 pub(crate) struct Lazy {
@@ -266,7 +274,11 @@ impl Lazy {
             store_inodes,
             budget: cache.map_or(u64::MAX, |b| (b / INODE_BYTES).max(64)),
             evict_from: AtomicU64::new(u64::MAX),
-            evictor: Mutex::new(Evictor { hand: 0, token: 0 }),
+            evictor: Mutex::new(Evictor {
+                hand: 0,
+                token: 0,
+                goal: 0,
+            }),
             ready: Arc::default(),
             due: Arc::default(),
             retry_after: AtomicU64::new(u64::MAX),
@@ -932,9 +944,28 @@ impl Filesystem {
         crossbeam_epoch::pin().flush();
         let kept = self.page_epochs.kept_epoch();
         let before = lazy.evicted.load(Relaxed);
-        let ready = std::mem::take(&mut *lazy.ready.lock());
+        let ready = {
+            let mut r = lazy.ready.lock();
+            let keep = if all {
+                0
+            } else {
+                r.len().saturating_sub(STEP as usize)
+            };
+            let ready = r.split_off(keep);
+            if !r.is_empty() {
+                lazy.due.store(true, Relaxed);
+            }
+            ready
+        };
         for (ino, token) in ready {
             self.finish_parking(lazy, Ino(ino), token, kept);
+        }
+        if lazy.held_off.load(SeqCst) > 0 {
+            ev.goal = 0;
+        }
+        if ev.goal > 0 && !all {
+            // The next step of the pass under way.
+            return self.evict_step(lazy, &mut ev, kept, false, before);
         }
         // The entries as the map holds them now: loads add to the count and drops take
         // from it, but creates and removals in loaded directories do not (they would all
@@ -968,9 +999,17 @@ impl Filesystem {
         } else {
             lazy.budget - lazy.budget / 4
         };
-        let mut want = resident.saturating_sub(target);
-        // A pass looks at a bounded number of slots, so that it never holds up the
-        // operation that runs it for long; the next due pass goes on from the hand.
+        ev.goal = resident.saturating_sub(target);
+        self.evict_step(lazy, &mut ev, kept, all, before)
+    }
+
+    /// One step of the pass under way (all of it with `all`): parks up to [`STEP`] inodes'
+    /// worth of what `ev.goal` asks for; returns the inodes evicted since `before`.
+    fn evict_step(&self, lazy: &Lazy, ev: &mut Evictor, kept: u64, all: bool, before: u64) -> u64 {
+        let step = if all { ev.goal } else { ev.goal.min(STEP) };
+        let mut want = step;
+        // A step looks at a bounded number of slots, so that it never holds up the
+        // operation that runs it for long; the next due step goes on from the hand.
         let mut look = if all { u64::MAX } else { want * 4 + 4096 };
         let mut parked = Vec::new();
         let mut dirty = false;
@@ -1011,10 +1050,15 @@ impl Filesystem {
             true
         });
         ev.hand = stopped.map_or(ev.hand, |i| i.0 + 1);
-        if want == 0 {
+        ev.goal -= step - want;
+        if want == 0 && ev.goal > 0 {
+            // More to do: the next step, run by the next operation to start.
+            lazy.due.store(true, Relaxed);
+        } else if ev.goal == 0 {
             lazy.quiet_below.store(0, Relaxed);
         }
         if want > 0 && look > 0 {
+            ev.goal = 0;
             // Round the whole table and still over: what is left is held, or changed since
             // the kept checkpoint; again once the store keeps another, asked for if that
             // would let some go.
@@ -1025,6 +1069,7 @@ impl Filesystem {
                 self.page_epochs.want_checkpoint();
             }
         } else if want > 0 {
+            ev.goal = 0;
             lazy.due.store(true, Relaxed);
         }
         if !parked.is_empty() {
