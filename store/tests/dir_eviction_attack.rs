@@ -2054,9 +2054,6 @@ fn power_cuts_during_dir_eviction_race() {
 /// directory under its shard's lock, lets the lock go, and takes it again to mark it as
 /// being dropped). Every reach must find the directory as it was.
 #[test]
-#[ignore = "fails every run: a miss that takes a directory back between finish_parking's look \
-            and finish_dir_parking's relock makes the pass panic 'parked, as its caller saw' \
-            (engine/src/fs/lazy.rs)"]
 fn misses_race_the_end_of_a_dir_parking() {
     let _serial = shared();
     let seed = common::seed::seed("misses_race_the_end_of_a_dir_parking");
@@ -2544,9 +2541,6 @@ fn passes_at_operations_keep_the_cache_bounded() {
 /// checkpoint, and no other pass comes. Operations alone must still bring the cache under
 /// its budget (explicit passes do, below: nothing in it is held or changed).
 #[test]
-#[ignore = "fails every run: after a pass goes round the table short of its goal only because \
-            of second chances, a store that is only read runs no further pass and stays over \
-            its budget (engine/src/fs/lazy.rs, evict_inodes: retry_after / quiet_below)"]
 fn a_cache_only_read_gets_under_its_budget() {
     let _serial = alone();
     let seed = common::seed::seed("a_cache_only_read_gets_under_its_budget");

@@ -55,11 +55,16 @@
 //! between passes kept up by directories' loads and drops, not by creates and removals,
 //! which would all write one counter). Past it, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
-//! 64 loads or new inodes over the budget, when parked inodes are ready, or when the store
-//! keeps a new checkpoint after a pass that could not get under; a pass that went round the
-//! table short of its goal makes growth wait for another quarter of the budget before the
-//! next, so that a table of held inodes is not walked every 64 loads) walks the table from
-//! a clock hand and evicts, until a quarter of the budget is free, inodes that the hand
+//! 64 loads or new inodes over the budget (every load for a budget under 4096 inodes), when
+//! a directory's load takes the cache over it, when parked inodes are ready or one went
+//! back in the table, or when the store keeps a new checkpoint after a pass that could not
+//! get under; a pass that went round the table short of its goal makes growth wait for
+//! another quarter of the budget before the next, so that a table of held inodes is not
+//! walked every 64 loads, unless the pass gave some inodes their second chance, when the
+//! next operation runs another; the cache under its budget clears both waits) walks the
+//! table from a clock hand, in steps of at most [`STEP`] inodes that the operations
+//! starting meanwhile take in turn, and evicts, until a quarter of the budget is free,
+//! inodes that the hand
 //! passed once already since they were loaded or made (a second chance, as the kernel's
 //! `I_REFERENCED`: a file stat'd once just after its load would otherwise go before it is
 //! asked for again), and that are:
@@ -108,7 +113,8 @@
 //! parking, and the invariant above ("a directory in the table has every entry") holds
 //! with a directory out of the table having none: the ending (`finish_dir_parking`)
 //! marks the parked directory `dropping`, checks it again, takes its entries out of the
-//! dirent map and the index (without their stripes, since no one else can reach them), and
+//! dirent map (without their stripes, since no one else can reach them; the index goes
+//! with the directory's body), and
 //! only then clears its `seen` bit, so a load that follows finds the map without them. The
 //! entries leave without the loads shard's lock (that lock is a leaf), so a miss on the
 //! number meanwhile finds it parked and `dropping`, and waits for the end on its shard's
@@ -357,6 +363,13 @@ impl Lazy {
         s.parked.remove(&ino.0)
     }
 
+    /// A parked inode went back in the table instead of out of memory: a pass that
+    /// counted it as on its way out may have stopped short, so the next operation looks
+    /// again (cheaply, if the cache is under its budget).
+    fn back_in_table(&self) {
+        self.due.store(true, Relaxed);
+    }
+
     /// The eviction count of `ino`'s shard.
     fn evictions_of(&self, ino: Ino) -> u64 {
         self.evictions[Self::shard_index(ino)].load(SeqCst)
@@ -402,6 +415,7 @@ impl Filesystem {
                 // table and the parked map say where the inode is.
                 let mut s = lazy.shard(ino).lock();
                 if let Some(p) = lazy.unpark(&mut s, ino) {
+                    lazy.back_in_table();
                     // SAFETY: a parked inode is live and owned by the map it was just taken
                     // out of (`Parked`).
                     return Ok(Some(unsafe { self.table.reinstall(p.inode, g) }));
@@ -797,8 +811,11 @@ impl Filesystem {
         let lazy = self.lazy.as_ref()?;
         let mut s = lazy.shard(ino).lock();
         match lazy.unpark(&mut s, ino) {
-            // SAFETY: as in `load_missing`.
-            Some(p) => Some(unsafe { self.table.reinstall(p.inode, g) }),
+            Some(p) => {
+                lazy.back_in_table();
+                // SAFETY: as in `load_missing`.
+                Some(unsafe { self.table.reinstall(p.inode, g) })
+            }
             None => self.table.get(ino, g),
         }
     }
@@ -889,7 +906,8 @@ impl Filesystem {
     /// One more inode in memory, `n` a number that changes with each (a load count, an inode
     /// number): a pass is due if the cache is over its budget, looked at for one `n` in 64.
     fn note_growth(&self, lazy: &Lazy, n: u64) {
-        if n % 64 == 0 {
+        // One in 64 (at most a sixty-fourth of the budget over it before a pass is due).
+        if n % (lazy.budget / 64).clamp(1, 64) == 0 {
             self.check_growth(lazy);
         }
     }
@@ -967,22 +985,39 @@ impl Filesystem {
             // The next step of the pass under way.
             return self.evict_step(lazy, &mut ev, kept, false, before);
         }
-        // The entries as the map holds them now: loads add to the count and drops take
-        // from it, but creates and removals in loaded directories do not (they would all
-        // write one shared counter), so each pass counts again.
-        lazy.entries.store(self.dirents.total(), Relaxed);
         // Parked inodes still count as in memory until their grace period ends; they are
-        // on their way out, so a pass parks only what goes beyond them.
+        // on their way out, so a pass parks only what goes beyond them (one that goes back
+        // in the table makes a pass due again: `Lazy::back_in_table`).
         let pending: u64 = lazy
             .loading
             .iter()
             .map(|s| s.lock().parked.len() as u64)
             .sum();
-        let resident = self.cache_load(lazy).saturating_sub(pending);
-        lazy.retry_after.store(u64::MAX, Relaxed);
-        if !all && resident <= lazy.budget {
+        // Under the budget: nothing to do, and nothing to wait for. Under it once the
+        // parked inodes go: their grace period's end makes the next pass due (and one that
+        // goes back in the table makes one due too), so what the last pass said to wait
+        // for (`retry_after`, `quiet_below`) still holds.
+        let under = |fs: &Self| {
+            let load = fs.cache_load(lazy);
+            if load <= lazy.budget {
+                lazy.retry_after.store(u64::MAX, Relaxed);
+                lazy.quiet_below.store(0, Relaxed);
+            }
+            load.saturating_sub(pending) <= lazy.budget
+        };
+        if !all && under(self) {
             return lazy.evicted.load(Relaxed) - before;
         }
+        // Over, as far as the count says: the entries as the map holds them now. Loads add
+        // to the count and drops take from it, but creates and removals in loaded
+        // directories do not (they would all write one shared counter), so a pass counts
+        // again.
+        lazy.entries.store(self.dirents.total(), Relaxed);
+        if !all && under(self) {
+            return lazy.evicted.load(Relaxed) - before;
+        }
+        let resident = self.cache_load(lazy).saturating_sub(pending);
+        lazy.retry_after.store(u64::MAX, Relaxed);
         if lazy.held_off.load(SeqCst) > 0 {
             lazy.retry_after.store(kept, Relaxed);
             return lazy.evicted.load(Relaxed) - before;
@@ -1013,6 +1048,8 @@ impl Filesystem {
         let mut look = if all { u64::MAX } else { want * 4 + 4096 };
         let mut parked = Vec::new();
         let mut dirty = false;
+        // Inodes given their second chance by this step.
+        let mut young = 0u64;
         let mut g = crossbeam_epoch::pin();
         let stopped = self.table.for_each_from(Ino(ev.hand), &mut g, |i| {
             if want == 0 || look == 0 {
@@ -1022,6 +1059,7 @@ impl Filesystem {
             dirty |= i.label() > kept && i.only_named();
             // A second chance for what came in since the hand last passed (`all`: none).
             if i.pass_young() && !all {
+                young += 1;
                 return true;
             }
             if self.evictable(i, kept) {
@@ -1057,7 +1095,13 @@ impl Filesystem {
         } else if ev.goal == 0 {
             lazy.quiet_below.store(0, Relaxed);
         }
-        if want > 0 && look > 0 {
+        if want > 0 && look > 0 && young > 0 {
+            // Round the whole table and still over, but some inodes had their second chance
+            // only now: the next pass may take them, and nothing else would make one due in
+            // a store that is only read (no checkpoint comes, no growth).
+            ev.goal = 0;
+            lazy.due.store(true, Relaxed);
+        } else if want > 0 && look > 0 {
             ev.goal = 0;
             // Round the whole table and still over: what is left is held, or changed since
             // the kept checkpoint; again once the store keeps another, asked for if that
@@ -1132,15 +1176,21 @@ impl Filesystem {
         if s.parked.get(&ino.0).is_none_or(|p| p.token != token) {
             return;
         }
+        let p = s.parked.get_mut(&ino.0).expect("just seen");
         // SAFETY: a parked inode is live while it is in the map, whose lock is held.
-        if unsafe { &*s.parked[&ino.0].inode }.is_dir() {
+        if unsafe { &*p.inode }.is_dir() {
+            // Marked under the lock that found it parked: from here a miss waits for the
+            // end instead of taking it back.
+            p.dropping = true;
+            let ptr = p.inode;
             drop((s, xattrs));
-            return self.finish_dir_parking(lazy, ino, kept);
+            return self.finish_dir_parking(lazy, ino, ptr, kept);
         }
         let p = s.parked.remove(&ino.0).expect("just seen");
         // SAFETY: live and owned by this thread since it left the map (`Parked`).
         let i = unsafe { &*p.inode };
         if !self.evictable(i, kept) {
+            lazy.back_in_table();
             // SAFETY: as above; its slot is empty (a miss would have taken it out of the map).
             unsafe { self.table.reinstall(p.inode, &g) };
             return;
@@ -1166,18 +1216,13 @@ impl Filesystem {
         drop(unsafe { Owned::from_raw(p.inode) });
     }
 
-    /// [`Filesystem::finish_parking`] for a directory, whose parking is still current: its
-    /// entries leave the dirent map before its store copy may be read, without the shard's
-    /// lock (they take the map's and the index's), so the directory stays parked, marked
-    /// `dropping`, and a miss on it waits for the end ([`Lazy::unpark`]).
-    fn finish_dir_parking(&self, lazy: &Lazy, ino: Ino, kept: u64) {
+    /// [`Filesystem::finish_parking`] for a directory (`ptr`), whose parking is still
+    /// current and which the caller marked `dropping` under the shard's lock that found it
+    /// parked: its entries leave the dirent map before its store copy may be read, without
+    /// the shard's lock (they take the map's and the index's), so the directory stays
+    /// parked, and a miss on it waits for the end ([`Lazy::unpark`]).
+    fn finish_dir_parking(&self, lazy: &Lazy, ino: Ino, ptr: *mut Inode, kept: u64) {
         let g = crossbeam_epoch::pin();
-        let ptr = {
-            let mut s = lazy.shard(ino).lock();
-            let p = s.parked.get_mut(&ino.0).expect("parked, as its caller saw");
-            p.dropping = true;
-            p.inode
-        };
         let end = |s: &mut parking_lot::MutexGuard<'_, Shard>| {
             s.parked
                 .remove(&ino.0)
@@ -1188,6 +1233,7 @@ impl Filesystem {
         // while it is dropping (`Parked`).
         let i = unsafe { &*ptr };
         if !self.evictable(i, kept) {
+            lazy.back_in_table();
             let mut s = lazy.shard(ino).lock();
             end(&mut s);
             // SAFETY: as above; its slot is empty (a miss waits while it is dropping).
