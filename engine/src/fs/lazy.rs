@@ -206,6 +206,11 @@ struct Evictor {
     /// runs in steps of at most [`STEP`], one per operation that finds one due, so that
     /// the threads share its work instead of one thread doing all of it.
     goal: u64,
+    /// Slots the pass under way has looked at, over its steps: one that has looked at as
+    /// many as there are inodes in memory went round the table.
+    seen: u64,
+    /// Inodes the pass under way gave their second chance.
+    young: u64,
 }
 
 /// The most a step of an eviction pass parks, in inodes (a directory's entries included),
@@ -284,6 +289,8 @@ impl Lazy {
                 hand: 0,
                 token: 0,
                 goal: 0,
+                seen: 0,
+                young: 0,
             }),
             ready: Arc::default(),
             due: Arc::default(),
@@ -608,10 +615,12 @@ impl Filesystem {
     /// it is reached (`iget_named`: EIO).
     fn load_entries(&self, dir: crate::id::InoGen, d: &DirBody, g: &Guard) -> Result<()> {
         let lazy = self.lazy.as_ref().expect("a lazy filesystem loads");
-        // Room for files while the budget holds them and their entries (half an inode
-        // each, `ENTRY_BYTES`); a pass leaves the cache at three quarters of it, so a
-        // scan's directories come with their files until the next pass is due.
-        let room = lazy.budget.saturating_sub(self.cache_load(lazy)) * 2 / 3;
+        // Room for files while the budget holds them as inodes; a pass leaves the cache at
+        // three quarters of it, so a scan's directories come with their files until the
+        // next pass is due. Entries are left out of this count: those of directories the
+        // kernel holds cannot go, and counted here they would leave no room for files at
+        // all, each then read alone (about twice the CPU).
+        let room = lazy.budget.saturating_sub(self.inodes_in_memory());
         let stamps: Vec<u64> = lazy.evictions.iter().map(|e| e.load(SeqCst)).collect();
         let mut entries = self.store.load_entries(dir.ino(), room)?;
         let bad = |e: &LoadedEntry, what: &str| {
@@ -922,8 +931,8 @@ impl Filesystem {
         }
     }
 
-    /// Whether the inode cache is bounded and at least three quarters full (where a pass
-    /// leaves it): a kernel caller's `READDIRPLUS` then gets entries without attributes,
+    /// Whether the inode cache is bounded and at least three quarters full, entries counted
+    /// (where a pass leaves it): a kernel caller's `READDIRPLUS` then gets entries without attributes,
     /// which take no lookup reference (`readdir.rs`), since every inode the kernel holds
     /// stays in memory until it forgets it, which it does only under its own memory
     /// pressure.
@@ -1035,6 +1044,7 @@ impl Filesystem {
             lazy.budget - lazy.budget / 4
         };
         ev.goal = resident.saturating_sub(target);
+        (ev.seen, ev.young) = (0, 0);
         self.evict_step(lazy, &mut ev, kept, all, before)
     }
 
@@ -1045,7 +1055,8 @@ impl Filesystem {
         let mut want = step;
         // A step looks at a bounded number of slots, so that it never holds up the
         // operation that runs it for long; the next due step goes on from the hand.
-        let mut look = if all { u64::MAX } else { want * 4 + 4096 };
+        let look0 = if all { u64::MAX } else { want * 4 + 4096 };
+        let mut look = look0;
         let mut parked = Vec::new();
         let mut dirty = false;
         // Inodes given their second chance by this step.
@@ -1089,32 +1100,33 @@ impl Filesystem {
         });
         ev.hand = stopped.map_or(ev.hand, |i| i.0 + 1);
         ev.goal -= step - want;
-        if want == 0 && ev.goal > 0 {
+        ev.seen = ev.seen.saturating_add(look0 - look);
+        ev.young += young;
+        // Round the whole table: in this step, or over the pass's steps.
+        let round = want > 0 && look > 0 || ev.seen >= self.inodes_in_memory();
+        if ev.goal == 0 {
+            lazy.quiet_below.store(0, Relaxed);
+        } else if !round {
             // More to do: the next step, run by the next operation to start.
             lazy.due.store(true, Relaxed);
-        } else if ev.goal == 0 {
-            lazy.quiet_below.store(0, Relaxed);
-        }
-        if want > 0 && look > 0 && young > 0 {
-            // Round the whole table and still over, but some inodes had their second chance
-            // only now: the next pass may take them, and nothing else would make one due in
-            // a store that is only read (no checkpoint comes, no growth).
+        } else if ev.young >= ev.goal {
+            // Round the table and still over, but the inodes given their second chance by
+            // this pass would do: the next pass may take them, and nothing else would make
+            // one due in a store that is only read (no checkpoint comes, no growth).
             ev.goal = 0;
             lazy.due.store(true, Relaxed);
-        } else if want > 0 && look > 0 {
+        } else {
             ev.goal = 0;
-            // Round the whole table and still over: what is left is held, or changed since
-            // the kept checkpoint; again once the store keeps another, asked for if that
-            // would let some go.
+            // Round the whole table and still over: what is left is held (by handles, by
+            // the kernel: a directory it holds keeps its entries), or changed since the
+            // kept checkpoint; again once the store keeps another, asked for if that would
+            // let some go, or once another quarter of the budget came in.
             lazy.retry_after.store(kept, Relaxed);
             lazy.quiet_below
                 .store(self.cache_load(lazy) + lazy.budget / 4, Relaxed);
             if dirty {
                 self.page_epochs.want_checkpoint();
             }
-        } else if want > 0 {
-            ev.goal = 0;
-            lazy.due.store(true, Relaxed);
         }
         if !parked.is_empty() {
             // The grace period: every guard pinned now (each operation that may hold a
