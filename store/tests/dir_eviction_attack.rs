@@ -72,6 +72,27 @@ fn close(fs: Arc<Filesystem>, store: Arc<StoreHandle>) {
     common::close_unshared(fs, store);
 }
 
+/// A test's seed (printed, from the seed variable if set) and its watchdog, which aborts
+/// the run if the test is still going after `secs` seconds.
+fn begin(name: &str, secs: u64) -> (u64, common::Watchdog) {
+    let seed = common::seed::seed(name);
+    (seed, common::Watchdog::new(name, Duration::from_secs(secs)))
+}
+
+/// Checks the invariants, closes the store, opens it again whole, and checks that it holds
+/// the same tree and passes the invariants.
+fn check_and_reopen_whole(fs: Arc<Filesystem>, store: Arc<StoreHandle>, disk: &SimDisk) {
+    fs.check_invariants()
+        .unwrap_or_else(|e| panic!("invariants: {e}"));
+    let tree = common::dump(&fs, false);
+    close(fs, store);
+    let (fs, store) = open(disk, false);
+    fs.check_invariants()
+        .unwrap_or_else(|e| panic!("invariants, reopened whole: {e}"));
+    common::assert_same_tree("reopened whole", &tree, &common::dump(&fs, false));
+    close(fs, store);
+}
+
 fn ctx() -> Ctx {
     Ctx::root()
 }
@@ -1331,11 +1352,7 @@ fn writers_readers_and_evictions_race_dirlock_and_coarse() {
 #[test]
 fn evicted_directories_come_back_the_same() {
     let _serial = shared();
-    let seed = common::seed::seed("evicted_directories_come_back_the_same");
-    let _w = common::Watchdog::new(
-        "evicted_directories_come_back_the_same",
-        Duration::from_secs(300),
-    );
+    let (seed, _w) = begin("evicted_directories_come_back_the_same", 300);
     let mut rng = common::seed::rng(seed);
     let disk = SimDisk::new();
     let dirs = [
@@ -1655,16 +1672,8 @@ fn evicted_directories_come_back_the_same() {
     );
     assert_eq!(c.read("/z/f0-link").unwrap(), b"0");
 
-    fs.check_invariants()
-        .unwrap_or_else(|e| panic!("invariants: {e}"));
-    let tree = common::dump(&fs, false);
     drop(c);
-    close(fs, store);
-    let (fs, store) = open(&disk, false);
-    fs.check_invariants()
-        .unwrap_or_else(|e| panic!("invariants, reopened whole: {e}"));
-    common::assert_same_tree("reopened whole", &tree, &common::dump(&fs, false));
-    close(fs, store);
+    check_and_reopen_whole(fs, store, &disk);
 }
 
 /// Creates and removals in directories reached by number just as they are evicted, while
@@ -1673,11 +1682,7 @@ fn evicted_directories_come_back_the_same() {
 #[test]
 fn creates_and_lookups_race_dir_eviction() {
     let _serial = shared();
-    let seed = common::seed::seed("creates_and_lookups_race_dir_eviction");
-    let _w = common::Watchdog::new(
-        "creates_and_lookups_race_dir_eviction",
-        Duration::from_secs(600),
-    );
+    let (seed, _w) = begin("creates_and_lookups_race_dir_eviction", 600);
     const DIRS: usize = 150;
     const ROUNDS: u64 = 6000;
     let disk = SimDisk::new();
@@ -1905,11 +1910,7 @@ struct Progress {
 #[test]
 fn power_cuts_during_dir_eviction_race() {
     let _serial = shared();
-    let seed = common::seed::seed("power_cuts_during_dir_eviction_race");
-    let _w = common::Watchdog::new(
-        "power_cuts_during_dir_eviction_race",
-        Duration::from_secs(600),
-    );
+    let (seed, _w) = begin("power_cuts_during_dir_eviction_race", 600);
     const WRITERS: usize = 2;
     const OPS: usize = 1500;
     const IMAGES: usize = 60;
@@ -2056,11 +2057,7 @@ fn power_cuts_during_dir_eviction_race() {
 #[test]
 fn misses_race_the_end_of_a_dir_parking() {
     let _serial = shared();
-    let seed = common::seed::seed("misses_race_the_end_of_a_dir_parking");
-    let _w = common::Watchdog::new(
-        "misses_race_the_end_of_a_dir_parking",
-        Duration::from_secs(600),
-    );
+    let (seed, _w) = begin("misses_race_the_end_of_a_dir_parking", 600);
     const ROUNDS: u64 = 6_000;
     let disk = SimDisk::new();
     {
@@ -2188,11 +2185,7 @@ fn evict_until(
 #[test]
 fn evicted_directories_keep_what_they_hold() {
     let _serial = shared();
-    let seed = common::seed::seed("evicted_directories_keep_what_they_hold");
-    let _w = common::Watchdog::new(
-        "evicted_directories_keep_what_they_hold",
-        Duration::from_secs(300),
-    );
+    let (seed, _w) = begin("evicted_directories_keep_what_they_hold", 300);
     let mut rng = common::seed::rng(seed);
     let disk = SimDisk::new();
     {
@@ -2358,16 +2351,8 @@ fn evicted_directories_keep_what_they_hold() {
     }
     evict_all(&fs, &store, "after the unlinked file closed");
 
-    fs.check_invariants()
-        .unwrap_or_else(|e| panic!("invariants: {e}"));
-    let tree = common::dump(&fs, false);
     drop(c);
-    close(fs, store);
-    let (fs, store) = open(&disk, false);
-    fs.check_invariants()
-        .unwrap_or_else(|e| panic!("invariants, reopened whole: {e}"));
-    common::assert_same_tree("reopened whole", &tree, &common::dump(&fs, false));
-    close(fs, store);
+    check_and_reopen_whole(fs, store, &disk);
 }
 
 /// Readers list and look up a tree nobody changes while directories are evicted and read
@@ -2377,11 +2362,7 @@ fn evicted_directories_keep_what_they_hold() {
 #[test]
 fn invariants_checked_while_readers_race_evictions() {
     let _serial = shared();
-    let seed = common::seed::seed("invariants_checked_while_readers_race_evictions");
-    let _w = common::Watchdog::new(
-        "invariants_checked_while_readers_race_evictions",
-        Duration::from_secs(600),
-    );
+    let (seed, _w) = begin("invariants_checked_while_readers_race_evictions", 600);
     const CHECKS: usize = 60;
     let disk = SimDisk::new();
     let start = build(&disk, seed, 0, 0, 60, 40);
@@ -2460,11 +2441,7 @@ fn invariants_checked_while_readers_race_evictions() {
 #[test]
 fn passes_at_operations_keep_the_cache_bounded() {
     let _serial = alone();
-    let seed = common::seed::seed("passes_at_operations_keep_the_cache_bounded");
-    let _w = common::Watchdog::new(
-        "passes_at_operations_keep_the_cache_bounded",
-        Duration::from_secs(300),
-    );
+    let (seed, _w) = begin("passes_at_operations_keep_the_cache_bounded", 300);
     let mut rng = common::seed::rng(seed);
     const FAN: usize = 12;
     let disk = SimDisk::new();
@@ -2543,11 +2520,7 @@ fn passes_at_operations_keep_the_cache_bounded() {
 #[test]
 fn a_cache_only_read_gets_under_its_budget() {
     let _serial = alone();
-    let seed = common::seed::seed("a_cache_only_read_gets_under_its_budget");
-    let _w = common::Watchdog::new(
-        "a_cache_only_read_gets_under_its_budget",
-        Duration::from_secs(300),
-    );
+    let (seed, _w) = begin("a_cache_only_read_gets_under_its_budget", 300);
     let _ = seed;
     const FILES: usize = 80;
     let disk = SimDisk::new();
