@@ -706,11 +706,14 @@ pub fn run_cell_reporting(
         let t0 = Instant::now();
         let total = per_thread.saturating_mul(threads as u64);
         loop {
+            // Read first: once every worker has finished, each one's count (stored before
+            // its end was counted, with Release) is its last, and the line says all of it.
+            let all = finished.load(Acquire) == threads;
             progress(Stage::Work {
                 done: done.iter().map(|d| d.0.load(Relaxed)).sum(),
                 total,
             });
-            if finished.load(Acquire) == threads {
+            if all {
                 break;
             }
             // Woken early when the work ends, so a short cell is not made longer.
