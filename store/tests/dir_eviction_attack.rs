@@ -605,25 +605,38 @@ impl Writer {
         what
     }
 
+    /// Removes `p` (a directory if `dir`) by path or by its parent's number, as this
+    /// writer does, and checks it gone and its parent as the model says.
+    fn remove_name(&mut self, p: &str, dir: bool, what: &str) {
+        if self.by_path() {
+            let r = if dir {
+                self.client.remove_dir(p)
+            } else {
+                self.client.remove_file(p)
+            };
+            r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        } else {
+            let pid = self.parent_id(p);
+            let name = name_of(p).as_bytes();
+            let r = if dir {
+                self.fs.rmdir(&ctx(), pid, name)
+            } else {
+                self.fs.unlink(&ctx(), pid, name)
+            };
+            r.unwrap_or_else(|e| panic!("{what}: {e:?}"));
+        }
+        self.model.0.remove(p);
+        self.verify_gone(p, what);
+        self.verify(parent_of(p), what);
+    }
+
     fn unlink(&mut self, files: &[String]) -> String {
         let Some(f) = self.pick(files) else {
             return "nothing to unlink".into();
         };
         let what = format!("unlink {f}");
         let n = self.model.get(&f);
-        if self.by_path() {
-            self.client
-                .remove_file(&f)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-        } else {
-            let pid = self.parent_id(&f);
-            self.fs
-                .unlink(&ctx(), pid, name_of(&f).as_bytes())
-                .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-        }
-        self.model.0.remove(&f);
-        self.verify_gone(&f, &what);
-        self.verify(parent_of(&f), &what);
+        self.remove_name(&f, false, &what);
         if let Some(other) = self
             .model
             .0
@@ -666,19 +679,7 @@ impl Writer {
         };
         let what = format!("rmdir {d}");
         let n = self.model.get(&d);
-        if self.by_path() {
-            self.client
-                .remove_dir(&d)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-        } else {
-            let pid = self.parent_id(&d);
-            self.fs
-                .rmdir(&ctx(), pid, name_of(&d).as_bytes())
-                .unwrap_or_else(|e| panic!("{what}: {e:?}"));
-        }
-        self.model.0.remove(&d);
-        self.verify_gone(&d, &what);
-        self.verify(parent_of(&d), &what);
+        self.remove_name(&d, true, &what);
         match self.fs.getattr(n.id) {
             Err(Errno::ENOENT) => {}
             other => panic!("{what}: {} still there: {other:?}", n.id),
