@@ -70,6 +70,33 @@ pub fn speedup(cells: &[Cell], w: crate::Workload, target: &str, threads: usize)
     Some(at(threads)? / at(1)?)
 }
 
+/// Under `head` (if any cell has one), a row per target of `f`'s figure for each of its
+/// cells, by thread count.
+fn per_cell_rows(
+    out: &mut String,
+    cs: &[&Cell],
+    (targets, tw, threads): (&[String], usize, &[usize]),
+    head: &str,
+    f: impl Fn(&Cell) -> Option<String>,
+) {
+    if !cs.iter().any(|c| f(c).is_some()) {
+        return;
+    }
+    let _ = writeln!(out, "  {head}");
+    for tg in targets {
+        let row: Vec<String> = threads
+            .iter()
+            .filter_map(|t| {
+                let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
+                Some(format!("T={t}: {}", f(c)?))
+            })
+            .collect();
+        if !row.is_empty() {
+            let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
+        }
+    }
+}
+
 /// A plain-text report: per workload, ops/s with the speedup over T=1, ops per CPU-second,
 /// latency, and the hottest engine locks at the highest thread count.
 pub fn table(cells: &[Cell], repeats: usize) -> String {
@@ -167,58 +194,38 @@ pub fn table(cells: &[Cell], repeats: usize) -> String {
                 }
             }
         }
-        if cs.iter().any(|c| c.reopened.is_some()) {
-            let _ = writeln!(
-                out,
-                "  disk store checkpointed, closed and opened again before the run: seconds \
-                 (inodes the opening read)"
-            );
-            for tg in &targets {
-                let row: Vec<String> = threads
-                    .iter()
-                    .filter_map(|t| {
-                        let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
-                        let r = c.reopened?;
-                        Some(format!(
-                            "T={t}: {:.2} s ({})",
-                            r.seconds,
-                            human(r.inodes as f64)
-                        ))
-                    })
-                    .collect();
-                if !row.is_empty() {
-                    let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
-                }
-            }
-        }
-        if cs.iter().any(|c| c.cache_after.is_some()) {
-            let _ = writeln!(
-                out,
-                "  the reopened store after the run: inodes / entries in memory (counted bytes), \
-                 evicted (directories), process resident memory"
-            );
-            for tg in &targets {
-                let row: Vec<String> = threads
-                    .iter()
-                    .filter_map(|t| {
-                        let c = cs.iter().find(|c| &c.target == tg && c.threads == *t)?;
-                        let a = c.cache_after?;
-                        Some(format!(
-                            "T={t}: {} / {} ({:.0} MiB), {} ({}), {:.0} MiB",
-                            human(a.inodes as f64),
-                            human(a.entries as f64),
-                            a.cache_bytes as f64 / (1 << 20) as f64,
-                            human(a.evicted as f64),
-                            human(a.dirs_evicted as f64),
-                            a.rss as f64 / (1 << 20) as f64
-                        ))
-                    })
-                    .collect();
-                if !row.is_empty() {
-                    let _ = writeln!(out, "    {tg:tw$} {}", row.join("; "));
-                }
-            }
-        }
+        let reopened = |c: &Cell| {
+            let r = c.reopened?;
+            Some(format!("{:.2} s ({})", r.seconds, human(r.inodes as f64)))
+        };
+        per_cell_rows(
+            &mut out,
+            &cs,
+            (&targets, tw, &threads),
+            "disk store checkpointed, closed and opened again before the run: seconds \
+             (inodes the opening read)",
+            reopened,
+        );
+        let cache_after = |c: &Cell| {
+            let a = c.cache_after?;
+            Some(format!(
+                "{} / {} ({:.0} MiB), {} ({}), {:.0} MiB",
+                human(a.inodes as f64),
+                human(a.entries as f64),
+                a.cache_bytes as f64 / (1 << 20) as f64,
+                human(a.evicted as f64),
+                human(a.dirs_evicted as f64),
+                a.rss as f64 / (1 << 20) as f64
+            ))
+        };
+        per_cell_rows(
+            &mut out,
+            &cs,
+            (&targets, tw, &threads),
+            "the reopened store after the run: inodes / entries in memory (counted bytes), \
+             evicted (directories), process resident memory",
+            cache_after,
+        );
         let tmax = *threads.last().unwrap_or(&1);
         let _ = writeln!(out, "  latency at T={tmax} (sampled): p50 / p99");
         for tg in &targets {
