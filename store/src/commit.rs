@@ -439,13 +439,22 @@ impl Committer {
     /// of space while it is low (module doc, "Errors").
     #[inline]
     pub(crate) fn append(&self, rec: &Record<'_>) -> lanefs::Result<()> {
+        let buffer = match self.buffers.get() {
+            Some(b) => b,
+            None => self.new_buffer(),
+        };
+        let cell = &buffer.records;
+        let mut guard = cell.lock();
+        // Read under the buffer's lock: `shutdown` sets the mode before the committer's last
+        // round takes the buffers (under this lock), so a record that finds the store open
+        // here is in the buffer before that take and is committed; read before the lock, a
+        // writer could find it open, be overtaken by the last round, and have its record
+        // acknowledged but never written. (A buffer that round did not see is covered by
+        // `new_buffer`.)
         let mode = self.mode.load(Relaxed);
         if mode & !LOW != 0 {
             return Err(Errno((mode & !LOW) as i32));
         }
-        let buffer = self.buffers.get_or(Default::default);
-        let cell = &buffer.records;
-        let mut guard = cell.lock();
         let b = &mut *guard;
         let stamp = self.clock.now();
         // Encoded in place: a chunk with less than `ROOM` bytes left is followed by a new
@@ -490,6 +499,17 @@ impl Committer {
             self.throttle(cell);
         }
         Ok(())
+    }
+
+    /// This thread's buffer, made on its first append. The state lock taken once it is in
+    /// `buffers` orders it against `shutdown`: either the committer's last round (which
+    /// reads `shutdown` under that lock) comes after and takes this buffer too, or the mode
+    /// `shutdown` set before it is seen by the append's check.
+    #[cold]
+    fn new_buffer(&self) -> &CachePadded<ThreadBuffer> {
+        let b = self.buffers.get_or(Default::default);
+        drop(self.state.lock());
+        b
     }
 
     /// Waits until the committer has taken the buffer `cell` (module doc, "Backpressure"),
