@@ -785,9 +785,10 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         v["open_handles"]
     );
     println!(
-        "  inodes in memory {}, entries {} ({}, bound {})",
+        "  inodes in memory {}, entries {} ({} of held directories) ({}, bound {})",
         v["inodes_in_memory"],
         v["entries_in_memory"],
+        v["entries_held"],
         bytes(&v["inode_cache_bytes"]),
         match v["inode_cache_bound"].is_null() {
             true => "none".to_string(),

@@ -95,7 +95,8 @@ fn remove_stale_sockets(dir: &Path) {
 /// (what file data in memory stays under), `inodes_loaded` (inodes a lazily opened store
 /// has read so far), `inodes_evicted` (of those, evicted since), `directories_evicted` (of those, directories),
 /// `inodes_in_memory`, `entries_in_memory` (directory entries read from the store, as the
-/// bounded cache counts them), `inode_cache_bytes` (what the bounded cache counts as held:
+/// bounded cache counts them), `entries_held` (of those, entries of directories held by a
+/// handle or the kernel, which no eviction pass can free), `inode_cache_bytes` (what the bounded cache counts as held:
 /// `lanefs::INODE_BYTES` an inode, `lanefs::ENTRY_BYTES` an entry) and `inode_cache_bound`
 /// (the `inode_cache=` bound, null when inodes are not evicted), `pid` (the serving process), `resident_bytes`
 /// (the serving process's resident memory), `server_cpu_ns` (CPU time the serving process
@@ -134,6 +135,7 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "directories_evicted": fs.directories_evicted(),
         "inodes_in_memory": fs.inodes_in_memory(),
         "entries_in_memory": fs.entries_in_memory(),
+        "entries_held": fs.held_entries(),
         "inode_cache_bytes": fs.inode_cache_bytes(),
         "inode_cache_bound": fs.inode_budget().map(|b| b * lanefs::INODE_BYTES),
         "blocks_used": blocks_used,

@@ -93,9 +93,9 @@ fn evict_down_to(fs: &Filesystem, bound: u64) -> bool {
 }
 
 /// [`evict_down_to`] for what the bounded cache counts, inodes and directory entries: in
-/// bytes, at most `bytes`.
+/// bytes, at most `bytes` (entries of held directories aside: [`common::cache_within`]).
 fn evict_down_to_bytes(fs: &Filesystem, bytes: u64) -> bool {
-    evict_until(fs, |fs| fs.inode_cache_bytes() <= bytes)
+    evict_until(fs, |fs| common::cache_within(fs, bytes))
 }
 
 fn evict_until(fs: &Filesystem, done: impl Fn(&Filesystem) -> bool) -> bool {
@@ -508,5 +508,75 @@ fn a_full_cache_lists_names_only_to_the_kernel() {
         evict_down_to(&fs, CACHE + DIRS as u64 + 1),
         "{} inodes in memory after the listing, with a cache of {CACHE}",
         fs.inodes_in_memory()
+    );
+}
+
+/// The kernel keeps every directory it walked until its own memory pressure (a scan under
+/// `lanefs run`, which leaves directories to the kernel): their entries stay in memory
+/// whatever the budget. A pass leaves them out of what it works to; counted, they put every
+/// pass's goal out of reach, and each pass evicted every file it could, ones just loaded
+/// and about to be asked for among them. Once the kernel forgets the directories, their
+/// entries count again, and passes bring the whole cache under its budget.
+#[test]
+fn entries_of_directories_the_kernel_holds_do_not_empty_the_cache() {
+    let sim = SimDisk::new();
+    {
+        let o = open_on(&sim, false);
+        let c = Client::root(Arc::new(o.fs));
+        files(&c, |_, _| b"x".to_vec());
+        o.store.checkpoint().unwrap();
+        drop(c);
+        o.store.close().unwrap();
+    }
+    let Opened { fs, store, .. } = open_on(&sim.crash(Unflushed::Kept), true);
+    store.checkpoint().unwrap();
+    let fs = Arc::new(fs);
+    let kernel = Ctx::root().via_kernel();
+    let dirs: Vec<_> = (0..DIRS)
+        .map(|d| {
+            fs.lookup(&kernel, lanefs::ROOT_INO, format!("d{d}").as_bytes())
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let c = Client::root(fs.clone());
+    for f in 0..FILES {
+        c.metadata(format!("/d{}/f{f}", DIRS - 1)).unwrap();
+    }
+    store.checkpoint().unwrap();
+    for _ in 0..64 {
+        fs.evict_inodes(false);
+    }
+    let counts = |fs: &Filesystem| {
+        format!(
+            "{} inodes and {} entries ({} of held directories) in memory, {} evicted, a \
+             budget of {CACHE} inodes",
+            fs.inodes_in_memory(),
+            fs.entries_in_memory(),
+            fs.held_entries(),
+            fs.inodes_evicted()
+        )
+    };
+    assert!(
+        fs.held_entries() >= (DIRS * FILES) as u64
+            && fs.entries_in_memory() * lanefs::ENTRY_BYTES > CACHE * INODE_BYTES,
+        "the held directories' entries alone are over the budget: {}",
+        counts(&fs)
+    );
+    assert!(fs.inodes_evicted() > 0, "nothing evicted: {}", counts(&fs));
+    // The passes stop at three quarters of the budget (held entries aside), not at the
+    // root and the held directories.
+    assert!(
+        fs.inodes_in_memory() >= 1 + DIRS as u64 + CACHE / 2,
+        "the passes emptied the cache for entries they cannot free: {}",
+        counts(&fs)
+    );
+    for ino in dirs {
+        fs.forget(ino, 1);
+    }
+    assert!(
+        evict_down_to_bytes(&fs, CACHE * INODE_BYTES),
+        "forgotten directories' entries are still left out: {}",
+        counts(&fs)
     );
 }

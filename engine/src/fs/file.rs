@@ -917,6 +917,7 @@ impl Filesystem {
             .filter(|i| i.key() == h.inode)
             .expect("an open handle keeps its inode");
         self.put_refs(i, 1, g);
+        self.let_go(i);
         Ok(())
     }
 

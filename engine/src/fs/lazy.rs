@@ -53,7 +53,12 @@
 //! count is the inode quota's, less the store's inodes not in memory) and the directory
 //! entries ([`ENTRY_BYTES`] each; counted by each pass over the dirent map's shards, and
 //! between passes kept up by directories' loads and drops, not by creates and removals,
-//! which would all write one counter). Past it, a pass
+//! which would all write one counter). The entries of directories something holds (a handle,
+//! the kernel's lookup; the root), which no pass can free, are left out of what a pass works
+//! to (counted by the pass that begins over the budget, `Lazy::held_entries`; a directory
+//! let go leaves the count at once and makes a pass due if that puts the cache over): a
+//! scan through the mount keeps every directory it walked in the kernel, and counted, their
+//! entries would put every pass's goal out of reach. Past the budget, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
 //! 64 loads or new inodes over the budget (every load for a budget under 4096 inodes), when
 //! a directory's load takes the cache over it, when parked inodes are ready or one went
@@ -262,6 +267,10 @@ pub(crate) struct Lazy {
     /// Directory entries in memory, counted against the budget: the dirent map's length as
     /// the last pass counted it, plus the entries loaded since, less those dropped since.
     entries: AtomicU64,
+    /// Of `entries`, those of directories no pass can evict because something holds them (a
+    /// handle, the kernel's lookup count; the root), as the last pass counted them: left out
+    /// of the load a pass works to, since it cannot free them.
+    held_entries: AtomicU64,
     /// One per shard of `loading`: notified when a parked directory's drop ends (a miss on
     /// it waits, with the shard's lock).
     dropped: Box<[parking_lot::Condvar]>,
@@ -298,6 +307,7 @@ impl Lazy {
             quiet_below: AtomicU64::new(0),
             held_off: AtomicU64::new(0),
             entries: AtomicU64::new(0),
+            held_entries: AtomicU64::new(0),
             dropped: (0..LOADING).map(|_| parking_lot::Condvar::new()).collect(),
         }
     }
@@ -881,6 +891,63 @@ impl Filesystem {
         self.inodes_in_memory() + entries.div_ceil(INODE_BYTES)
     }
 
+    /// What a pass can work on, in inodes: [`Filesystem::cache_load`] less the entries of
+    /// held directories (`Lazy::held_entries`). A process that keeps every directory it
+    /// walked open in the kernel (`lanefs run` leaves directories to the kernel, and the
+    /// kernel keeps its dentries until its own memory pressure) holds more entries than
+    /// the budget: counted, they would put every pass's goal out of reach, and each pass
+    /// would evict every file it may, the ones a directory's load just brought and the
+    /// scan is about to ask for among them.
+    fn pass_load(&self, lazy: &Lazy) -> u64 {
+        let held = lazy.held_entries.load(Relaxed) * ENTRY_BYTES / INODE_BYTES;
+        self.cache_load(lazy).saturating_sub(held)
+    }
+
+    /// The entries of directories in the table that no pass may evict for being held.
+    fn count_held_entries(&self) -> u64 {
+        let mut g = crossbeam_epoch::pin();
+        let mut held = 0;
+        self.table.for_each_from(Ino(0), &mut g, |i| {
+            if let Some(d) = i.dir()
+                && (i.ino == Ino::ROOT || !i.only_named())
+            {
+                held += self.dirents.count(d, &crossbeam_epoch::pin());
+            }
+            true
+        });
+        held
+    }
+
+    /// After a handle's close or a FORGET dropped references of `i`: a directory no longer
+    /// held leaves `Lazy::held_entries` (its entries as it holds them now; the next pass
+    /// counts again), and makes a pass due if what a pass can work on is over the budget,
+    /// so that a cache that is only read gets under its budget once the holders let go.
+    pub(super) fn let_go(&self, i: &Inode) {
+        let (Some(lazy), Some(d)) = (self.lazy.as_ref(), i.dir()) else {
+            return;
+        };
+        if lazy.held_entries.load(Relaxed) == 0 || !i.only_named() {
+            return;
+        }
+        let n = self.dirents.count(d, &crossbeam_epoch::pin());
+        let _ = lazy
+            .held_entries
+            .fetch_update(Relaxed, Relaxed, |h| Some(h.saturating_sub(n)));
+        if self.pass_load(lazy) > lazy.budget {
+            lazy.quiet_below.store(0, Relaxed);
+            lazy.due.store(true, Relaxed);
+        }
+    }
+
+    /// Entries of held directories, as the last pass counted them
+    /// (`Lazy::held_entries`): in [`Filesystem::entries_in_memory`], but no pass works to
+    /// free them.
+    pub fn held_entries(&self) -> u64 {
+        self.lazy
+            .as_ref()
+            .map_or(0, |l| l.held_entries.load(Relaxed))
+    }
+
     /// The bytes the bounded cache counts as held: inodes and directory entries.
     pub fn inode_cache_bytes(&self) -> u64 {
         self.inodes_in_memory() * INODE_BYTES + self.entries_in_memory() * ENTRY_BYTES
@@ -1025,7 +1092,21 @@ impl Filesystem {
         if !all && under(self) {
             return lazy.evicted.load(Relaxed) - before;
         }
-        let resident = self.cache_load(lazy).saturating_sub(pending);
+        // Over, but perhaps only by entries of held directories, which no pass can free
+        // (`Filesystem::pass_load`): then nothing to do until another quarter of the budget
+        // comes in (growth is checked against everything counted, so that a directory let
+        // go since is counted again at the next pass).
+        lazy.held_entries.store(self.count_held_entries(), Relaxed);
+        let load = self.pass_load(lazy);
+        if !all && load.saturating_sub(pending) <= lazy.budget {
+            if load <= lazy.budget {
+                lazy.retry_after.store(u64::MAX, Relaxed);
+                lazy.quiet_below
+                    .store(self.cache_load(lazy) + lazy.budget / 4, Relaxed);
+            }
+            return lazy.evicted.load(Relaxed) - before;
+        }
+        let resident = load.saturating_sub(pending);
         lazy.retry_after.store(u64::MAX, Relaxed);
         if lazy.held_off.load(SeqCst) > 0 {
             lazy.retry_after.store(kept, Relaxed);

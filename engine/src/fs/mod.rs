@@ -984,6 +984,7 @@ impl Filesystem {
                 );
             }
             self.settle(i, fate, &g);
+            self.let_go(i);
         }
         if noted {
             self.unlinked.end_forget(ino);

@@ -12,7 +12,8 @@
 //!   filesystem that caches no page, random file contents, a clean close;
 //! - [`model_write`], [`model_punch`], [`model_allocate`]: what a change does to a file's
 //!   bytes held in a plain `Vec<u8>`, the model random tests check reads against;
-//! - [`real_disk_but_open`]: a test's own `Disk` that changes only how files open.
+//! - [`real_disk_but_open`]: a test's own `Disk` that changes only how files open;
+//! - [`cache_within`]: whether a bounded inode cache is within its budget.
 
 #![allow(dead_code)]
 
@@ -33,6 +34,13 @@ use lanefs_store::{Options, StoreHandle};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+/// Whether what `fs`'s bounded cache counts (inodes and entries) is within `bytes`, but for
+/// the entries of directories something holds (a handle, the kernel; the root), which no
+/// eviction pass can free, as the last pass counted them (`Filesystem::held_entries`).
+pub fn cache_within(fs: &Filesystem, bytes: u64) -> bool {
+    fs.inode_cache_bytes() <= bytes + fs.held_entries() * lanefs::ENTRY_BYTES
+}
 
 /// The options of a test store on `disk` opened lazily (`lazy`) or whole, checkpointed only
 /// on demand, with no reserve kept for checkpoints.
