@@ -526,53 +526,40 @@ impl Writer {
     }
 
     fn mkdir(&mut self, dirs: &[String]) -> String {
-        let d = self.pick(dirs).unwrap();
-        let name = self.fresh();
-        let p = join(&d, &name);
-        let what = format!("mkdir {p}");
-        let a = if self.by_path() {
-            self.client
-                .create_dir(&p)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            self.client.symlink_metadata(&p).unwrap().attr
-        } else {
-            let pid = self.model.get(&d).id;
-            self.fs
-                .mkdir(&ctx(), pid, name.as_bytes(), 0o755)
-                .unwrap_or_else(|e| panic!("{what}: {e:?}"))
-        };
-        self.model.0.insert(
-            p.clone(),
-            Node {
-                kind: Kind::Dir,
-                id: id_of(&a),
-            },
-        );
-        self.verify(&p, &what);
-        self.verify(&d, &what);
-        what
+        self.make(dirs, Kind::Dir)
     }
 
     fn create(&mut self, dirs: &[String]) -> String {
+        self.make(dirs, Kind::File)
+    }
+
+    /// A new directory or empty file (`kind`) in one of `dirs`, by path or by number (a file
+    /// by number only with `single_record`: by path it is written, more than one record).
+    fn make(&mut self, dirs: &[String], kind: Kind) -> String {
         let d = self.pick(dirs).unwrap();
         let name = self.fresh();
         let p = join(&d, &name);
-        let what = format!("create {p}");
-        let a = if !self.single_record && self.by_path() {
-            self.client
-                .write(&p, b"")
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let dir = kind == Kind::Dir;
+        let what = format!("{} {p}", if dir { "mkdir" } else { "create" });
+        let a = if (dir || !self.single_record) && self.by_path() {
+            match dir {
+                true => self.client.create_dir(&p),
+                false => self.client.write(&p, b""),
+            }
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             self.client.symlink_metadata(&p).unwrap().attr
         } else {
-            let pid = self.model.get(&d).id;
-            self.fs
-                .mknod(&ctx(), pid, name.as_bytes(), libc::S_IFREG | 0o644, 0)
-                .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+            let (pid, name) = (self.model.get(&d).id, name.as_bytes());
+            match dir {
+                true => self.fs.mkdir(&ctx(), pid, name, 0o755),
+                false => self.fs.mknod(&ctx(), pid, name, libc::S_IFREG | 0o644, 0),
+            }
+            .unwrap_or_else(|e| panic!("{what}: {e:?}"))
         };
         self.model.0.insert(
             p.clone(),
             Node {
-                kind: Kind::File,
+                kind,
                 id: id_of(&a),
             },
         );
