@@ -110,6 +110,15 @@ pub trait Invalidate: Send + Sync {
     /// removed or replaced in `dir` is reported by [`Invalidate::entry`] instead, which a
     /// cache of `dir`'s listing must take as a change of that listing too.
     fn listing(&self, dir: Ino) -> bool;
+    /// A hint, not a report of a change: the bounded inode cache (`fs/lazy.rs`, "Eviction")
+    /// would have the cache let go of the directories `dirs`, which it holds by a lookup and
+    /// nothing else holds here, so that they can be evicted with their entries. A cache that
+    /// drops what nothing of its own uses, and tells the filesystem (FUSE's FORGET), does,
+    /// and says true; by default nothing is done (false). Called with no engine lock held.
+    fn prune(&self, dirs: &[Ino]) -> bool {
+        let _ = dirs;
+        false
+    }
 }
 
 /// Inode numbers per [`KernelHeld`] chunk.
@@ -350,6 +359,10 @@ impl Invalidate for Settled<'_> {
     fn listing(&self, dir: Ino) -> bool {
         let found = self.sink.listing(dir);
         self.settle(dir, found)
+    }
+
+    fn prune(&self, dirs: &[Ino]) -> bool {
+        self.sink.prune(dirs)
     }
 }
 

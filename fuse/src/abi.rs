@@ -15,7 +15,8 @@
 //!   `fuse_statx_out` (a `fuse_statx`, with `fuse_sx_time` timestamps) out;
 //! - the io_uring transport (7.42): `fuse_uring_req_header`, `fuse_uring_ent_in_out`,
 //!   `fuse_uring_cmd_req` and the two commands;
-//! - `FUSE_DEV_IOC_CLONE`, the ioctl that binds a new `/dev/fuse` descriptor to a session.
+//! - `FUSE_DEV_IOC_CLONE`, the ioctl that binds a new `/dev/fuse` descriptor to a session;
+//! - the `FUSE_NOTIFY_PRUNE` notification (7.45, Linux 6.18) and `fuse_notify_prune_out`.
 
 #![allow(non_camel_case_types)]
 
@@ -77,6 +78,22 @@ pub struct fuse_init_out_ext {
     pub max_stack_depth: u32,
     pub request_timeout: u16,
     pub unused: [u16; 11],
+}
+
+/// Notification (7.45): the kernel drops the unused dentries of the inodes whose node ids
+/// follow a `fuse_notify_prune_out` (`d_prune_aliases`), and with them, unless something
+/// else holds them, the inodes, each of which it then FORGETs. A kernel before it answers
+/// the write with EINVAL.
+pub const FUSE_NOTIFY_PRUNE: u32 = 9;
+
+/// `struct fuse_notify_prune_out` (7.45): the head of `FUSE_NOTIFY_PRUNE`, followed by
+/// `count` node ids (`u64` each).
+#[derive(Clone, Copy, Default, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[repr(C)]
+pub struct fuse_notify_prune_out {
+    pub count: u32,
+    pub padding: u32,
+    pub spare: u64,
 }
 
 /// `struct fuse_statx_in` (7.39): the argument of `FUSE_STATX`.

@@ -52,6 +52,19 @@ impl Notifier {
         self.send(FUSE_NOTIFY_INVAL_ENTRY, &[o.as_bytes(), name, b"\0"])
     }
 
+    /// `FUSE_NOTIFY_PRUNE`: the kernel drops the dentries nothing uses of each inode of
+    /// `inos`, and the inodes that then nothing holds (each FORGET follows). It takes no
+    /// inode lock (`fuse_try_prune_one_inode`: `d_prune_aliases`, `iput`), so it may be sent
+    /// from any thread. EINVAL from a kernel before 7.45.
+    pub(crate) fn prune(&self, inos: &[u64]) -> io::Result<()> {
+        let o = fuse_notify_prune_out {
+            count: inos.len() as u32,
+            padding: 0,
+            spare: 0,
+        };
+        self.send(FUSE_NOTIFY_PRUNE, &[o.as_bytes(), inos.as_bytes()])
+    }
+
     /// `FUSE_NOTIFY_INVAL_INODE`: the kernel drops `ino`'s attributes and, for `off >= 0`,
     /// its cached pages in `off..off + len` (`len` 0: to the end).
     pub(crate) fn inval_inode(&self, ino: u64, off: i64, len: i64) -> io::Result<()> {

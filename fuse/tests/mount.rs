@@ -1877,3 +1877,97 @@ fn a_tmpfile_linked_through_the_mount_is_durable_on_a_disk_store() {
     assert_eq!(s.blocks - s.bfree, 3, "the kept file's pages only");
     c.fs().check_invariants().unwrap();
 }
+
+/// A bounded inode cache served through the mount: the kernel keeps every directory a
+/// program walked (a lookup reference, and its dentry) until its own memory pressure, and
+/// with them their entries, which no eviction pass can free. A pass that finds held entries
+/// a large part of the cache asks the kernel to let go of the directories it holds and does
+/// not use (`FUSE_NOTIFY_PRUNE`, Linux 6.18); their FORGETs make them evictable, and they
+/// go with their entries.
+#[test]
+fn directories_the_kernel_walked_are_let_go() {
+    const DIRS: usize = 40;
+    const FILES: usize = 50;
+    let store = tempfile::tempdir().unwrap();
+    {
+        let o = lanefs_store::open(
+            store.path(),
+            Config::default(),
+            lanefs_store::Options::default(),
+        )
+        .unwrap();
+        let c = lanefs::Client::root(Arc::new(o.fs));
+        for d in 0..DIRS {
+            c.create_dir(format!("/d{d}")).unwrap();
+            for f in 0..FILES {
+                c.write(format!("/d{d}/f{f}"), b"x").unwrap();
+            }
+        }
+        o.store.checkpoint().unwrap();
+        drop(c);
+        o.store.close().unwrap();
+    }
+    let cfg = Config {
+        inode_cache: Some(64 * lanefs::INODE_BYTES),
+        ..Config::default()
+    };
+    let opts = lanefs_store::Options {
+        lazy: true,
+        ..lanefs_store::Options::default()
+    };
+    let o = lanefs_store::open(store.path(), cfg, opts).unwrap();
+    // Nothing is evicted before a checkpoint taken after the opening.
+    o.store.checkpoint().unwrap();
+    let m = Mounted::serve(o.fs, Some(o.store), Duration::from_secs(60));
+    // Each directory listed through the kernel (getdents only, as `ls -f`): the kernel
+    // looks each up and keeps it.
+    for d in 0..DIRS {
+        let n = std::fs::read_dir(m.path().join(format!("d{d}")))
+            .unwrap()
+            .count();
+        assert_eq!(n, FILES, "d{d}");
+    }
+    let fs = m.fs.clone();
+    let counts = |fs: &Filesystem| {
+        format!(
+            "{} inodes and {} entries ({} of held directories) in memory, {} directories \
+             pruned, {} evicted ({} directories)",
+            fs.inodes_in_memory(),
+            fs.entries_in_memory(),
+            fs.held_entries(),
+            fs.directories_pruned(),
+            fs.inodes_evicted(),
+            fs.directories_evicted()
+        )
+    };
+    let walked = counts(&fs);
+    // Passes run until the kernel's FORGETs of the pruned directories are in and the
+    // directories went (a kernel before 7.45 refuses the prune: the test fails then).
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while fs.directories_evicted() < (DIRS / 2) as u64
+        || fs.entries_in_memory() > (DIRS * FILES / 2) as u64
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walked directories stay: {} (after the walk: {walked})",
+            counts(&fs)
+        );
+        fs.evict_inodes(false);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(fs.directories_pruned() > 0, "{}", counts(&fs));
+    // What went comes back through the mount.
+    for d in 0..DIRS {
+        assert_eq!(
+            std::fs::read_dir(m.path().join(format!("d{d}")))
+                .unwrap()
+                .count(),
+            FILES
+        );
+    }
+    assert_eq!(
+        std::fs::read(m.path().join(format!("d{}/f{}", DIRS - 1, FILES - 1))).unwrap(),
+        b"x"
+    );
+    m.unmount_and_check();
+}

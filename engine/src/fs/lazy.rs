@@ -58,7 +58,11 @@
 //! to (counted by the pass that begins over the budget, `Lazy::held_entries`; a directory
 //! let go leaves the count at once and makes a pass due if that puts the cache over): a
 //! scan through the mount keeps every directory it walked in the kernel, and counted, their
-//! entries would put every pass's goal out of reach. Past the budget, a pass
+//! entries would put every pass's goal out of reach. When they are a quarter of the budget or
+//! more, the pass that counted them asks the kernel, through the installed sink
+//! ([`crate::notify::Invalidate::prune`]: FUSE's `FUSE_NOTIFY_PRUNE`), to let go of the
+//! directories it holds by a lookup (at most [`PRUNE_MAX`]); it drops those it does not use,
+//! and its FORGETs make them evictable. Past the budget, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
 //! 64 loads or new inodes over the budget (every load for a budget under 4096 inodes), when
 //! a directory's load takes the cache over it, when parked inodes are ready or one went
@@ -218,6 +222,9 @@ struct Evictor {
     young: u64,
 }
 
+/// The most directories a pass asks the kernel to let go of at once.
+const PRUNE_MAX: usize = 4096;
+
 /// The most a step of an eviction pass parks, in inodes (a directory's entries included),
 /// and the most parkings whose grace period ended that it finishes.
 const STEP: u64 = 1024;
@@ -271,6 +278,8 @@ pub(crate) struct Lazy {
     /// handle, the kernel's lookup count; the root), as the last pass counted them: left out
     /// of the load a pass works to, since it cannot free them.
     held_entries: AtomicU64,
+    /// Directories the passes asked the kernel to let go of (`Invalidate::prune`).
+    prunes: AtomicU64,
     /// One per shard of `loading`: notified when a parked directory's drop ends (a miss on
     /// it waits, with the shard's lock).
     dropped: Box<[parking_lot::Condvar]>,
@@ -308,6 +317,7 @@ impl Lazy {
             held_off: AtomicU64::new(0),
             entries: AtomicU64::new(0),
             held_entries: AtomicU64::new(0),
+            prunes: AtomicU64::new(0),
             dropped: (0..LOADING).map(|_| parking_lot::Condvar::new()).collect(),
         }
     }
@@ -903,19 +913,30 @@ impl Filesystem {
         self.cache_load(lazy).saturating_sub(held)
     }
 
-    /// The entries of directories in the table that no pass may evict for being held.
-    fn count_held_entries(&self) -> u64 {
+    /// The entries of directories in the table that no pass may evict for being held, and,
+    /// while a kernel is attached (`want_prune`), the directories among them the kernel
+    /// holds (a lookup), at most [`PRUNE_MAX`].
+    fn count_held_entries(&self, want_prune: bool) -> (u64, Vec<Ino>) {
         let mut g = crossbeam_epoch::pin();
-        let mut held = 0;
+        let (mut held, mut prune) = (0, Vec::new());
         self.table.for_each_from(Ino(0), &mut g, |i| {
             if let Some(d) = i.dir()
                 && (i.ino == Ino::ROOT || !i.only_named())
             {
-                held += self.dirents.count(d, &crossbeam_epoch::pin());
+                let n = self.dirents.count(d, &crossbeam_epoch::pin());
+                held += n;
+                if want_prune
+                    && n > 0
+                    && i.ino != Ino::ROOT
+                    && prune.len() < PRUNE_MAX
+                    && self.watch.held.get(i.ino) > 0
+                {
+                    prune.push(i.ino);
+                }
             }
             true
         });
-        held
+        (held, prune)
     }
 
     /// After a handle's close or a FORGET dropped references of `i`: a directory no longer
@@ -937,6 +958,12 @@ impl Filesystem {
             lazy.quiet_below.store(0, Relaxed);
             lazy.due.store(true, Relaxed);
         }
+    }
+
+    /// Directories the eviction passes asked the kernel to let go of (a prune: see
+    /// [`crate::notify::Invalidate::prune`]).
+    pub fn directories_pruned(&self) -> u64 {
+        self.lazy.as_ref().map_or(0, |l| l.prunes.load(Relaxed))
     }
 
     /// Entries of held directories, as the last pass counted them
@@ -1096,7 +1123,20 @@ impl Filesystem {
         // (`Filesystem::pass_load`): then nothing to do until another quarter of the budget
         // comes in (growth is checked against everything counted, so that a directory let
         // go since is counted again at the next pass).
-        lazy.held_entries.store(self.count_held_entries(), Relaxed);
+        let sink = self.watch.installed();
+        let (held, prune) = self.count_held_entries(sink.is_some());
+        lazy.held_entries.store(held, Relaxed);
+        if let Some(sink) = sink
+            && held * ENTRY_BYTES / INODE_BYTES >= lazy.budget / 4
+            && !prune.is_empty()
+        {
+            // Held entries are a large part of the cache: ask the kernel to let go of the
+            // directories it holds and does not use (its FORGETs make them evictable:
+            // `let_go`).
+            if sink.prune(&prune) {
+                lazy.prunes.fetch_add(prune.len() as u64, Relaxed);
+            }
+        }
         let load = self.pass_load(lazy);
         if !all && load.saturating_sub(pending) <= lazy.budget {
             if load <= lazy.budget {

@@ -35,6 +35,8 @@ use crate::notify::{KernelCache, Notifier};
 /// The engine's invalidation sink for one mounted session.
 pub(crate) struct EngineSink {
     kc: KernelCache,
+    /// The kernel refused a `FUSE_NOTIFY_PRUNE` (before 7.45): none is sent again.
+    no_prune: std::sync::atomic::AtomicBool,
     read_ends: Arc<ReadEnds>,
     names: Arc<KernelNames>,
     info: Arc<SessionInfo>,
@@ -45,6 +47,7 @@ impl Server {
     pub(crate) fn engine_sink(&self, notifier: Notifier, info: Arc<SessionInfo>) -> EngineSink {
         EngineSink {
             kc: KernelCache(notifier),
+            no_prune: Default::default(),
             read_ends: self.read_ends.clone(),
             names: self.names.clone(),
             info,
@@ -53,6 +56,29 @@ impl Server {
 }
 
 impl Invalidate for EngineSink {
+    fn prune(&self, dirs: &[Ino]) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.no_prune.load(Relaxed) {
+            return false;
+        }
+        let inos: Vec<u64> = dirs.iter().map(|d| d.get()).collect();
+        // The kernel copies at most its whole write buffer; 4096 node ids are 32 KiB.
+        for chunk in inos.chunks(4096) {
+            if let Err(e) = self.kc.0.prune(chunk) {
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    self.no_prune.store(true, Relaxed);
+                    eprintln!(
+                        "lanefs: this kernel does not take FUSE_NOTIFY_PRUNE (FUSE 7.45, Linux \
+                         6.18): directories it holds keep their entries in memory until it \
+                         forgets them"
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
+
     fn entry(&self, parent: Ino, name: &[u8]) -> bool {
         // With a dentry for the name, the kernel drops the parent's attributes with it
         // (`fuse_dir_changed`); it answers ENOENT when it has none, and then leaves the
