@@ -785,12 +785,12 @@ pub fn stats(a: StatsArgs) -> Result<(), String> {
         v["open_handles"]
     );
     println!(
-        "  inodes in memory {}, entries {} ({} of held directories; {} directories the \
-         kernel was asked to let go of) ({}, bound {})",
+        "  inodes in memory {}, entries {} ({} of held directories; {} inodes the kernel \
+         was asked to let go of) ({}, bound {})",
         v["inodes_in_memory"],
         v["entries_in_memory"],
         v["entries_held"],
-        v["directories_pruned"],
+        v["inodes_pruned"],
         bytes(&v["inode_cache_bytes"]),
         match v["inode_cache_bound"].is_null() {
             true => "none".to_string(),

@@ -111,12 +111,12 @@ pub trait Invalidate: Send + Sync {
     /// cache of `dir`'s listing must take as a change of that listing too.
     fn listing(&self, dir: Ino) -> bool;
     /// A hint, not a report of a change: the bounded inode cache (`fs/lazy.rs`, "Eviction")
-    /// would have the cache let go of the directories `dirs`, which it holds by a lookup and
-    /// nothing else holds here, so that they can be evicted with their entries. A cache that
+    /// would have the cache let go of the inodes `inos` (files, then directories), which it
+    /// holds by a lookup, so that they can be evicted (a directory with its entries). A cache that
     /// drops what nothing of its own uses, and tells the filesystem (FUSE's FORGET), does,
     /// and says true; by default nothing is done (false). Called with no engine lock held.
-    fn prune(&self, dirs: &[Ino]) -> bool {
-        let _ = dirs;
+    fn prune(&self, inos: &[Ino]) -> bool {
+        let _ = inos;
         false
     }
 }
@@ -361,8 +361,8 @@ impl Invalidate for Settled<'_> {
         self.settle(dir, found)
     }
 
-    fn prune(&self, dirs: &[Ino]) -> bool {
-        self.sink.prune(dirs)
+    fn prune(&self, inos: &[Ino]) -> bool {
+        self.sink.prune(inos)
     }
 }
 

@@ -96,8 +96,8 @@ fn remove_stale_sockets(dir: &Path) {
 /// has read so far), `inodes_evicted` (of those, evicted since), `directories_evicted` (of those, directories),
 /// `inodes_in_memory`, `entries_in_memory` (directory entries read from the store, as the
 /// bounded cache counts them), `entries_held` (of those, entries of directories held by a
-/// handle or the kernel, which no eviction pass can free), `directories_pruned` (directories
-/// the kernel held that the passes asked it to let go of: `FUSE_NOTIFY_PRUNE`),
+/// handle or the kernel, which no eviction pass can free), `inodes_pruned` (inodes the
+/// kernel held that the passes asked it to let go of: `FUSE_NOTIFY_PRUNE`),
 /// `inode_cache_bytes` (what the bounded cache counts as held:
 /// `lanefs::INODE_BYTES` an inode, `lanefs::ENTRY_BYTES` an entry) and `inode_cache_bound`
 /// (the `inode_cache=` bound, null when inodes are not evicted), `pid` (the serving process), `resident_bytes`
@@ -138,7 +138,7 @@ pub fn stats_json(fs: &Filesystem, session: Option<&SessionInfo>) -> serde_json:
         "inodes_in_memory": fs.inodes_in_memory(),
         "entries_in_memory": fs.entries_in_memory(),
         "entries_held": fs.held_entries(),
-        "directories_pruned": fs.directories_pruned(),
+        "inodes_pruned": fs.inodes_pruned(),
         "inode_cache_bytes": fs.inode_cache_bytes(),
         "inode_cache_bound": fs.inode_budget().map(|b| b * lanefs::INODE_BYTES),
         "blocks_used": blocks_used,

@@ -61,8 +61,9 @@
 //! entries would put every pass's goal out of reach. When they are a quarter of the budget or
 //! more, the pass that counted them asks the kernel, through the installed sink
 //! ([`crate::notify::Invalidate::prune`]: FUSE's `FUSE_NOTIFY_PRUNE`), to let go of the
-//! directories it holds by a lookup (at most [`PRUNE_MAX`]); it drops those it does not use,
-//! and its FORGETs make them evictable. Past the budget, a pass
+//! inodes it holds by a lookup (at most [`PRUNE_MAX`], files first, then directories; the
+//! same when the inodes it holds are that much): it drops those it does not use, and its
+//! FORGETs make them evictable (the first makes a pass due). Past the budget, a pass
 //! ([`Filesystem::evict_inodes`], run at the start of an operation once one is due: every
 //! 64 loads or new inodes over the budget (every load for a budget under 4096 inodes), when
 //! a directory's load takes the cache over it, when parked inodes are ready or one went
@@ -222,8 +223,19 @@ struct Evictor {
     young: u64,
 }
 
-/// The most directories a pass asks the kernel to let go of at once.
+/// The most inodes a pass asks the kernel to let go of at once.
 const PRUNE_MAX: usize = 4096;
+
+/// What a pass found held ([`Filesystem::count_held`]).
+#[derive(Default)]
+struct Held {
+    /// Entries of held directories (the root's among them).
+    entries: u64,
+    /// Inodes the kernel holds by a lookup, the root aside (counted with a kernel attached).
+    kernel_inodes: u64,
+    /// What to ask the kernel to let go of: files, then directories with entries.
+    prune: Vec<Ino>,
+}
 
 /// The most a step of an eviction pass parks, in inodes (a directory's entries included),
 /// and the most parkings whose grace period ended that it finishes.
@@ -278,8 +290,10 @@ pub(crate) struct Lazy {
     /// handle, the kernel's lookup count; the root), as the last pass counted them: left out
     /// of the load a pass works to, since it cannot free them.
     held_entries: AtomicU64,
-    /// Directories the passes asked the kernel to let go of (`Invalidate::prune`).
+    /// Inodes the passes asked the kernel to let go of (`Invalidate::prune`).
     prunes: AtomicU64,
+    /// A prune was sent and no FORGET has made a pass due since (`let_go`).
+    pruned: AtomicBool,
     /// One per shard of `loading`: notified when a parked directory's drop ends (a miss on
     /// it waits, with the shard's lock).
     dropped: Box<[parking_lot::Condvar]>,
@@ -318,6 +332,7 @@ impl Lazy {
             entries: AtomicU64::new(0),
             held_entries: AtomicU64::new(0),
             prunes: AtomicU64::new(0),
+            pruned: AtomicBool::new(false),
             dropped: (0..LOADING).map(|_| parking_lot::Condvar::new()).collect(),
         }
     }
@@ -913,30 +928,49 @@ impl Filesystem {
         self.cache_load(lazy).saturating_sub(held)
     }
 
-    /// The entries of directories in the table that no pass may evict for being held, and,
-    /// while a kernel is attached (`want_prune`), the directories among them the kernel
-    /// holds (a lookup), at most [`PRUNE_MAX`].
-    fn count_held_entries(&self, want_prune: bool) -> (u64, Vec<Ino>) {
+    /// What no pass may evict for being held, counted over the table: the entries of held
+    /// directories, and, while a kernel is attached (`want_prune`), the inodes it holds by a
+    /// lookup (the root aside), files first, then directories with entries, at most
+    /// [`PRUNE_MAX`] (a directory's dentry is in use while its children's are cached, so
+    /// the kernel lets go of the children first: `Filesystem::ask_kernel_to_let_go`).
+    fn count_held(&self, want_prune: bool) -> Held {
         let mut g = crossbeam_epoch::pin();
-        let (mut held, mut prune) = (0, Vec::new());
+        let mut h = Held::default();
+        let mut dirs = Vec::new();
         self.table.for_each_from(Ino(0), &mut g, |i| {
-            if let Some(d) = i.dir()
-                && (i.ino == Ino::ROOT || !i.only_named())
-            {
-                let n = self.dirents.count(d, &crossbeam_epoch::pin());
-                held += n;
-                if want_prune
-                    && n > 0
-                    && i.ino != Ino::ROOT
-                    && prune.len() < PRUNE_MAX
-                    && self.watch.held.get(i.ino) > 0
-                {
-                    prune.push(i.ino);
+            if i.only_named() && i.ino != Ino::ROOT {
+                return true;
+            }
+            let n = i
+                .dir()
+                .map_or(0, |d| self.dirents.count(d, &crossbeam_epoch::pin()));
+            h.entries += n;
+            if want_prune && i.ino != Ino::ROOT && self.watch.held.get(i.ino) > 0 {
+                h.kernel_inodes += 1;
+                match i.dir() {
+                    Some(_) if n > 0 => dirs.push(i.ino),
+                    Some(_) => {}
+                    None => h.prune.push(i.ino),
                 }
             }
             true
         });
-        (held, prune)
+        h.prune.truncate(PRUNE_MAX);
+        let room = PRUNE_MAX - h.prune.len();
+        h.prune.extend(dirs.into_iter().take(room));
+        h
+    }
+
+    /// Asks the kernel, through `sink`, to let go of what it holds that the last count
+    /// found (`h.prune`) when that is a quarter of the budget or more: the entries of
+    /// directories it holds, and the inodes it holds. It drops the dentries nothing uses;
+    /// its FORGETs make the inodes evictable (`let_go` makes the next pass due).
+    fn ask_kernel_to_let_go(&self, lazy: &Lazy, sink: &dyn crate::notify::Invalidate, h: &Held) {
+        let held = h.entries * ENTRY_BYTES / INODE_BYTES + h.kernel_inodes;
+        if held >= lazy.budget / 4 && !h.prune.is_empty() && sink.prune(&h.prune) {
+            lazy.prunes.fetch_add(h.prune.len() as u64, Relaxed);
+            lazy.pruned.store(true, Relaxed);
+        }
     }
 
     /// After a handle's close or a FORGET dropped references of `i`: a directory no longer
@@ -944,7 +978,16 @@ impl Filesystem {
     /// counts again), and makes a pass due if what a pass can work on is over the budget,
     /// so that a cache that is only read gets under its budget once the holders let go.
     pub(super) fn let_go(&self, i: &Inode) {
-        let (Some(lazy), Some(d)) = (self.lazy.as_ref(), i.dir()) else {
+        let Some(lazy) = self.lazy.as_ref() else {
+            return;
+        };
+        // The first FORGET after a prune makes a pass due: what the kernel let go of is
+        // evictable now.
+        if lazy.pruned.load(Relaxed) && lazy.pruned.swap(false, Relaxed) {
+            lazy.quiet_below.store(0, Relaxed);
+            lazy.due.store(true, Relaxed);
+        }
+        let Some(d) = i.dir() else {
             return;
         };
         if lazy.held_entries.load(Relaxed) == 0 || !i.only_named() {
@@ -960,9 +1003,9 @@ impl Filesystem {
         }
     }
 
-    /// Directories the eviction passes asked the kernel to let go of (a prune: see
-    /// [`crate::notify::Invalidate::prune`]).
-    pub fn directories_pruned(&self) -> u64 {
+    /// Inodes (files, and directories with their entries) the eviction passes asked the
+    /// kernel to let go of (a prune: see [`crate::notify::Invalidate::prune`]).
+    pub fn inodes_pruned(&self) -> u64 {
         self.lazy.as_ref().map_or(0, |l| l.prunes.load(Relaxed))
     }
 
@@ -1124,18 +1167,10 @@ impl Filesystem {
         // comes in (growth is checked against everything counted, so that a directory let
         // go since is counted again at the next pass).
         let sink = self.watch.installed();
-        let (held, prune) = self.count_held_entries(sink.is_some());
-        lazy.held_entries.store(held, Relaxed);
-        if let Some(sink) = sink
-            && held * ENTRY_BYTES / INODE_BYTES >= lazy.budget / 4
-            && !prune.is_empty()
-        {
-            // Held entries are a large part of the cache: ask the kernel to let go of the
-            // directories it holds and does not use (its FORGETs make them evictable:
-            // `let_go`).
-            if sink.prune(&prune) {
-                lazy.prunes.fetch_add(prune.len() as u64, Relaxed);
-            }
+        let held = self.count_held(sink.is_some());
+        lazy.held_entries.store(held.entries, Relaxed);
+        if let Some(sink) = sink {
+            self.ask_kernel_to_let_go(lazy, &*sink, &held);
         }
         let load = self.pass_load(lazy);
         if !all && load.saturating_sub(pending) <= lazy.budget {

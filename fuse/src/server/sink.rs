@@ -56,12 +56,12 @@ impl Server {
 }
 
 impl Invalidate for EngineSink {
-    fn prune(&self, dirs: &[Ino]) -> bool {
+    fn prune(&self, inos: &[Ino]) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         if self.no_prune.load(Relaxed) {
             return false;
         }
-        let inos: Vec<u64> = dirs.iter().map(|d| d.get()).collect();
+        let inos: Vec<u64> = inos.iter().map(|i| i.get()).collect();
         // The kernel copies at most its whole write buffer; 4096 node ids are 32 KiB.
         for chunk in inos.chunks(4096) {
             if let Err(e) = self.kc.0.prune(chunk) {
@@ -69,8 +69,8 @@ impl Invalidate for EngineSink {
                     self.no_prune.store(true, Relaxed);
                     eprintln!(
                         "lanefs: this kernel does not take FUSE_NOTIFY_PRUNE (FUSE 7.45, Linux \
-                         6.18): directories it holds keep their entries in memory until it \
-                         forgets them"
+                         6.18): what it holds stays in memory (directories with their \
+                         entries) until it forgets it"
                     );
                 }
                 return false;
