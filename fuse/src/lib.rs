@@ -69,9 +69,10 @@
 //! The kernel's locks matter too: an entry invalidation takes the directory's `i_rwsem`, so
 //! none is ever sent from a request thread (which may be serving a request the kernel made
 //! under that lock); inode invalidations take no inode lock and may be (`server/dirs.rs`,
-//! `moved_dirs` and `names_changed`), and so may prunes (`FUSE_NOTIFY_PRUNE`: dentries and
-//! inode references only), which the engine's eviction passes send on whatever thread runs
-//! them (`server/sink.rs`). Per-thread state (the credentials cache, `creds.rs`;
+//! `moved_dirs` and `names_changed`). A prune (`FUSE_NOTIFY_PRUNE`) takes no inode lock, but
+//! the inodes the kernel drops for it may wait for their pages' writeback, which request
+//! threads serve: the engine's eviction passes ask for prunes, and a thread of their own
+//! sends them (`server/sink.rs`, `Pruner`). Per-thread state (the credentials cache, `creds.rs`;
 //! each transport's buffers) takes no lock; the request counters of [`SessionInfo`] are
 //! atomics.
 

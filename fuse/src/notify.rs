@@ -54,8 +54,9 @@ impl Notifier {
 
     /// `FUSE_NOTIFY_PRUNE`: the kernel drops the dentries nothing uses of each inode of
     /// `inos`, and the inodes that then nothing holds (each FORGET follows). It takes no
-    /// inode lock (`fuse_try_prune_one_inode`: `d_prune_aliases`, `iput`), so it may be sent
-    /// from any thread. EINVAL from a kernel before 7.45.
+    /// inode lock (`fuse_try_prune_one_inode`: `d_prune_aliases`, `iput`), but dropping an
+    /// inode may wait for its pages' writeback: never sent from a request thread (the crate
+    /// doc, "Locks"). EINVAL from a kernel before 7.45.
     pub(crate) fn prune(&self, inos: &[u64]) -> io::Result<()> {
         let o = fuse_notify_prune_out {
             count: inos.len() as u32,

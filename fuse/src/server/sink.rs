@@ -35,8 +35,7 @@ use crate::notify::{KernelCache, Notifier};
 /// The engine's invalidation sink for one mounted session.
 pub(crate) struct EngineSink {
     kc: KernelCache,
-    /// The kernel refused a `FUSE_NOTIFY_PRUNE` (before 7.45): none is sent again.
-    no_prune: std::sync::atomic::AtomicBool,
+    pruner: Pruner,
     read_ends: Arc<ReadEnds>,
     names: Arc<KernelNames>,
     info: Arc<SessionInfo>,
@@ -46,8 +45,8 @@ impl Server {
     /// The sink for the engine's reports, sending through `notifier`.
     pub(crate) fn engine_sink(&self, notifier: Notifier, info: Arc<SessionInfo>) -> EngineSink {
         EngineSink {
+            pruner: Pruner::new(notifier.clone()),
             kc: KernelCache(notifier),
-            no_prune: Default::default(),
             read_ends: self.read_ends.clone(),
             names: self.names.clone(),
             info,
@@ -57,26 +56,7 @@ impl Server {
 
 impl Invalidate for EngineSink {
     fn prune(&self, inos: &[Ino]) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.no_prune.load(Relaxed) {
-            return false;
-        }
-        let inos: Vec<u64> = inos.iter().map(|i| i.get()).collect();
-        // The kernel copies at most its whole write buffer; 4096 node ids are 32 KiB.
-        for chunk in inos.chunks(4096) {
-            if let Err(e) = self.kc.0.prune(chunk) {
-                if e.raw_os_error() == Some(libc::EINVAL) {
-                    self.no_prune.store(true, Relaxed);
-                    eprintln!(
-                        "lanefs: this kernel does not take FUSE_NOTIFY_PRUNE (FUSE 7.45, Linux \
-                         6.18): what it holds stays in memory (directories with their \
-                         entries) until it forgets it"
-                    );
-                }
-                return false;
-            }
-        }
-        true
+        self.pruner.ask(inos)
     }
 
     fn entry(&self, parent: Ino, name: &[u8]) -> bool {
@@ -140,5 +120,66 @@ impl Invalidate for EngineSink {
     fn listing(&self, dir: Ino) -> bool {
         self.info.count_report(true);
         self.kc.listing(dir)
+    }
+}
+
+/// Sends the engine's prunes (`FUSE_NOTIFY_PRUNE`) from a thread of its own, started at the
+/// first: the kernel drops what it let go of on the writer's thread, and dropping an inode
+/// may wait for its pages' writeback, which needs the server's request threads, so a request
+/// thread (which runs the eviction pass that asks) must not write it. A prune is a hint:
+/// one asked while two are waiting is dropped. The thread ends with the sink (its sender).
+struct Pruner {
+    notifier: Notifier,
+    tx: std::sync::OnceLock<std::sync::mpsc::SyncSender<Vec<u64>>>,
+    /// The kernel refused a prune (before FUSE 7.45): none is sent again.
+    refused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Pruner {
+    fn new(notifier: Notifier) -> Pruner {
+        Pruner {
+            notifier,
+            tx: std::sync::OnceLock::new(),
+            refused: Arc::default(),
+        }
+    }
+
+    /// Queues a prune of `inos`; false if the kernel refuses prunes or two are waiting.
+    fn ask(&self, inos: &[Ino]) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.refused.load(Relaxed) {
+            return false;
+        }
+        let tx = self.tx.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u64>>(2);
+            let (notifier, refused) = (self.notifier.clone(), self.refused.clone());
+            let started = std::thread::Builder::new()
+                .name("lanefs-prune".into())
+                .spawn(move || {
+                    for inos in rx {
+                        // The kernel copies the node ids in batches; 4096 are 32 KiB.
+                        for chunk in inos.chunks(4096) {
+                            match notifier.prune(chunk) {
+                                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                                    refused.store(true, Relaxed);
+                                    eprintln!(
+                                        "lanefs: this kernel does not take FUSE_NOTIFY_PRUNE \
+                                         (FUSE 7.45, Linux 6.18): what it holds stays in memory \
+                                         (directories with their entries) until it forgets it"
+                                    );
+                                    return;
+                                }
+                                // ENODEV: the mount is gone; the sink goes soon.
+                                _ => {}
+                            }
+                        }
+                    }
+                });
+            if started.is_err() {
+                self.refused.store(true, Relaxed);
+            }
+            tx
+        });
+        tx.try_send(inos.iter().map(|i| i.get()).collect()).is_ok()
     }
 }
