@@ -36,8 +36,7 @@ impl Mounted {
 
     /// Mounts the filesystem of the disk store in `store` (made if new).
     fn on_store(store: &Path, ttl: Duration) -> Mounted {
-        let o = lanefs_store::open(store, Config::default(), lanefs_store::Options::default())
-            .unwrap_or_else(|e| panic!("open the store {}: {e}", store.display()));
+        let o = open_store(store);
         Mounted::serve(o.fs, Some(o.store), ttl)
     }
 
@@ -91,6 +90,12 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = unmount(&mut self.mount);
     }
+}
+
+/// The disk store in `store` (made if new), opened with the default options.
+fn open_store(store: &Path) -> lanefs_store::Opened {
+    lanefs_store::open(store, Config::default(), lanefs_store::Options::default())
+        .unwrap_or_else(|e| panic!("open the store {}: {e}", store.display()))
 }
 
 /// Unmounts (if mounted) and waits for the server threads (`unmount_retrying`).
@@ -1863,12 +1868,7 @@ fn a_tmpfile_linked_through_the_mount_is_durable_on_a_disk_store() {
     m.unmount_and_check();
     let r = lanefs_store::fsck::check(store.path(), &lanefs_store::Options::default()).unwrap();
     assert_eq!(r.inodes, 2, "root and kept: {r:?}");
-    let o = lanefs_store::open(
-        store.path(),
-        Config::default(),
-        lanefs_store::Options::default(),
-    )
-    .unwrap();
+    let o = open_store(store.path());
     let c = lanefs::Client::root(Arc::new(o.fs));
     assert_eq!(c.read("/kept").unwrap(), vec![b'k'; 10_000]);
     assert_eq!(c.read_dir("/").unwrap().len(), 1);
@@ -1890,12 +1890,7 @@ fn directories_the_kernel_walked_are_let_go() {
     const FILES: usize = 50;
     let store = tempfile::tempdir().unwrap();
     {
-        let o = lanefs_store::open(
-            store.path(),
-            Config::default(),
-            lanefs_store::Options::default(),
-        )
-        .unwrap();
+        let o = open_store(store.path());
         let c = lanefs::Client::root(Arc::new(o.fs));
         for d in 0..DIRS {
             c.create_dir(format!("/d{d}")).unwrap();
@@ -1940,21 +1935,28 @@ fn directories_the_kernel_walked_are_let_go() {
             fs.directories_evicted()
         )
     };
-    let walked = counts(&fs);
-    // Passes run until the kernel's FORGETs of the pruned directories are in and the
-    // directories went (a kernel before 7.45 refuses the prune: the test fails then).
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while fs.directories_evicted() < (DIRS / 2) as u64
-        || fs.entries_in_memory() > (DIRS * FILES / 2) as u64
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the walked directories stay: {} (after the walk: {walked})",
-            counts(&fs)
-        );
-        fs.evict_inodes(false);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Passes run until `done`: the kernel's FORGETs of what it was asked to let go of come
+    // in meanwhile (a kernel before 7.45 refuses the prune: the test fails then).
+    let passes_until = |done: &dyn Fn(&Filesystem) -> bool, what: &str| {
+        let before = counts(&fs);
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !done(&fs) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what} stay: {} (before the passes: {before})",
+                counts(&fs)
+            );
+            fs.evict_inodes(false);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    passes_until(
+        &|fs| {
+            fs.directories_evicted() >= (DIRS / 2) as u64
+                && fs.entries_in_memory() <= (DIRS * FILES / 2) as u64
+        },
+        "the walked directories",
+    );
     assert!(fs.inodes_pruned() > 0, "{}", counts(&fs));
     // What went comes back through the mount.
     for d in 0..DIRS {
@@ -1973,17 +1975,10 @@ fn directories_the_kernel_walked_are_let_go() {
             assert_eq!(md.len(), 1, "d{d}/f{f}");
         }
     }
-    let stated = counts(&fs);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while fs.inodes_in_memory() > 2 * 64 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the files the kernel looked up stay: {} (after the stats: {stated})",
-            counts(&fs)
-        );
-        fs.evict_inodes(false);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    passes_until(
+        &|fs| fs.inodes_in_memory() <= 2 * 64,
+        "the files the kernel looked up",
+    );
     assert_eq!(
         std::fs::read(m.path().join(format!("d{}/f{}", DIRS - 1, FILES - 1))).unwrap(),
         b"x"
