@@ -183,7 +183,10 @@ pub struct Config {
     /// as [`ENTRY_BYTES`](crate::ENTRY_BYTES)): past it, inodes that only names hold and
     /// whose changes the store's checkpoint keeps are evicted, directories with their
     /// entries, read again when next needed (`fs/lazy.rs`, "Eviction"); `None`: an eighth
-    /// of physical memory, at least 64 MiB.
+    /// of physical memory, at least 64 MiB. A bound under 64 inodes' worth is taken as 64
+    /// ([`Filesystem::inode_budget`] says the bound in force), and the entries of
+    /// directories something holds (a handle, the kernel) stay beyond it
+    /// ([`Filesystem::held_entries`]).
     /// Ignored by the memory store and by a store opened whole, which keep every inode.
     pub inode_cache: Option<u64>,
     /// When reads of files and directories move their access time (an inode's
