@@ -98,6 +98,12 @@ fn list_fh(fs: &Filesystem, fh: u64, offset: u64, max: usize) -> (BTreeMap<Vec<u
 // Change 1: acknowledged changes survive a racing close or drop.
 // ------------------------------------------------------------------------------------------
 
+/// What a worker's acknowledged call does to its model.
+type ModelChange = Box<dyn FnOnce(&mut Owned)>;
+
+/// What a holder thread still holds when it stops: directory handles and kernel lookups.
+type HeldOut = (Vec<u64>, Vec<Ino>);
+
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Owned {
     /// name -> file id
@@ -156,180 +162,180 @@ fn close_worker(fs: &Filesystem, dir: Ino, seed: u64, id: usize) -> WorkerLog {
         let choice = rng.random_range(0..100);
         // Each arm: a call that must append (or is refused), its description, and what the
         // model becomes if it returns Ok.
-        let (desc, r): (String, lanefs::Result<Box<dyn FnOnce(&mut Owned)>>) =
-            if choice < 30 || m.names.is_empty() {
-                let name = fresh(&mut rng);
-                if m.names.contains_key(&name) || m.dirs.contains_key(&name) {
-                    continue;
-                }
-                let data = common::pattern(rng.random(), rng.random_range(1..3000));
-                let fid = next_fid;
-                next_fid += 1;
-                // create, then a write through the handle: two calls, recorded one by one.
-                let desc = format!("create {}", String::from_utf8_lossy(&name));
-                match fs.create(&ctx(), dir, &name, 0o644, libc::O_RDWR | libc::O_EXCL) {
-                    Ok((a, fh)) => {
-                        note(&mut log, true, &desc);
-                        let ino = a.ino;
-                        m.names.insert(name.clone(), fid);
-                        m.files.insert(fid, (ino, Vec::new()));
-                        let wdesc = format!(
-                            "write {} bytes to new {}",
-                            data.len(),
-                            String::from_utf8_lossy(&name)
-                        );
-                        let w = fs.write(&ctx(), fh, 0, &data);
-                        let _ = fs.release(fh);
-                        match w {
-                            Ok(n) => {
-                                assert_eq!(n, data.len());
-                                (
-                                    wdesc,
-                                    Ok(Box::new(move |m: &mut Owned| {
-                                        m.files.get_mut(&fid).unwrap().1 = data;
-                                    })),
-                                )
-                            }
-                            Err(e) => (wdesc, Err(e)),
+        let (desc, r): (String, lanefs::Result<ModelChange>) = if choice < 30 || m.names.is_empty()
+        {
+            let name = fresh(&mut rng);
+            if m.names.contains_key(&name) || m.dirs.contains_key(&name) {
+                continue;
+            }
+            let data = common::pattern(rng.random(), rng.random_range(1..3000));
+            let fid = next_fid;
+            next_fid += 1;
+            // create, then a write through the handle: two calls, recorded one by one.
+            let desc = format!("create {}", String::from_utf8_lossy(&name));
+            match fs.create(&ctx(), dir, &name, 0o644, libc::O_RDWR | libc::O_EXCL) {
+                Ok((a, fh)) => {
+                    note(&mut log, true, &desc);
+                    let ino = a.ino;
+                    m.names.insert(name.clone(), fid);
+                    m.files.insert(fid, (ino, Vec::new()));
+                    let wdesc = format!(
+                        "write {} bytes to new {}",
+                        data.len(),
+                        String::from_utf8_lossy(&name)
+                    );
+                    let w = fs.write(&ctx(), fh, 0, &data);
+                    let _ = fs.release(fh);
+                    match w {
+                        Ok(n) => {
+                            assert_eq!(n, data.len());
+                            (
+                                wdesc,
+                                Ok(Box::new(move |m: &mut Owned| {
+                                    m.files.get_mut(&fid).unwrap().1 = data;
+                                })),
+                            )
                         }
+                        Err(e) => (wdesc, Err(e)),
                     }
-                    Err(e) => (desc, Err(e)),
                 }
-            } else if choice < 50 {
-                let name = pick_name(&mut rng, &m).unwrap();
-                let fid = m.names[&name];
-                let ino = m.files[&fid].0;
-                let off = rng.random_range(0..4000u64);
-                let data = common::pattern(rng.random(), rng.random_range(1..2000));
-                let desc = format!(
-                    "write {} at {off} to {}",
-                    data.len(),
-                    String::from_utf8_lossy(&name)
-                );
-                match fs.open(&ctx(), ino, libc::O_RDWR) {
-                    Ok(fh) => {
-                        let w = fs.write(&ctx(), fh, off, &data);
-                        let _ = fs.release(fh);
-                        match w {
-                            Ok(n) => {
-                                assert_eq!(n, data.len());
-                                (
-                                    desc,
-                                    Ok(Box::new(move |m: &mut Owned| {
-                                        common::model_write(
-                                            &mut m.files.get_mut(&fid).unwrap().1,
-                                            off,
-                                            &data,
-                                        );
-                                    })),
-                                )
-                            }
-                            Err(e) => (desc, Err(e)),
+                Err(e) => (desc, Err(e)),
+            }
+        } else if choice < 50 {
+            let name = pick_name(&mut rng, &m).unwrap();
+            let fid = m.names[&name];
+            let ino = m.files[&fid].0;
+            let off = rng.random_range(0..4000u64);
+            let data = common::pattern(rng.random(), rng.random_range(1..2000));
+            let desc = format!(
+                "write {} at {off} to {}",
+                data.len(),
+                String::from_utf8_lossy(&name)
+            );
+            match fs.open(&ctx(), ino, libc::O_RDWR) {
+                Ok(fh) => {
+                    let w = fs.write(&ctx(), fh, off, &data);
+                    let _ = fs.release(fh);
+                    match w {
+                        Ok(n) => {
+                            assert_eq!(n, data.len());
+                            (
+                                desc,
+                                Ok(Box::new(move |m: &mut Owned| {
+                                    common::model_write(
+                                        &mut m.files.get_mut(&fid).unwrap().1,
+                                        off,
+                                        &data,
+                                    );
+                                })),
+                            )
                         }
+                        Err(e) => (desc, Err(e)),
                     }
-                    Err(e) => (desc, Err(e)),
                 }
-            } else if choice < 65 {
-                let from = pick_name(&mut rng, &m).unwrap();
-                let to = if rng.random_bool(0.3) {
-                    pick_name(&mut rng, &m).unwrap()
-                } else {
-                    fresh(&mut rng)
-                };
-                if m.dirs.contains_key(&to) || m.names.get(&to) == m.names.get(&from) {
-                    // A rename between two names of one inode (or a name and itself) changes
-                    // nothing and appends nothing: not a call that must be refused.
-                    continue;
-                }
-                let desc = format!(
-                    "rename {} -> {}",
-                    String::from_utf8_lossy(&from),
-                    String::from_utf8_lossy(&to)
-                );
-                let r = fs.rename(&ctx(), dir, &from, dir, &to, 0);
-                (
-                    desc,
-                    r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
-                        Box::new(move |m: &mut Owned| {
-                            let fid = m.names[&from];
-                            if m.names.get(&to) == Some(&fid) {
-                                return; // same inode: nothing happens
-                            }
-                            m.names.remove(&from);
-                            if let Some(old) = m.names.insert(to, fid) {
-                                if !m.names.values().any(|&f| f == old) {
-                                    m.files.remove(&old);
-                                }
-                            }
-                        })
-                    }),
-                )
-            } else if choice < 75 {
-                let from = pick_name(&mut rng, &m).unwrap();
-                let to = fresh(&mut rng);
-                if m.names.contains_key(&to) || m.dirs.contains_key(&to) {
-                    continue;
-                }
-                let fid = m.names[&from];
-                let ino = m.files[&fid].0;
-                let desc = format!(
-                    "link {} -> {}",
-                    String::from_utf8_lossy(&from),
-                    String::from_utf8_lossy(&to)
-                );
-                let r = fs.link(&ctx(), ino, dir, &to);
-                (
-                    desc,
-                    r.map(|_| -> Box<dyn FnOnce(&mut Owned)> {
-                        Box::new(move |m: &mut Owned| {
-                            m.names.insert(to, fid);
-                        })
-                    }),
-                )
-            } else if choice < 90 {
-                let name = pick_name(&mut rng, &m).unwrap();
-                let desc = format!("unlink {}", String::from_utf8_lossy(&name));
-                let r = fs.unlink(&ctx(), dir, &name);
-                (
-                    desc,
-                    r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
-                        Box::new(move |m: &mut Owned| {
-                            let fid = m.names.remove(&name).unwrap();
-                            if !m.names.values().any(|&f| f == fid) {
-                                m.files.remove(&fid);
-                            }
-                        })
-                    }),
-                )
-            } else if choice < 96 || m.dirs.is_empty() {
-                let name = fresh(&mut rng);
-                if m.names.contains_key(&name) || m.dirs.contains_key(&name) {
-                    continue;
-                }
-                let desc = format!("mkdir {}", String::from_utf8_lossy(&name));
-                let r = fs.mkdir(&ctx(), dir, &name, 0o755);
-                (
-                    desc,
-                    r.map(|a| -> Box<dyn FnOnce(&mut Owned)> {
-                        Box::new(move |m: &mut Owned| {
-                            m.dirs.insert(name, a.ino);
-                        })
-                    }),
-                )
+                Err(e) => (desc, Err(e)),
+            }
+        } else if choice < 65 {
+            let from = pick_name(&mut rng, &m).unwrap();
+            let to = if rng.random_bool(0.3) {
+                pick_name(&mut rng, &m).unwrap()
             } else {
-                let k = rng.random_range(0..m.dirs.len());
-                let name = m.dirs.keys().nth(k).cloned().unwrap();
-                let desc = format!("rmdir {}", String::from_utf8_lossy(&name));
-                let r = fs.rmdir(&ctx(), dir, &name);
-                (
-                    desc,
-                    r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
-                        Box::new(move |m: &mut Owned| {
-                            m.dirs.remove(&name);
-                        })
-                    }),
-                )
+                fresh(&mut rng)
             };
+            if m.dirs.contains_key(&to) || m.names.get(&to) == m.names.get(&from) {
+                // A rename between two names of one inode (or a name and itself) changes
+                // nothing and appends nothing: not a call that must be refused.
+                continue;
+            }
+            let desc = format!(
+                "rename {} -> {}",
+                String::from_utf8_lossy(&from),
+                String::from_utf8_lossy(&to)
+            );
+            let r = fs.rename(&ctx(), dir, &from, dir, &to, 0);
+            (
+                desc,
+                r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
+                    Box::new(move |m: &mut Owned| {
+                        let fid = m.names[&from];
+                        if m.names.get(&to) == Some(&fid) {
+                            return; // same inode: nothing happens
+                        }
+                        m.names.remove(&from);
+                        if let Some(old) = m.names.insert(to, fid)
+                            && !m.names.values().any(|&f| f == old)
+                        {
+                            m.files.remove(&old);
+                        }
+                    })
+                }),
+            )
+        } else if choice < 75 {
+            let from = pick_name(&mut rng, &m).unwrap();
+            let to = fresh(&mut rng);
+            if m.names.contains_key(&to) || m.dirs.contains_key(&to) {
+                continue;
+            }
+            let fid = m.names[&from];
+            let ino = m.files[&fid].0;
+            let desc = format!(
+                "link {} -> {}",
+                String::from_utf8_lossy(&from),
+                String::from_utf8_lossy(&to)
+            );
+            let r = fs.link(&ctx(), ino, dir, &to);
+            (
+                desc,
+                r.map(|_| -> Box<dyn FnOnce(&mut Owned)> {
+                    Box::new(move |m: &mut Owned| {
+                        m.names.insert(to, fid);
+                    })
+                }),
+            )
+        } else if choice < 90 {
+            let name = pick_name(&mut rng, &m).unwrap();
+            let desc = format!("unlink {}", String::from_utf8_lossy(&name));
+            let r = fs.unlink(&ctx(), dir, &name);
+            (
+                desc,
+                r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
+                    Box::new(move |m: &mut Owned| {
+                        let fid = m.names.remove(&name).unwrap();
+                        if !m.names.values().any(|&f| f == fid) {
+                            m.files.remove(&fid);
+                        }
+                    })
+                }),
+            )
+        } else if choice < 96 || m.dirs.is_empty() {
+            let name = fresh(&mut rng);
+            if m.names.contains_key(&name) || m.dirs.contains_key(&name) {
+                continue;
+            }
+            let desc = format!("mkdir {}", String::from_utf8_lossy(&name));
+            let r = fs.mkdir(&ctx(), dir, &name, 0o755);
+            (
+                desc,
+                r.map(|a| -> Box<dyn FnOnce(&mut Owned)> {
+                    Box::new(move |m: &mut Owned| {
+                        m.dirs.insert(name, a.ino);
+                    })
+                }),
+            )
+        } else {
+            let k = rng.random_range(0..m.dirs.len());
+            let name = m.dirs.keys().nth(k).cloned().unwrap();
+            let desc = format!("rmdir {}", String::from_utf8_lossy(&name));
+            let r = fs.rmdir(&ctx(), dir, &name);
+            (
+                desc,
+                r.map(|()| -> Box<dyn FnOnce(&mut Owned)> {
+                    Box::new(move |m: &mut Owned| {
+                        m.dirs.remove(&name);
+                    })
+                }),
+            )
+        };
         match r {
             Ok(apply) => {
                 apply(&mut m);
@@ -892,7 +898,7 @@ fn held_directories_under_churn() {
                 mutate(&sh.fs, &mut m, &mut rng, &mut nx);
                 drop(nx);
                 n += 1;
-                if n % 300 == 0 {
+                if n.is_multiple_of(300) {
                     check_model(&sh.fs, &m, &format!("{what} seed {seed}: during churn"));
                 }
                 drop(m);
@@ -902,7 +908,7 @@ fn held_directories_under_churn() {
     }
 
     // Holders: directory handles and kernel lookups, taken and let go.
-    let held_out: Arc<Mutex<Vec<(Vec<u64>, Vec<Ino>)>>> = Arc::default();
+    let held_out: Arc<Mutex<Vec<HeldOut>>> = Arc::default();
     for t in 0..2u64 {
         let (sh, held_out) = (sh.clone(), held_out.clone());
         threads.push(std::thread::spawn(move || {
