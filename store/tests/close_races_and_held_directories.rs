@@ -1200,7 +1200,7 @@ fn letting_go_makes_a_pass_due() {
     store.checkpoint().unwrap();
     for _ in 0..200 {
         fs.evict_inodes(false);
-        if fs.inode_cache_bytes() <= bbytes + fs.held_entries() * lanefs::ENTRY_BYTES {
+        if common::cache_within(&fs, bbytes) {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
